@@ -1,0 +1,226 @@
+//! The metadata block cache: verified blocks in memory, dirty tracking for the current
+//! delta, bounded memory for clean blocks, and sorted, coalesced batch reads.
+//!
+//! Only metadata passes through here; file data goes straight to the device. Every block
+//! read from the device is checked (crc32c and self address) before it is cached.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::block::BlockDevice;
+use crate::codec::*;
+use crate::error::{Error, Result};
+
+/// Largest number of blocks one coalesced read fetches.
+const MAX_BATCH: usize = 64;
+
+/// Cached metadata blocks.
+pub struct MetaCache {
+    blocks: HashMap<u64, Box<Block>>,
+    dirty: BTreeSet<u64>,
+    /// Clean blocks kept before eviction starts.
+    capacity: usize,
+}
+
+impl MetaCache {
+    pub fn new(capacity: usize) -> MetaCache {
+        MetaCache { blocks: HashMap::new(), dirty: BTreeSet::new(), capacity: capacity.max(64) }
+    }
+
+    fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
+        match want {
+            Some(m) if magic(b) != m => Err(Error::corrupt(format!(
+                "block {blockno}: magic {:#010x}, expected {m:#010x}",
+                magic(b)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn load(&mut self, dev: &dyn BlockDevice, blockno: u64) -> Result<()> {
+        if self.blocks.contains_key(&blockno) {
+            return Ok(());
+        }
+        if blockno >= dev.block_count() {
+            return Err(Error::corrupt(format!("reference to block {blockno} beyond the volume")));
+        }
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        dev.read(blockno, &mut b[..])?;
+        verify(&b, blockno, None)?;
+        self.evict_if_full();
+        self.blocks.insert(blockno, b);
+        Ok(())
+    }
+
+    /// A verified block, with its magic checked when `want` is given.
+    pub fn get(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&Block> {
+        self.load(dev, blockno)?;
+        let b = &self.blocks[&blockno];
+        Self::check_magic(b, blockno, want)?;
+        Ok(b)
+    }
+
+    /// A verified block for modification; it joins the current delta's dirty set.
+    pub fn get_mut(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&mut Block> {
+        self.load(dev, blockno)?;
+        let b = self.blocks.get_mut(&blockno).expect("just loaded");
+        Self::check_magic(b, blockno, want)?;
+        self.dirty.insert(blockno);
+        Ok(b)
+    }
+
+    /// A block that is being (re)initialised: zeroed and dirty, no read.
+    pub fn fresh(&mut self, blockno: u64) -> &mut Block {
+        self.dirty.insert(blockno);
+        let b = self.blocks.entry(blockno).or_insert_with(|| Box::new([0u8; BLOCK_SIZE]));
+        b.fill(0);
+        b
+    }
+
+    /// Hold a block image that is newer than the device's copy (read-only log
+    /// overlay); it is verified and never evicted.
+    pub fn pin(&mut self, blockno: u64, img: Box<Block>) -> Result<()> {
+        verify(&img, blockno, None)?;
+        self.blocks.insert(blockno, img);
+        self.dirty.insert(blockno);
+        Ok(())
+    }
+
+    /// Drop a freed block: it must not be written back.
+    pub fn forget(&mut self, blockno: u64) {
+        self.blocks.remove(&blockno);
+        self.dirty.remove(&blockno);
+    }
+
+    /// Whether the block is in memory.
+    pub fn contains(&self, blockno: u64) -> bool {
+        self.blocks.contains_key(&blockno)
+    }
+
+    /// Read the blocks that are not yet cached in ascending order, coalescing runs of
+    /// adjacent blocks into single requests (the sorted sweep of readdirplus and readahead).
+    /// Blocks that fail verification are skipped here and reported by the later `get`.
+    pub fn prefetch(&mut self, dev: &dyn BlockDevice, wanted: &[u64]) -> Result<()> {
+        let mut want: Vec<u64> = wanted
+            .iter()
+            .copied()
+            .filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b))
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let mut i = 0;
+        let mut buf = vec![0u8; BLOCK_SIZE * MAX_BATCH];
+        while i < want.len() {
+            let start = want[i];
+            let mut n = 1;
+            while i + n < want.len() && want[i + n] == start + n as u64 && n < MAX_BATCH {
+                n += 1;
+            }
+            dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
+            for k in 0..n {
+                let mut b = Box::new([0u8; BLOCK_SIZE]);
+                b.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
+                if verify(&b, start + k as u64, None).is_ok() {
+                    self.blocks.insert(start + k as u64, b);
+                }
+            }
+            i += n;
+        }
+        self.evict_if_full();
+        Ok(())
+    }
+
+    /// Number of dirty blocks in the current delta.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Seal every dirty block (address + crc) and hand the set over, ascending. The
+    /// blocks stay cached, now clean.
+    pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut out = Vec::with_capacity(dirty.len());
+        for b in dirty {
+            if let Some(block) = self.blocks.get_mut(&b) {
+                seal(block, b);
+                out.push((b, block.clone()));
+            }
+        }
+        out
+    }
+
+    /// Forget every block (e.g. after a failed commit, to reload the committed state).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.dirty.clear();
+    }
+
+    fn evict_if_full(&mut self) {
+        if self.blocks.len() <= self.capacity + self.dirty.len() {
+            return;
+        }
+        // Drop clean blocks until a quarter of the budget is free again; which ones is
+        // left to the hash order, which is as good as random for a metadata cache.
+        let target = self.capacity * 3 / 4 + self.dirty.len();
+        let dirty = &self.dirty;
+        let mut excess = self.blocks.len().saturating_sub(target);
+        self.blocks.retain(|b, _| {
+            if excess == 0 || dirty.contains(b) {
+                true
+            } else {
+                excess -= 1;
+                false
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::MemDevice;
+
+    fn sealed(dev: &MemDevice, b: u64, m: u32) {
+        let mut blk = [0u8; BLOCK_SIZE];
+        put_u32(&mut blk, 0, m);
+        seal(&mut blk, b);
+        dev.write(b, &blk).unwrap();
+    }
+
+    #[test]
+    fn verifies_dirty_tracks_and_evicts_only_clean() {
+        let dev = MemDevice::new(256);
+        for b in 0..200 {
+            sealed(&dev, b, 0xABCD);
+        }
+        let mut c = MetaCache::new(64);
+        assert!(c.get(&dev, 3, Some(0xABCD)).is_ok());
+        assert!(c.get(&dev, 3, Some(0x1111)).is_err(), "wrong magic must be refused");
+        c.get_mut(&dev, 5, Some(0xABCD)).unwrap()[100] = 9;
+        for b in 0..200 {
+            c.get(&dev, b, None).unwrap();
+        }
+        assert!(c.blocks.len() <= 64 + 1 + 1, "cache exceeded its bound: {}", c.blocks.len());
+        assert_eq!(c.get(&dev, 5, None).unwrap()[100], 9, "dirty block was evicted");
+        let d = c.take_dirty();
+        assert_eq!(d.len(), 1);
+        verify(&d[0].1, 5, Some(0xABCD)).unwrap();
+        // Unwritten block 250 is zeros: fails verification.
+        assert!(c.get(&dev, 250, None).is_err());
+        assert!(c.get(&dev, 10_000, None).is_err());
+    }
+
+    #[test]
+    fn prefetch_coalesces_adjacent_blocks() {
+        let dev = MemDevice::new(64);
+        for b in 0..64 {
+            sealed(&dev, b, 1);
+        }
+        let mut c = MetaCache::new(1000);
+        let before = dev.stats().reads;
+        c.prefetch(&dev, &[12, 10, 11, 30, 31, 50]).unwrap();
+        assert_eq!(dev.stats().reads - before, 3, "three runs, three requests");
+        let before = dev.stats().reads;
+        c.get(&dev, 31, None).unwrap();
+        assert_eq!(dev.stats().reads, before, "prefetched block read again");
+    }
+}

@@ -1,0 +1,180 @@
+//! Hashed directories (seed 000): each directory is a B+tree keyed by a 63-bit value
+//! derived from the ext4 hash of the name under the volume's seed.
+//!
+//! key = ((major >> 1) << 32 | minor) + displacement. The displacement is 0 unless
+//! another live entry already holds the key (a full 63-bit collision: routine under the
+//! unseeded legacy hash, whose minor is always 0); then the entry takes the next free key.
+//! `max_disp` in the directory inode bounds how far a lookup probes. Keys never move
+//! once given, so they double as readdir cookies that survive splits and merges: an entry
+//! present for a whole scan is returned exactly once.
+//!
+//! Readdir positions: 0 = start, 1 = after ".", 2 = after "..", key + 3 = after the
+//! entry with that key.
+
+use crate::btree;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::hash::ext4_hash;
+use crate::store::Store;
+
+/// The hash key of a name before displacement.
+pub fn name_key(st: &Store, name: &[u8]) -> u64 {
+    let (major, minor) = ext4_hash(st.sb.hash, st.sb.hash_seed, name);
+    ((major as u64 >> 1) << 32) | minor as u64
+}
+
+/// Reject names that cannot be directory entries.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid(format!("bad file name {:?}", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+/// A found entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub key: u64,
+    pub ino: u64,
+    pub ft: FileType,
+}
+
+/// Look a name up.
+pub fn lookup(st: &mut Store, dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
+    let d = dir.dir()?;
+    if d.tree.root == 0 {
+        return Ok(None);
+    }
+    let h = name_key(st, name);
+    let limit = h + d.max_disp as u64;
+    let mut found = None;
+    let mut err = None;
+    btree::scan(st, &d.tree, dir.ino, h, |k, v| {
+        if k > limit {
+            return false;
+        }
+        match decode_dirent(v) {
+            Ok((ino, ft, n)) if n == name => {
+                found = Some(Found { key: k, ino, ft });
+                false
+            }
+            Ok(_) => true,
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        }
+    })?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(found),
+    }
+}
+
+/// Insert a new entry (the caller has checked that the name is absent). Returns its key.
+pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
+    let h = name_key(st, name);
+    let dir_ino = dir.ino;
+    let mark = crate::file::usage_mark(st);
+    let d = dir.dir_mut()?;
+    // The first key at or after h that no entry holds.
+    let mut key = h;
+    if d.tree.root != 0 {
+        btree::scan(st, &d.tree, dir_ino, h, |k, _| {
+            if k == key {
+                key += 1;
+                true
+            } else {
+                false
+            }
+        })?;
+    }
+    let disp = key - h;
+    if disp > u32::MAX as u64 {
+        return Err(Error::NoSpace);
+    }
+    btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), false)?;
+    d.max_disp = d.max_disp.max(disp as u32);
+    d.entries += 1;
+    crate::file::account(st, dir, mark);
+    dir.size = dir.blocks * 4096;
+    Ok(key)
+}
+
+/// Remove the entry with `key` (found by `lookup`).
+pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
+    let dir_ino = dir.ino;
+    let mark = crate::file::usage_mark(st);
+    let d = dir.dir_mut()?;
+    btree::remove(st, &mut d.tree, dir_ino, key)?.ok_or_else(|| Error::corrupt("directory entry vanished"))?;
+    d.entries = d.entries.saturating_sub(1);
+    if d.entries == 0 {
+        // An empty directory forgets its collision history too.
+        d.max_disp = 0;
+    }
+    crate::file::account(st, dir, mark);
+    dir.size = dir.blocks * 4096;
+    Ok(())
+}
+
+/// Point an existing entry at another inode (rename over an existing name).
+pub fn replace(st: &mut Store, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
+    let dir_ino = dir.ino;
+    let mark = crate::file::usage_mark(st);
+    let d = dir.dir_mut()?;
+    btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), true)?;
+    crate::file::account(st, dir, mark);
+    dir.size = dir.blocks * 4096;
+    Ok(())
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub ft: FileType,
+    pub name: Vec<u8>,
+    /// Position to resume after this entry.
+    pub next: u64,
+}
+
+/// List entries from position `pos`: "." and ".." first, then the index in key order.
+/// `f` returns false to stop.
+pub fn read(st: &mut Store, dir: &Inode, pos: u64, mut f: impl FnMut(DirEntry) -> bool) -> Result<()> {
+    let d = dir.dir()?;
+    if pos == 0 && !f(DirEntry { ino: dir.ino, ft: FileType::Directory, name: b".".to_vec(), next: 1 }) {
+        return Ok(());
+    }
+    if pos <= 1 && !f(DirEntry { ino: dir.parent, ft: FileType::Directory, name: b"..".to_vec(), next: 2 }) {
+        return Ok(());
+    }
+    if d.tree.root == 0 {
+        return Ok(());
+    }
+    let from = if pos >= 3 { pos - 2 } else { 0 };
+    let mut err = None;
+    btree::scan(st, &d.tree, dir.ino, from, |k, v| match decode_dirent(v) {
+        Ok((ino, ft, name)) => f(DirEntry { ino, ft, name: name.to_vec(), next: k + 3 }),
+        Err(e) => {
+            err = Some(e);
+            false
+        }
+    })?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Free the index of an empty directory (rmdir).
+pub fn destroy(st: &mut Store, dir: &mut Inode) -> Result<()> {
+    let dir_ino = dir.ino;
+    let d = dir.dir_mut()?;
+    let mut t = d.tree;
+    btree::destroy(st, &mut t, dir_ino)?;
+    d.tree = t;
+    Ok(())
+}

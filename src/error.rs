@@ -1,0 +1,110 @@
+//! The one error type of the library, with the errno each variant maps to.
+
+use std::fmt;
+
+/// Everything that can go wrong in dxfs.
+#[derive(Debug)]
+pub enum Error {
+    /// The device failed a read, write or flush.
+    Io(std::io::Error),
+    /// On-disk data failed a check (checksum, magic, bounds). Never trusted.
+    Corrupt(String),
+    /// Out of space (ENOSPC).
+    NoSpace,
+    /// No such file or directory (ENOENT).
+    NotFound,
+    /// Entry already exists (EEXIST).
+    Exists,
+    /// Not a directory (ENOTDIR).
+    NotDir,
+    /// Is a directory (EISDIR).
+    IsDir,
+    /// Directory not empty (ENOTEMPTY).
+    NotEmpty,
+    /// A name is longer than 255 bytes (ENAMETOOLONG).
+    NameTooLong,
+    /// An argument is not valid (EINVAL).
+    Invalid(String),
+    /// No such extended attribute (ENODATA).
+    NoData,
+    /// A buffer is too small (ERANGE).
+    Range,
+    /// Too many hard links (EMLINK).
+    TooManyLinks,
+    /// The volume is read-only (EROFS).
+    ReadOnly,
+    /// The file is too large (EFBIG).
+    FileTooBig,
+    /// An operation is not permitted (EPERM).
+    NotPermitted,
+    /// An xattr value or set is too large (E2BIG).
+    TooBig,
+    /// Not supported here, e.g. an unknown xattr namespace (EOPNOTSUPP).
+    NotSupported,
+}
+
+impl Error {
+    /// The errno this error is reported as through FUSE.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io(_) | Error::Corrupt(_) => libc::EIO,
+            Error::NoSpace => libc::ENOSPC,
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::NoData => libc::ENODATA,
+            Error::Range => libc::ERANGE,
+            Error::TooManyLinks => libc::EMLINK,
+            Error::ReadOnly => libc::EROFS,
+            Error::FileTooBig => libc::EFBIG,
+            Error::NotPermitted => libc::EPERM,
+            Error::TooBig => libc::E2BIG,
+            Error::NotSupported => libc::EOPNOTSUPP,
+        }
+    }
+
+    /// Shorthand for a corruption error.
+    pub fn corrupt(msg: impl Into<String>) -> Error {
+        Error::Corrupt(msg.into())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Corrupt(m) => write!(f, "corrupt volume: {m}"),
+            Error::NoSpace => f.write_str("no space left on volume"),
+            Error::NotFound => f.write_str("no such file or directory"),
+            Error::Exists => f.write_str("file exists"),
+            Error::NotDir => f.write_str("not a directory"),
+            Error::IsDir => f.write_str("is a directory"),
+            Error::NotEmpty => f.write_str("directory not empty"),
+            Error::NameTooLong => f.write_str("file name too long"),
+            Error::Invalid(m) => write!(f, "invalid argument: {m}"),
+            Error::NoData => f.write_str("no such attribute"),
+            Error::Range => f.write_str("buffer too small"),
+            Error::TooManyLinks => f.write_str("too many links"),
+            Error::ReadOnly => f.write_str("read-only volume"),
+            Error::FileTooBig => f.write_str("file too large"),
+            Error::NotPermitted => f.write_str("operation not permitted"),
+            Error::TooBig => f.write_str("attribute too large"),
+            Error::NotSupported => f.write_str("operation not supported"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+/// Result with the dxfs error.
+pub type Result<T> = std::result::Result<T, Error>;

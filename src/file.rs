@@ -1,0 +1,300 @@
+//! File data: the extent map (inline in the inode, or a B+tree when it outgrows the
+//! inode), reads, and write-back of delayed-allocation pages.
+//!
+//! Writes land in memory as dirty pages; blocks are chosen only when the pages are
+//! written back (at commit, or earlier under memory pressure), so a file written in any
+//! order comes out contiguous. Every write-back goes to fresh blocks (redirect on write)
+//! and the old blocks are freed with the delta: committed data is never overwritten.
+
+use std::collections::BTreeMap;
+
+use crate::btree::{self, TreeRoot};
+use crate::codec::*;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::store::Store;
+
+/// Dirty pages of one file, by page index.
+pub type Pages = BTreeMap<u64, Box<Block>>;
+
+/// Net blocks in use (free + deferred frees fall when something is allocated).
+pub fn usage_mark(st: &Store) -> u64 {
+    st.space.free() + st.space.deferred()
+}
+
+/// Adjust `inode.blocks` by what happened since `mark`.
+pub fn account(st: &Store, inode: &mut Inode, mark: u64) {
+    let now = usage_mark(st);
+    inode.blocks = (inode.blocks + mark).saturating_sub(now);
+}
+
+/// Extents overlapping logical blocks `[start, end)`, in order.
+pub fn extents_in(st: &mut Store, inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
+    let mut out = Vec::new();
+    match &inode.data {
+        InodeData::Extents { ext, n } => {
+            for e in &ext[..*n as usize] {
+                if e.end() > start && e.logical < end {
+                    out.push(*e);
+                }
+            }
+        }
+        InodeData::ExtentTree { tree, .. } => {
+            let from = match btree::floor(st, tree, inode.ino, start)? {
+                Some((k, v)) if Extent::decode_value(k, &v)?.end() > start => k,
+                _ => start,
+            };
+            let mut err = None;
+            btree::scan(st, tree, inode.ino, from, |k, v| {
+                if k >= end {
+                    return false;
+                }
+                match Extent::decode_value(k, v) {
+                    Ok(e) => {
+                        if e.end() > start {
+                            out.push(e)
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        err = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        InodeData::InlineSymlink(_) | InodeData::Dir(_) => {}
+    }
+    for e in &out {
+        if e.len == 0 || e.end() > 1 << 32 || e.phys < st.sb.layout.first_free() || e.phys + e.len > st.sb.layout.block_count {
+            return Err(Error::corrupt(format!("inode {}: extent {e:?} out of range", inode.ino)));
+        }
+    }
+    Ok(out)
+}
+
+/// Every extent of the file (fsck, truncate of the whole file).
+pub fn all_extents(st: &mut Store, inode: &Inode) -> Result<Vec<Extent>> {
+    extents_in(st, inode, 0, 1 << 32)
+}
+
+fn set_inline(inode: &mut Inode, list: &[Extent]) {
+    let mut ext = [Extent::default(); INLINE_EXTENTS];
+    ext[..list.len()].copy_from_slice(list);
+    inode.data = InodeData::Extents { ext, n: list.len() as u8 };
+}
+
+/// Replace the extents overlapping `[start,end)` (`old`, as returned by `extents_in`)
+/// with `new` (sorted, inside the same span or its remainders).
+fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Result<()> {
+    let ino = inode.ino;
+    match &mut inode.data {
+        InodeData::Extents { ext, n } => {
+            let mut list: Vec<Extent> = ext[..*n as usize].iter().filter(|e| !old.contains(e)).copied().collect();
+            list.extend_from_slice(new);
+            list.sort_by_key(|e| e.logical);
+            if list.len() <= INLINE_EXTENTS {
+                set_inline(inode, &list);
+            } else {
+                let mut tree = TreeRoot::default();
+                for e in &list {
+                    btree::insert(st, &mut tree, ino, e.logical, &e.encode_value(), false)?;
+                }
+                inode.data = InodeData::ExtentTree { tree, count: list.len() as u32 };
+            }
+        }
+        InodeData::ExtentTree { tree, count } => {
+            for e in old {
+                btree::remove(st, tree, ino, e.logical)?;
+            }
+            for e in new {
+                btree::insert(st, tree, ino, e.logical, &e.encode_value(), false)?;
+            }
+            *count = (*count as usize + new.len() - old.len()) as u32;
+            if (*count as usize) <= INLINE_EXTENTS / 2 {
+                // Shrink back into the inode.
+                let t = *tree;
+                let list = all_extents(st, inode)?;
+                let mut t2 = t;
+                btree::destroy(st, &mut t2, ino)?;
+                set_inline(inode, &list);
+            }
+        }
+        _ => return Err(Error::Invalid("not a file".into())),
+    }
+    Ok(())
+}
+
+/// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
+pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+    if start >= end {
+        return Ok(());
+    }
+    let mark = usage_mark(st);
+    let old = extents_in(st, inode, start, end)?;
+    if old.is_empty() {
+        return Ok(());
+    }
+    let mut new = Vec::new();
+    for e in &old {
+        let cut_s = e.logical.max(start);
+        let cut_e = e.end().min(end);
+        st.space.free_deferred(e.phys + (cut_s - e.logical), cut_e - cut_s);
+        if e.logical < start {
+            new.push(Extent { len: start - e.logical, ..*e });
+        }
+        if e.end() > end {
+            new.push(Extent { logical: end, len: e.end() - end, phys: e.phys + (end - e.logical), unwritten: e.unwritten });
+        }
+    }
+    replace(st, inode, &old, &new)?;
+    account(st, inode, mark);
+    Ok(())
+}
+
+/// Map a new extent over a hole, merging with the extent that ends where it starts.
+fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
+    if e.logical > 0 {
+        let left = extents_in(st, inode, e.logical - 1, e.logical)?;
+        if let Some(l) = left.first() {
+            if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31 {
+                let merged = Extent { len: l.len + e.len, ..*l };
+                return replace(st, inode, &[*l], &[merged]);
+            }
+        }
+    }
+    replace(st, inode, &[], &[e])
+}
+
+/// Where the data of logical block `lblk` should go: right after the block mapped
+/// just before it, or near the inode.
+fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
+    if lblk > 0 {
+        if let Some(e) = extents_in(st, inode, 0, lblk)?.last() {
+            return Ok(e.phys + e.len + (lblk - e.end()).min(64));
+        }
+    }
+    Ok(ino_loc(inode.ino).0 + 1)
+}
+
+/// Write back dirty pages: allocate fresh blocks for each run of consecutive pages,
+/// write the data, remap. The blocks were charged to the delta when the pages were
+/// dirtied. Returns the number of pages written.
+pub fn writeback(st: &mut Store, inode: &mut Inode, pages: Pages) -> Result<u64> {
+    let mark = usage_mark(st);
+    let total = pages.len() as u64;
+    let mut it = pages.into_iter().peekable();
+    while let Some((p0, first)) = it.next() {
+        let mut run = vec![first];
+        while let Some((p, _)) = it.peek() {
+            if *p != p0 + run.len() as u64 || run.len() >= 8192 {
+                break;
+            }
+            run.push(it.next().unwrap().1);
+        }
+        let n = run.len() as u64;
+        punch(st, inode, p0, p0 + n)?;
+        let mut done = 0u64;
+        let mut buf = Vec::new();
+        while done < n {
+            let goal = goal_for(st, inode, p0 + done)?;
+            let (phys, len) = st.space.alloc(goal, n - done, 1).ok_or(Error::NoSpace)?;
+            buf.clear();
+            for page in &run[done as usize..(done + len) as usize] {
+                buf.extend_from_slice(&page[..]);
+            }
+            st.dev.write(phys, &buf)?;
+            map(st, inode, Extent { logical: p0 + done, len, phys, unwritten: false })?;
+            done += len;
+        }
+    }
+    account(st, inode, mark);
+    Ok(total)
+}
+
+/// Allocate unwritten extents over the holes of `[start, end)` (fallocate).
+pub fn preallocate(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+    let mark = usage_mark(st);
+    let mut at = start;
+    let existing = extents_in(st, inode, start, end)?;
+    let mut holes = Vec::new();
+    for e in &existing {
+        if e.logical > at {
+            holes.push((at, e.logical));
+        }
+        at = at.max(e.end());
+    }
+    if at < end {
+        holes.push((at, end));
+    }
+    for (s, e) in holes {
+        let mut done = s;
+        while done < e {
+            let goal = goal_for(st, inode, done)?;
+            let (phys, len) = st.space.alloc(goal, e - done, 1).ok_or(Error::NoSpace)?;
+            map(st, inode, Extent { logical: done, len, phys, unwritten: true })?;
+            done += len;
+        }
+    }
+    account(st, inode, mark);
+    Ok(())
+}
+
+/// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
+pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    if len == 0 {
+        return Ok(out);
+    }
+    let first = offset / BLOCK_SIZE as u64;
+    let last = (offset + len as u64 - 1) / BLOCK_SIZE as u64;
+    let exts = extents_in(st, inode, first, last + 1)?;
+    // Copy page `p`'s bytes (given as a full block) into the output.
+    let place = |out: &mut [u8], p: u64, data: &[u8]| {
+        let page_start = p * BLOCK_SIZE as u64;
+        let from = offset.max(page_start);
+        let to = (offset + len as u64).min(page_start + BLOCK_SIZE as u64);
+        out[(from - offset) as usize..(to - offset) as usize]
+            .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
+    };
+    let mut buf = Vec::new();
+    for e in &exts {
+        if e.unwritten {
+            continue;
+        }
+        let s = e.logical.max(first);
+        let t = e.end().min(last + 1);
+        // One device request for the whole mapped run.
+        buf.resize(((t - s) as usize) * BLOCK_SIZE, 0);
+        st.dev.read(e.phys + (s - e.logical), &mut buf)?;
+        for p in s..t {
+            let k = (p - s) as usize * BLOCK_SIZE;
+            place(&mut out, p, &buf[k..k + BLOCK_SIZE]);
+        }
+    }
+    if let Some(d) = dirty {
+        for (&p, data) in d.range(first..=last) {
+            place(&mut out, p, &data[..]);
+        }
+    }
+    Ok(out)
+}
+
+/// The current content of page `p` (for read-modify-write of a partial page).
+pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
+    let mut b = Box::new([0u8; BLOCK_SIZE]);
+    if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
+        if !e.unwritten {
+            st.dev.read(e.phys + (p - e.logical), &mut b[..])?;
+        }
+    }
+    Ok(b)
+}
+
+/// Free every block of a file (its last link and last open handle are gone).
+pub fn free_all(st: &mut Store, inode: &mut Inode) -> Result<()> {
+    punch(st, inode, 0, 1 << 32)
+}

@@ -1,0 +1,690 @@
+//! On-disk structures of format version 1: the superblock, the state block and the
+//! fixed layout, the inode record, extent and directory-entry records.
+//!
+//! docs/FORMAT.md is the byte-by-byte specification; this module is its executable form.
+//! Every decoder validates before it trusts: a hostile image yields `Error::Corrupt`.
+
+use crate::btree::TreeRoot;
+use crate::codec::*;
+use crate::error::{Error, Result};
+use crate::hash::HashVersion;
+
+/// Superblock magic, "DXSB".
+pub const SB_MAGIC: u32 = u32::from_le_bytes(*b"DXSB");
+/// State block magic, "DXST".
+pub const STATE_MAGIC: u32 = u32::from_le_bytes(*b"DXST");
+/// Log commit block magic, "DXLC".
+pub const COMMIT_MAGIC: u32 = u32::from_le_bytes(*b"DXLC");
+/// Bitmap block magic, "DXBM".
+pub const BITMAP_MAGIC: u32 = u32::from_le_bytes(*b"DXBM");
+/// Inode block magic, "DXIN".
+pub const INODE_MAGIC: u32 = u32::from_le_bytes(*b"DXIN");
+/// Xattr block magic, "DXXA".
+pub const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"DXXA");
+
+/// The format version this code writes and reads.
+pub const VERSION: u32 = 1;
+
+/// compat: children of a directory get inodes from its reserved region (placement only).
+pub const COMPAT_DIR_RESERVATION: u32 = 1;
+/// ro_compat: every inode's xattr-name bloom filter is kept exact. A writer that does
+/// not maintain the filter must not write, so it is read-only-compatible.
+pub const RO_COMPAT_XATTR_FILTER: u32 = 1;
+/// Features this code understands.
+pub const KNOWN_COMPAT: u32 = COMPAT_DIR_RESERVATION;
+pub const KNOWN_INCOMPAT: u32 = 0;
+pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER;
+
+/// Block of the superblock (a backup lives in the last block).
+pub const SUPERBLOCK: u64 = 0;
+/// Block of the journaled state block.
+pub const STATE_BLOCK: u64 = 1;
+/// First block of log area 0.
+pub const LOG_START: u64 = 2;
+
+/// Inode record size; 16 slots per block, slot 0 is the block header.
+pub const INODE_SIZE: usize = 256;
+pub const INODES_PER_BLOCK: u64 = 16;
+/// Bits of free-space map per bitmap block (the first 32 bytes are header).
+pub const BITMAP_HEADER: usize = 32;
+pub const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - BITMAP_HEADER) * 8) as u64;
+/// Longest name in a directory.
+pub const NAME_MAX: usize = 255;
+/// Largest file: 2^32 blocks of 4 KiB (extents address logical blocks with 32 bits).
+pub const MAX_FILE_SIZE: u64 = (1u64 << 32) * BLOCK_SIZE as u64;
+/// Inline symlink target / xattr area sizes in the inode.
+pub const INLINE_DATA: usize = 64;
+pub const INLINE_XATTR: usize = 64;
+/// Extents kept in the inode before the map moves to a B+tree.
+pub const INLINE_EXTENTS: usize = 4;
+/// Largest region of inode blocks a directory reserves at once.
+pub const MAX_REGION_BLOCKS: u32 = 64;
+
+/// The inode number of a slot.
+#[inline]
+pub fn ino_of(block: u64, slot: u64) -> u64 {
+    block * INODES_PER_BLOCK + slot
+}
+/// The block and slot of an inode number: no search, the number is the address.
+#[inline]
+pub fn ino_loc(ino: u64) -> (u64, usize) {
+    (ino / INODES_PER_BLOCK, (ino % INODES_PER_BLOCK) as usize)
+}
+
+/// Where everything fixed lives, derived from the block count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub block_count: u64,
+    pub log_blocks: u32,
+    pub bitmap_start: u64,
+    pub bitmap_blocks: u64,
+}
+
+impl Layout {
+    /// The layout mkfs chooses: two log areas of 1/64 of the volume each, between 64
+    /// blocks and 8192 blocks (32 MiB), then the bitmap.
+    pub fn for_blocks(block_count: u64) -> Result<Layout> {
+        let log_blocks = (block_count / 64).clamp(64, 8192) as u32;
+        let bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let l = Layout {
+            block_count,
+            log_blocks,
+            bitmap_start: LOG_START + 2 * log_blocks as u64,
+            bitmap_blocks,
+        };
+        // Room for the fixed part, the root directory and a little data.
+        if l.first_free() + 64 > block_count {
+            return Err(Error::Invalid(format!(
+                "a volume needs at least {} blocks ({} KiB)",
+                l.first_free() + 64,
+                (l.first_free() + 64) * 4
+            )));
+        }
+        Ok(l)
+    }
+    /// First block of log area `i` (0 or 1).
+    pub fn log_area(&self, i: u64) -> u64 {
+        LOG_START + i * self.log_blocks as u64
+    }
+    /// First block not used by fixed structures.
+    pub fn first_free(&self) -> u64 {
+        self.bitmap_start + self.bitmap_blocks
+    }
+    /// The backup superblock.
+    pub fn backup_superblock(&self) -> u64 {
+        self.block_count - 1
+    }
+}
+
+/// The superblock: written by mkfs, never by a commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub compat: u32,
+    pub incompat: u32,
+    pub ro_compat: u32,
+    pub uuid: [u8; 16],
+    pub label: String,
+    pub layout: Layout,
+    pub root_ino: u64,
+    pub hash: HashVersion,
+    pub region_blocks: u16,
+    pub hash_seed: [u32; 4],
+    pub mkfs_time: i64,
+}
+
+impl Superblock {
+    pub fn encode(&self, blockno: u64) -> Box<Block> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        put_u32(&mut b[..], 0, SB_MAGIC);
+        put_u32(&mut b[..], 16, self.version);
+        put_u32(&mut b[..], 20, self.compat);
+        put_u32(&mut b[..], 24, self.incompat);
+        put_u32(&mut b[..], 28, self.ro_compat);
+        b[32..48].copy_from_slice(&self.uuid);
+        let l = self.label.as_bytes();
+        b[48..48 + l.len().min(32)].copy_from_slice(&l[..l.len().min(32)]);
+        put_u32(&mut b[..], 80, BLOCK_SIZE as u32);
+        put_u32(&mut b[..], 84, self.layout.log_blocks);
+        put_u64(&mut b[..], 88, self.layout.block_count);
+        put_u64(&mut b[..], 96, LOG_START);
+        put_u64(&mut b[..], 104, self.layout.bitmap_start);
+        put_u64(&mut b[..], 112, self.layout.bitmap_blocks);
+        put_u64(&mut b[..], 120, self.root_ino);
+        b[128] = self.hash as u8;
+        put_u16(&mut b[..], 130, self.region_blocks);
+        for (i, w) in self.hash_seed.iter().enumerate() {
+            put_u32(&mut b[..], 132 + 4 * i, *w);
+        }
+        put_i64(&mut b[..], 152, self.mkfs_time);
+        seal(&mut b, blockno);
+        b
+    }
+
+    /// Decode and validate a superblock read from `blockno`.
+    pub fn decode(b: &Block, blockno: u64) -> Result<Superblock> {
+        if magic(b) != SB_MAGIC {
+            return Err(Error::corrupt("not a dxfs volume (no superblock magic)"));
+        }
+        verify(b, blockno, Some(SB_MAGIC))?;
+        let version = get_u32(b, 16);
+        if version != VERSION {
+            return Err(Error::corrupt(format!(
+                "format version {version} is not supported (this dxfs reads version {VERSION})"
+            )));
+        }
+        if get_u32(b, 80) != BLOCK_SIZE as u32 {
+            return Err(Error::corrupt("block size is not 4096"));
+        }
+        let block_count = get_u64(b, 88);
+        let expect = Layout::for_blocks(block_count)
+            .map_err(|_| Error::corrupt(format!("implausible block count {block_count}")))?;
+        let layout = Layout {
+            block_count,
+            log_blocks: get_u32(b, 84),
+            bitmap_start: get_u64(b, 104),
+            bitmap_blocks: get_u64(b, 112),
+        };
+        if layout != expect || get_u64(b, 96) != LOG_START {
+            return Err(Error::corrupt("superblock geometry is inconsistent"));
+        }
+        let hash = HashVersion::from_u8(b[128])
+            .ok_or_else(|| Error::corrupt(format!("unknown hash version {}", b[128])))?;
+        let label_raw = &b[48..80];
+        let end = label_raw.iter().position(|&c| c == 0).unwrap_or(32);
+        let root_ino = get_u64(b, 120);
+        let (rb, rs) = ino_loc(root_ino);
+        if rb < layout.first_free() || rb >= block_count || rs == 0 {
+            return Err(Error::corrupt("root inode number out of range"));
+        }
+        let region_blocks = get_u16(b, 130);
+        if region_blocks == 0 || region_blocks as u32 > MAX_REGION_BLOCKS {
+            return Err(Error::corrupt("bad inode region size"));
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[32..48]);
+        Ok(Superblock {
+            version,
+            compat: get_u32(b, 20),
+            incompat: get_u32(b, 24),
+            ro_compat: get_u32(b, 28),
+            uuid,
+            label: String::from_utf8_lossy(&label_raw[..end]).into_owned(),
+            layout,
+            root_ino,
+            hash,
+            region_blocks,
+            hash_seed: [get_u32(b, 132), get_u32(b, 136), get_u32(b, 140), get_u32(b, 144)],
+            mkfs_time: get_i64(b, 152),
+        })
+    }
+
+    /// Whether the xattr bloom filter is in force.
+    pub fn xattr_filter(&self) -> bool {
+        self.ro_compat & RO_COMPAT_XATTR_FILTER != 0
+    }
+}
+
+/// The state block: the small amount of volume-wide state that changes with commits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// First inode of the list of unlinked-but-open inodes, freed at the next open.
+    pub orphan_head: u64,
+    /// Next inode generation number.
+    pub next_generation: u32,
+    /// Sequence number of the delta that wrote this block.
+    pub commit_seq: u64,
+    /// Live inodes (statfs; checked by fsck).
+    pub inodes: u64,
+}
+
+impl State {
+    pub fn encode_into(&self, b: &mut Block) {
+        b.fill(0);
+        put_u32(b, 0, STATE_MAGIC);
+        put_u64(b, 16, self.orphan_head);
+        put_u32(b, 24, self.next_generation);
+        put_u64(b, 32, self.commit_seq);
+        put_u64(b, 40, self.inodes);
+    }
+    pub fn decode(b: &Block) -> State {
+        State {
+            orphan_head: get_u64(b, 16),
+            next_generation: get_u32(b, 24),
+            commit_seq: get_u64(b, 32),
+            inodes: get_u64(b, 40),
+        }
+    }
+}
+
+/// One mapped run of a file: `len` blocks from logical block `logical` at `phys`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extent {
+    pub logical: u64,
+    pub len: u64,
+    pub phys: u64,
+    /// Allocated but never written (fallocate): reads as zeros.
+    pub unwritten: bool,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.logical + self.len
+    }
+    /// The 12-byte B+tree value (the key is `logical`).
+    pub fn encode_value(&self) -> [u8; 12] {
+        let mut v = [0u8; 12];
+        put_u32(&mut v, 0, self.len as u32 | if self.unwritten { 1 << 31 } else { 0 });
+        put_u64(&mut v, 4, self.phys);
+        v
+    }
+    pub fn decode_value(logical: u64, v: &[u8]) -> Result<Extent> {
+        if v.len() != 12 {
+            return Err(Error::corrupt("extent record has the wrong size"));
+        }
+        let l = get_u32(v, 0);
+        Ok(Extent {
+            logical,
+            len: (l & !(1 << 31)) as u64,
+            phys: get_u64(v, 4),
+            unwritten: l & (1 << 31) != 0,
+        })
+    }
+}
+
+/// File types as stored in directory entries (same numbers as the DT_* constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileType {
+    Fifo = 1,
+    CharDevice = 2,
+    Directory = 4,
+    BlockDevice = 6,
+    RegularFile = 8,
+    Symlink = 10,
+    Socket = 12,
+}
+
+impl FileType {
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFBLK => FileType::BlockDevice,
+            libc::S_IFREG => FileType::RegularFile,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFSOCK => FileType::Socket,
+            _ => return None,
+        })
+    }
+    pub fn from_u8(v: u8) -> Option<FileType> {
+        Some(match v {
+            1 => FileType::Fifo,
+            2 => FileType::CharDevice,
+            4 => FileType::Directory,
+            6 => FileType::BlockDevice,
+            8 => FileType::RegularFile,
+            10 => FileType::Symlink,
+            12 => FileType::Socket,
+            _ => return None,
+        })
+    }
+}
+
+/// A directory entry's B+tree value: inode number, type, name.
+pub fn encode_dirent(ino: u64, ft: FileType, name: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9 + name.len());
+    v.extend_from_slice(&ino.to_le_bytes());
+    v.push(ft as u8);
+    v.extend_from_slice(name);
+    v
+}
+
+/// Decode a directory entry value into (ino, type, name).
+pub fn decode_dirent(v: &[u8]) -> Result<(u64, FileType, &[u8])> {
+    if v.len() < 10 || v.len() > 9 + NAME_MAX {
+        return Err(Error::corrupt("directory entry has a bad length"));
+    }
+    let ft = FileType::from_u8(v[8]).ok_or_else(|| Error::corrupt("directory entry has a bad type"))?;
+    Ok((get_u64(v, 0), ft, &v[9..]))
+}
+
+/// What the 64-byte data area of an inode holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InodeData {
+    /// Up to four extents in the inode (regular files, long symlinks; `n` used).
+    Extents { ext: [Extent; INLINE_EXTENTS], n: u8 },
+    /// The extent map is a B+tree.
+    ExtentTree { tree: TreeRoot, count: u32 },
+    /// A symlink target of at most 64 bytes (its length is the inode size).
+    InlineSymlink([u8; INLINE_DATA]),
+    /// A directory: its hashed index and its reserved inode region.
+    Dir(DirInfo),
+}
+
+/// A directory's index root and inode reservation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirInfo {
+    pub tree: TreeRoot,
+    /// Largest displacement of any entry's key from its name hash (collision probing).
+    pub max_disp: u32,
+    /// The reserved region: `region_len` blocks from `region_start`, of which the first
+    /// `region_used` are initialised inode blocks; the rest are allocated but blank.
+    pub region_start: u64,
+    pub region_len: u32,
+    pub region_used: u32,
+    /// Number of entries (not counting . and ..).
+    pub entries: u64,
+}
+
+/// An inode, decoded. Times are (seconds, nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inode {
+    pub ino: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    /// 4 KiB blocks owned: data, extent tree, directory index, xattr block.
+    pub blocks: u64,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub crtime: (i64, u32),
+    pub generation: u32,
+    pub flags: u32,
+    pub rdev: u64,
+    /// Directories: the parent directory.
+    pub parent: u64,
+    /// Orphan list link.
+    pub next_orphan: u64,
+    pub xattr_block: u64,
+    pub xattr_filter: u32,
+    pub xattr_inline_len: u16,
+    pub xattr_inline: [u8; INLINE_XATTR],
+    pub data: InodeData,
+}
+
+const FMT_EXTENTS: u8 = 0;
+const FMT_TREE: u8 = 1;
+const FMT_SYMLINK: u8 = 2;
+const FMT_DIR: u8 = 3;
+
+impl Inode {
+    /// A blank inode of the given mode.
+    pub fn new(ino: u64, mode: u32) -> Inode {
+        let data = if mode & libc::S_IFMT == libc::S_IFDIR {
+            InodeData::Dir(DirInfo::default())
+        } else {
+            InodeData::Extents { ext: [Extent::default(); INLINE_EXTENTS], n: 0 }
+        };
+        Inode {
+            ino,
+            mode,
+            uid: 0,
+            gid: 0,
+            nlink: 0,
+            size: 0,
+            blocks: 0,
+            atime: (0, 0),
+            mtime: (0, 0),
+            ctime: (0, 0),
+            crtime: (0, 0),
+            generation: 0,
+            flags: 0,
+            rdev: 0,
+            parent: 0,
+            next_orphan: 0,
+            xattr_block: 0,
+            xattr_filter: 0,
+            xattr_inline_len: 0,
+            xattr_inline: [0; INLINE_XATTR],
+            data,
+        }
+    }
+
+    pub fn file_type(&self) -> Option<FileType> {
+        FileType::from_mode(self.mode)
+    }
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn dir(&self) -> Result<&DirInfo> {
+        match &self.data {
+            InodeData::Dir(d) => Ok(d),
+            _ => Err(Error::NotDir),
+        }
+    }
+    pub fn dir_mut(&mut self) -> Result<&mut DirInfo> {
+        match &mut self.data {
+            InodeData::Dir(d) => Ok(d),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// Encode into a 256-byte slot.
+    pub fn encode(&self, s: &mut [u8]) {
+        s[..INODE_SIZE].fill(0);
+        put_u32(s, 0, self.mode);
+        put_u32(s, 4, self.uid);
+        put_u32(s, 8, self.gid);
+        put_u32(s, 12, self.nlink);
+        put_u64(s, 16, self.size);
+        put_u64(s, 24, self.blocks);
+        put_i64(s, 32, self.atime.0);
+        put_i64(s, 40, self.mtime.0);
+        put_i64(s, 48, self.ctime.0);
+        put_i64(s, 56, self.crtime.0);
+        put_u32(s, 64, self.atime.1);
+        put_u32(s, 68, self.mtime.1);
+        put_u32(s, 72, self.ctime.1);
+        put_u32(s, 76, self.crtime.1);
+        put_u32(s, 80, self.generation);
+        put_u32(s, 84, self.flags);
+        put_u64(s, 88, self.rdev);
+        put_u64(s, 96, self.parent);
+        put_u64(s, 104, self.next_orphan);
+        put_u64(s, 112, self.xattr_block);
+        put_u32(s, 120, self.xattr_filter);
+        put_u16(s, 124, self.xattr_inline_len);
+        let mut d = [0u8; INLINE_DATA];
+        let (fmt, n) = match &self.data {
+            InodeData::Extents { ext, n } => {
+                for (i, e) in ext.iter().take(*n as usize).enumerate() {
+                    put_u32(&mut d, 16 * i, e.logical as u32);
+                    d[16 * i + 4..16 * i + 16].copy_from_slice(&e.encode_value());
+                }
+                (FMT_EXTENTS, *n)
+            }
+            InodeData::ExtentTree { tree, count } => {
+                put_u64(&mut d, 0, tree.root);
+                put_u16(&mut d, 8, tree.depth);
+                put_u32(&mut d, 12, *count);
+                (FMT_TREE, 0)
+            }
+            InodeData::InlineSymlink(t) => {
+                d.copy_from_slice(t);
+                (FMT_SYMLINK, 0)
+            }
+            InodeData::Dir(di) => {
+                put_u64(&mut d, 0, di.tree.root);
+                put_u16(&mut d, 8, di.tree.depth);
+                put_u32(&mut d, 12, di.max_disp);
+                put_u64(&mut d, 16, di.region_start);
+                put_u32(&mut d, 24, di.region_len);
+                put_u32(&mut d, 28, di.region_used);
+                put_u64(&mut d, 32, di.entries);
+                (FMT_DIR, 0)
+            }
+        };
+        s[126] = fmt;
+        s[127] = n;
+        s[128..192].copy_from_slice(&d);
+        s[192..256].copy_from_slice(&self.xattr_inline);
+    }
+
+    /// Decode a 256-byte slot; `None` when the slot is free (mode 0).
+    pub fn decode(ino: u64, s: &[u8]) -> Result<Option<Inode>> {
+        let mode = get_u32(s, 0);
+        if mode == 0 {
+            return Ok(None);
+        }
+        let bad = |m: &str| Error::corrupt(format!("inode {ino}: {m}"));
+        if FileType::from_mode(mode).is_none() {
+            return Err(bad("unknown file type"));
+        }
+        let d = &s[128..192];
+        let data = match s[126] {
+            FMT_EXTENTS => {
+                let n = s[127];
+                if n as usize > INLINE_EXTENTS {
+                    return Err(bad("too many inline extents"));
+                }
+                let mut ext = [Extent::default(); INLINE_EXTENTS];
+                for (i, e) in ext.iter_mut().take(n as usize).enumerate() {
+                    *e = Extent::decode_value(get_u32(d, 16 * i) as u64, &d[16 * i + 4..16 * i + 16])?;
+                }
+                InodeData::Extents { ext, n }
+            }
+            FMT_TREE => InodeData::ExtentTree {
+                tree: TreeRoot { root: get_u64(d, 0), depth: get_u16(d, 8) },
+                count: get_u32(d, 12),
+            },
+            FMT_SYMLINK => {
+                let mut t = [0u8; INLINE_DATA];
+                t.copy_from_slice(d);
+                InodeData::InlineSymlink(t)
+            }
+            FMT_DIR => InodeData::Dir(DirInfo {
+                tree: TreeRoot { root: get_u64(d, 0), depth: get_u16(d, 8) },
+                max_disp: get_u32(d, 12),
+                region_start: get_u64(d, 16),
+                region_len: get_u32(d, 24),
+                region_used: get_u32(d, 28),
+                entries: get_u64(d, 32),
+            }),
+            f => return Err(bad(&format!("unknown data format {f}"))),
+        };
+        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        if is_dir != matches!(data, InodeData::Dir(_)) {
+            return Err(bad("data format does not match the file type"));
+        }
+        let xattr_inline_len = get_u16(s, 124);
+        if xattr_inline_len as usize > INLINE_XATTR {
+            return Err(bad("inline xattr length out of range"));
+        }
+        let size = get_u64(s, 16);
+        if matches!(data, InodeData::InlineSymlink(_)) && size as usize > INLINE_DATA {
+            return Err(bad("inline symlink longer than its area"));
+        }
+        let mut xattr_inline = [0u8; INLINE_XATTR];
+        xattr_inline.copy_from_slice(&s[192..256]);
+        Ok(Some(Inode {
+            ino,
+            mode,
+            uid: get_u32(s, 4),
+            gid: get_u32(s, 8),
+            nlink: get_u32(s, 12),
+            size,
+            blocks: get_u64(s, 24),
+            atime: (get_i64(s, 32), get_u32(s, 64)),
+            mtime: (get_i64(s, 40), get_u32(s, 68)),
+            ctime: (get_i64(s, 48), get_u32(s, 72)),
+            crtime: (get_i64(s, 56), get_u32(s, 76)),
+            generation: get_u32(s, 80),
+            flags: get_u32(s, 84),
+            rdev: get_u64(s, 88),
+            parent: get_u64(s, 96),
+            next_orphan: get_u64(s, 104),
+            xattr_block: get_u64(s, 112),
+            xattr_filter: get_u32(s, 120),
+            xattr_inline_len,
+            xattr_inline,
+            data,
+        }))
+    }
+}
+
+/// Inode block header (slot 0): owner directory and the bitmap of used slots.
+pub const IB_OWNER: usize = 16;
+pub const IB_USED: usize = 24;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_round_trip_every_format() {
+        let mut i = Inode::new(17, libc::S_IFREG | 0o644);
+        i.size = 12345;
+        i.mtime = (-5, 999_999_999);
+        i.data = InodeData::Extents {
+            ext: [
+                Extent { logical: 0, len: 3, phys: 900, unwritten: false },
+                Extent { logical: 7, len: 1, phys: 1000, unwritten: true },
+                Extent::default(),
+                Extent::default(),
+            ],
+            n: 2,
+        };
+        i.xattr_inline[..3].copy_from_slice(b"abc");
+        i.xattr_inline_len = 3;
+        let mut s = [0u8; INODE_SIZE];
+        i.encode(&mut s);
+        assert_eq!(Inode::decode(17, &s).unwrap(), Some(i));
+
+        let mut d = Inode::new(33, libc::S_IFDIR | 0o755);
+        *d.dir_mut().unwrap() = DirInfo {
+            tree: TreeRoot { root: 77, depth: 3 },
+            max_disp: 4,
+            region_start: 500,
+            region_len: 8,
+            region_used: 2,
+            entries: 1_000_000,
+        };
+        d.encode(&mut s);
+        assert_eq!(Inode::decode(33, &s).unwrap(), Some(d));
+        s.fill(0);
+        assert_eq!(Inode::decode(33, &s).unwrap(), None);
+    }
+
+    #[test]
+    fn hostile_inode_fields_are_errors() {
+        let mut s = [0u8; INODE_SIZE];
+        Inode::new(1, libc::S_IFREG | 0o600).encode(&mut s);
+        let mut t = s;
+        t[127] = 9;
+        assert!(Inode::decode(1, &t).is_err());
+        let mut t = s;
+        t[126] = 3; // dir data on a regular file
+        assert!(Inode::decode(1, &t).is_err());
+        let mut t = s;
+        put_u32(&mut t, 0, 0o170000 | 0o644);
+        assert!(Inode::decode(1, &t).is_err());
+    }
+
+    #[test]
+    fn superblock_round_trip_and_rejects() {
+        let layout = Layout::for_blocks(10_000).unwrap();
+        let sb = Superblock {
+            version: VERSION,
+            compat: COMPAT_DIR_RESERVATION,
+            incompat: 0,
+            ro_compat: RO_COMPAT_XATTR_FILTER,
+            uuid: [7; 16],
+            label: "hello".into(),
+            layout,
+            root_ino: ino_of(layout.first_free(), 1),
+            hash: HashVersion::HalfMd4,
+            region_blocks: 4,
+            hash_seed: [1, 2, 3, 4],
+            mkfs_time: 1234,
+        };
+        let b = sb.encode(0);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        assert!(Superblock::decode(&b, 5).is_err());
+        let zero = [0u8; BLOCK_SIZE];
+        assert!(Superblock::decode(&zero, 0).is_err());
+    }
+}

@@ -1,0 +1,417 @@
+//! fsck: check every invariant of a volume, and repair what can be repaired safely.
+//!
+//! Walks the tree from the root and rebuilds, independently of the allocator, which
+//! blocks and inode slots are in use, how many links each inode has and how many blocks
+//! each owns; then compares with what the volume says. Exit codes follow e2fsck.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use crate::block::BlockDevice;
+use crate::btree;
+use crate::cache::MetaCache;
+use crate::codec::*;
+use crate::dir;
+use crate::error::{Error, Result};
+use crate::file;
+use crate::format::*;
+use crate::journal::Journal;
+use crate::space::Space;
+use crate::store::Store;
+use crate::volume::{read_superblock, OpenOptions, Volume};
+use crate::xattr;
+
+/// What fsck found.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Problems still present.
+    pub errors: Vec<String>,
+    /// Problems repaired.
+    pub fixed: Vec<String>,
+    pub inodes: u64,
+    pub directories: u64,
+    pub files: u64,
+    pub blocks_used: u64,
+    pub blocks_total: u64,
+    /// Directory index statistics: leaves and bytes used in them.
+    pub dir_leaves: u64,
+    pub dir_leaf_bytes: u64,
+}
+
+impl Report {
+    /// e2fsck's exit code: 0 clean, 1 errors fixed, 4 errors left.
+    pub fn exit_code(&self) -> i32 {
+        if !self.errors.is_empty() {
+            4
+        } else if !self.fixed.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+struct Walk<'a> {
+    st: Store,
+    r: Report,
+    /// Block owners, for "owned twice" reports.
+    owner: HashMap<u64, u64>,
+    links: HashMap<u64, u32>,
+    seen: HashSet<u64>,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+impl Walk<'_> {
+    fn err(&mut self, m: String) {
+        if self.r.errors.len() < 1000 {
+            self.r.errors.push(m);
+        }
+    }
+
+    fn own(&mut self, b: u64, ino: u64, what: &str) {
+        if b < self.st.sb.layout.first_free() || b >= self.st.sb.layout.block_count {
+            self.err(format!("inode {ino}: {what} block {b} outside the data area"));
+            return;
+        }
+        if let Some(o) = self.owner.insert(b, ino) {
+            self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
+        }
+    }
+
+    fn check_inode(&mut self, i: &Inode) -> Result<()> {
+        let ino = i.ino;
+        let mut owned = 0u64;
+        match &i.data {
+            InodeData::Dir(d) => {
+                let stats = match btree::check(&mut self.st, &d.tree, ino) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.err(format!("directory {ino}: index broken: {e}"));
+                        return Ok(());
+                    }
+                };
+                for b in &stats.blocks {
+                    self.own(*b, ino, "directory index");
+                }
+                owned += stats.blocks.len() as u64;
+                self.r.dir_leaves += stats.leaves;
+                self.r.dir_leaf_bytes += stats.leaf_bytes_used;
+                if stats.records != d.entries {
+                    self.err(format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries));
+                }
+                for k in 0..d.region_len as u64 {
+                    let b = d.region_start + k;
+                    if k >= d.region_used as u64 {
+                        self.own(b, ino, "reserved region");
+                    } else {
+                        self.owner.entry(b).or_insert(u64::MAX); // inode block, shared
+                    }
+                }
+            }
+            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
+                if let InodeData::ExtentTree { tree, count } = &i.data {
+                    match btree::check(&mut self.st, tree, ino) {
+                        Ok(s) => {
+                            for b in &s.blocks {
+                                self.own(*b, ino, "extent tree");
+                            }
+                            owned += s.blocks.len() as u64;
+                            if s.records != *count as u64 {
+                                self.err(format!("inode {ino}: extent count {} but tree holds {}", count, s.records));
+                            }
+                        }
+                        Err(e) => {
+                            self.err(format!("inode {ino}: extent tree broken: {e}"));
+                            return Ok(());
+                        }
+                    }
+                }
+                match file::all_extents(&mut self.st, i) {
+                    Ok(list) => {
+                        let mut last_end = 0;
+                        for e in list {
+                            if e.logical < last_end {
+                                self.err(format!("inode {ino}: extents overlap at {}", e.logical));
+                            }
+                            last_end = e.end();
+                            for b in e.phys..e.phys + e.len {
+                                self.own(b, ino, "data");
+                            }
+                            owned += e.len;
+                        }
+                    }
+                    Err(e) => self.err(format!("inode {ino}: extent map unreadable: {e}")),
+                }
+            }
+            InodeData::InlineSymlink(_) => {}
+        }
+        if i.xattr_block != 0 {
+            self.own(i.xattr_block, ino, "xattr");
+            owned += 1;
+        }
+        match xattr::load(&mut self.st, i) {
+            Ok(list) => {
+                if self.st.sb.xattr_filter() && xattr::filter_of(&list) != i.xattr_filter {
+                    self.err(format!("inode {ino}: xattr filter {:#x} does not match its names", i.xattr_filter));
+                }
+            }
+            Err(e) => self.err(format!("inode {ino}: xattrs unreadable: {e}")),
+        }
+        if owned != i.blocks {
+            self.err(format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks));
+        }
+        if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
+            self.err(format!("symlink {ino}: bad target length {}", i.size));
+        }
+        Ok(())
+    }
+}
+
+/// Check (and with `repair`, fix) the volume on `dev`. `progress` gets the number of
+/// inodes checked so far.
+pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
+    let sb = read_superblock(&*dev)?;
+    if sb.layout.block_count > dev.block_count() {
+        return Err(Error::corrupt(format!(
+            "volume has {} blocks but the device only {} (truncated image?)",
+            sb.layout.block_count,
+            dev.block_count()
+        )));
+    }
+    let (_, replay) = Journal::recover(&*dev, sb.layout, repair)?;
+    let mut cache = MetaCache::new(1 << 16);
+    if !repair {
+        for (b, img) in replay {
+            cache.pin(b, img)?;
+        }
+    }
+    let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
+    let space = match Space::load(&*dev, &mut cache, sb.layout) {
+        Ok(s) => s,
+        Err(e) => {
+            r.errors.push(format!("free-space map unreadable: {e}"));
+            return Ok(r);
+        }
+    };
+    let state = match cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)) {
+        Ok(b) => State::decode(b),
+        Err(e) => {
+            r.errors.push(format!("state block unreadable: {e}"));
+            return Ok(r);
+        }
+    };
+    let root = sb.root_ino;
+    let st = Store { dev: dev.clone(), cache, space, sb, reserve_regions: true };
+    let mut w = Walk { st, r, owner: HashMap::new(), links: HashMap::new(), seen: HashSet::new(), progress };
+    // Walk the namespace breadth first.
+    let mut queue = VecDeque::from([(root, root)]);
+    let mut inodes: HashMap<u64, Inode> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    while let Some((ino, parent)) = queue.pop_front() {
+        let i = match w.st.inode(ino) {
+            Ok(i) => i,
+            Err(e) => {
+                w.err(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
+                continue;
+            }
+        };
+        if !w.seen.insert(ino) {
+            continue;
+        }
+        w.r.inodes += 1;
+        if w.r.inodes % 4096 == 0 {
+            (w.progress)(w.r.inodes);
+        }
+        w.check_inode(&i)?;
+        if i.is_dir() {
+            w.r.directories += 1;
+            if i.parent != parent {
+                w.err(format!("directory {ino}: parent field {} but found in {parent}", i.parent));
+            }
+            let d = *i.dir()?;
+            let mut ents = Vec::new();
+            let mut bad = None;
+            let r = btree::scan(&mut w.st, &d.tree, ino, 0, |k, v| {
+                match decode_dirent(v) {
+                    Ok((c, ft, name)) => ents.push((k, c, ft, name.to_vec())),
+                    Err(e) => bad = Some(e),
+                }
+                bad.is_none()
+            });
+            if let Err(e) = r {
+                w.err(format!("directory {ino}: unreadable index: {e}"));
+            }
+            if let Some(e) = bad {
+                w.err(format!("directory {ino}: {e}"));
+            }
+            let mut names = HashSet::new();
+            for (k, c, ft, name) in ents {
+                if dir::check_name(&name).is_err() {
+                    w.err(format!("directory {ino}: invalid name {:?}", String::from_utf8_lossy(&name)));
+                }
+                let h = dir::name_key(&w.st, &name);
+                if k < h || k > h + d.max_disp as u64 {
+                    w.err(format!(
+                        "directory {ino}: entry {:?} at key {k:#x}, outside its probe range from {h:#x}",
+                        String::from_utf8_lossy(&name)
+                    ));
+                }
+                if !names.insert(name.clone()) {
+                    w.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
+                }
+                *w.links.entry(c).or_insert(0) += 1;
+                if ft == FileType::Directory {
+                    *subdirs.entry(ino).or_insert(0) += 1;
+                    if w.seen.contains(&c) {
+                        w.err(format!("directory {c} is linked more than once"));
+                        continue;
+                    }
+                }
+                match w.st.inode(c) {
+                    Ok(ci) => {
+                        if ci.file_type() != Some(ft) {
+                            w.err(format!("directory {ino}: entry type of {c} does not match the inode"));
+                        }
+                        if !w.seen.contains(&c) {
+                            queue.push_back((c, ino));
+                        }
+                    }
+                    Err(e) => w.err(format!(
+                        "directory {ino}: entry {:?} points to inode {c}: {e}",
+                        String::from_utf8_lossy(&name)
+                    )),
+                }
+            }
+        } else {
+            w.r.files += 1;
+        }
+        inodes.insert(ino, i);
+    }
+    // Orphans: unlinked, still allocated until the next read-write open.
+    let mut cur = state.orphan_head;
+    while cur != 0 && !w.seen.contains(&cur) {
+        match w.st.inode(cur) {
+            Ok(i) => {
+                w.seen.insert(cur);
+                w.r.inodes += 1;
+                w.check_inode(&i)?;
+                cur = i.next_orphan;
+                inodes.insert(i.ino, i);
+            }
+            Err(e) => {
+                w.err(format!("orphan list: inode {cur}: {e}"));
+                break;
+            }
+        }
+    }
+    // Link counts.
+    let mut nlink_fixes = Vec::new();
+    for (ino, i) in &inodes {
+        let want = if i.is_dir() {
+            2 + subdirs.get(ino).copied().unwrap_or(0)
+        } else {
+            w.links.get(ino).copied().unwrap_or(0)
+        };
+        if i.nlink != want {
+            nlink_fixes.push((*ino, i.nlink, want));
+        }
+    }
+    // Inode blocks: used slots must be exactly the live inodes.
+    let mut ib: HashMap<u64, u16> = HashMap::new();
+    for ino in inodes.keys() {
+        let (b, s) = ino_loc(*ino);
+        *ib.entry(b).or_insert(0) |= 1 << s;
+    }
+    for (ino, i) in &inodes {
+        if let InodeData::Dir(d) = &i.data {
+            for k in 0..d.region_used as u64 {
+                ib.entry(d.region_start + k).or_insert(0);
+            }
+        }
+        let _ = ino;
+    }
+    let mut slot_fixes = Vec::new();
+    for (&b, &mask) in &ib {
+        match w.st.cache.get(&*dev, b, Some(INODE_MAGIC)) {
+            Ok(blk) => {
+                let used = get_u16(blk, IB_USED);
+                if used != mask {
+                    slot_fixes.push((b, used, mask));
+                }
+            }
+            Err(e) => w.err(format!("inode block {b}: {e}")),
+        }
+        match w.owner.get(&b) {
+            Some(&o) if o != u64::MAX => w.err(format!("inode block {b} is also owned by inode {o}")),
+            _ => {
+                w.owner.insert(b, u64::MAX);
+            }
+        }
+    }
+    // Free-space map against use.
+    let layout = w.st.sb.layout;
+    let mut leaked = Vec::new();
+    let mut used = layout.first_free() + 1;
+    for b in layout.first_free()..layout.backup_superblock() {
+        let owned = w.owner.contains_key(&b);
+        let marked = w.st.space.is_used(b);
+        if owned {
+            used += 1;
+        }
+        if owned && !marked {
+            w.err(format!("block {b} is in use but marked free"));
+        } else if marked && !owned {
+            leaked.push(b);
+        }
+    }
+    w.r.blocks_used = used;
+    if state.inodes != w.r.inodes {
+        w.err(format!("state block counts {} inodes, found {}", state.inodes, w.r.inodes));
+    }
+    let mut r = w.r;
+    let fixable = !leaked.is_empty() || !nlink_fixes.is_empty() || !slot_fixes.is_empty();
+    let msgs: Vec<String> = leaked
+        .iter()
+        .take(20)
+        .map(|b| format!("block {b} is marked in use but owned by nothing"))
+        .chain(nlink_fixes.iter().map(|(i, have, want)| format!("inode {i}: link count {have}, should be {want}")))
+        .chain(slot_fixes.iter().map(|(b, have, want)| format!("inode block {b}: used slots {have:#06x}, should be {want:#06x}")))
+        .collect();
+    if leaked.len() > 20 {
+        r.errors.push(format!("... and {} more leaked blocks", leaked.len() - 20));
+    }
+    if fixable && repair && r.errors.is_empty() {
+        drop(w.st);
+        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes)?;
+        r.fixed.extend(msgs);
+    } else {
+        r.errors.extend(msgs);
+    }
+    Ok(r)
+}
+
+/// Apply the safe repairs inside one delta of an opened volume.
+fn repair_volume(
+    dev: Arc<dyn BlockDevice>,
+    leaked: &[u64],
+    nlinks: &[(u64, u32, u32)],
+    slots: &[(u64, u16, u16)],
+) -> Result<()> {
+    let vol = Volume::open(dev, OpenOptions::default())?;
+    vol.repair(|st| {
+        for &b in leaked {
+            st.space.free_deferred(b, 1);
+        }
+        for &(ino, _, want) in nlinks {
+            let mut i = st.inode(ino)?;
+            i.nlink = want;
+            st.put_inode(&i)?;
+        }
+        for &(b, _, want) in slots {
+            let blk = st.cache.get_mut(&*st.dev, b, Some(INODE_MAGIC))?;
+            put_u16(blk, IB_USED, want);
+        }
+        Ok(())
+    })?;
+    vol.sync()
+}

@@ -1,0 +1,159 @@
+//! The delta log: how a delta's metadata becomes durable atomically, and recovery.
+//!
+//! Two log areas are used alternately. Committing delta `n`:
+//! 1. the caller has already written the delta's data blocks (to blocks free in the last
+//!    committed state, so nothing committed is overwritten);
+//! 2. write the target list and the block images into area `n % 2`, behind its first block;
+//! 3. flush — data, log body and the previous delta's home writes are now durable;
+//! 4. write the commit block (seq, count, crc32c of the body) into the area's first block;
+//! 5. flush — delta `n` is committed;
+//! 6. write the blocks to their home locations (made durable by the next commit's step 3).
+//!
+//! Recovery reads both commit blocks and replays the newest valid one. Only that one can
+//! be missing from home locations: step 3 of delta `n` made delta `n-1`'s homes durable,
+//! and delta `n+1` never touches area `n % 2`. Replay is idempotent.
+
+use crate::block::BlockDevice;
+use crate::codec::*;
+use crate::error::{Error, Result};
+use crate::format::{Layout, COMMIT_MAGIC};
+
+/// Targets listed per descriptor block.
+const TARGETS_PER_DESC: usize = BLOCK_SIZE / 8;
+
+/// Largest number of blocks one delta can log in areas of `log_blocks` blocks.
+pub fn capacity(log_blocks: u32) -> usize {
+    // n images + ceil(n / 512) descriptors + 1 commit block <= log_blocks
+    let avail = log_blocks as usize - 1;
+    avail - avail.div_ceil(TARGETS_PER_DESC + 1)
+}
+
+/// The commit sequence and layout.
+pub struct Journal {
+    layout: Layout,
+    /// Sequence number of the last committed delta.
+    pub seq: u64,
+}
+
+fn body_crc(body: &[u8]) -> u32 {
+    crc32c::crc32c(body)
+}
+
+/// A commit block's fields, when valid.
+fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(at, &mut b)?;
+    if magic(&b) != COMMIT_MAGIC || verify(&b, at, Some(COMMIT_MAGIC)).is_err() {
+        return Ok(None);
+    }
+    Ok(Some((get_u64(&b, 16), get_u32(&b, 24) as usize)))
+}
+
+impl Journal {
+    /// Find the newest committed delta. With `apply`, write its blocks home (and
+    /// flush); either way return them, so a read-only open can overlay them in memory.
+    pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Vec<(u64, Box<Block>)>)> {
+        let mut best: Option<(u64, u64, usize)> = None; // (seq, area start, count)
+        for area in 0..2 {
+            let at = layout.log_area(area);
+            if let Some((seq, n)) = read_commit(dev, at)? {
+                if best.is_none_or(|(s, _, _)| seq > s) {
+                    best = Some((seq, at, n));
+                }
+            }
+        }
+        let Some((seq, at, n)) = best else {
+            return Ok((Journal { layout, seq: 0 }, Vec::new()));
+        };
+        if n > capacity(layout.log_blocks) {
+            return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
+        }
+        let ndesc = n.div_ceil(TARGETS_PER_DESC);
+        let mut body = vec![0u8; (ndesc + n) * BLOCK_SIZE];
+        if !body.is_empty() {
+            dev.read(at + 1, &mut body)?;
+        }
+        let mut cb = [0u8; BLOCK_SIZE];
+        dev.read(at, &mut cb)?;
+        if get_u32(&cb, 28) != body_crc(&body) {
+            // Step 3 flushed the body before the commit block was written, so a body
+            // that does not match means the device broke its promise.
+            return Err(Error::corrupt(format!("log body of commit {seq} fails its checksum")));
+        }
+        let log_end = layout.log_area(1) + layout.log_blocks as u64;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let t = get_u64(&body, i * 8);
+            if t == 0 || (t >= layout.log_area(0) && t < log_end) || t >= layout.block_count {
+                return Err(Error::corrupt(format!("commit {seq} targets block {t}, which it may not")));
+            }
+            let mut img = Box::new([0u8; BLOCK_SIZE]);
+            img.copy_from_slice(&body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE]);
+            out.push((t, img));
+        }
+        if apply {
+            for (t, img) in &out {
+                dev.write(*t, &img[..])?;
+            }
+            dev.flush()?;
+        }
+        Ok((Journal { layout, seq }, out))
+    }
+
+    /// Blocks one delta may log.
+    pub fn capacity(&self) -> usize {
+        capacity(self.layout.log_blocks)
+    }
+
+    /// Commit one delta whose metadata blocks (sealed, ascending) are `blocks`. Data
+    /// blocks must already have been written.
+    pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
+        let n = blocks.len();
+        if n > self.capacity() {
+            return Err(Error::corrupt(format!(
+                "delta of {n} blocks exceeds the log capacity {}",
+                self.capacity()
+            )));
+        }
+        let seq = self.seq + 1;
+        let at = self.layout.log_area(seq % 2);
+        let ndesc = n.div_ceil(TARGETS_PER_DESC);
+        let mut body = vec![0u8; (ndesc + n) * BLOCK_SIZE];
+        for (i, (t, img)) in blocks.iter().enumerate() {
+            put_u64(&mut body, i * 8, *t);
+            body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE].copy_from_slice(&img[..]);
+        }
+        if !body.is_empty() {
+            dev.write(at + 1, &body)?;
+        }
+        dev.flush()?;
+        let mut cb = [0u8; BLOCK_SIZE];
+        put_u32(&mut cb, 0, COMMIT_MAGIC);
+        put_u64(&mut cb, 16, seq);
+        put_u32(&mut cb, 24, n as u32);
+        put_u32(&mut cb, 28, body_crc(&body));
+        seal(&mut cb, at);
+        dev.write(at, &cb)?;
+        dev.flush()?;
+        self.seq = seq;
+        // Home writes, coalesced into runs of adjacent blocks.
+        let mut i = 0;
+        while i < n {
+            let mut j = i + 1;
+            while j < n && blocks[j].0 == blocks[j - 1].0 + 1 && j - i < 256 {
+                j += 1;
+            }
+            if j - i == 1 {
+                dev.write(blocks[i].0, &blocks[i].1[..])?;
+            } else {
+                let mut run = Vec::with_capacity((j - i) * BLOCK_SIZE);
+                for (_, img) in &blocks[i..j] {
+                    run.extend_from_slice(&img[..]);
+                }
+                dev.write(blocks[i].0, &run)?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! The metadata store: device, block cache and free space bundled for the layers above,
+//! plus the inode table (inode records, their allocation and placement, seed 002).
+//!
+//! Inode numbers are addresses: `ino = block * 16 + slot`, slot 0 of every inode block
+//! being its header. A directory reserves a region of inode blocks next to its own inode;
+//! its children take slots from that region in creation order, and when it is full the
+//! next region (twice as large, up to 64 blocks) is allocated close by.
+
+use std::sync::Arc;
+
+use crate::block::BlockDevice;
+use crate::btree::NodeStore;
+use crate::cache::MetaCache;
+use crate::codec::*;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::space::Space;
+
+/// Device + cache + space: everything below the inode layer.
+pub struct Store {
+    pub dev: Arc<dyn BlockDevice>,
+    pub cache: MetaCache,
+    pub space: Space,
+    pub sb: Superblock,
+    /// Use directory inode reservation (A/B switch; on by default).
+    pub reserve_regions: bool,
+}
+
+impl NodeStore for Store {
+    fn node(&mut self, block: u64) -> Result<&Block> {
+        self.cache.get(&*self.dev, block, Some(crate::btree::BTREE_MAGIC))
+    }
+    fn node_mut(&mut self, block: u64) -> Result<&mut Block> {
+        self.cache.get_mut(&*self.dev, block, Some(crate::btree::BTREE_MAGIC))
+    }
+    fn alloc_node(&mut self, near: u64) -> Result<u64> {
+        let b = self.space.alloc_one(near).ok_or(Error::NoSpace)?;
+        put_u32(self.cache.fresh(b), 0, crate::btree::BTREE_MAGIC);
+        Ok(b)
+    }
+    fn free_node(&mut self, block: u64) -> Result<()> {
+        self.free_meta(block);
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Allocate one metadata block near `goal`, zeroed and dirty.
+    pub fn alloc_meta(&mut self, goal: u64) -> Result<u64> {
+        let b = self.space.alloc_one(goal).ok_or(Error::NoSpace)?;
+        self.cache.fresh(b);
+        Ok(b)
+    }
+
+    /// Free a metadata block at the end of the delta; its cached copy is dropped so it
+    /// is never written home (a stale write could land on the block's next owner).
+    pub fn free_meta(&mut self, block: u64) {
+        self.cache.forget(block);
+        self.space.free_deferred(block, 1);
+    }
+
+    fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {
+        let (b, s) = ino_loc(ino);
+        if s == 0 || b < self.sb.layout.first_free() || b >= self.sb.layout.block_count {
+            return Err(Error::NotFound);
+        }
+        Ok((b, s))
+    }
+
+    /// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale
+    /// handle); a damaged block is `Corrupt`.
+    pub fn inode(&mut self, ino: u64) -> Result<Inode> {
+        let (b, s) = self.check_ino(ino)?;
+        if !self.space.is_used(b) {
+            return Err(Error::NotFound);
+        }
+        let blk = self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?;
+        if get_u16(blk, IB_USED) & (1 << s) == 0 {
+            return Err(Error::NotFound);
+        }
+        Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
+            .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))
+    }
+
+    /// Write an inode back into its block.
+    pub fn put_inode(&mut self, inode: &Inode) -> Result<()> {
+        let (b, s) = self.check_ino(inode.ino)?;
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
+        inode.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
+        Ok(())
+    }
+
+    /// Initialise a blank inode block owned by directory `owner`.
+    fn init_inode_block(&mut self, b: u64, owner: u64) {
+        let blk = self.cache.fresh(b);
+        put_u32(blk, 0, INODE_MAGIC);
+        put_u64(blk, IB_OWNER, owner);
+    }
+
+    /// mkfs: the root directory's inode, in its own block.
+    pub fn alloc_root(&mut self) -> Result<u64> {
+        let b = self.alloc_meta(self.sb.layout.first_free())?;
+        self.init_inode_block(b, 0);
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
+        put_u16(blk, IB_USED, 1 << 1);
+        Ok(ino_of(b, 1))
+    }
+
+    /// Take a free slot in block `b`, if any.
+    fn take_slot(&mut self, b: u64) -> Result<Option<u64>> {
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
+        let used = get_u16(blk, IB_USED) | 1; // slot 0 is the header
+        if used == u16::MAX {
+            return Ok(None);
+        }
+        let s = (!used).trailing_zeros() as u64;
+        put_u16(blk, IB_USED, (used | (1 << s)) & !1);
+        Ok(Some(ino_of(b, s)))
+    }
+
+    /// Allocate an inode number for a new child of `dir` (whose record the caller
+    /// writes back, as its region may change). The slot is marked used; the caller
+    /// writes the inode with `put_inode`.
+    pub fn alloc_inode(&mut self, dir: &mut Inode) -> Result<u64> {
+        let dir_ino = dir.ino;
+        let dir_block = ino_loc(dir_ino).0;
+        if !self.reserve_regions {
+            // A/B baseline: first free slot in any block near the volume cursor.
+            let b = self.space.alloc_one(0).ok_or(Error::NoSpace)?;
+            self.init_inode_block(b, 0);
+            return Ok(self.take_slot(b)?.expect("fresh block has slots"));
+        }
+        let region_blocks = self.sb.region_blocks as u32;
+        let d = dir.dir_mut()?;
+        // Blocks already initialised in the current region, newest first (the oldest
+        // are the likeliest to be full).
+        for k in (0..d.region_used).rev() {
+            let b = d.region_start + k as u64;
+            if let Some(ino) = self.take_slot(b)? {
+                return Ok(ino);
+            }
+        }
+        if d.region_used == d.region_len {
+            // Region full (or none yet): reserve the next one close by.
+            let want = if d.region_len == 0 {
+                region_blocks
+            } else {
+                (d.region_len * 2).min(MAX_REGION_BLOCKS)
+            } as u64;
+            let goal = if d.region_len == 0 { dir_block + 1 } else { d.region_start + d.region_len as u64 };
+            let (start, len) = self.space.alloc(goal, want, 1).ok_or(Error::NoSpace)?;
+            d.region_start = start;
+            d.region_len = len as u32;
+            d.region_used = 0;
+        }
+        let b = d.region_start + d.region_used as u64;
+        d.region_used += 1;
+        self.init_inode_block(b, dir_ino);
+        Ok(self.take_slot(b)?.expect("fresh block has slots"))
+    }
+
+    /// Free an inode slot. An inode block left empty is freed unless it belongs to its
+    /// owner directory's current region (which keeps its room for future children).
+    pub fn free_inode(&mut self, ino: u64) -> Result<()> {
+        let (b, s) = self.check_ino(ino)?;
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
+        let used = get_u16(blk, IB_USED) & !(1 << s);
+        put_u16(blk, IB_USED, used);
+        blk[s * INODE_SIZE..(s + 1) * INODE_SIZE].fill(0);
+        let owner = get_u64(blk, IB_OWNER);
+        if used != 0 {
+            return Ok(());
+        }
+        if owner != 0 && owner != ino {
+            if let Ok(o) = self.inode(owner) {
+                if let Ok(d) = o.dir() {
+                    if b >= d.region_start && b < d.region_start + d.region_used as u64 {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.free_meta(b);
+        Ok(())
+    }
+
+    /// A directory is going away: give back the blank tail of its region and any empty
+    /// initialised blocks in it.
+    pub fn release_region(&mut self, d: &DirInfo) -> Result<()> {
+        let tail = d.region_start + d.region_used as u64;
+        if d.region_len > d.region_used {
+            // Blank blocks were never written in any committed state... but they may
+            // have been reserved by a committed delta, so release them with the delta.
+            self.space.free_deferred(tail, (d.region_len - d.region_used) as u64);
+        }
+        for k in 0..d.region_used as u64 {
+            let b = d.region_start + k;
+            let used = get_u16(self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?, IB_USED);
+            if used == 0 {
+                self.free_meta(b);
+            }
+        }
+        Ok(())
+    }
+}

@@ -130,10 +130,17 @@ fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) ->
 
 /// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
 pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+    let mark = usage_mark(st);
+    unmap(st, inode, start, end)?;
+    account(st, inode, mark);
+    Ok(())
+}
+
+/// `punch` without the block accounting (for callers that account themselves).
+fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     if start >= end {
         return Ok(());
     }
-    let mark = usage_mark(st);
     let old = extents_in(st, inode, start, end)?;
     if old.is_empty() {
         return Ok(());
@@ -150,9 +157,7 @@ pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<
             new.push(Extent { logical: end, len: e.end() - end, phys: e.phys + (end - e.logical), unwritten: e.unwritten });
         }
     }
-    replace(st, inode, &old, &new)?;
-    account(st, inode, mark);
-    Ok(())
+    replace(st, inode, &old, &new)
 }
 
 /// Map a new extent over a hole, merging with the extent that ends where it starts.
@@ -196,7 +201,7 @@ pub fn writeback(st: &mut Store, inode: &mut Inode, pages: Pages) -> Result<u64>
             run.push(it.next().unwrap().1);
         }
         let n = run.len() as u64;
-        punch(st, inode, p0, p0 + n)?;
+        unmap(st, inode, p0, p0 + n)?;
         let mut done = 0u64;
         let mut buf = Vec::new();
         while done < n {

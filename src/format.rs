@@ -84,7 +84,19 @@ impl Layout {
     /// The layout mkfs chooses: two log areas of 1/64 of the volume each, between 64
     /// blocks and 8192 blocks (32 MiB), then the bitmap.
     pub fn for_blocks(block_count: u64) -> Result<Layout> {
-        let log_blocks = (block_count / 64).clamp(64, 8192) as u32;
+        Layout::new(block_count, Self::default_log_blocks(block_count))
+    }
+
+    /// The default size of one log area.
+    pub fn default_log_blocks(block_count: u64) -> u32 {
+        (block_count / 64).clamp(64, 8192) as u32
+    }
+
+    /// A layout with log areas of `log_blocks` blocks each (16..=65536).
+    pub fn new(block_count: u64, log_blocks: u32) -> Result<Layout> {
+        if !(16..=65536).contains(&log_blocks) {
+            return Err(Error::Invalid(format!("log areas must be 16..=65536 blocks, not {log_blocks}")));
+        }
         let bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
         let l = Layout {
             block_count,
@@ -95,7 +107,7 @@ impl Layout {
         // Room for the fixed part, the root directory and a little data.
         if l.first_free() + 64 > block_count {
             return Err(Error::Invalid(format!(
-                "a volume needs at least {} blocks ({} KiB)",
+                "a volume with this log needs at least {} blocks ({} KiB)",
                 l.first_free() + 64,
                 (l.first_free() + 64) * 4
             )));
@@ -177,8 +189,8 @@ impl Superblock {
             return Err(Error::corrupt("block size is not 4096"));
         }
         let block_count = get_u64(b, 88);
-        let expect = Layout::for_blocks(block_count)
-            .map_err(|_| Error::corrupt(format!("implausible block count {block_count}")))?;
+        let expect = Layout::new(block_count, get_u32(b, 84))
+            .map_err(|e| Error::corrupt(format!("implausible geometry: {e}")))?;
         let layout = Layout {
             block_count,
             log_blocks: get_u32(b, 84),

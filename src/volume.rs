@@ -126,6 +126,8 @@ pub struct MkfsOptions {
     pub region_blocks: u16,
     /// Keep a per-inode xattr-name bloom filter.
     pub xattr_filter: bool,
+    /// Blocks in each of the two log areas (default: 1/64 of the volume, 64..=8192).
+    pub log_blocks: Option<u32>,
 }
 
 impl Default for MkfsOptions {
@@ -137,6 +139,7 @@ impl Default for MkfsOptions {
             uuid: None,
             region_blocks: 4,
             xattr_filter: true,
+            log_blocks: None,
         }
     }
 }
@@ -175,7 +178,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     if o.region_blocks == 0 || o.region_blocks as u32 > MAX_REGION_BLOCKS {
         return Err(Error::Invalid(format!("region size must be 1..={MAX_REGION_BLOCKS} blocks")));
     }
-    let layout = Layout::for_blocks(dev.block_count())?;
+    let blocks = dev.block_count();
+    let layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
     let seed = o.seed.unwrap_or_else(|| {
         let u = uuid::Uuid::new_v4();
         crate::hash::parse_seed(&u.to_string()).expect("uuid formats as a seed")
@@ -547,8 +551,9 @@ impl Inner {
             return Err(Error::FileTooBig);
         }
         let i = self.st.inode(ino)?;
+        // Regular files, and long symlink targets (written once at creation).
         match i.file_type() {
-            Some(FileType::RegularFile) => {}
+            Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
             Some(FileType::Directory) => return Err(Error::IsDir),
             _ => return Err(Error::Invalid("write to a special file".into())),
         }
@@ -1083,6 +1088,9 @@ impl Volume {
     /// Write `data` at `offset`; returns the bytes written.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let mut g = self.inner.lock();
+        if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+            return Err(Error::Invalid("write to a symlink".into()));
+        }
         g.write(ino, offset, data)
     }
 

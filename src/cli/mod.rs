@@ -209,6 +209,7 @@ fn cmd_mkfs(a: MkfsArgs) -> i32 {
         uuid: None,
         region_blocks: a.region_blocks,
         xattr_filter: !a.no_xattr_filter,
+        log_blocks: None,
     };
     match mkfs(dev.clone(), &o) {
         Ok(sb) => {

@@ -25,3 +25,79 @@ pub fn close_and_check(dev: Arc<MemDevice>, vol: Volume) {
     vol.close().expect("close");
     assert_clean(dev);
 }
+
+use std::collections::BTreeMap;
+
+/// What a path holds, for comparing a volume with a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    Dir,
+    /// Contents, and the first path (in sorted order) of the same inode: hard links.
+    File { data: Vec<u8>, first_link: String, nlink: u32 },
+    Symlink(Vec<u8>),
+    Other(u32),
+}
+
+/// A canonical dump of the whole namespace: path -> (node, sorted xattrs).
+pub type Dump = BTreeMap<String, (Node, Vec<(Vec<u8>, Vec<u8>)>)>;
+
+/// Walk the volume from the root.
+pub fn dump(vol: &Volume) -> Dump {
+    use dxfs::format::FileType;
+    let mut out = Dump::new();
+    let mut seen_at: BTreeMap<u64, String> = BTreeMap::new();
+    let mut stack = vec![(vol.root(), String::new())];
+    let mut files = Vec::new();
+    while let Some((ino, path)) = stack.pop() {
+        let mut pos = 0;
+        loop {
+            let ents = vol.readdir(ino, pos, 1000).expect("readdir");
+            if ents.is_empty() {
+                break;
+            }
+            for e in &ents {
+                pos = e.next;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+                let a = vol.getattr(e.ino).expect("getattr");
+                let mut xs: Vec<(Vec<u8>, Vec<u8>)> = vol
+                    .listxattr(e.ino)
+                    .expect("listxattr")
+                    .into_iter()
+                    .map(|n| {
+                        let v = vol.getxattr(e.ino, &n).expect("getxattr of a listed name");
+                        (n, v)
+                    })
+                    .collect();
+                xs.sort();
+                let node = match e.ft {
+                    FileType::Directory => {
+                        stack.push((e.ino, p.clone()));
+                        Node::Dir
+                    }
+                    FileType::RegularFile => {
+                        files.push((p.clone(), e.ino));
+                        let data = vol.read(e.ino, 0, a.size as usize).expect("read");
+                        assert_eq!(data.len() as u64, a.size, "{p}: short read");
+                        Node::File { data, first_link: String::new(), nlink: a.nlink }
+                    }
+                    FileType::Symlink => Node::Symlink(vol.readlink(e.ino).expect("readlink")),
+                    _ => Node::Other(a.mode),
+                };
+                out.insert(p, (node, xs));
+            }
+        }
+    }
+    files.sort();
+    for (p, ino) in &files {
+        seen_at.entry(*ino).or_insert_with(|| p.clone());
+    }
+    for (p, ino) in files {
+        if let Some((Node::File { first_link, .. }, _)) = out.get_mut(&p) {
+            *first_link = seen_at[&ino].clone();
+        }
+    }
+    out
+}

@@ -179,7 +179,7 @@ fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
 fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
     if lblk > 0 {
         if let Some(e) = extents_in(st, inode, 0, lblk)?.last() {
-            return Ok(e.phys + e.len + (lblk - e.end()).min(64));
+            return Ok(e.phys + e.len + lblk.saturating_sub(e.end()).min(64));
         }
     }
     Ok(ino_loc(inode.ino).0 + 1)
@@ -187,37 +187,35 @@ fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
 
 /// Write back dirty pages: allocate fresh blocks for each run of consecutive pages,
 /// write the data, remap. The blocks were charged to the delta when the pages were
-/// dirtied. Returns the number of pages written.
-pub fn writeback(st: &mut Store, inode: &mut Inode, pages: Pages) -> Result<u64> {
+/// dirtied. Works one allocated fragment at a time and stops early, leaving the rest in
+/// `pages`, once the delta's dirty metadata reaches `meta_limit` blocks, so the caller can
+/// commit and go on: every intermediate state maps each page either to its old block or
+/// to its new, fully written one. Returns the number of pages written.
+pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limit: usize) -> Result<u64> {
     let mark = usage_mark(st);
-    let total = pages.len() as u64;
-    let mut it = pages.into_iter().peekable();
-    while let Some((p0, first)) = it.next() {
-        let mut run = vec![first];
-        while let Some((p, _)) = it.peek() {
-            if *p != p0 + run.len() as u64 || run.len() >= 8192 {
-                break;
-            }
-            run.push(it.next().unwrap().1);
+    let mut written = 0u64;
+    let mut buf = Vec::new();
+    while let Some((&p0, _)) = pages.first_key_value() {
+        if st.cache.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+            break;
         }
-        let n = run.len() as u64;
-        unmap(st, inode, p0, p0 + n)?;
-        let mut done = 0u64;
-        let mut buf = Vec::new();
-        while done < n {
-            let goal = goal_for(st, inode, p0 + done)?;
-            let (phys, len) = st.space.alloc(goal, n - done, 1).ok_or(Error::NoSpace)?;
-            buf.clear();
-            for page in &run[done as usize..(done + len) as usize] {
-                buf.extend_from_slice(&page[..]);
-            }
-            st.dev.write(phys, &buf)?;
-            map(st, inode, Extent { logical: p0 + done, len, phys, unwritten: false })?;
-            done += len;
+        let mut n = 1u64;
+        while n < 8192 && pages.contains_key(&(p0 + n)) {
+            n += 1;
         }
+        let goal = goal_for(st, inode, p0)?;
+        let (phys, len) = st.space.alloc(goal, n, 1).ok_or(Error::NoSpace)?;
+        buf.clear();
+        for p in p0..p0 + len {
+            buf.extend_from_slice(&pages.remove(&p).expect("page of the run")[..]);
+        }
+        st.dev.write(phys, &buf)?;
+        unmap(st, inode, p0, p0 + len)?;
+        map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;
+        written += len;
     }
     account(st, inode, mark);
-    Ok(total)
+    Ok(written)
 }
 
 /// Allocate unwritten extents over the holes of `[start, end)` (fallocate).

@@ -92,10 +92,11 @@ impl Layout {
         (block_count / 64).clamp(64, 8192) as u32
     }
 
-    /// A layout with log areas of `log_blocks` blocks each (16..=65536).
+    /// A layout with log areas of `log_blocks` blocks each (64..=65536: the smallest
+    /// must hold the worst single operation plus one write-back fragment).
     pub fn new(block_count: u64, log_blocks: u32) -> Result<Layout> {
-        if !(16..=65536).contains(&log_blocks) {
-            return Err(Error::Invalid(format!("log areas must be 16..=65536 blocks, not {log_blocks}")));
+        if !(64..=65536).contains(&log_blocks) {
+            return Err(Error::Invalid(format!("log areas must be 64..=65536 blocks, not {log_blocks}")));
         }
         let bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
         let l = Layout {

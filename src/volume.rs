@@ -29,6 +29,13 @@ use crate::xattr;
 pub const LINK_MAX: u32 = 65_000;
 /// Longest symlink target.
 pub const SYMLINK_MAX: usize = 4095;
+/// Log blocks kept free for one write-back fragment: two bitmap blocks, an extent-tree
+/// removal and insert (each a split per level of a tree of depth up to 6), the inode and
+/// state blocks.
+const WRITEBACK_HEADROOM: usize = 2 + 2 * 8 + 2;
+/// Log blocks kept free for any single front-end operation (rename: two index inserts with
+/// splits at every level, four inode blocks, bitmap and state blocks).
+const OP_LOG_BLOCKS: u64 = 32;
 
 /// A time: seconds and nanoseconds since the epoch.
 pub type Time = (i64, u32);
@@ -316,9 +323,9 @@ impl Inner {
     /// blocks and the budget covers `meta + pages`; commit and retry once if not.
     fn charge(&mut self, meta: u64, pages: u64, deletion: bool) -> Result<()> {
         self.check_writable()?;
-        let log_room = self.journal.capacity() as u64 / 2;
+        let log_room = self.journal.capacity() as u64;
         let used = (self.st.cache.dirty_count() + self.st.space.dirty_blocks()) as u64;
-        if used + meta + 8 > log_room || self.dirty_pages + pages > self.opts.dirty_limit {
+        if used + OP_LOG_BLOCKS > log_room || self.dirty_pages + pages > self.opts.dirty_limit {
             self.commit()?;
         }
         if self.st.space.available(deletion) < meta + pages {
@@ -358,23 +365,24 @@ impl Inner {
     }
 
     fn commit_inner(&mut self) -> Result<()> {
-        // Write back dirty data in inode order, committing early if the log fills.
+        // Write back dirty data in inode order; when the delta's metadata nears the log's
+        // capacity, commit what is there (a consistent state) and go on in a new delta.
         let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
         inos.sort_unstable();
-        let log_room = self.journal.capacity() as u64;
+        let limit = self.journal.capacity().saturating_sub(WRITEBACK_HEADROOM);
         for ino in inos {
-            let pages = self.dirty.remove(&ino).unwrap_or_default();
-            let n = pages.len() as u64;
+            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
             let mut inode = self.st.inode(ino)?;
-            // Each write-back chunk is bounded (8192 pages per run), so a delta with
-            // half the log still free can always absorb one.
-            if (self.st.cache.dirty_count() + self.st.space.dirty_blocks()) as u64 > log_room / 2 {
+            loop {
+                let n = file::writeback(&mut self.st, &mut inode, &mut pages, limit)?;
+                self.st.put_inode(&inode)?;
+                self.dirty_pages -= n;
+                self.st.space.promised = self.st.space.promised.saturating_sub(n);
+                if pages.is_empty() {
+                    break;
+                }
                 self.commit_metadata()?;
             }
-            file::writeback(&mut self.st, &mut inode, pages)?;
-            self.st.put_inode(&inode)?;
-            self.dirty_pages -= n;
-            self.st.space.promised = self.st.space.promised.saturating_sub(n);
         }
         self.st.space.promised = 0;
         self.commit_metadata()

@@ -455,9 +455,12 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 /// Number of writes durable at crash point `at`: the count recorded at the last flush
-/// with count <= `at` (a flush recorded right after write `at - 1` had completed).
+/// with count < `at`. A crash at `at` strikes after write `at - 1` was issued and before
+/// anything issued after it completed, so a flush recorded right after that write has
+/// not completed yet: the crash between the last write of an epoch and its flush is the
+/// one that matters most, and it must be representable.
 fn durable_prefix(flushes: &[usize], at: usize) -> usize {
-    let i = flushes.partition_point(|&f| f <= at);
+    let i = flushes.partition_point(|&f| f < at);
     if i == 0 {
         0
     } else {
@@ -1153,7 +1156,7 @@ mod tests {
             &[
                 image([e, e, e, e]),
                 image([e, e, e, e]),
-                flushed.clone(),
+                image([e, e, e, e]),
                 flushed.clone(),
                 flushed,
             ],
@@ -1181,8 +1184,9 @@ mod tests {
         let e = full(E);
         let mut seen = std::collections::HashSet::new();
         for seed in 0..64u64 {
-            // Before the flush, A (write 0) is itself unflushed.
+            // Before the flush completes, A and B (writes 0, 1) are themselves unflushed.
             let a1 = if survives(seed, 0) { full(A) } else { e };
+            let b2 = if survives(seed, 1) { full(B) } else { e };
             let keep_c = survives(seed, 2);
             let keep_d = survives(seed, 3);
             seen.insert((keep_c, keep_d));
@@ -1194,7 +1198,7 @@ mod tests {
                 &[
                     image([e, e, e, e]),
                     image([e, a1, e, e]),
-                    image([e, full(A), full(B), e]),
+                    image([e, a1, b2, e]),
                     image([e, b1, full(B), e]),
                     image([e, b1, full(B), b3]),
                 ],
@@ -1273,7 +1277,7 @@ mod tests {
             let d = flushes
                 .iter()
                 .copied()
-                .filter(|&f| f <= at)
+                .filter(|&f| f < at)
                 .max()
                 .unwrap_or(0);
             for s in stamps(&img) {
@@ -1313,7 +1317,7 @@ mod tests {
             let d = flushes
                 .iter()
                 .copied()
-                .filter(|&f| f <= at)
+                .filter(|&f| f < at)
                 .max()
                 .unwrap_or(0);
             let durable = dev.crash_image(at, CrashMode::DropUnflushed);

@@ -32,6 +32,7 @@ pub mod dir;
 pub mod error;
 pub mod file;
 pub mod format;
+pub mod fuse;
 pub mod fsck;
 pub mod hash;
 pub mod journal;

@@ -1352,3 +1352,12 @@ impl Drop for Volume {
     }
 }
 
+
+impl Volume {
+    /// Refuse all further changes and commits (closing does not commit either), for
+    /// a frontend that caught a panic inside the volume: memory may be half-changed,
+    /// while the disk still holds the last committed delta.
+    pub fn poison(&self) {
+        self.inner.lock().failed = true;
+    }
+}

@@ -1,0 +1,737 @@
+//! FUSE frontend: serves a [`Volume`] to the kernel through `fuser`.
+//!
+//! This layer only translates: FUSE inode numbers to volume inode numbers (FUSE's root is
+//! always 1, the volume's root is not), requests to [`Volume`] calls, [`Error`]s to
+//! errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
+//! kernel enforces permissions (`default_permissions`) and keeps the page, entry and
+//! attribute caches.
+//!
+//! [`mount`] mounts and returns once the kernel has finished INIT, so callers can report
+//! a live mount; [`Mounted::run`] serves until the file system is unmounted, committing
+//! the volume every few seconds and once more at the end.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session,
+    SessionACL, TimeOrNow, WriteFlags,
+};
+
+use crate::error::{Error, Result};
+use crate::format::FileType;
+use crate::volume::{self, Attr, SetAttr, SetTime, Time, Volume, XattrMode};
+
+/// How a volume is served.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// How long the kernel may cache attributes.
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names (positive lookups).
+    pub entry_timeout: Duration,
+    /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
+    pub writeback_cache: bool,
+    /// Let the kernel check permissions against mode, owner and POSIX ACLs.
+    pub default_permissions: bool,
+    /// Let users other than the one who mounted use the mount.
+    pub allow_other: bool,
+    /// Mount read-only (the volume should be opened read-only too).
+    pub read_only: bool,
+    /// Request-serving threads.
+    pub threads: usize,
+    /// Source shown in the mount table (the image or device).
+    pub fsname: String,
+    /// How often the volume is committed while mounted.
+    pub sync_interval: Duration,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            writeback_cache: true,
+            default_permissions: true,
+            allow_other: false,
+            read_only: false,
+            threads: 1,
+            fsname: "dxfs".into(),
+            sync_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The `fuser::Filesystem` over a volume.
+pub struct DxFuse {
+    vol: Arc<Volume>,
+    /// The volume's root inode, which FUSE calls 1.
+    root: u64,
+    opts: FuseOptions,
+}
+
+const FUSE_ROOT: u64 = 1;
+/// Entries fetched from the volume per batch while filling a readdir reply.
+const READDIR_BATCH: usize = 256;
+/// readdirplus entries are about five times bigger, so fetch fewer to waste less.
+const READDIRPLUS_BATCH: usize = 64;
+
+fn errno_of(op: &str, e: &Error) -> Errno {
+    if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
+        tracing::error!("{op}: {e}");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn system_time(t: Time) -> SystemTime {
+    let (secs, nanos) = t;
+    let d = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::new(secs as u64, 0))
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::new(secs.unsigned_abs(), 0))
+    };
+    d.and_then(|d| d.checked_add(Duration::from_nanos(u64::from(nanos))))
+        .unwrap_or(UNIX_EPOCH)
+}
+
+fn vol_time(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            // Before 1970: whole seconds round down, nanoseconds stay positive.
+            let d = e.duration();
+            let secs = -(d.as_secs() as i64);
+            match d.subsec_nanos() {
+                0 => (secs, 0),
+                n => (secs - 1, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(vol_time(t)),
+    }
+}
+
+fn kind(ft: FileType) -> fuser::FileType {
+    match ft {
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+        FileType::RegularFile => fuser::FileType::RegularFile,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::Socket => fuser::FileType::Socket,
+    }
+}
+
+impl DxFuse {
+    /// An adapter serving `vol`.
+    pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
+        let root = vol.root();
+        DxFuse { vol, root, opts }
+    }
+
+    fn vol_ino(&self, ino: INodeNo) -> u64 {
+        if ino.0 == FUSE_ROOT {
+            self.root
+        } else {
+            ino.0
+        }
+    }
+
+    fn fuse_ino(&self, ino: u64) -> INodeNo {
+        INodeNo(if ino == self.root { FUSE_ROOT } else { ino })
+    }
+
+    /// Run a volume call. A panic in the volume is caught so the request still gets
+    /// an answer (EIO); the volume is then poisoned so that nothing half-done reaches
+    /// the disk.
+    fn call<T>(&self, op: &str, f: impl FnOnce(&Volume) -> Result<T>) -> std::result::Result<T, Errno> {
+        match catch_unwind(AssertUnwindSafe(|| f(&self.vol))) {
+            Ok(r) => r.map_err(|e| errno_of(op, &e)),
+            Err(_) => {
+                tracing::error!("{op}: panic in the volume layer; no further changes will be committed");
+                self.vol.poison();
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: self.fuse_ino(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: system_time(a.atime),
+            mtime: system_time(a.mtime),
+            ctime: system_time(a.ctime),
+            crtime: system_time(a.crtime),
+            kind: kind(a.kind),
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev as u32,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: std::result::Result<Attr, Errno>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.opts.attr_timeout,
+                &self.opts.entry_timeout,
+                &self.attr(&a),
+                Generation(u64::from(a.generation)),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn reply_empty(reply: ReplyEmpty, r: std::result::Result<(), Errno>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Owner of a new node: the caller, with the group of a setgid parent (as the
+    /// kernel's inode_init_owner does for local file systems).
+    fn owner(&self, req: &Request, parent: u64) -> std::result::Result<(u32, u32, bool), Errno> {
+        let p = self.call("getattr", |v| v.getattr(parent))?;
+        let sgid = p.mode & libc::S_ISGID != 0;
+        Ok((req.uid(), if sgid { p.gid } else { req.gid() }, sgid))
+    }
+
+    /// Open flags for files: no FLUSH on close (flush has nothing to do), and keep the
+    /// page cache across opens (every change goes through this mount).
+    fn open_flags() -> FopenFlags {
+        FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_KEEP_CACHE
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl Filesystem for DxFuse {
+    fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> io::Result<()> {
+        let mut want = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_MAX_PAGES;
+        if self.opts.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        // POSIX_ACL makes the kernel enforce ACLs, and it turns default_permissions on,
+        // so it is only asked for when permissions are the kernel's job anyway.
+        if self.opts.default_permissions {
+            want |= InitFlags::FUSE_POSIX_ACL;
+        }
+        // One at a time, so one missing capability does not cost the others.
+        for f in want.iter() {
+            if cfg.add_capabilities(f).is_err() {
+                tracing::info!("kernel lacks FUSE capability {f:?}");
+            }
+        }
+        // The kernel caps a request at fs.fuse.max_pages_limit pages (256 = 1 MiB by
+        // default); asking for 1 MiB keeps fuser's buffers to what can be used.
+        if let Err(max) = cfg.set_max_write(1 << 20) {
+            let _ = cfg.set_max_write(max);
+        }
+        let _ = cfg.set_max_background(64);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.call("sync", |v| v.sync()) {
+            tracing::error!("commit at unmount failed: {e:?}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let p = self.vol_ino(parent);
+        self.reply_entry(reply, self.call("lookup", |v| v.lookup(p, name.as_bytes())));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ino = self.vol_ino(ino);
+        match self.call("getattr", |v| v.getattr(ino)) {
+            Ok(a) => reply.attr(&self.opts.attr_timeout, &self.attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // The kernel has already applied the setuid/setgid clearing rules to `mode`;
+        // an ftruncate's handle names the same inode, which stays alive while open.
+        let ino = self.vol_ino(ino);
+        let s = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(vol_time),
+        };
+        match self.call("setattr", |v| v.setattr(ino, &s)) {
+            Ok(a) => reply.attr(&self.opts.attr_timeout, &self.attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let ino = self.vol_ino(ino);
+        match self.call("readlink", |v| v.readlink(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let p = self.vol_ino(parent);
+        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
+            self.call("mknod", |v| v.mknod(p, name.as_bytes(), mode, u64::from(rdev), uid, gid))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let p = self.vol_ino(parent);
+        let r = self.owner(req, p).and_then(|(uid, gid, sgid)| {
+            // Subdirectories of a setgid directory are setgid too.
+            let perm = if sgid { mode | libc::S_ISGID } else { mode };
+            self.call("mkdir", |v| v.mkdir(p, name.as_bytes(), perm & 0o7777, uid, gid))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = self.vol_ino(parent);
+        Self::reply_empty(reply, self.call("unlink", |v| v.unlink(p, name.as_bytes())));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = self.vol_ino(parent);
+        Self::reply_empty(reply, self.call("rmdir", |v| v.rmdir(p, name.as_bytes())));
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let p = self.vol_ino(parent);
+        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
+            self.call("symlink", |v| v.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let f = volume::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        let (p, np) = (self.vol_ino(parent), self.vol_ino(newparent));
+        let r = self.call("rename", |v| v.rename(p, name.as_bytes(), np, newname.as_bytes(), f));
+        Self::reply_empty(reply, r);
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let (ino, np) = (self.vol_ino(ino), self.vol_ino(newparent));
+        self.reply_entry(reply, self.call("link", |v| v.link(ino, np, newname.as_bytes())));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Counting the handle keeps an unlinked file alive until its release.
+        let ino = self.vol_ino(ino);
+        match self.call("open", |v| v.open_file(ino)) {
+            Ok(_) => reply.opened(FileHandle(0), Self::open_flags()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let ino = self.vol_ino(ino);
+        match self.call("read", |v| v.read(ino, offset, size as usize)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ino = self.vol_ino(ino);
+        match self.call("write", |v| v.write(ino, offset, data)) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Writes are never deferred past the volume, so there is nothing to flush.
+        // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback cache
+        // it ignores FOPEN_NOFLUSH), saving a round trip per close.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("release", |v| v.release(ino)));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("fsync", |v| v.fsync(ino)));
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let ino = self.vol_ino(ino);
+        let mut pos = offset;
+        loop {
+            let batch = match self.call("readdir", |v| v.readdir(ino, pos, READDIR_BATCH)) {
+                Ok(b) => b,
+                Err(e) => return reply.error(e),
+            };
+            for e in &batch {
+                let name = OsStr::from_bytes(&e.name);
+                if reply.add(self.fuse_ino(e.ino), e.next, kind(e.ft), name) {
+                    return reply.ok();
+                }
+                pos = e.next;
+            }
+            if batch.len() < READDIR_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        // Every entry but . and .. counts as a lookup; there is nothing to count, as
+        // inodes live by their links and open handles, not by the kernel's references.
+        let ino = self.vol_ino(ino);
+        let mut pos = offset;
+        loop {
+            let batch = match self.call("readdirplus", |v| v.readdir_plus(ino, pos, READDIRPLUS_BATCH)) {
+                Ok(b) => b,
+                Err(e) => return reply.error(e),
+            };
+            for (e, a) in &batch {
+                let attr = self.attr(a);
+                let full = reply.add(
+                    attr.ino,
+                    e.next,
+                    OsStr::from_bytes(&e.name),
+                    &self.opts.entry_timeout,
+                    &attr,
+                    Generation(u64::from(a.generation)),
+                );
+                if full {
+                    return reply.ok();
+                }
+                pos = e.next;
+            }
+            if batch.len() < READDIRPLUS_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("fsyncdir", |v| v.fsync(ino)));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.call("statfs", |v| Ok(v.statfs())) {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("setxattr", |v| v.setxattr(ino, name.as_bytes(), value, mode)));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let ino = self.vol_ino(ino);
+        match self.call("getxattr", |v| v.getxattr(ino, name.as_bytes())) {
+            Ok(val) => xattr_reply(reply, size, &val),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let ino = self.vol_ino(ino);
+        match self.call("listxattr", |v| v.listxattr(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                xattr_reply(reply, size, &buf);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("removexattr", |v| v.removexattr(ino, name.as_bytes())));
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Only called without default_permissions: a plain owner/group/other check
+        // (no supplementary groups, no ACLs).
+        let ino = self.vol_ino(ino);
+        let a = match self.call("access", |v| v.getattr(ino)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        let want = (mask.bits() & 7) as u32;
+        let ok = if req.uid() == 0 {
+            // root may do anything but execute a file no one may execute.
+            want & 1 == 0 || a.kind == FileType::Directory || a.mode & 0o111 != 0
+        } else {
+            let bits = if req.uid() == a.uid {
+                a.mode >> 6
+            } else if req.gid() == a.gid {
+                a.mode >> 3
+            } else {
+                a.mode
+            };
+            bits & want == want
+        };
+        if ok {
+            reply.ok()
+        } else {
+            reply.error(Errno::EACCES)
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and sends
+        // CREATE only for a missing name, then a SETATTR for a truncate.
+        let p = self.vol_ino(parent);
+        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
+            self.call("create", |v| {
+                let a = v.create(p, name.as_bytes(), mode & 0o7777, uid, gid)?;
+                v.open_file(a.ino)
+            })
+        });
+        match r {
+            Ok(a) => reply.created(
+                &self.opts.entry_timeout,
+                &self.attr(&a),
+                Generation(u64::from(a.generation)),
+                FileHandle(0),
+                Self::open_flags(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let (keep, punch) = match mode {
+            0 => (false, false),
+            KEEP => (true, false),
+            PUNCH => (true, true),
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("fallocate", |v| v.fallocate(ino, offset, length, keep, punch)));
+    }
+}
+
+/// A live mount: the kernel has completed INIT, so the file system is usable.
+pub struct Mounted {
+    session: Session<DxFuse>,
+    vol: Arc<Volume>,
+    sync_interval: Duration,
+}
+
+/// Mount `vol` on `mountpoint` and return once the mount is live.
+pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName(opts.fsname.clone()),
+        // The kernel's own option: the mount table then shows type fuse.dxfs.
+        MountOption::CUSTOM("subtype=dxfs".into()),
+        if opts.read_only { MountOption::RO } else { MountOption::RW },
+    ];
+    if opts.default_permissions {
+        cfg.mount_options.push(MountOption::DefaultPermissions);
+    }
+    if opts.allow_other {
+        cfg.acl = SessionACL::All;
+    }
+    cfg.n_threads = Some(opts.threads.max(1));
+    // Each thread gets its own /dev/fuse descriptor, so they do not contend on one.
+    cfg.clone_fd = opts.threads > 1;
+    let fs = DxFuse::new(vol.clone(), opts.clone());
+    let session = Session::new(fs, mountpoint, &cfg)?;
+    Ok(Mounted { session, vol, sync_interval: opts.sync_interval })
+}
+
+impl Mounted {
+    /// Serve requests until the file system is unmounted (`umount`, `fusermount3 -u`,
+    /// or [`unmount`]), committing the volume every `sync_interval` and at the end.
+    pub fn run(self) -> io::Result<()> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let vol = self.vol.clone();
+        let interval = self.sync_interval;
+        let syncer = std::thread::Builder::new().name("dxfs-sync".into()).spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                if let Err(e) = vol.sync() {
+                    tracing::error!("periodic commit failed: {e}");
+                }
+            }
+        })?;
+        let served = self.session.run();
+        drop(stop);
+        let _ = syncer.join();
+        let synced = self.vol.sync().map_err(|e| io::Error::other(format!("final commit failed: {e}")));
+        served.and(synced)
+    }
+}
+
+/// Detach the mount at `mountpoint` (lazily: users still inside keep working until
+/// they leave, then the session ends). Falls back to `fusermount3 -u -z` when the
+/// caller may not unmount directly.
+pub fn unmount(mountpoint: &Path) -> io::Result<()> {
+    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            let st = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).status()?;
+            if st.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}

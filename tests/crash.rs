@@ -1,0 +1,154 @@
+//! Crash tests: run a workload on a device that records every block write, then build
+//! the image a power cut could leave at every write index (all writes issued, only the
+//! flushed ones, a torn last write, a random subset of unflushed writes) and check that
+//! each one opens, checks clean, and holds exactly the state of some committed delta no
+//! older than the last completed sync.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use dxfs::block::{CrashMode, FaultDevice, MemDevice};
+use dxfs::volume::{RenameFlags, SetAttr, XattrMode};
+use dxfs::{MkfsOptions, OpenOptions, Volume};
+use rand::{Rng, SeedableRng};
+
+const BLOCKS: u64 = 1024;
+
+/// A deterministic workload of small deltas; returns the states at each completed sync
+/// as (write index when sync returned, dump).
+fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize) -> Vec<(usize, Dump)> {
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let root = vol.root();
+    let mut snaps = vec![(dev.events(), dump(&vol))];
+    let mut files: Vec<u64> = Vec::new();
+    let mut dirs: Vec<u64> = vec![root];
+    for step in 0..steps {
+        let d = dirs[rng.gen_range(0..dirs.len())];
+        let name = format!("f{}", rng.gen_range(0..12));
+        // Errors (exists, not found, ...) are part of the workload, not failures.
+        match rng.gen_range(0..10) {
+            0 | 1 => {
+                if let Ok(a) = vol.create(d, name.as_bytes(), 0o644, 0, 0) {
+                    files.push(a.ino);
+                }
+            }
+            2 => {
+                if let Ok(a) = vol.mkdir(d, format!("d{step}").as_bytes(), 0o755, 0, 0) {
+                    dirs.push(a.ino);
+                }
+            }
+            3 | 4 if !files.is_empty() => {
+                let f = files[rng.gen_range(0..files.len())];
+                let off = rng.gen_range(0..40_000u64);
+                let len = rng.gen_range(1..12_000usize);
+                let _ = vol.write(f, off, &vec![step as u8; len]);
+            }
+            5 if !files.is_empty() => {
+                let f = files[rng.gen_range(0..files.len())];
+                let _ = vol.setattr(f, &SetAttr { size: Some(rng.gen_range(0..30_000)), ..Default::default() });
+            }
+            6 => {
+                let _ = vol.unlink(d, name.as_bytes());
+            }
+            7 => {
+                let d2 = dirs[rng.gen_range(0..dirs.len())];
+                let n2 = format!("f{}", rng.gen_range(0..12));
+                let _ = vol.rename(d, name.as_bytes(), d2, n2.as_bytes(), RenameFlags::default());
+            }
+            8 if !files.is_empty() => {
+                let f = files[rng.gen_range(0..files.len())];
+                let _ = vol.link(f, d, format!("l{step}").as_bytes());
+                let _ = vol.setxattr(f, b"user.k", &vec![1u8; rng.gen_range(0..200)], XattrMode::Any);
+            }
+            _ => {
+                let _ = vol.symlink(d, format!("s{step}").as_bytes(), &vec![b'x'; rng.gen_range(1..100)], 0, 0);
+            }
+        }
+        if rng.gen_range(0..3) == 0 {
+            vol.sync().unwrap();
+            snaps.push((dev.events(), dump(&vol)));
+        }
+    }
+    vol.sync().unwrap();
+    snaps.push((dev.events(), dump(&vol)));
+    drop(vol);
+    snaps
+}
+
+/// Open a crash image and return its namespace (checking it with fsck first and after).
+fn recover(img: Vec<u8>) -> Result<Dump, String> {
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("fsck -n failed to run: {e}"))?;
+    if !r.errors.is_empty() {
+        return Err(format!("fsck -n: {:?}", r.errors));
+    }
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
+    let d = dump(&vol);
+    vol.close().map_err(|e| format!("close: {e}"))?;
+    let r = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("fsck failed to run: {e}"))?;
+    if !r.errors.is_empty() {
+        return Err(format!("fsck after recovery: {:?}", r.errors));
+    }
+    Ok(d)
+}
+
+fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
+    let base = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let snaps = workload(dev.clone(), seed, steps);
+    let n = dev.events();
+    assert!(n > 100, "workload too small to mean anything: {n} writes");
+    for &mode in modes {
+        for at in 0..=n {
+            // The newest completed sync at or before this point, and the one after it,
+            // are the only acceptable states.
+            let k = snaps.iter().rposition(|(w, _)| *w <= at).expect("initial state at 0");
+            let got = recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at write {at}/{n}: {e}"));
+            let ok_now = got == snaps[k].1;
+            let ok_next = snaps.get(k + 1).is_some_and(|s| got == s.1);
+            assert!(ok_now || ok_next, "{mode:?} at write {at}/{n}: recovered state is neither sync {k} nor the next");
+        }
+    }
+}
+
+#[test]
+fn crash_at_every_write_all_issued() {
+    crash_everywhere(1, 80, &[CrashMode::All]);
+}
+
+#[test]
+fn crash_at_every_write_unflushed_dropped_or_torn() {
+    crash_everywhere(2, 80, &[CrashMode::DropUnflushed, CrashMode::Torn]);
+}
+
+#[test]
+fn crash_at_every_write_random_unflushed_subsets() {
+    crash_everywhere(3, 60, &[CrashMode::DropRandomUnflushed(7), CrashMode::DropRandomUnflushed(8)]);
+}
+
+/// A device that stops accepting writes half way: the volume reports an error, never
+/// panics, refuses further changes, and the image recovers to a synced state.
+#[test]
+fn device_dies_mid_commit() {
+    let base = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    let a = vol.create(root, b"kept", 0o644, 0, 0).unwrap();
+    vol.write(a.ino, 0, b"durable").unwrap();
+    vol.sync().unwrap();
+    let synced = dump(&vol);
+    dev.set_cut_after(Some(dev.events() + 3));
+    let b = vol.create(root, b"lost", 0o644, 0, 0).unwrap();
+    vol.write(b.ino, 0, &[7u8; 50_000]).unwrap();
+    assert!(vol.sync().is_err(), "a sync whose writes failed must fail");
+    assert!(vol.create(root, b"after", 0o644, 0, 0).is_err(), "a failed volume must refuse changes");
+    drop(vol);
+    let got = recover(dev.crash_image(dev.events(), CrashMode::All)).unwrap();
+    assert_eq!(got, synced);
+}

@@ -579,8 +579,16 @@ impl Inode {
             }),
             f => return Err(bad(&format!("unknown data format {f}"))),
         };
-        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
-        if is_dir != matches!(data, InodeData::Dir(_)) {
+        let ft = FileType::from_mode(mode);
+        let fits = match &data {
+            InodeData::Dir(_) => ft == Some(FileType::Directory),
+            InodeData::InlineSymlink(_) => ft == Some(FileType::Symlink),
+            InodeData::ExtentTree { .. } => matches!(ft, Some(FileType::RegularFile) | Some(FileType::Symlink)),
+            InodeData::Extents { n, .. } => {
+                matches!(ft, Some(FileType::RegularFile) | Some(FileType::Symlink)) || (*n == 0 && ft != Some(FileType::Directory))
+            }
+        };
+        if !fits {
             return Err(bad("data format does not match the file type"));
         }
         let xattr_inline_len = get_u16(s, 124);

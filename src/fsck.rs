@@ -178,6 +178,11 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             dev.block_count()
         )));
     }
+    if sb.incompat & !KNOWN_INCOMPAT != 0 {
+        return Err(Error::corrupt(format!("unknown incompatible features {:#x}: refusing to check", sb.incompat)));
+    }
+    // A volume with features this fsck does not know may be checked but not changed.
+    let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
     let (_, replay) = Journal::recover(&*dev, sb.layout, repair)?;
     let mut cache = MetaCache::new(1 << 16);
     if !repair {
@@ -186,6 +191,17 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         }
     }
     let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
+    // Both superblock copies must be intact and agree.
+    let mut sb_fixes = Vec::new();
+    for at in [SUPERBLOCK, sb.layout.backup_superblock()] {
+        let mut b = [0u8; BLOCK_SIZE];
+        dev.read(at, &mut b)?;
+        match Superblock::decode(&b, at) {
+            Ok(copy) if copy == sb => {}
+            Ok(_) => sb_fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
+            Err(e) => sb_fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
+        }
+    }
     let space = match Space::load(&*dev, &mut cache, sb.layout) {
         Ok(s) => s,
         Err(e) => {
@@ -201,6 +217,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         }
     };
     let root = sb.root_ino;
+    let w_sb = sb.clone();
     let st = Store { dev: dev.clone(), cache, space, sb, reserve_regions: true };
     let mut w = Walk { st, r, owner: HashMap::new(), links: HashMap::new(), seen: HashSet::new(), progress };
     // Walk the namespace breadth first.
@@ -379,6 +396,15 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         .collect();
     if leaked.len() > 20 {
         r.errors.push(format!("... and {} more leaked blocks", leaked.len() - 20));
+    }
+    if repair && r.errors.is_empty() {
+        for (at, msg) in sb_fixes {
+            dev.write(at, &w_sb.encode(at)[..])?;
+            dev.flush()?;
+            r.fixed.push(msg);
+        }
+    } else {
+        r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);

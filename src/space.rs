@@ -84,7 +84,7 @@ impl Space {
         for b in layout.block_count..(s.words.len() as u64 * 64) {
             s.words[(b / 64) as usize] |= 1 << (b % 64);
         }
-        for b in 0..layout.first_free() {
+        for b in (0..layout.first_free()).chain([layout.backup_superblock()]) {
             if !s.is_used(b) {
                 return Err(Error::corrupt(format!("fixed block {b} is marked free")));
             }

@@ -637,6 +637,9 @@ impl Volume {
         let space = Space::load(&*dev, &mut cache, sb.layout)?;
         let state_blk = cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC))?;
         let state = State::decode(state_blk);
+        if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
+            return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
+        }
         let st = Store { dev, cache, space, sb, reserve_regions: opts.reserve_regions };
         let read_only = opts.read_only;
         let mut inner = Inner {

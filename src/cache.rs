@@ -4,7 +4,7 @@
 //! Only metadata passes through here; file data goes straight to the device. Every block
 //! read from the device is checked (crc32c and self address) before it is cached.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::block::BlockDevice;
 use crate::codec::*;
@@ -15,15 +15,16 @@ const MAX_BATCH: usize = 64;
 
 /// Cached metadata blocks.
 pub struct MetaCache {
-    blocks: HashMap<u64, Box<Block>>,
-    dirty: BTreeSet<u64>,
+    // Fx: block numbers need no DoS-resistant hashing, and this is the hottest map.
+    blocks: FxHashMap<u64, Box<Block>>,
+    dirty: FxHashSet<u64>,
     /// Clean blocks kept before eviction starts.
     capacity: usize,
 }
 
 impl MetaCache {
     pub fn new(capacity: usize) -> MetaCache {
-        MetaCache { blocks: HashMap::new(), dirty: BTreeSet::new(), capacity: capacity.max(64) }
+        MetaCache { blocks: FxHashMap::default(), dirty: FxHashSet::default(), capacity: capacity.max(64) }
     }
 
     fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
@@ -137,7 +138,8 @@ impl MetaCache {
     /// Seal every dirty block (address + crc) and hand the set over, ascending. The
     /// blocks stay cached, now clean.
     pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty: Vec<u64> = std::mem::take(&mut self.dirty).into_iter().collect();
+        dirty.sort_unstable();
         let mut out = Vec::with_capacity(dirty.len());
         for b in dirty {
             if let Some(block) = self.blocks.get_mut(&b) {

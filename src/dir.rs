@@ -74,23 +74,48 @@ pub fn lookup(st: &mut Store, dir: &Inode, name: &[u8]) -> Result<Option<Found>>
     }
 }
 
-/// Insert a new entry (the caller has checked that the name is absent). Returns its key.
+/// Insert a new entry, or fail with `Exists`. One probe from the name's hash both looks
+/// for the name (within `max_disp`) and finds the first key no entry holds. Returns the key.
 pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
     let h = name_key(st, name);
     let dir_ino = dir.ino;
     let mark = crate::file::usage_mark(st);
     let d = dir.dir_mut()?;
-    // The first key at or after h that no entry holds.
+    let limit = h + d.max_disp as u64;
     let mut key = h;
+    let mut gap = false;
+    let mut exists = false;
+    let mut err = None;
     if d.tree.root != 0 {
-        btree::scan(st, &d.tree, dir_ino, h, |k, _| {
-            if k == key {
-                key += 1;
-                true
-            } else {
-                false
+        btree::scan(st, &d.tree, dir_ino, h, |k, v| {
+            if !gap {
+                if k == key {
+                    key += 1;
+                } else {
+                    gap = true;
+                }
             }
+            if k <= limit {
+                match decode_dirent(v) {
+                    Ok((_, _, n)) if n == name => {
+                        exists = true;
+                        return false;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        err = Some(e);
+                        return false;
+                    }
+                }
+            }
+            !gap || k < limit
         })?;
+    }
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if exists {
+        return Err(Error::Exists);
     }
     let disp = key - h;
     if disp > u32::MAX as u64 {

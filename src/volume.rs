@@ -440,14 +440,23 @@ impl Inner {
         self.charge(Self::dir_cost(&p) + self.inode_cost(), 0, false)?;
         // The charge may have committed: read the parent again.
         let mut p = self.dir_inode(parent)?;
-        if dir::lookup(&mut self.st, &p, name)?.is_some() {
-            return Err(Error::Exists);
-        }
         if ft == FileType::Directory && p.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        // The inode number is needed for the entry, but the name may exist: take the
+        // number, and give it back if the insert refuses.
+        let saved = p;
         let mut i = self.new_inode(&mut p, mode, uid, gid, rdev)?;
-        dir::insert(&mut self.st, &mut p, name, i.ino, ft)?;
+        if let Err(e) = dir::insert(&mut self.st, &mut p, name, i.ino, ft) {
+            if saved != p {
+                // The allocation moved the region: record that before the slot is given
+                // back, so the slot's block is known to be in the current region.
+                self.st.put_inode(&p)?;
+            }
+            self.st.free_inode(i.ino)?;
+            self.state.inodes -= 1;
+            return Err(e);
+        }
         if ft == FileType::Directory {
             i.nlink = 2;
             i.parent = parent;
@@ -1354,7 +1363,6 @@ impl Drop for Volume {
         }
     }
 }
-
 
 impl Volume {
     /// Refuse all further changes and commits (closing does not commit either), for

@@ -30,7 +30,10 @@ fn main() {
     let dir = vol.mkdir(root, b"d", 0o755, 0, 0).expect("mkdir").ino;
     let names: Vec<Vec<u8>> = (0..n).map(|i| format!("file-{i:08}").into_bytes()).collect();
     println!("dxfs engine benchmark: {n} files in one directory, device {}", file.as_deref().unwrap_or("memory"));
-    println!("{:<10} {:>10} {:>12} {:>12} {:>12} {:>10}", "phase", "seconds", "µs/op", "blk read", "blk written", "flushes");
+    println!(
+        "{:<10} {:>10} {:>12} {:>12} {:>12} {:>10}",
+        "phase", "seconds", "µs/op", "blk read", "blk written", "flushes"
+    );
 
     let phase = |name: &str, f: &mut dyn FnMut()| {
         let s0 = dev.stats();
@@ -75,7 +78,10 @@ fn main() {
     });
     phase("sync", &mut || vol.sync().expect("sync"));
     let (entries, depth) = vol.dir_stats(dir).unwrap();
-    println!("directory after unlink: {entries} entries, index depth {depth}, {} index blocks", vol.dir_blocks(dir).unwrap().len());
+    println!(
+        "directory after unlink: {entries} entries, index depth {depth}, {} index blocks",
+        vol.dir_blocks(dir).unwrap().len()
+    );
     vol.close().expect("close");
     let r = dxfs::fsck::check(dev, false, &mut |_| {}).expect("fsck");
     println!("fsck: {} errors", r.errors.len());

@@ -182,14 +182,8 @@ impl FileDevice {
     /// [`Error::ReadOnly`].
     pub fn open(path: impl AsRef<Path>, read_only: bool) -> Result<FileDevice> {
         let path = path.as_ref();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| path_error(path, e))?;
-        let size = file
-            .seek(SeekFrom::End(0))
-            .map_err(|e| path_error(path, e))?;
+        let mut file = OpenOptions::new().read(true).write(!read_only).open(path).map_err(|e| path_error(path, e))?;
+        let size = file.seek(SeekFrom::End(0)).map_err(|e| path_error(path, e))?;
         Self::with_size(file, path, size, read_only)
     }
 
@@ -213,15 +207,10 @@ impl FileDevice {
             .open(path)
             .map_err(|e| path_error(path, e))?;
         let is_file = file.metadata().map_err(|e| path_error(path, e))?.is_file();
-        let mut size = file
-            .seek(SeekFrom::End(0))
-            .map_err(|e| path_error(path, e))?;
+        let mut size = file.seek(SeekFrom::End(0)).map_err(|e| path_error(path, e))?;
         if size < bytes {
             if !is_file {
-                return Err(Error::Invalid(format!(
-                    "{}: device holds {size} bytes, {bytes} wanted",
-                    path.display()
-                )));
+                return Err(Error::Invalid(format!("{}: device holds {size} bytes, {bytes} wanted", path.display())));
             }
             // set_len extends without writing data, so the file stays sparse.
             file.set_len(bytes).map_err(|e| path_error(path, e))?;
@@ -238,13 +227,7 @@ impl FileDevice {
                 path.display()
             )));
         }
-        Ok(FileDevice {
-            file,
-            path: path.to_path_buf(),
-            blocks,
-            read_only,
-            counters: Counters::default(),
-        })
+        Ok(FileDevice { file, path: path.to_path_buf(), blocks, read_only, counters: Counters::default() })
     }
 
     /// The path the device was opened with.
@@ -330,11 +313,7 @@ impl MemDevice {
     /// A device holding `bytes` as its image; a partial last block is padded with zeros.
     pub fn from_bytes(bytes: Vec<u8>) -> MemDevice {
         let bytes = pad_to_blocks(bytes);
-        MemDevice {
-            blocks: (bytes.len() / BLOCK_SIZE) as u64,
-            data: RwLock::new(bytes),
-            counters: Counters::default(),
-        }
+        MemDevice { blocks: (bytes.len() / BLOCK_SIZE) as u64, data: RwLock::new(bytes), counters: Counters::default() }
     }
 
     /// A snapshot of the whole image.
@@ -345,9 +324,7 @@ impl MemDevice {
 
 impl fmt::Debug for MemDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemDevice")
-            .field("blocks", &self.blocks)
-            .finish()
+        f.debug_struct("MemDevice").field("blocks", &self.blocks).finish()
     }
 }
 
@@ -549,11 +526,7 @@ impl FaultDevice {
     /// If `at` exceeds [`events`](Self::events): no such crash point exists.
     pub fn crash_image(&self, at: usize, mode: CrashMode) -> Vec<u8> {
         let st = self.state.lock();
-        assert!(
-            at <= st.writes.len(),
-            "crash point {at} beyond the {} recorded writes",
-            st.writes.len()
-        );
+        assert!(at <= st.writes.len(), "crash point {at} beyond the {} recorded writes", st.writes.len());
         let writes = &st.writes[..at];
         match mode {
             CrashMode::All => build_image(&self.base, writes, |_| true),
@@ -764,9 +737,7 @@ mod tests {
 
     /// `n` blocks where block i is filled with byte `seed + i`.
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n)
-            .flat_map(|i| [seed.wrapping_add(i as u8); BLOCK_SIZE])
-            .collect()
+        (0..n).flat_map(|i| [seed.wrapping_add(i as u8); BLOCK_SIZE]).collect()
     }
 
     fn blk(img: &[u8], b: usize) -> &[u8] {
@@ -795,13 +766,7 @@ mod tests {
 
         assert_eq!(
             dev.stats().since(before),
-            IoStats {
-                reads: 3,
-                writes: 2,
-                flushes: 1,
-                blocks_read: 5,
-                blocks_written: 4
-            }
+            IoStats { reads: 3, writes: 2, flushes: 1, blocks_read: 5, blocks_written: 4 }
         );
 
         // Refused requests: nothing moves, nothing is counted.
@@ -810,20 +775,14 @@ mod tests {
         let err = dev.read(count - 1, &mut two).unwrap_err();
         assert!(matches!(err, Error::Invalid(ref m) if m.contains("beyond the end")));
         assert!(matches!(dev.read(count, &mut one), Err(Error::Invalid(_))));
-        assert!(matches!(
-            dev.read(u64::MAX, &mut one),
-            Err(Error::Invalid(_))
-        ));
+        assert!(matches!(dev.read(u64::MAX, &mut one), Err(Error::Invalid(_))));
         assert!(matches!(dev.write(count, &one), Err(Error::Invalid(_))));
         assert!(matches!(dev.write(u64::MAX, &one), Err(Error::Invalid(_))));
         let err = dev.write(0, &one[..100]).unwrap_err();
         assert!(matches!(err, Error::Invalid(ref m) if m.contains("multiple of 4096")));
         assert!(matches!(dev.read(0, &mut []), Err(Error::Invalid(_))));
         assert!(matches!(dev.write(0, &[]), Err(Error::Invalid(_))));
-        assert!(matches!(
-            dev.read(0, &mut vec![0u8; BLOCK_SIZE + 1]),
-            Err(Error::Invalid(_))
-        ));
+        assert!(matches!(dev.read(0, &mut vec![0u8; BLOCK_SIZE + 1]), Err(Error::Invalid(_))));
         assert_eq!(dev.stats(), mid);
         dev.read(count - 1, &mut one).unwrap();
         assert_eq!(one, vec![99u8; BLOCK_SIZE], "refused write changed data");
@@ -888,24 +847,12 @@ mod tests {
         let dev = FileDevice::open(&path, true).unwrap();
         assert!(dev.is_read_only());
         assert_eq!(dev.block_count(), 4);
-        assert!(matches!(
-            dev.write(0, &[0u8; BLOCK_SIZE]),
-            Err(Error::ReadOnly)
-        ));
+        assert!(matches!(dev.write(0, &[0u8; BLOCK_SIZE]), Err(Error::ReadOnly)));
         let mut buf = vec![0u8; 4 * BLOCK_SIZE];
         dev.read(0, &mut buf).unwrap();
         assert_eq!(buf, pattern(4, 50));
         dev.flush().unwrap();
-        assert_eq!(
-            dev.stats(),
-            IoStats {
-                reads: 1,
-                writes: 0,
-                flushes: 1,
-                blocks_read: 4,
-                blocks_written: 0
-            }
-        );
+        assert_eq!(dev.stats(), IoStats { reads: 1, writes: 0, flushes: 1, blocks_read: 4, blocks_written: 0 });
         assert_eq!(std::fs::read(&path).unwrap(), pattern(4, 50));
     }
 
@@ -921,11 +868,7 @@ mod tests {
         drop(dev);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.len(), size);
-        assert!(
-            meta.blocks() * 512 < size / 4,
-            "image not sparse: {} bytes allocated",
-            meta.blocks() * 512
-        );
+        assert!(meta.blocks() * 512 < size / 4, "image not sparse: {} bytes allocated", meta.blocks() * 512);
 
         // Extending keeps the data.
         let dev = FileDevice::create(&path, 2 * size).unwrap();
@@ -941,14 +884,8 @@ mod tests {
         assert_eq!(dev.block_count(), 2 * size / BS);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * size);
 
-        assert!(matches!(
-            FileDevice::create(dir.path().join("odd"), BS + 1),
-            Err(Error::Invalid(_))
-        ));
-        assert!(matches!(
-            FileDevice::create(dir.path().join("zero"), 0),
-            Err(Error::Invalid(_))
-        ));
+        assert!(matches!(FileDevice::create(dir.path().join("odd"), BS + 1), Err(Error::Invalid(_))));
+        assert!(matches!(FileDevice::create(dir.path().join("zero"), 0), Err(Error::Invalid(_))));
     }
 
     #[test]
@@ -961,10 +898,7 @@ mod tests {
         let dev = FileDevice::open(&path, false).unwrap();
         assert_eq!(dev.block_count(), 3);
         // The partial tail is outside the device.
-        assert!(matches!(
-            dev.write(3, &[0u8; BLOCK_SIZE]),
-            Err(Error::Invalid(_))
-        ));
+        assert!(matches!(dev.write(3, &[0u8; BLOCK_SIZE]), Err(Error::Invalid(_))));
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
 
         let tiny = dir.path().join("tiny");
@@ -1117,10 +1051,7 @@ mod tests {
     fn check_all_points(dev: &FaultDevice, mode: CrashMode, want: &[Vec<u8>]) {
         assert_eq!(want.len(), dev.events() + 1);
         for (at, w) in want.iter().enumerate() {
-            assert!(
-                dev.crash_image(at, mode) == *w,
-                "{mode:?} crash_image at {at} differs"
-            );
+            assert!(dev.crash_image(at, mode) == *w, "{mode:?} crash_image at {at} differs");
         }
         let got: Vec<(usize, Vec<u8>)> = dev.crash_images(mode).collect();
         assert_eq!(got.len(), want.len());
@@ -1153,13 +1084,7 @@ mod tests {
         check_all_points(
             &traced(),
             CrashMode::DropUnflushed,
-            &[
-                image([e, e, e, e]),
-                image([e, e, e, e]),
-                image([e, e, e, e]),
-                flushed.clone(),
-                flushed,
-            ],
+            &[image([e, e, e, e]), image([e, e, e, e]), image([e, e, e, e]), flushed.clone(), flushed],
         );
     }
 
@@ -1204,38 +1129,24 @@ mod tests {
                 ],
             );
         }
-        assert_eq!(
-            seen.len(),
-            4,
-            "seeds never produced some subset of {{C, D}}"
-        );
+        assert_eq!(seen.len(), 4, "seeds never produced some subset of {{C, D}}");
     }
 
     #[test]
     fn fault_drop_random_applies_unflushed_writes_in_order() {
         // Two unflushed writes to the same block: when both survive, the later wins.
-        let seed = (0..1000u64)
-            .find(|&s| survives(s, 0) && survives(s, 1))
-            .unwrap();
+        let seed = (0..1000u64).find(|&s| survives(s, 0) && survives(s, 1)).unwrap();
         let dev = FaultDevice::new(vec![0; BLOCK_SIZE]);
         dev.write(0, &[1; BLOCK_SIZE]).unwrap();
         dev.write(0, &[2; BLOCK_SIZE]).unwrap();
         let mode = CrashMode::DropRandomUnflushed(seed);
         assert_eq!(dev.crash_image(2, mode), vec![2; BLOCK_SIZE]);
-        assert_eq!(
-            dev.crash_images(mode).last().unwrap().1,
-            vec![2; BLOCK_SIZE]
-        );
+        assert_eq!(dev.crash_images(mode).last().unwrap().1, vec![2; BLOCK_SIZE]);
         // And a seed that drops the later one keeps the earlier.
-        let seed = (0..1000u64)
-            .find(|&s| survives(s, 0) && !survives(s, 1))
-            .unwrap();
+        let seed = (0..1000u64).find(|&s| survives(s, 0) && !survives(s, 1)).unwrap();
         let mode = CrashMode::DropRandomUnflushed(seed);
         assert_eq!(dev.crash_image(2, mode), vec![1; BLOCK_SIZE]);
-        assert_eq!(
-            dev.crash_images(mode).last().unwrap().1,
-            vec![1; BLOCK_SIZE]
-        );
+        assert_eq!(dev.crash_images(mode).last().unwrap().1, vec![1; BLOCK_SIZE]);
     }
 
     /// A workload where every block write carries its own index, with flushes now and
@@ -1264,8 +1175,7 @@ mod tests {
     }
 
     fn stamps(img: &[u8]) -> impl Iterator<Item = u64> + '_ {
-        img.chunks_exact(BLOCK_SIZE)
-            .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
+        img.chunks_exact(BLOCK_SIZE).map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
     }
 
     #[test]
@@ -1274,18 +1184,9 @@ mod tests {
         let flushes = dev.flush_points();
         assert!(flushes.len() > 5);
         for (at, img) in dev.crash_images(CrashMode::DropUnflushed) {
-            let d = flushes
-                .iter()
-                .copied()
-                .filter(|&f| f < at)
-                .max()
-                .unwrap_or(0);
+            let d = flushes.iter().copied().filter(|&f| f < at).max().unwrap_or(0);
             for s in stamps(&img) {
-                assert!(
-                    s as usize <= d,
-                    "crash at {at}: write {} after last flush ({d}) survived",
-                    s - 1
-                );
+                assert!(s as usize <= d, "crash at {at}: write {} after last flush ({d}) survived", s - 1);
             }
             assert_eq!(img, dev.crash_image(d, CrashMode::All));
         }
@@ -1314,12 +1215,7 @@ mod tests {
         // Random mode never loses a flushed write and is deterministic per seed.
         let flushes = dev.flush_points();
         for at in [0, 50, 150, 300] {
-            let d = flushes
-                .iter()
-                .copied()
-                .filter(|&f| f < at)
-                .max()
-                .unwrap_or(0);
+            let d = flushes.iter().copied().filter(|&f| f < at).max().unwrap_or(0);
             let durable = dev.crash_image(at, CrashMode::DropUnflushed);
             let rnd = dev.crash_image(at, CrashMode::DropRandomUnflushed(9));
             assert_eq!(rnd, dev.crash_image(at, CrashMode::DropRandomUnflushed(9)));

@@ -168,17 +168,11 @@ fn bad(blk: u64, msg: impl std::fmt::Display) -> Error {
 fn hdr(b: &Block, blk: u64, owner: u64, level: u16) -> Result<Hdr> {
     let magic = get_u32(b, 0);
     if magic != BTREE_MAGIC {
-        return Err(bad(
-            blk,
-            format_args!("magic {magic:#010x}, expected {BTREE_MAGIC:#010x}"),
-        ));
+        return Err(bad(blk, format_args!("magic {magic:#010x}, expected {BTREE_MAGIC:#010x}")));
     }
     let o = get_u64(b, OFF_OWNER);
     if o != owner {
-        return Err(bad(
-            blk,
-            format_args!("owned by inode {o}, expected {owner}"),
-        ));
+        return Err(bad(blk, format_args!("owned by inode {o}, expected {owner}")));
     }
     let l = get_u16(b, OFF_LEVEL);
     if l != level {
@@ -188,26 +182,15 @@ fn hdr(b: &Block, blk: u64, owner: u64, level: u16) -> Result<Hdr> {
     let heap = usize::from(get_u16(b, OFF_HEAP));
     let frag = usize::from(get_u16(b, OFF_FRAG));
     if heap > BLOCK_SIZE || SLOTS + 2 * n > heap {
-        return Err(bad(
-            blk,
-            format_args!("{n} slots do not fit below heap start {heap}"),
-        ));
+        return Err(bad(blk, format_args!("{n} slots do not fit below heap start {heap}")));
     }
     if frag > BLOCK_SIZE - heap {
-        return Err(bad(
-            blk,
-            format_args!("frag {frag} exceeds the heap from {heap}"),
-        ));
+        return Err(bad(blk, format_args!("frag {frag} exceeds the heap from {heap}")));
     }
     if level > 0 && n == 0 {
         return Err(bad(blk, "internal node without children"));
     }
-    Ok(Hdr {
-        level,
-        n,
-        heap,
-        frag,
-    })
+    Ok(Hdr { level, n, heap, frag })
 }
 
 fn write_hdr(b: &mut Block, h: &Hdr) {
@@ -225,10 +208,7 @@ fn slot(b: &Block, i: usize) -> usize {
 fn rec_off(b: &Block, h: &Hdr, blk: u64, i: usize) -> Result<usize> {
     let off = slot(b, i);
     if off < h.heap || off + REC_HDR > BLOCK_SIZE {
-        return Err(bad(
-            blk,
-            format_args!("slot {i} points at {off}, outside the heap from {}", h.heap),
-        ));
+        return Err(bad(blk, format_args!("slot {i} points at {off}, outside the heap from {}", h.heap)));
     }
     Ok(off)
 }
@@ -241,16 +221,9 @@ fn key_at(b: &Block, h: &Hdr, blk: u64, i: usize) -> Result<u64> {
 fn record<'b>(b: &'b Block, h: &Hdr, blk: u64, i: usize) -> Result<(u64, &'b [u8])> {
     let off = rec_off(b, h, blk, i)?;
     let vlen = usize::from(get_u16(b, off + 8));
-    let ok = if h.level == 0 {
-        vlen <= MAX_VALUE
-    } else {
-        vlen == 8
-    };
+    let ok = if h.level == 0 { vlen <= MAX_VALUE } else { vlen == 8 };
     if !ok || off + REC_HDR + vlen > BLOCK_SIZE {
-        return Err(bad(
-            blk,
-            format_args!("record {i} at {off} has a bad value length {vlen}"),
-        ));
+        return Err(bad(blk, format_args!("record {i} at {off} has a bad value length {vlen}")));
     }
     Ok((get_u64(b, off), &b[off + REC_HDR..off + REC_HDR + vlen]))
 }
@@ -313,12 +286,7 @@ fn build(b: &mut Block, owner: u64, level: u16, blk: u64, recs: &[(u64, &[u8])])
     b[OFF_OWNER..].fill(0);
     put_u64(b, OFF_OWNER, owner);
     put_u16(b, OFF_LEVEL, level);
-    let mut h = Hdr {
-        level,
-        n: recs.len(),
-        heap: BLOCK_SIZE,
-        frag: 0,
-    };
+    let mut h = Hdr { level, n: recs.len(), heap: BLOCK_SIZE, frag: 0 };
     for (i, &(key, val)) in recs.iter().enumerate() {
         h.heap -= REC_HDR + val.len();
         put_rec(b, h.heap, key, val);
@@ -337,15 +305,7 @@ fn compact(b: &mut Block, h: &mut Hdr, blk: u64, owner: u64) -> Result<()> {
 }
 
 /// Put a record at slot `pos`, which the caller knows fits after compaction.
-fn insert_at(
-    b: &mut Block,
-    h: &mut Hdr,
-    blk: u64,
-    owner: u64,
-    pos: usize,
-    key: u64,
-    val: &[u8],
-) -> Result<()> {
+fn insert_at(b: &mut Block, h: &mut Hdr, blk: u64, owner: u64, pos: usize, key: u64, val: &[u8]) -> Result<()> {
     let len = REC_HDR + val.len();
     if h.free() < 2 + len {
         compact(b, h, blk, owner)?;
@@ -402,14 +362,7 @@ fn put_in_place(b: &mut Block, h: &mut Hdr, blk: u64, owner: u64, put: &Put) -> 
 /// Apply `put` to node `blk` by splitting it at the byte midpoint: the lower half
 /// stays, the upper half goes to the fresh block `right`. Returns the separator,
 /// the upper half's first key. Nothing is written unless both halves fit.
-fn split(
-    s: &mut impl NodeStore,
-    owner: u64,
-    blk: u64,
-    level: u16,
-    put: &Put,
-    right: u64,
-) -> Result<u64> {
+fn split(s: &mut impl NodeStore, owner: u64, blk: u64, level: u16, put: &Put, right: u64) -> Result<u64> {
     let old: Block = *s.node(blk)?;
     let h = hdr(&old, blk, owner, level)?;
     let mut recs = Vec::with_capacity(h.n + 1);
@@ -447,10 +400,7 @@ fn split(
 fn is_empty(t: &TreeRoot) -> Result<bool> {
     match (t.root, t.depth) {
         (0, 0) => Ok(true),
-        (0, _) | (_, 0) => Err(Error::corrupt(format!(
-            "btree root {} with depth {}",
-            t.root, t.depth
-        ))),
+        (0, _) | (_, 0) => Err(Error::corrupt(format!("btree root {} with depth {}", t.root, t.depth))),
         _ => Ok(false),
     }
 }
@@ -499,11 +449,7 @@ fn step(
         };
         let b = s.node(pb)?;
         let h = hdr(b, pb, owner, level_at(t, path.len()))?;
-        let next = if forward {
-            Some(pi + 1)
-        } else {
-            pi.checked_sub(1)
-        };
+        let next = if forward { Some(pi + 1) } else { pi.checked_sub(1) };
         if let Some(i) = next.filter(|&i| i < h.n) {
             path.push((pb, i));
             break child(b, &h, pb, i)?;
@@ -546,18 +492,12 @@ pub fn insert(
     replace: bool,
 ) -> Result<()> {
     if value.len() > MAX_VALUE {
-        return Err(Error::Invalid(format!(
-            "btree value of {} bytes, at most {MAX_VALUE} allowed",
-            value.len()
-        )));
+        return Err(Error::Invalid(format!("btree value of {} bytes, at most {MAX_VALUE} allowed", value.len())));
     }
     if is_empty(t)? {
         let blk = s.alloc_node(0)?;
         build(s.node_mut(blk)?, owner, 0, blk, &[(key, value)])?;
-        *t = TreeRoot {
-            root: blk,
-            depth: 1,
-        };
+        *t = TreeRoot { root: blk, depth: 1 };
         return Ok(());
     }
     let mut path = Vec::with_capacity(usize::from(t.depth));
@@ -570,25 +510,9 @@ pub fn insert(
             Ok(_) if !replace => return Err(Error::Exists),
             Ok(i) => {
                 let freed = 2 + REC_HDR + record(b, &h, leaf, i)?.1.len();
-                (
-                    Put {
-                        pos: i,
-                        key,
-                        val: value,
-                        replace: true,
-                    },
-                    need <= h.space() + freed,
-                )
+                (Put { pos: i, key, val: value, replace: true }, need <= h.space() + freed)
             }
-            Err(i) => (
-                Put {
-                    pos: i,
-                    key,
-                    val: value,
-                    replace: false,
-                },
-                need <= h.space(),
-            ),
+            Err(i) => (Put { pos: i, key, val: value, replace: false }, need <= h.space()),
         }
     };
     if fits {
@@ -660,22 +584,13 @@ fn split_up(
     put: &Put,
     fresh: &mut Vec<u64>,
 ) -> Result<()> {
-    let mut take = || {
-        fresh
-            .pop()
-            .ok_or_else(|| Error::corrupt("btree split plan changed while splitting"))
-    };
+    let mut take = || fresh.pop().ok_or_else(|| Error::corrupt("btree split plan changed while splitting"));
     let mut right = take()?;
     let mut sep = split(s, owner, leaf, 0, put, right)?;
     for (j, &(pb, pi)) in path.iter().enumerate().rev() {
         let level = level_at(t, j);
         let cb = right.to_le_bytes();
-        let up = Put {
-            pos: pi + 1,
-            key: sep,
-            val: &cb,
-            replace: false,
-        };
+        let up = Put { pos: pi + 1, key: sep, val: &cb, replace: false };
         let b = s.node_mut(pb)?;
         let mut h = hdr(b, pb, owner, level)?;
         if h.space() >= CHILD_REC {
@@ -686,17 +601,8 @@ fn split_up(
     }
     let root = take()?;
     let (old, cb) = (t.root.to_le_bytes(), right.to_le_bytes());
-    build(
-        s.node_mut(root)?,
-        owner,
-        t.depth,
-        root,
-        &[(0, &old), (sep, &cb)],
-    )?;
-    *t = TreeRoot {
-        root,
-        depth: t.depth + 1,
-    };
+    build(s.node_mut(root)?, owner, t.depth, root, &[(0, &old), (sep, &cb)])?;
+    *t = TreeRoot { root, depth: t.depth + 1 };
     Ok(())
 }
 
@@ -704,12 +610,7 @@ fn split_up(
 ///
 /// See the module documentation: underfull nodes merge with a sibling, and a
 /// tree whose last record goes owns no blocks afterwards.
-pub fn remove(
-    s: &mut impl NodeStore,
-    t: &mut TreeRoot,
-    owner: u64,
-    key: u64,
-) -> Result<Option<Vec<u8>>> {
+pub fn remove(s: &mut impl NodeStore, t: &mut TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);
     }
@@ -761,16 +662,8 @@ fn rebalance(
             let (left, right) = {
                 let b = s.node(parent)?;
                 let h = hdr(b, parent, owner, level + 1)?;
-                let left = if idx > 0 {
-                    Some(child(b, &h, parent, idx - 1)?)
-                } else {
-                    None
-                };
-                let right = if idx + 1 < h.n {
-                    Some(child(b, &h, parent, idx + 1)?)
-                } else {
-                    None
-                };
+                let left = if idx > 0 { Some(child(b, &h, parent, idx - 1)?) } else { None };
+                let right = if idx + 1 < h.n { Some(child(b, &h, parent, idx + 1)?) } else { None };
                 (left, right)
             };
             if let Some(l) = left {
@@ -805,17 +698,10 @@ fn merge(s: &mut impl NodeStore, owner: u64, parent: u64, i: usize, level: u16) 
     let (lb, rb, sep) = {
         let b = s.node(parent)?;
         let h = hdr(b, parent, owner, level + 1)?;
-        (
-            child(b, &h, parent, i)?,
-            child(b, &h, parent, i + 1)?,
-            key_at(b, &h, parent, i + 1)?,
-        )
+        (child(b, &h, parent, i)?, child(b, &h, parent, i + 1)?, key_at(b, &h, parent, i + 1)?)
     };
     if lb == rb {
-        return Err(bad(
-            parent,
-            format_args!("children {i} and {} are both block {lb}", i + 1),
-        ));
+        return Err(bad(parent, format_args!("children {i} and {} are both block {lb}", i + 1)));
     }
     let lcopy: Block = *s.node(lb)?;
     let lh = hdr(&lcopy, lb, owner, level)?;
@@ -908,12 +794,7 @@ pub fn scan(
 }
 
 /// The record with the greatest key <= key (for extent maps).
-pub fn floor(
-    s: &mut impl NodeStore,
-    t: &TreeRoot,
-    owner: u64,
-    key: u64,
-) -> Result<Option<(u64, Vec<u8>)>> {
+pub fn floor(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
     if is_empty(t)? {
         return Ok(None);
     }
@@ -1002,19 +883,13 @@ pub fn check(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<TreeSta
         for i in 0..h.n {
             let (k, v) = record(b, h, blk, i)?;
             if let Some(p) = prev.filter(|&p| k <= p) {
-                return Err(bad(
-                    blk,
-                    format_args!("key {k:#x} in slot {i} does not follow {p:#x}"),
-                ));
+                return Err(bad(blk, format_args!("key {k:#x} in slot {i} does not follow {p:#x}")));
             }
             if k < range.lo || range.hi.is_some_and(|hi| k >= hi) {
                 let hi = range.hi.map_or("end".into(), |hi| format!("{hi:#x}"));
                 return Err(bad(
                     blk,
-                    format_args!(
-                        "key {k:#x} outside the range {:#x}..{hi} its parent gives",
-                        range.lo
-                    ),
+                    format_args!("key {k:#x} outside the range {:#x}..{hi} its parent gives", range.lo),
                 ));
             }
             prev = Some(k);
@@ -1023,10 +898,7 @@ pub fn check(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<TreeSta
         }
         spans.sort_unstable();
         if let Some(w) = spans.windows(2).find(|w| w[0].1 > w[1].0) {
-            return Err(bad(
-                blk,
-                format_args!("records at {} and {} overlap", w[0].0, w[1].0),
-            ));
+            return Err(bad(blk, format_args!("records at {} and {} overlap", w[0].0, w[1].0)));
         }
         let bodies: usize = spans.iter().map(|&(a, z)| z - a).sum();
         if bodies + h.frag != BLOCK_SIZE - h.heap {
@@ -1045,22 +917,12 @@ pub fn check(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<TreeSta
             if first != range.lo {
                 return Err(bad(
                     blk,
-                    format_args!(
-                        "first separator {first:#x}, expected the lower bound {:#x}",
-                        range.lo
-                    ),
+                    format_args!("first separator {first:#x}, expected the lower bound {:#x}", range.lo),
                 ));
             }
         } else {
             if h.n == 0 {
-                return Err(bad(
-                    blk,
-                    if blk == t.root {
-                        "empty root leaf"
-                    } else {
-                        "empty leaf"
-                    },
-                ));
+                return Err(bad(blk, if blk == t.root { "empty root leaf" } else { "empty leaf" }));
             }
             records += h.n as u64;
             leaves += 1;
@@ -1068,13 +930,7 @@ pub fn check(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<TreeSta
         }
         Ok(())
     })?;
-    Ok(TreeStats {
-        blocks,
-        records,
-        leaves,
-        leaf_bytes_used,
-        depth: t.depth,
-    })
+    Ok(TreeStats { blocks, records, leaves, leaf_bytes_used, depth: t.depth })
 }
 
 #[cfg(test)]
@@ -1103,13 +959,7 @@ mod tests {
 
     impl Mem {
         fn new() -> Mem {
-            Mem {
-                blocks: HashMap::new(),
-                next: 1,
-                frees: 0,
-                misuse: 0,
-                limit: usize::MAX,
-            }
+            Mem { blocks: HashMap::new(), next: 1, frees: 0, misuse: 0, limit: usize::MAX }
         }
         fn present(&mut self, block: u64) -> Result<()> {
             if self.blocks.contains_key(&block) {
@@ -1155,9 +1005,7 @@ mod tests {
     }
 
     fn val(key: u64, len: usize, salt: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (key as u8).wrapping_mul(31) ^ (i as u8) ^ salt)
-            .collect()
+        (0..len).map(|i| (key as u8).wrapping_mul(31) ^ (i as u8) ^ salt).collect()
     }
 
     fn all(m: &mut Mem, t: &TreeRoot) -> Vec<(u64, Vec<u8>)> {
@@ -1184,13 +1032,10 @@ mod tests {
                 continue;
             }
             let h = hdr(&b, blk, OWNER, level).unwrap();
-            let lives: Vec<usize> = (0..h.n)
-                .map(|i| live_of(m, child(&b, &h, blk, i).unwrap(), OWNER, level - 1).unwrap())
-                .collect();
+            let lives: Vec<usize> =
+                (0..h.n).map(|i| live_of(m, child(&b, &h, blk, i).unwrap(), OWNER, level - 1).unwrap()).collect();
             assert!(
-                !lives
-                    .windows(2)
-                    .any(|w| w[0] < UNDERFULL && w[1] < UNDERFULL),
+                !lives.windows(2).any(|w| w[0] < UNDERFULL && w[1] < UNDERFULL),
                 "block {blk}: underfull neighbours {lives:?}"
             );
         }
@@ -1295,18 +1140,12 @@ mod tests {
             let (mut m, mut t, mut model) = (Mem::new(), TreeRoot::default(), BTreeMap::new());
             let span = 40_000u64;
             // Chance in percent that an operation inserts or replaces rather than removes.
-            for (phase, (ops, grow)) in [(120_000, 85), (60_000, 50), (200_000, 5)]
-                .into_iter()
-                .enumerate()
-            {
+            for (phase, (ops, grow)) in [(120_000, 85), (60_000, 50), (200_000, 5)].into_iter().enumerate() {
                 for step in 0..ops {
                     let k = rng.gen_range(0..span) * 1_000_003;
                     if rng.gen_range(0..100) < grow {
-                        let len = if rng.gen_bool(0.8) {
-                            rng.gen_range(0..200)
-                        } else {
-                            rng.gen_range(200..=MAX_VALUE)
-                        };
+                        let len =
+                            if rng.gen_bool(0.8) { rng.gen_range(0..200) } else { rng.gen_range(200..=MAX_VALUE) };
                         let v = val(k, len, step as u8);
                         let replace = rng.gen_bool(0.3);
                         match insert(&mut m, &mut t, OWNER, k, &v, replace) {
@@ -1353,24 +1192,13 @@ mod tests {
         keys.dedup();
         keys.shuffle(&mut rng);
         for &k in &keys {
-            insert(
-                &mut m,
-                &mut t,
-                OWNER,
-                k,
-                &val(k, 190 + (k % 21) as usize, 1),
-                false,
-            )
-            .unwrap();
+            insert(&mut m, &mut t, OWNER, k, &val(k, 190 + (k % 21) as usize, 1), false).unwrap();
         }
         assert!(t.depth >= 3, "depth {}", t.depth);
         let st = sound(&mut m, &t);
         assert_eq!(st.records, keys.len() as u64);
         for &k in &keys {
-            assert_eq!(
-                get(&mut m, &t, OWNER, k).unwrap().unwrap(),
-                val(k, 190 + (k % 21) as usize, 1)
-            );
+            assert_eq!(get(&mut m, &t, OWNER, k).unwrap().unwrap(), val(k, 190 + (k % 21) as usize, 1));
         }
         keys.shuffle(&mut rng);
         let (gone, kept) = keys.split_at(keys.len() - 5);
@@ -1395,16 +1223,7 @@ mod tests {
         let mut live: Vec<u64> = Vec::new();
         while live.len() < 10_000 {
             let k = rng.gen::<u64>() >> 1;
-            if insert(
-                &mut m,
-                &mut t,
-                OWNER,
-                k,
-                &val(k, rng.gen_range(20..60), 0),
-                false,
-            )
-            .is_ok()
-            {
+            if insert(&mut m, &mut t, OWNER, k, &val(k, rng.gen_range(20..60), 0), false).is_ok() {
                 live.push(k);
             }
         }
@@ -1414,36 +1233,16 @@ mod tests {
         let mut most = [start; 2];
         for cycle in 0..200_000 {
             let i = rng.gen_range(0..live.len());
-            assert!(remove(&mut m, &mut t, OWNER, live.swap_remove(i))
-                .unwrap()
-                .is_some());
+            assert!(remove(&mut m, &mut t, OWNER, live.swap_remove(i)).unwrap().is_some());
             let k = rng.gen::<u64>() >> 1;
-            if insert(
-                &mut m,
-                &mut t,
-                OWNER,
-                k,
-                &val(k, rng.gen_range(20..60), 0),
-                false,
-            )
-            .is_ok()
-            {
+            if insert(&mut m, &mut t, OWNER, k, &val(k, rng.gen_range(20..60), 0), false).is_ok() {
                 live.push(k);
             }
             let half = &mut most[cycle / 100_000];
             *half = (*half).max(m.blocks.len());
         }
-        assert!(
-            most[0] <= start + start / 2,
-            "grew from {start} to {} blocks",
-            most[0]
-        );
-        assert!(
-            most[1] <= most[0] + start / 10,
-            "drifted from {} to {} blocks",
-            most[0],
-            most[1]
-        );
+        assert!(most[0] <= start + start / 2, "grew from {start} to {} blocks", most[0]);
+        assert!(most[1] <= most[0] + start / 10, "drifted from {} to {} blocks", most[0], most[1]);
         let st = sound(&mut m, &t);
         assert_eq!(st.records, live.len() as u64);
         destroy(&mut m, &mut t, OWNER).unwrap();
@@ -1457,29 +1256,17 @@ mod tests {
         for k in [u64::MAX, 0, 1, u64::MAX - 1] {
             insert(&mut m, &mut t, OWNER, k, &val(k, 8, 0), false).unwrap();
         }
-        assert!(matches!(
-            insert(&mut m, &mut t, OWNER, 0, b"x", false),
-            Err(Error::Exists)
-        ));
+        assert!(matches!(insert(&mut m, &mut t, OWNER, 0, b"x", false), Err(Error::Exists)));
         for k in 2..2000u64 {
             insert(&mut m, &mut t, OWNER, k << 40, &val(k, 100, 0), false).unwrap();
         }
         assert!(t.depth >= 2);
         sound(&mut m, &t);
         assert_eq!(get(&mut m, &t, OWNER, 0).unwrap(), Some(val(0, 8, 0)));
-        assert_eq!(
-            get(&mut m, &t, OWNER, u64::MAX).unwrap(),
-            Some(val(u64::MAX, 8, 0))
-        );
+        assert_eq!(get(&mut m, &t, OWNER, u64::MAX).unwrap(), Some(val(u64::MAX, 8, 0)));
         assert_eq!(floor(&mut m, &t, OWNER, 0).unwrap().unwrap().0, 0);
-        assert_eq!(
-            floor(&mut m, &t, OWNER, u64::MAX).unwrap().unwrap().0,
-            u64::MAX
-        );
-        assert_eq!(
-            floor(&mut m, &t, OWNER, u64::MAX - 2).unwrap().unwrap().0,
-            1999 << 40
-        );
+        assert_eq!(floor(&mut m, &t, OWNER, u64::MAX).unwrap().unwrap().0, u64::MAX);
+        assert_eq!(floor(&mut m, &t, OWNER, u64::MAX - 2).unwrap().unwrap().0, 1999 << 40);
         let mut first = None;
         scan(&mut m, &t, OWNER, u64::MAX, |k, _| {
             first = Some(k);
@@ -1487,14 +1274,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(first, Some(u64::MAX));
-        assert_eq!(
-            remove(&mut m, &mut t, OWNER, u64::MAX).unwrap(),
-            Some(val(u64::MAX, 8, 0))
-        );
-        assert_eq!(
-            remove(&mut m, &mut t, OWNER, 0).unwrap(),
-            Some(val(0, 8, 0))
-        );
+        assert_eq!(remove(&mut m, &mut t, OWNER, u64::MAX).unwrap(), Some(val(u64::MAX, 8, 0)));
+        assert_eq!(remove(&mut m, &mut t, OWNER, 0).unwrap(), Some(val(0, 8, 0)));
         assert_eq!(floor(&mut m, &t, OWNER, 0).unwrap(), None);
         assert_eq!(get(&mut m, &t, OWNER, 0).unwrap(), None);
         sound(&mut m, &t);
@@ -1504,10 +1285,7 @@ mod tests {
     fn rejects_oversized_values() {
         let (mut m, mut t) = (Mem::new(), TreeRoot::default());
         let big = vec![0; MAX_VALUE + 1];
-        assert!(matches!(
-            insert(&mut m, &mut t, OWNER, 1, &big, false),
-            Err(Error::Invalid(_))
-        ));
+        assert!(matches!(insert(&mut m, &mut t, OWNER, 1, &big, false), Err(Error::Invalid(_))));
         insert(&mut m, &mut t, OWNER, 1, &big[..MAX_VALUE], false).unwrap();
         insert(&mut m, &mut t, OWNER, 2, &[], false).unwrap();
         assert_eq!(get(&mut m, &t, OWNER, 2).unwrap(), Some(vec![]));
@@ -1556,10 +1334,7 @@ mod tests {
 
     /// Every operation on a damaged tree returns an error or a plain answer, never panics.
     fn exercise(m: &mut Mem, t: &mut TreeRoot) -> Vec<bool> {
-        let mut corrupt = vec![
-            is_corrupt(check(m, t, OWNER)),
-            is_corrupt(blocks(m, t, OWNER)),
-        ];
+        let mut corrupt = vec![is_corrupt(check(m, t, OWNER)), is_corrupt(blocks(m, t, OWNER))];
         corrupt.push(is_corrupt(scan(m, t, OWNER, 0, |_, _| true)));
         for k in [0, 5, 17, 300, 599, 1000] {
             corrupt.push(is_corrupt(get(m, t, OWNER, k)));
@@ -1567,14 +1342,7 @@ mod tests {
         }
         for k in [3, 250, 598] {
             corrupt.push(is_corrupt(remove(m, t, OWNER, k)));
-            corrupt.push(is_corrupt(insert(
-                m,
-                t,
-                OWNER,
-                k + 10_000,
-                &[7; 900],
-                false,
-            )));
+            corrupt.push(is_corrupt(insert(m, t, OWNER, k + 10_000, &[7; 900], false)));
             corrupt.push(is_corrupt(insert(m, t, OWNER, k + 1, &[7; 700], true)));
         }
         corrupt
@@ -1605,19 +1373,11 @@ mod tests {
         let (mut m, mut t, _) = two_levels();
         let root = t.root;
         put_u64(m.node_mut(root).unwrap(), OFF_OWNER, 1);
-        assert!(
-            exercise(&mut m, &mut t).iter().all(|&c| c),
-            "wrong owner at the root"
-        );
+        assert!(exercise(&mut m, &mut t).iter().all(|&c| c), "wrong owner at the root");
         let (mut m, mut t, _) = two_levels();
         t.depth = 3;
         assert!(exercise(&mut m, &mut t).iter().all(|&c| c), "wrong depth");
-        assert!(is_corrupt(get(
-            &mut Mem::new(),
-            &TreeRoot { root: 5, depth: 0 },
-            OWNER,
-            1
-        )));
+        assert!(is_corrupt(get(&mut Mem::new(), &TreeRoot { root: 5, depth: 0 }, OWNER, 1)));
     }
 
     #[test]
@@ -1660,11 +1420,7 @@ mod tests {
             for _ in 0..rng.gen_range(1..4) {
                 let b = m.node_mut(*all_blocks.choose(&mut rng).unwrap()).unwrap();
                 // Mostly header and slot bytes, where damage is most interesting.
-                let at = if rng.gen_bool(0.7) {
-                    rng.gen_range(16..200)
-                } else {
-                    rng.gen_range(0..BLOCK_SIZE)
-                };
+                let at = if rng.gen_bool(0.7) { rng.gen_range(16..200) } else { rng.gen_range(0..BLOCK_SIZE) };
                 b[at] = rng.gen();
             }
             exercise(&mut m, &mut t);

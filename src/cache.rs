@@ -29,10 +29,9 @@ impl MetaCache {
 
     fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
         match want {
-            Some(m) if magic(b) != m => Err(Error::corrupt(format!(
-                "block {blockno}: magic {:#010x}, expected {m:#010x}",
-                magic(b)
-            ))),
+            Some(m) if magic(b) != m => {
+                Err(Error::corrupt(format!("block {blockno}: magic {:#010x}, expected {m:#010x}", magic(b))))
+            }
             _ => Ok(()),
         }
     }
@@ -101,11 +100,8 @@ impl MetaCache {
     /// adjacent blocks into single requests (the sorted sweep of readdirplus and readahead).
     /// Blocks that fail verification are skipped here and reported by the later `get`.
     pub fn prefetch(&mut self, dev: &dyn BlockDevice, wanted: &[u64]) -> Result<()> {
-        let mut want: Vec<u64> = wanted
-            .iter()
-            .copied()
-            .filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b))
-            .collect();
+        let mut want: Vec<u64> =
+            wanted.iter().copied().filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b)).collect();
         want.sort_unstable();
         want.dedup();
         let mut i = 0;

@@ -74,17 +74,11 @@ pub fn verify(block: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
         return Err(Error::corrupt(format!("checksum mismatch in block {blockno}")));
     }
     if get_u64(block, 8) != blockno {
-        return Err(Error::corrupt(format!(
-            "block {blockno} claims to be block {}",
-            get_u64(block, 8)
-        )));
+        return Err(Error::corrupt(format!("block {blockno} claims to be block {}", get_u64(block, 8))));
     }
     if let Some(m) = want {
         if magic(block) != m {
-            return Err(Error::corrupt(format!(
-                "block {blockno}: magic {:#010x}, expected {m:#010x}",
-                magic(block)
-            )));
+            return Err(Error::corrupt(format!("block {blockno}: magic {:#010x}, expected {m:#010x}", magic(block))));
         }
     }
     Ok(())

@@ -69,7 +69,11 @@ pub fn extents_in(st: &mut Store, inode: &Inode, start: u64, end: u64) -> Result
         InodeData::InlineSymlink(_) | InodeData::Dir(_) => {}
     }
     for e in &out {
-        if e.len == 0 || e.end() > 1 << 32 || e.phys < st.sb.layout.first_free() || e.phys + e.len > st.sb.layout.block_count {
+        if e.len == 0
+            || e.end() > 1 << 32
+            || e.phys < st.sb.layout.first_free()
+            || e.phys + e.len > st.sb.layout.block_count
+        {
             return Err(Error::corrupt(format!("inode {}: extent {e:?} out of range", inode.ino)));
         }
     }
@@ -154,7 +158,12 @@ fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> 
             new.push(Extent { len: start - e.logical, ..*e });
         }
         if e.end() > end {
-            new.push(Extent { logical: end, len: e.end() - end, phys: e.phys + (end - e.logical), unwritten: e.unwritten });
+            new.push(Extent {
+                logical: end,
+                len: e.end() - end,
+                phys: e.phys + (end - e.logical),
+                unwritten: e.unwritten,
+            });
         }
     }
     replace(st, inode, &old, &new)
@@ -165,7 +174,8 @@ fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
     if e.logical > 0 {
         let left = extents_in(st, inode, e.logical - 1, e.logical)?;
         if let Some(l) = left.first() {
-            if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31 {
+            if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31
+            {
                 let merged = Extent { len: l.len + e.len, ..*l };
                 return replace(st, inode, &[*l], &[merged]);
             }

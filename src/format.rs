@@ -99,12 +99,7 @@ impl Layout {
             return Err(Error::Invalid(format!("log areas must be 64..=65536 blocks, not {log_blocks}")));
         }
         let bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
-        let l = Layout {
-            block_count,
-            log_blocks,
-            bitmap_start: LOG_START + 2 * log_blocks as u64,
-            bitmap_blocks,
-        };
+        let l = Layout { block_count, log_blocks, bitmap_start: LOG_START + 2 * log_blocks as u64, bitmap_blocks };
         // Room for the fixed part, the root directory and a little data.
         if l.first_free() + 64 > block_count {
             return Err(Error::Invalid(format!(
@@ -201,8 +196,8 @@ impl Superblock {
         if layout != expect || get_u64(b, 96) != LOG_START {
             return Err(Error::corrupt("superblock geometry is inconsistent"));
         }
-        let hash = HashVersion::from_u8(b[128])
-            .ok_or_else(|| Error::corrupt(format!("unknown hash version {}", b[128])))?;
+        let hash =
+            HashVersion::from_u8(b[128]).ok_or_else(|| Error::corrupt(format!("unknown hash version {}", b[128])))?;
         let label_raw = &b[48..80];
         let end = label_raw.iter().position(|&c| c == 0).unwrap_or(32);
         let root_ino = get_u64(b, 120);
@@ -296,12 +291,7 @@ impl Extent {
             return Err(Error::corrupt("extent record has the wrong size"));
         }
         let l = get_u32(v, 0);
-        Ok(Extent {
-            logical,
-            len: (l & !(1 << 31)) as u64,
-            phys: get_u64(v, 4),
-            unwritten: l & (1 << 31) != 0,
-        })
+        Ok(Extent { logical, len: (l & !(1 << 31)) as u64, phys: get_u64(v, 4), unwritten: l & (1 << 31) != 0 })
     }
 }
 
@@ -585,7 +575,8 @@ impl Inode {
             InodeData::InlineSymlink(_) => ft == Some(FileType::Symlink),
             InodeData::ExtentTree { .. } => matches!(ft, Some(FileType::RegularFile) | Some(FileType::Symlink)),
             InodeData::Extents { n, .. } => {
-                matches!(ft, Some(FileType::RegularFile) | Some(FileType::Symlink)) || (*n == 0 && ft != Some(FileType::Directory))
+                matches!(ft, Some(FileType::RegularFile) | Some(FileType::Symlink))
+                    || (*n == 0 && ft != Some(FileType::Directory))
             }
         };
         if !fits {

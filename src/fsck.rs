@@ -392,7 +392,11 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         .take(20)
         .map(|b| format!("block {b} is marked in use but owned by nothing"))
         .chain(nlink_fixes.iter().map(|(i, have, want)| format!("inode {i}: link count {have}, should be {want}")))
-        .chain(slot_fixes.iter().map(|(b, have, want)| format!("inode block {b}: used slots {have:#06x}, should be {want:#06x}")))
+        .chain(
+            slot_fixes
+                .iter()
+                .map(|(b, have, want)| format!("inode block {b}: used slots {have:#06x}, should be {want:#06x}")),
+        )
         .collect();
     if leaked.len() > 20 {
         r.errors.push(format!("... and {} more leaked blocks", leaked.len() - 20));

@@ -97,8 +97,7 @@ fn system_time(t: Time) -> SystemTime {
     } else {
         UNIX_EPOCH.checked_sub(Duration::new(secs.unsigned_abs(), 0))
     };
-    d.and_then(|d| d.checked_add(Duration::from_nanos(u64::from(nanos))))
-        .unwrap_or(UNIX_EPOCH)
+    d.and_then(|d| d.checked_add(Duration::from_nanos(u64::from(nanos)))).unwrap_or(UNIX_EPOCH)
 }
 
 fn vol_time(t: SystemTime) -> Time {

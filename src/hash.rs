@@ -118,11 +118,7 @@ pub fn ext4_hash(version: HashVersion, seed: [u32; 4], name: &[u8]) -> (u32, u32
         HashVersion::TeaUnsigned => tea::<true>(buf, name),
     };
     let major = major & !1;
-    let major = if major == EOF_MAJOR {
-        EOF_MAJOR - 2
-    } else {
-        major
-    };
+    let major = if major == EOF_MAJOR { EOF_MAJOR - 2 } else { major };
     (major, minor)
 }
 
@@ -166,9 +162,7 @@ fn pack<const UNSIGNED: bool, const N: usize>(msg: &[u8]) -> [u32; N] {
     let mut out = [pad; N];
     let take = msg.len().min(4 * N);
     for (word, chunk) in out.iter_mut().zip(msg[..take].chunks(4)) {
-        *word = chunk
-            .iter()
-            .fold(pad, |val, &b| (val << 8).wrapping_add(widen::<UNSIGNED>(b)));
+        *word = chunk.iter().fold(pad, |val, &b| (val << 8).wrapping_add(widen::<UNSIGNED>(b)));
     }
     out
 }
@@ -249,12 +243,8 @@ fn tea<const UNSIGNED: bool>(mut buf: [u32; 4], name: &[u8]) -> (u32, u32) {
         let mut sum = 0u32;
         for _ in 0..16 {
             sum = sum.wrapping_add(DELTA);
-            b0 = b0.wrapping_add(
-                (b1 << 4).wrapping_add(a) ^ b1.wrapping_add(sum) ^ (b1 >> 5).wrapping_add(b),
-            );
-            b1 = b1.wrapping_add(
-                (b0 << 4).wrapping_add(c) ^ b0.wrapping_add(sum) ^ (b0 >> 5).wrapping_add(d),
-            );
+            b0 = b0.wrapping_add((b1 << 4).wrapping_add(a) ^ b1.wrapping_add(sum) ^ (b1 >> 5).wrapping_add(b));
+            b1 = b1.wrapping_add((b0 << 4).wrapping_add(c) ^ b0.wrapping_add(sum) ^ (b0 >> 5).wrapping_add(d));
         }
         // Only the first two words are chained; buf[2..4] stay the seed throughout.
         buf[0] = buf[0].wrapping_add(b0);
@@ -337,10 +327,7 @@ mod tests {
 
     fn unhex(s: &str) -> Vec<u8> {
         assert!(s.len() % 2 == 0, "odd hex length: {s}");
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("bad hex"))
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("bad hex")).collect()
     }
 
     fn parse_hex_u32(s: &str) -> u32 {
@@ -372,14 +359,7 @@ mod tests {
             let name = unhex(f[2]);
             let want = kernel_eof_remap((parse_hex_u32(f[3]), parse_hex_u32(f[4])));
             let got = ext4_hash(version, seed, &name);
-            assert_eq!(
-                got,
-                want,
-                "line {}: {version:?} seed {} name {}",
-                lineno + 1,
-                f[1],
-                f[2]
-            );
+            assert_eq!(got, want, "line {}: {version:?} seed {} name {}", lineno + 1, f[1], f[2]);
             n += 1;
             versions[version as usize] += 1;
         }
@@ -392,23 +372,11 @@ mod tests {
         let seed = parse_seed(CHECK_SEED).unwrap();
         let cafe = "café".as_bytes();
         assert_eq!(ext4_hash(HashVersion::HalfMd4, seed, cafe).0, 0xe7ba_2dc4);
-        assert_eq!(
-            ext4_hash(HashVersion::HalfMd4Unsigned, seed, cafe).0,
-            0xe1b0_9b5c
-        );
+        assert_eq!(ext4_hash(HashVersion::HalfMd4Unsigned, seed, cafe).0, 0xe1b0_9b5c);
         // Empty name: no block is hashed, so the result is the seed itself.
-        assert_eq!(
-            ext4_hash(HashVersion::HalfMd4, seed, b""),
-            (seed[1] & !1, seed[2])
-        );
-        assert_eq!(
-            ext4_hash(HashVersion::Tea, seed, b""),
-            (seed[0] & !1, seed[1])
-        );
-        assert_eq!(
-            ext4_hash(HashVersion::Legacy, seed, b""),
-            (0x12a3_fe2d << 1, 0)
-        );
+        assert_eq!(ext4_hash(HashVersion::HalfMd4, seed, b""), (seed[1] & !1, seed[2]));
+        assert_eq!(ext4_hash(HashVersion::Tea, seed, b""), (seed[0] & !1, seed[1]));
+        assert_eq!(ext4_hash(HashVersion::Legacy, seed, b""), (0x12a3_fe2d << 1, 0));
     }
 
     #[test]
@@ -428,15 +396,8 @@ mod tests {
         // The byte order that makes the MD4 IVs come out of the UUID bytes.
         let iv = parse_seed("01234567-89ab-cdef-fedc-ba9876543210").unwrap();
         assert_eq!(iv, DEFAULT_SEED);
-        assert_eq!(
-            format_seed(DEFAULT_SEED),
-            "01234567-89ab-cdef-fedc-ba9876543210"
-        );
-        assert_eq!(
-            parse_seed("6B1C5A3E-9D2F-4E7A-8C11-0F3B2A4D5E6F"),
-            Some(s),
-            "upper case"
-        );
+        assert_eq!(format_seed(DEFAULT_SEED), "01234567-89ab-cdef-fedc-ba9876543210");
+        assert_eq!(parse_seed("6B1C5A3E-9D2F-4E7A-8C11-0F3B2A4D5E6F"), Some(s), "upper case");
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..1000 {
             let seed = [0, 1, 2, 3].map(|_| {
@@ -477,14 +438,8 @@ mod tests {
         for bad in ["", "6", "01", "+1", " 1", "md4", "half-md4", "siphash"] {
             assert_eq!(HashVersion::parse(bad), None, "{bad:?}");
         }
-        assert_eq!(
-            HashVersion::HalfMd4.with_signedness(true),
-            HashVersion::HalfMd4Unsigned
-        );
-        assert_eq!(
-            HashVersion::TeaUnsigned.with_signedness(false),
-            HashVersion::Tea
-        );
+        assert_eq!(HashVersion::HalfMd4.with_signedness(true), HashVersion::HalfMd4Unsigned);
+        assert_eq!(HashVersion::TeaUnsigned.with_signedness(false), HashVersion::Tea);
     }
 
     #[test]
@@ -528,10 +483,7 @@ mod tests {
     }
 
     fn find_tool(name: &str) -> Option<PathBuf> {
-        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-            .iter()
-            .map(|d| Path::new(d).join(name))
-            .find(|p| p.is_file())
+        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file())
     }
 
     /// Deletes the scratch image even if an assertion fails.
@@ -545,13 +497,7 @@ mod tests {
     /// Ask debugfs for the hash of arbitrary bytes (no NUL). debugfs splits its -R line
     /// with libss's parser: only space, tab and `"` are special, and `""` inside quotes is
     /// a literal quote. `--` stops getopt from taking a leading `-` as an option.
-    fn debugfs_hash(
-        debugfs: &Path,
-        img: &Path,
-        v: HashVersion,
-        seed: [u32; 4],
-        name: &[u8],
-    ) -> (u32, u32) {
+    fn debugfs_hash(debugfs: &Path, img: &Path, v: HashVersion, seed: [u32; 4], name: &[u8]) -> (u32, u32) {
         use std::ffi::OsStr;
         use std::os::unix::ffi::OsStrExt;
         let mut req = format!("dx_hash -h {} -s {} -- \"", v as u8, format_seed(seed)).into_bytes();
@@ -562,24 +508,16 @@ mod tests {
             req.push(b);
         }
         req.push(b'"');
-        let out = Command::new(debugfs)
-            .arg("-R")
-            .arg(OsStr::from_bytes(&req))
-            .arg(img)
-            .output()
-            .expect("run debugfs");
+        let out = Command::new(debugfs).arg("-R").arg(OsStr::from_bytes(&req)).arg(img).output().expect("run debugfs");
         // Output is "Hash of NAME is 0x%x (minor 0x%x)\n"; NAME may hold anything, so
         // strip it by length rather than by searching.
         let mut prefix = b"Hash of ".to_vec();
         prefix.extend_from_slice(name);
         prefix.extend_from_slice(b" is ");
         let stdout = &out.stdout;
-        let rest = stdout.strip_prefix(prefix.as_slice()).unwrap_or_else(|| {
-            panic!(
-                "unexpected debugfs output {:?}",
-                String::from_utf8_lossy(stdout)
-            )
-        });
+        let rest = stdout
+            .strip_prefix(prefix.as_slice())
+            .unwrap_or_else(|| panic!("unexpected debugfs output {:?}", String::from_utf8_lossy(stdout)));
         let rest = std::str::from_utf8(rest).expect("ascii tail");
         let (major, minor) = rest
             .trim_end()
@@ -599,22 +537,11 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        let rng_seed = std::env::var("DXFS_HASH_ORACLE_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(nanos);
+        let rng_seed = std::env::var("DXFS_HASH_ORACLE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(nanos);
         eprintln!("live oracle: DXFS_HASH_ORACLE_SEED={rng_seed}");
 
-        let img = TempImage(std::env::temp_dir().join(format!(
-            "dxfs-hash-oracle-{}-{nanos}.img",
-            std::process::id()
-        )));
-        let status = Command::new(&mkfs)
-            .args(["-q", "-F"])
-            .arg(&img.0)
-            .arg("4M")
-            .output()
-            .expect("run mkfs.ext4");
+        let img = TempImage(std::env::temp_dir().join(format!("dxfs-hash-oracle-{}-{nanos}.img", std::process::id())));
+        let status = Command::new(&mkfs).args(["-q", "-F"]).arg(&img.0).arg("4M").output().expect("run mkfs.ext4");
         assert!(status.status.success(), "mkfs.ext4 failed: {status:?}");
 
         let mut x = rng_seed;

@@ -18,6 +18,9 @@ use crate::codec::*;
 use crate::error::{Error, Result};
 use crate::format::{Layout, COMMIT_MAGIC};
 
+/// Block images with their home addresses.
+pub type BlockImages = Vec<(u64, Box<Block>)>;
+
 /// Targets listed per descriptor block.
 const TARGETS_PER_DESC: usize = BLOCK_SIZE / 8;
 
@@ -52,7 +55,7 @@ fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
 impl Journal {
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.
-    pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Vec<(u64, Box<Block>)>)> {
+    pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, BlockImages)> {
         let mut best: Option<(u64, u64, usize)> = None; // (seq, area start, count)
         for area in 0..2 {
             let at = layout.log_area(area);
@@ -110,10 +113,7 @@ impl Journal {
     pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
         let n = blocks.len();
         if n > self.capacity() {
-            return Err(Error::corrupt(format!(
-                "delta of {n} blocks exceeds the log capacity {}",
-                self.capacity()
-            )));
+            return Err(Error::corrupt(format!("delta of {n} blocks exceeds the log capacity {}", self.capacity())));
         }
         let seq = self.seq + 1;
         let at = self.layout.log_area(seq % 2);

@@ -3,7 +3,7 @@
 //! A volume lives in an image file or on a block device; it is served to the kernel
 //! through FUSE (`dxfs mount`) or used directly through [`Volume`]. Layers, bottom up:
 //! [`block`] → [`cache`] → [`journal`] (deltas) → [`space`] → [`store`] (inodes) →
-//! [`file`] / [`dir`] / [`xattr`] → [`volume`] → `fuse` and the CLI. A layer only calls
+//! [`file`](mod@file) / [`dir`] / [`xattr`] → [`volume`] → `fuse` and the CLI. A layer only calls
 //! the layers below it. See docs/DESIGN.md and docs/FORMAT.md.
 //!
 //! ```
@@ -32,8 +32,8 @@ pub mod dir;
 pub mod error;
 pub mod file;
 pub mod format;
-pub mod fuse;
 pub mod fsck;
+pub mod fuse;
 pub mod hash;
 pub mod journal;
 pub mod space;

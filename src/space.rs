@@ -169,11 +169,7 @@ impl Space {
         if self.free < min {
             return None;
         }
-        let goal = if goal < self.layout.first_free() || goal >= self.layout.block_count {
-            self.cursor
-        } else {
-            goal
-        };
+        let goal = if goal < self.layout.first_free() || goal >= self.layout.block_count { self.cursor } else { goal };
         let mut at = goal;
         let mut scanned = 0u64;
         while scanned <= self.layout.block_count {

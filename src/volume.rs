@@ -913,7 +913,13 @@ impl Volume {
 
     /// Rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.
     pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
-        dir::check_name(name).map_err(|e| if matches!(e, Error::NameTooLong) { e } else { Error::Invalid("bad name".into()) })?;
+        dir::check_name(name).map_err(|e| {
+            if matches!(e, Error::NameTooLong) {
+                e
+            } else {
+                Error::Invalid("bad name".into())
+            }
+        })?;
         dir::check_name(newname)?;
         if flags.noreplace && flags.exchange {
             return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
@@ -1232,10 +1238,7 @@ impl Volume {
             return Err(Error::NoData);
         }
         let list = xattr::load(&mut g.st, &i)?;
-        list.into_iter()
-            .find(|x| x.idx == idx && x.name == suffix)
-            .map(|x| x.value)
-            .ok_or(Error::NoData)
+        list.into_iter().find(|x| x.idx == idx && x.name == suffix).map(|x| x.value).ok_or(Error::NoData)
     }
 
     /// Names of all xattrs.

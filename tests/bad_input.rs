@@ -57,7 +57,9 @@ fn in_newest_commit(img: &[u8]) -> Vec<usize> {
         }
     }
     let (_, area, n) = best;
-    (0..n).map(|i| u64::from_le_bytes(img[(area + 1) * BLOCK_SIZE + 8 * i..][..8].try_into().unwrap()) as usize).collect()
+    (0..n)
+        .map(|i| u64::from_le_bytes(img[(area + 1) * BLOCK_SIZE + 8 * i..][..8].try_into().unwrap()) as usize)
+        .collect()
 }
 
 /// Open and exercise a volume image; Ok(true) if everything read back without error.
@@ -117,11 +119,16 @@ fn zero_random_and_truncated_images_are_refused_clearly() {
             rng as u8
         })
         .collect();
-    assert!(matches!(Volume::open(Arc::new(MemDevice::from_bytes(random)), OpenOptions::default()), Err(Error::Corrupt(_))));
+    assert!(matches!(
+        Volume::open(Arc::new(MemDevice::from_bytes(random)), OpenOptions::default()),
+        Err(Error::Corrupt(_))
+    ));
 
     let img = populated();
     let cut = img[..img.len() / 2].to_vec();
-    let e = Volume::open(Arc::new(MemDevice::from_bytes(cut)), OpenOptions::default()).err().expect("truncated must not open");
+    let e = Volume::open(Arc::new(MemDevice::from_bytes(cut)), OpenOptions::default())
+        .err()
+        .expect("truncated must not open");
     assert!(e.to_string().contains("truncated"), "{e}");
     let tiny = Arc::new(MemDevice::new(1));
     assert!(Volume::open(tiny, OpenOptions::default()).is_err());
@@ -162,7 +169,11 @@ fn flipped_bits_in_every_metadata_block_are_detected() {
                 // log areas hold copies that are only read if a delta awaits replay.
                 let harmless = (kind == b"DXSB" && b == 0) || b < log_end || superseded.contains(&b);
                 if !harmless {
-                    assert!(detected, "flip of bit {bit} in {} block {b} went unnoticed", String::from_utf8_lossy(kind));
+                    assert!(
+                        detected,
+                        "flip of bit {bit} in {} block {b} went unnoticed",
+                        String::from_utf8_lossy(kind)
+                    );
                 }
             }
         }

@@ -15,19 +15,64 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { d: usize, n: u8 },
-    Mkdir { d: usize, n: u8 },
-    Symlink { d: usize, n: u8, len: u16 },
-    Write { f: usize, off: u32, len: u16, byte: u8 },
-    Truncate { f: usize, size: u32 },
-    Unlink { d: usize, n: u8 },
-    Rmdir { d: usize, n: u8 },
-    Rename { d1: usize, n1: u8, d2: usize, n2: u8, flags: u8 },
-    Link { f: usize, d: usize, n: u8 },
-    SetXattr { f: usize, n: u8, len: u16 },
-    RemoveXattr { f: usize, n: u8 },
+    Create {
+        d: usize,
+        n: u8,
+    },
+    Mkdir {
+        d: usize,
+        n: u8,
+    },
+    Symlink {
+        d: usize,
+        n: u8,
+        len: u16,
+    },
+    Write {
+        f: usize,
+        off: u32,
+        len: u16,
+        byte: u8,
+    },
+    Truncate {
+        f: usize,
+        size: u32,
+    },
+    Unlink {
+        d: usize,
+        n: u8,
+    },
+    Rmdir {
+        d: usize,
+        n: u8,
+    },
+    Rename {
+        d1: usize,
+        n1: u8,
+        d2: usize,
+        n2: u8,
+        flags: u8,
+    },
+    Link {
+        f: usize,
+        d: usize,
+        n: u8,
+    },
+    SetXattr {
+        f: usize,
+        n: u8,
+        len: u16,
+    },
+    RemoveXattr {
+        f: usize,
+        n: u8,
+    },
     /// Many entries at once, so index blocks split and merge.
-    Bulk { d: usize, count: u16, create: bool },
+    Bulk {
+        d: usize,
+        count: u16,
+        create: bool,
+    },
     Sync,
     Reopen,
 }
@@ -82,12 +127,14 @@ fn errno(r: dxfs::Result<impl Sized>) -> R {
 
 impl Model {
     fn dirs(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.inodes.iter().filter(|(_, i)| matches!(i.kind, Kind::Dir(_))).map(|(k, _)| *k).collect();
+        let mut v: Vec<u64> =
+            self.inodes.iter().filter(|(_, i)| matches!(i.kind, Kind::Dir(_))).map(|(k, _)| *k).collect();
         v.sort();
         v
     }
     fn files(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.inodes.iter().filter(|(_, i)| matches!(i.kind, Kind::File(_))).map(|(k, _)| *k).collect();
+        let mut v: Vec<u64> =
+            self.inodes.iter().filter(|(_, i)| matches!(i.kind, Kind::File(_))).map(|(k, _)| *k).collect();
         v.sort();
         v
     }
@@ -107,7 +154,11 @@ impl Model {
         matches!(self.inodes[&id].kind, Kind::Dir(_))
     }
     fn links(&self, id: u64) -> usize {
-        self.inodes.values().filter_map(|i| if let Kind::Dir(e) = &i.kind { Some(e) } else { None }).map(|e| e.values().filter(|v| **v == id).count()).sum()
+        self.inodes
+            .values()
+            .filter_map(|i| if let Kind::Dir(e) = &i.kind { Some(e) } else { None })
+            .map(|e| e.values().filter(|v| **v == id).count())
+            .sum()
     }
     fn drop_if_unlinked(&mut self, id: u64) {
         if self.links(id) == 0 {

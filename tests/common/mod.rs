@@ -33,7 +33,11 @@ use std::collections::BTreeMap;
 pub enum Node {
     Dir,
     /// Contents, and the first path (in sorted order) of the same inode: hard links.
-    File { data: Vec<u8>, first_link: String, nlink: u32 },
+    File {
+        data: Vec<u8>,
+        first_link: String,
+        nlink: u32,
+    },
     Symlink(Vec<u8>),
     Other(u32),
 }

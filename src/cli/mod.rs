@@ -128,14 +128,19 @@ struct MountArgs {
 
 #[derive(Subcommand)]
 enum DebugCmd {
-    /// Print a name's directory hash, as debugfs's dx_hash does.
+    /// Print a name's directory hash, as debugfs's dx_hash does (`-h` is the hash
+    /// version here, as in debugfs; use --help for help).
+    #[command(disable_help_flag = true)]
     Hash {
         /// Hash version: legacy, half_md4, tea or 0-5.
-        #[arg(short = 'H', long = "hash", short_alias = 'h', default_value = "half_md4")]
+        #[arg(short = 'h', long = "hash", default_value = "half_md4")]
         version: String,
         /// Seed as a UUID (all zero by default).
         #[arg(short = 's', long, default_value = "00000000-0000-0000-0000-000000000000")]
         seed: String,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
         name: String,
     },
 }
@@ -189,7 +194,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Fsck(a) => cmd_fsck(a),
         Cmd::Info(a) => cmd_info(a),
         Cmd::Mount(a) => cmd_mount(a, &raw),
-        Cmd::Debug(DebugCmd::Hash { version, seed, name }) => {
+        Cmd::Debug(DebugCmd::Hash { version, seed, name, .. }) => {
             let Some(v) = HashVersion::parse(&version) else {
                 return fail(format!("unknown hash version {version:?}"), 8);
             };

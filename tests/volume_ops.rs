@@ -1,0 +1,260 @@
+//! The Volume API, operation by operation: results, errors and what persists.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use dxfs::block::MemDevice;
+use dxfs::volume::{RenameFlags, SetAttr, SetTime, XattrMode};
+use dxfs::{Error, OpenOptions, Volume};
+
+fn reopen(dev: &Arc<MemDevice>, vol: Volume) -> Volume {
+    vol.close().unwrap();
+    assert_clean(dev.clone());
+    Volume::open(dev.clone(), OpenOptions::default()).unwrap()
+}
+
+#[test]
+fn errors_are_the_right_ones() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap();
+    vol.create(d.ino, b"inner", 0o644, 0, 0).unwrap();
+    let long = vec![b'x'; 256];
+    assert!(matches!(vol.create(root, &long, 0o644, 0, 0), Err(Error::NameTooLong)));
+    assert!(matches!(vol.lookup(root, &long), Err(Error::NameTooLong)));
+    assert!(vol.create(root, &vec![b'x'; 255], 0o644, 0, 0).is_ok());
+    assert!(matches!(vol.create(root, b"a/b", 0o644, 0, 0), Err(Error::Invalid(_))));
+    assert!(matches!(vol.create(root, b"", 0o644, 0, 0), Err(Error::Invalid(_))));
+    assert!(matches!(vol.lookup(root, b"nope"), Err(Error::NotFound)));
+    assert!(matches!(vol.create(f.ino, b"x", 0o644, 0, 0), Err(Error::NotDir)));
+    assert!(matches!(vol.unlink(root, b"d"), Err(Error::IsDir)));
+    assert!(matches!(vol.rmdir(root, b"f"), Err(Error::NotDir)));
+    assert!(matches!(vol.rmdir(root, b"d"), Err(Error::NotEmpty)));
+    assert!(matches!(vol.link(d.ino, root, b"dl"), Err(Error::NotPermitted)));
+    assert!(matches!(vol.rename(root, b"d", d.ino, b"sub", RenameFlags::default()), Err(Error::Invalid(_))));
+    assert!(matches!(vol.read(d.ino, 0, 10), Err(Error::IsDir)));
+    assert!(matches!(vol.write(d.ino, 0, b"x"), Err(Error::IsDir)));
+    assert!(matches!(vol.readlink(f.ino), Err(Error::Invalid(_))));
+    assert!(matches!(vol.getattr(12345678), Err(Error::NotFound)));
+    assert!(matches!(vol.write(f.ino, dxfs::format::MAX_FILE_SIZE, b"x"), Err(Error::FileTooBig)));
+    assert!(matches!(vol.symlink(root, b"s", &vec![b'a'; 4096], 0, 0), Err(Error::NameTooLong)));
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn rename_replace_noreplace_exchange() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let a = vol.create(root, b"a", 0o644, 0, 0).unwrap();
+    let b = vol.create(root, b"b", 0o644, 0, 0).unwrap();
+    vol.write(b.ino, 0, b"bee").unwrap();
+    let d1 = vol.mkdir(root, b"d1", 0o755, 0, 0).unwrap();
+    let d2 = vol.mkdir(root, b"d2", 0o755, 0, 0).unwrap();
+    let noreplace = RenameFlags { noreplace: true, exchange: false };
+    let exchange = RenameFlags { noreplace: false, exchange: true };
+    assert!(matches!(vol.rename(root, b"a", root, b"b", noreplace), Err(Error::Exists)));
+    vol.rename(root, b"a", root, b"b", exchange).unwrap();
+    assert_eq!(vol.lookup(root, b"a").unwrap().ino, b.ino);
+    assert_eq!(vol.lookup(root, b"b").unwrap().ino, a.ino);
+    // Replace: the old target goes away.
+    vol.rename(root, b"a", root, b"b", RenameFlags::default()).unwrap();
+    assert_eq!(vol.lookup(root, b"b").unwrap().ino, b.ino);
+    assert!(matches!(vol.getattr(a.ino), Err(Error::NotFound)));
+    // Directories: moving changes both parents' link counts and the child's "..".
+    vol.rename(root, b"d1", d2.ino, b"moved", RenameFlags::default()).unwrap();
+    assert_eq!(vol.getattr(root).unwrap().nlink, 3);
+    assert_eq!(vol.getattr(d2.ino).unwrap().nlink, 3);
+    assert_eq!(vol.lookup(d1.ino, b"..").unwrap().ino, d2.ino);
+    // Exchange a file and a directory across parents.
+    vol.rename(root, b"b", d2.ino, b"moved", exchange).unwrap();
+    assert_eq!(vol.lookup(root, b"b").unwrap().ino, d1.ino);
+    assert_eq!(vol.lookup(d1.ino, b"..").unwrap().ino, root);
+    assert_eq!(vol.getattr(root).unwrap().nlink, 4);
+    assert_eq!(vol.getattr(d2.ino).unwrap().nlink, 2);
+    let vol = reopen(&dev, vol);
+    assert_eq!(vol.read(b.ino, 0, 10).unwrap(), b"bee");
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn files_holes_truncate_and_huge_offsets() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 10_000, b"middle").unwrap();
+    let data = vol.read(f, 0, 20_000).unwrap();
+    assert_eq!(data.len(), 10_006);
+    assert!(data[..10_000].iter().all(|b| *b == 0));
+    vol.sync().unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 8, "one 4 KiB block for a file with a hole");
+    // Truncate down into the middle of the data, then up again: the tail reads as zeros.
+    vol.setattr(f, &SetAttr { size: Some(10_003), ..Default::default() }).unwrap();
+    vol.setattr(f, &SetAttr { size: Some(12_000), ..Default::default() }).unwrap();
+    let data = vol.read(f, 10_000, 100).unwrap();
+    assert_eq!(&data[..3], b"mid");
+    assert!(data[3..].iter().all(|b| *b == 0));
+    // Near the 16 TiB limit: a sparse file of 1 TiB and more.
+    let big = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    let off = (1u64 << 40) + 12345;
+    vol.write(big, off, b"far away").unwrap();
+    assert_eq!(vol.getattr(big).unwrap().size, off + 8);
+    let vol = reopen(&dev, vol);
+    assert_eq!(vol.read(big, off, 8).unwrap(), b"far away");
+    assert_eq!(vol.read(big, 5 << 30, 4).unwrap(), vec![0; 4]);
+    // Many extents: the map moves into a tree and back.
+    for k in 0..50u64 {
+        vol.write(f, (k * 3 + 10) * 4096, &[k as u8; 4096]).unwrap();
+        vol.sync().unwrap();
+    }
+    for k in 0..50u64 {
+        assert_eq!(vol.read(f, (k * 3 + 10) * 4096, 4096).unwrap(), vec![k as u8; 4096]);
+    }
+    vol.setattr(f, &SetAttr { size: Some(0), ..Default::default() }).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 0);
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn fallocate_and_punch() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.fallocate(f, 0, 1 << 20, false, false).unwrap();
+    let a = vol.getattr(f).unwrap();
+    assert_eq!((a.size, a.blocks), (1 << 20, 2048));
+    assert_eq!(vol.read(f, 0, 100).unwrap(), vec![0; 100]);
+    vol.write(f, 0, &[1u8; 1 << 20]).unwrap();
+    vol.sync().unwrap();
+    vol.fallocate(f, 4096 + 100, 3 * 4096, true, true).unwrap();
+    let d = vol.read(f, 0, 1 << 20).unwrap();
+    assert!(d[..4196].iter().all(|b| *b == 1));
+    assert!(d[4196..4196 + 3 * 4096].iter().all(|b| *b == 0));
+    assert!(d[4196 + 3 * 4096..].iter().all(|b| *b == 1));
+    assert_eq!(vol.getattr(f).unwrap().size, 1 << 20, "keep size");
+    vol.sync().unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 8 * (256 - 2), "two whole blocks punched");
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn unlinked_open_files_live_until_release_and_after_a_crash() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, &[9u8; 100_000]).unwrap();
+    vol.open_file(f).unwrap();
+    vol.unlink(root, b"f").unwrap();
+    assert_eq!(vol.read(f, 0, 10).unwrap(), vec![9; 10], "still readable while open");
+    let free_before = vol.statfs().bfree;
+    vol.release(f).unwrap();
+    vol.sync().unwrap();
+    assert!(vol.statfs().bfree > free_before + 20, "blocks not freed at release");
+    assert!(matches!(vol.getattr(f), Err(Error::NotFound)));
+    // Open, unlink, crash (no release): the next open frees it.
+    let g = vol.create(root, b"g", 0o644, 0, 0).unwrap().ino;
+    vol.write(g, 0, &[1u8; 50_000]).unwrap();
+    vol.open_file(g).unwrap();
+    vol.unlink(root, b"g").unwrap();
+    vol.sync().unwrap();
+    let image = dev.to_bytes();
+    drop(vol);
+    let dev2 = Arc::new(MemDevice::from_bytes(image));
+    assert_clean(dev2.clone());
+    let vol2 = Volume::open(dev2.clone(), OpenOptions::default()).unwrap();
+    assert!(matches!(vol2.getattr(g), Err(Error::NotFound)));
+    close_and_check(dev2, vol2);
+}
+
+#[test]
+fn xattrs_flags_sizes_and_filter() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    assert!(matches!(vol.getxattr(f, b"system.posix_acl_access"), Err(Error::NoData)));
+    assert!(matches!(vol.setxattr(f, b"user.a", b"1", XattrMode::Replace), Err(Error::NoData)));
+    vol.setxattr(f, b"user.a", b"1", XattrMode::Create).unwrap();
+    assert!(matches!(vol.setxattr(f, b"user.a", b"2", XattrMode::Create), Err(Error::Exists)));
+    vol.setxattr(f, b"user.a", b"2", XattrMode::Replace).unwrap();
+    vol.setxattr(f, b"trusted.big", &[7u8; 2000], XattrMode::Any).unwrap();
+    assert!(matches!(vol.setxattr(f, b"nonsense.x", b"", XattrMode::Any), Err(Error::NotSupported)));
+    let mut names = vol.listxattr(f).unwrap();
+    names.sort();
+    assert_eq!(names, vec![b"trusted.big".to_vec(), b"user.a".to_vec()]);
+    let vol = reopen(&dev, vol);
+    assert_eq!(vol.getxattr(f, b"trusted.big").unwrap(), vec![7u8; 2000]);
+    vol.removexattr(f, b"trusted.big").unwrap();
+    assert!(matches!(vol.removexattr(f, b"trusted.big"), Err(Error::NoData)));
+    assert_eq!(vol.getattr(f).unwrap().blocks, 0, "xattr block freed when the list fits inline again");
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn setattr_times_modes_owners() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o4755, 1, 1).unwrap().ino;
+    let a = vol
+        .setattr(
+            f,
+            &SetAttr {
+                mode: Some(0o600),
+                uid: Some(1000),
+                gid: Some(100),
+                atime: Some(SetTime::At((1_000_000, 5))),
+                mtime: Some(SetTime::Now),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(a.mode, libc::S_IFREG | 0o600);
+    assert_eq!((a.uid, a.gid), (1000, 100));
+    assert_eq!(a.atime, (1_000_000, 5));
+    assert!(a.mtime.0 > 1_600_000_000);
+    let vol = reopen(&dev, vol);
+    assert_eq!(vol.getattr(f).unwrap().atime, (1_000_000, 5));
+    close_and_check(dev, vol);
+}
+
+/// Fill the volume with data, fail cleanly, delete, and write again.
+#[test]
+fn full_volume_fails_cleanly_and_recovers_after_delete() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
+    let chunk = vec![3u8; 1 << 20];
+    let mut written = 0u64;
+    let err = loop {
+        match vol.write(f, written, &chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    vol.sync().unwrap();
+    let st = vol.statfs();
+    assert!(written >= (st.blocks - 400) * 4096 * 9 / 10, "only {written} bytes fit");
+    assert!(matches!(vol.create(root, b"more", 0o644, 0, 0), Ok(_) | Err(Error::NoSpace)));
+    vol.unlink(root, b"fill").unwrap();
+    vol.sync().unwrap();
+    let g = vol.create(root, b"again", 0o644, 0, 0).unwrap().ino;
+    vol.write(g, 0, &chunk).unwrap();
+    vol.sync().unwrap();
+    assert_eq!(vol.read(g, 0, 1 << 20).unwrap(), chunk);
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn read_only_open_refuses_changes() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    vol.create(root, b"f", 0o644, 0, 0).unwrap();
+    vol.close().unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    assert!(matches!(vol.create(root, b"g", 0o644, 0, 0), Err(Error::ReadOnly)));
+    assert!(vol.lookup(root, b"f").is_ok());
+    drop(vol);
+    assert_clean(dev);
+}

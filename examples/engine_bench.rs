@@ -18,8 +18,8 @@ fn main() {
     let file = args.iter().position(|a| a == "--file").and_then(|i| args.get(i + 1)).cloned();
     // Room for the inodes (15 per block), the index and slack.
     // Big enough for the inodes (15 per block), the index and slack, and for the default
-    // log to reach its full 32 MiB (1/64 of the volume), as on any real volume.
-    let blocks = (n / 15 + n / 40 + 100_000).max(1 << 19);
+    // log to reach its full 256 MiB (1/64 of a 16 GiB volume), as on any real volume.
+    let blocks = (n / 15 + n / 40 + 100_000).max(1 << 22);
     let dev: Arc<dyn BlockDevice> = match &file {
         Some(p) => Arc::new(FileDevice::create(p, blocks * 4096).expect("image file")),
         None => Arc::new(MemDevice::new(blocks)),

@@ -4,7 +4,9 @@
 //! Only metadata passes through here; file data goes straight to the device. Every block
 //! read from the device is checked (crc32c and self address) before it is cached.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::hash_map::Entry;
+
+use rustc_hash::FxHashMap;
 
 use crate::block::BlockDevice;
 use crate::codec::*;
@@ -13,18 +15,27 @@ use crate::error::{Error, Result};
 /// Largest number of blocks one coalesced read fetches.
 const MAX_BATCH: usize = 64;
 
+struct Cached {
+    data: Box<Block>,
+    dirty: bool,
+}
+
 /// Cached metadata blocks.
 pub struct MetaCache {
-    // Fx: block numbers need no DoS-resistant hashing, and this is the hottest map.
-    blocks: FxHashMap<u64, Box<Block>>,
-    dirty: FxHashSet<u64>,
+    // Fx: block numbers need no DoS-resistant hashing, and this is the hottest map: every
+    // access costs exactly one probe (the dirty flag lives beside the block).
+    blocks: FxHashMap<u64, Cached>,
+    /// Blocks made dirty in this delta, in first-dirtied order (may name blocks that were
+    /// forgotten since; `take_dirty` skips those).
+    dirty_list: Vec<u64>,
+    dirty_count: usize,
     /// Clean blocks kept before eviction starts.
     capacity: usize,
 }
 
 impl MetaCache {
     pub fn new(capacity: usize) -> MetaCache {
-        MetaCache { blocks: FxHashMap::default(), dirty: FxHashSet::default(), capacity: capacity.max(64) }
+        MetaCache { blocks: FxHashMap::default(), dirty_list: Vec::new(), dirty_count: 0, capacity: capacity.max(64) }
     }
 
     fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
@@ -36,59 +47,87 @@ impl MetaCache {
         }
     }
 
-    fn load(&mut self, dev: &dyn BlockDevice, blockno: u64) -> Result<()> {
-        if self.blocks.contains_key(&blockno) {
-            return Ok(());
-        }
+    fn read_verified(dev: &dyn BlockDevice, blockno: u64) -> Result<Box<Block>> {
         if blockno >= dev.block_count() {
             return Err(Error::corrupt(format!("reference to block {blockno} beyond the volume")));
         }
         let mut b = Box::new([0u8; BLOCK_SIZE]);
         dev.read(blockno, &mut b[..])?;
         verify(&b, blockno, None)?;
-        self.evict_if_full();
-        self.blocks.insert(blockno, b);
-        Ok(())
+        Ok(b)
+    }
+
+    /// The cache slot of a block, reading it on a miss. An associated function over the
+    /// map alone, so callers can update the dirty bookkeeping while holding the slot.
+    fn slot<'a>(
+        blocks: &'a mut FxHashMap<u64, Cached>,
+        keep: usize,
+        dev: &dyn BlockDevice,
+        blockno: u64,
+    ) -> Result<&'a mut Cached> {
+        if blocks.len() > keep && !blocks.contains_key(&blockno) {
+            Self::evict(blocks, keep);
+        }
+        match blocks.entry(blockno) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(v) => {
+                let data = Self::read_verified(dev, blockno)?;
+                Ok(v.insert(Cached { data, dirty: false }))
+            }
+        }
     }
 
     /// A verified block, with its magic checked when `want` is given.
     pub fn get(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&Block> {
-        self.load(dev, blockno)?;
-        let b = &self.blocks[&blockno];
-        Self::check_magic(b, blockno, want)?;
-        Ok(b)
+        let c = Self::slot(&mut self.blocks, self.capacity + self.dirty_count, dev, blockno)?;
+        Self::check_magic(&c.data, blockno, want)?;
+        Ok(&c.data)
     }
 
     /// A verified block for modification; it joins the current delta's dirty set.
     pub fn get_mut(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&mut Block> {
-        self.load(dev, blockno)?;
-        let b = self.blocks.get_mut(&blockno).expect("just loaded");
-        Self::check_magic(b, blockno, want)?;
-        self.dirty.insert(blockno);
-        Ok(b)
+        let c = Self::slot(&mut self.blocks, self.capacity + self.dirty_count, dev, blockno)?;
+        Self::check_magic(&c.data, blockno, want)?;
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty_count += 1;
+            self.dirty_list.push(blockno);
+        }
+        Ok(&mut c.data)
     }
 
     /// A block that is being (re)initialised: zeroed and dirty, no read.
     pub fn fresh(&mut self, blockno: u64) -> &mut Block {
-        self.dirty.insert(blockno);
-        let b = self.blocks.entry(blockno).or_insert_with(|| Box::new([0u8; BLOCK_SIZE]));
-        b.fill(0);
-        b
+        let c =
+            self.blocks.entry(blockno).or_insert_with(|| Cached { data: Box::new([0u8; BLOCK_SIZE]), dirty: false });
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty_count += 1;
+            self.dirty_list.push(blockno);
+        }
+        c.data.fill(0);
+        &mut c.data
     }
 
     /// Hold a block image that is newer than the device's copy (read-only log
     /// overlay); it is verified and never evicted.
     pub fn pin(&mut self, blockno: u64, img: Box<Block>) -> Result<()> {
         verify(&img, blockno, None)?;
-        self.blocks.insert(blockno, img);
-        self.dirty.insert(blockno);
+        if !self.blocks.get(&blockno).is_some_and(|c| c.dirty) {
+            self.dirty_count += 1;
+            self.dirty_list.push(blockno);
+        }
+        self.blocks.insert(blockno, Cached { data: img, dirty: true });
         Ok(())
     }
 
     /// Drop a freed block: it must not be written back.
     pub fn forget(&mut self, blockno: u64) {
-        self.blocks.remove(&blockno);
-        self.dirty.remove(&blockno);
+        if let Some(c) = self.blocks.remove(&blockno) {
+            if c.dirty {
+                self.dirty_count -= 1;
+            }
+        }
     }
 
     /// Whether the block is in memory.
@@ -117,52 +156,55 @@ impl MetaCache {
                 let mut b = Box::new([0u8; BLOCK_SIZE]);
                 b.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
                 if verify(&b, start + k as u64, None).is_ok() {
-                    self.blocks.insert(start + k as u64, b);
+                    self.blocks.insert(start + k as u64, Cached { data: b, dirty: false });
                 }
             }
             i += n;
         }
-        self.evict_if_full();
+        if self.blocks.len() > self.capacity + self.dirty_count {
+            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
+        }
         Ok(())
     }
 
     /// Number of dirty blocks in the current delta.
     pub fn dirty_count(&self) -> usize {
-        self.dirty.len()
+        self.dirty_count
     }
 
     /// Seal every dirty block (address + crc) and hand the set over, ascending. The
     /// blocks stay cached, now clean.
     pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
-        let mut dirty: Vec<u64> = std::mem::take(&mut self.dirty).into_iter().collect();
-        dirty.sort_unstable();
-        let mut out = Vec::with_capacity(dirty.len());
-        for b in dirty {
-            if let Some(block) = self.blocks.get_mut(&b) {
-                seal(block, b);
-                out.push((b, block.clone()));
+        let mut list = std::mem::take(&mut self.dirty_list);
+        list.sort_unstable();
+        list.dedup();
+        let mut out = Vec::with_capacity(self.dirty_count);
+        for b in list {
+            if let Some(c) = self.blocks.get_mut(&b) {
+                if c.dirty {
+                    c.dirty = false;
+                    seal(&mut c.data, b);
+                    out.push((b, c.data.clone()));
+                }
             }
         }
+        self.dirty_count = 0;
         out
     }
 
     /// Forget every block (e.g. after a failed commit, to reload the committed state).
     pub fn clear(&mut self) {
         self.blocks.clear();
-        self.dirty.clear();
+        self.dirty_list.clear();
+        self.dirty_count = 0;
     }
 
-    fn evict_if_full(&mut self) {
-        if self.blocks.len() <= self.capacity + self.dirty.len() {
-            return;
-        }
-        // Drop clean blocks until a quarter of the budget is free again; which ones is
-        // left to the hash order, which is as good as random for a metadata cache.
-        let target = self.capacity * 3 / 4 + self.dirty.len();
-        let dirty = &self.dirty;
-        let mut excess = self.blocks.len().saturating_sub(target);
-        self.blocks.retain(|b, _| {
-            if excess == 0 || dirty.contains(b) {
+    /// Drop clean blocks until the map holds a quarter less than `keep`; which ones is
+    /// left to the hash order, which is as good as random for a metadata cache.
+    fn evict(blocks: &mut FxHashMap<u64, Cached>, keep: usize) {
+        let mut excess = blocks.len().saturating_sub(keep * 3 / 4);
+        blocks.retain(|_, c| {
+            if excess == 0 || c.dirty {
                 true
             } else {
                 excess -= 1;

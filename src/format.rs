@@ -82,14 +82,14 @@ pub struct Layout {
 
 impl Layout {
     /// The layout mkfs chooses: two log areas of 1/64 of the volume each, between 64
-    /// blocks and 8192 blocks (32 MiB), then the bitmap.
+    /// blocks and 65536 blocks (256 MiB, reached at 16 GiB), then the bitmap.
     pub fn for_blocks(block_count: u64) -> Result<Layout> {
         Layout::new(block_count, Self::default_log_blocks(block_count))
     }
 
     /// The default size of one log area.
     pub fn default_log_blocks(block_count: u64) -> u32 {
-        (block_count / 64).clamp(64, 8192) as u32
+        (block_count / 64).clamp(64, 65536) as u32
     }
 
     /// A layout with log areas of `log_blocks` blocks each (64..=65536: the smallest

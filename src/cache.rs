@@ -18,6 +18,9 @@ const MAX_BATCH: usize = 64;
 struct Cached {
     data: Box<Block>,
     dirty: bool,
+    /// Part of a committed delta whose home write may not have happened yet: the device
+    /// copy is stale, so the block must stay in memory until `landed`.
+    in_flight: bool,
 }
 
 /// Cached metadata blocks.
@@ -72,7 +75,7 @@ impl MetaCache {
             Entry::Occupied(e) => Ok(e.into_mut()),
             Entry::Vacant(v) => {
                 let data = Self::read_verified(dev, blockno)?;
-                Ok(v.insert(Cached { data, dirty: false }))
+                Ok(v.insert(Cached { data, dirty: false, in_flight: false }))
             }
         }
     }
@@ -98,8 +101,11 @@ impl MetaCache {
 
     /// A block that is being (re)initialised: zeroed and dirty, no read.
     pub fn fresh(&mut self, blockno: u64) -> &mut Block {
-        let c =
-            self.blocks.entry(blockno).or_insert_with(|| Cached { data: Box::new([0u8; BLOCK_SIZE]), dirty: false });
+        let c = self.blocks.entry(blockno).or_insert_with(|| Cached {
+            data: Box::new([0u8; BLOCK_SIZE]),
+            dirty: false,
+            in_flight: false,
+        });
         if !c.dirty {
             c.dirty = true;
             self.dirty_count += 1;
@@ -117,7 +123,7 @@ impl MetaCache {
             self.dirty_count += 1;
             self.dirty_list.push(blockno);
         }
-        self.blocks.insert(blockno, Cached { data: img, dirty: true });
+        self.blocks.insert(blockno, Cached { data: img, dirty: true, in_flight: false });
         Ok(())
     }
 
@@ -156,7 +162,7 @@ impl MetaCache {
                 let mut b = Box::new([0u8; BLOCK_SIZE]);
                 b.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
                 if verify(&b, start + k as u64, None).is_ok() {
-                    self.blocks.insert(start + k as u64, Cached { data: b, dirty: false });
+                    self.blocks.insert(start + k as u64, Cached { data: b, dirty: false, in_flight: false });
                 }
             }
             i += n;
@@ -183,6 +189,7 @@ impl MetaCache {
             if let Some(c) = self.blocks.get_mut(&b) {
                 if c.dirty {
                     c.dirty = false;
+                    c.in_flight = true;
                     seal(&mut c.data, b);
                     out.push((b, c.data.clone()));
                 }
@@ -190,6 +197,15 @@ impl MetaCache {
         }
         self.dirty_count = 0;
         out
+    }
+
+    /// The blocks of a commit are home on the device: they may be evicted again.
+    pub fn landed(&mut self, blocks: &[(u64, Box<Block>)]) {
+        for (b, _) in blocks {
+            if let Some(c) = self.blocks.get_mut(b) {
+                c.in_flight = false;
+            }
+        }
     }
 
     /// Forget every block (e.g. after a failed commit, to reload the committed state).
@@ -204,7 +220,7 @@ impl MetaCache {
     fn evict(blocks: &mut FxHashMap<u64, Cached>, keep: usize) {
         let mut excess = blocks.len().saturating_sub(keep * 3 / 4);
         blocks.retain(|_, c| {
-            if excess == 0 || c.dirty {
+            if excess == 0 || c.dirty || c.in_flight {
                 true
             } else {
                 excess -= 1;

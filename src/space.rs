@@ -26,6 +26,8 @@ pub struct Space {
     /// Extents freed by the current delta, released when it commits.
     deferred: Vec<(u64, u64)>,
     deferred_blocks: u64,
+    /// Bitmap blocks the deferred frees will dirty (the log must have room for them).
+    deferred_bitmap: BTreeSet<u64>,
     /// Bitmap blocks (by index) whose words changed since the last write-out.
     dirty: BTreeSet<u64>,
     /// Blocks charged to the current delta but not yet allocated (delayed allocation).
@@ -46,6 +48,7 @@ impl Space {
             free: 0,
             deferred: Vec::new(),
             deferred_blocks: 0,
+            deferred_bitmap: BTreeSet::new(),
             dirty: (0..layout.bitmap_blocks).collect(),
             promised: 0,
             reserve: Self::reserve_for(layout.block_count),
@@ -204,6 +207,9 @@ impl Space {
         if len > 0 {
             self.deferred.push((start, len));
             self.deferred_blocks += len;
+            for i in start / BITS_PER_BITMAP_BLOCK..=(start + len - 1) / BITS_PER_BITMAP_BLOCK {
+                self.deferred_bitmap.insert(i);
+            }
         }
     }
 
@@ -218,12 +224,52 @@ impl Space {
         }
     }
 
-    /// Release the delta's deferred frees (called while committing).
+    /// Release the delta's deferred frees now (a commit that completes before anything
+    /// else can allocate).
     pub fn release_deferred(&mut self) {
         for (s, l) in std::mem::take(&mut self.deferred) {
             self.free_now(s, l);
         }
         self.deferred_blocks = 0;
+        self.deferred_bitmap.clear();
+    }
+
+    /// For a commit whose I/O runs while the next delta goes on: show the delta's frees
+    /// as free in the bitmap blocks written for it (call `write_out` next), but keep them
+    /// from being allocated until `end_hold`, i.e. until the delta is durable, since the
+    /// last durable state may still reference them.
+    pub fn begin_hold(&mut self) -> Vec<(u64, u64)> {
+        let held = std::mem::take(&mut self.deferred);
+        for &(s, l) in &held {
+            for b in s..s + l {
+                self.clear(b);
+            }
+        }
+        self.deferred_blocks = 0;
+        self.deferred_bitmap.clear();
+        held
+    }
+
+    /// After `write_out`: mark the held runs in use again in memory only.
+    pub fn keep_held(&mut self, held: &[(u64, u64)]) {
+        for &(s, l) in held {
+            for b in s..s + l {
+                self.words[(b / 64) as usize] |= 1 << (b % 64);
+            }
+        }
+    }
+
+    /// The delta that freed the held runs is durable: they are free now.
+    pub fn end_hold(&mut self, held: &[(u64, u64)]) {
+        for &(s, l) in held {
+            self.free_now(s, l);
+        }
+    }
+
+    /// Bitmap blocks the current delta will write: changed ones and those its deferred
+    /// frees will change.
+    pub fn pending_bitmap_blocks(&self) -> usize {
+        self.dirty.len() + self.deferred_bitmap.len()
     }
 
     /// Copy changed words into their bitmap blocks in the cache.
@@ -267,6 +313,32 @@ mod tests {
         s.release_deferred();
         assert!(!s.is_used(a));
         assert_eq!(s.free(), f0 - 5);
+    }
+
+    #[test]
+    fn held_frees_are_free_on_disk_but_not_allocatable() {
+        let l = Layout::for_blocks(40_000).unwrap();
+        let mut s = Space::fresh(l);
+        let mut cache = MetaCache::new(100);
+        let dev = crate::block::MemDevice::new(1);
+        let (a, _) = s.alloc(l.first_free(), 10, 10).unwrap();
+        s.write_out(&dev, &mut cache).unwrap();
+        let _ = cache.take_dirty();
+        let free0 = s.free();
+        s.free_deferred(a, 10);
+        let held = s.begin_hold();
+        s.write_out(&dev, &mut cache).unwrap();
+        s.keep_held(&held);
+        let img = cache.take_dirty();
+        let word = get_u64(&img[0].1[..], BITMAP_HEADER + 8 * (a / 64) as usize);
+        assert_eq!(word & (1 << (a % 64)), 0, "the delta's bitmap image shows the run free");
+        assert!(s.is_used(a), "but memory keeps it from allocation");
+        assert_eq!(s.alloc(a, 10, 10).map(|(b, _)| b != a), Some(true));
+        assert_eq!(s.free(), free0 - 10);
+        s.end_hold(&held);
+        assert!(!s.is_used(a));
+        assert_eq!(s.free(), free0);
+        assert!(s.dirty_blocks() > 0, "the release is written with the next delta");
     }
 
     #[test]

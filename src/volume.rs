@@ -9,11 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::block::{BlockDevice, IoStats};
 use crate::btree;
 use crate::cache::MetaCache;
+use crate::codec::Block;
 use crate::codec::*;
 use crate::dir::{self, DirEntry};
 use crate::error::{Error, Result};
@@ -260,7 +261,10 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 
 struct Inner {
     st: Store,
-    journal: Journal,
+    /// Blocks one delta may log (the journal's capacity).
+    log_capacity: u64,
+    /// Sequence number of the last delta handed to the journal.
+    seq: u64,
     state: State,
     dirty: HashMap<u64, Pages>,
     dirty_pages: u64,
@@ -271,9 +275,55 @@ struct Inner {
 }
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
+///
+/// Lock order: `journal`, then `inner`. Front-end operations take only `inner`; a commit
+/// takes `journal` for its whole length and `inner` only to snapshot the delta and to
+/// finish, so the front end goes on with the next delta while the log is written.
 pub struct Volume {
     inner: Mutex<Inner>,
+    journal: Mutex<Journal>,
     read_only: bool,
+}
+
+/// A delta on its way to the device: its metadata blocks and the frees held back until
+/// it is durable.
+struct Flight {
+    blocks: Vec<(u64, Box<Block>)>,
+    held: Vec<(u64, u64)>,
+}
+
+/// What an operation may need, charged before it changes anything.
+#[derive(Clone, Copy, Debug)]
+struct Cost {
+    /// Worst-case new metadata blocks.
+    meta: u64,
+    /// New data pages (delayed allocation: blocks promised until write-back).
+    pages: u64,
+    /// Deletions may use the reserve.
+    deletion: bool,
+}
+
+impl Cost {
+    fn new(meta: u64, pages: u64, deletion: bool) -> Cost {
+        Cost { meta, pages, deletion }
+    }
+}
+
+/// Why a charge does not fit in the current delta.
+#[derive(PartialEq, Eq)]
+enum Short {
+    /// The log or the dirty-data limit is near: commit, then it fits.
+    Delta,
+    /// Not enough space, perhaps until the delta's frees are released.
+    Space,
+}
+
+/// Depth of a file's extent tree (0 while the map is inline).
+fn extent_depth(i: &Inode) -> u64 {
+    match i.data {
+        InodeData::ExtentTree { tree, .. } => tree.depth as u64,
+        _ => 0,
+    }
 }
 
 fn type_of(mode: u32) -> Result<FileType> {
@@ -319,21 +369,15 @@ impl Inner {
         Ok(i)
     }
 
-    /// Before a change: make sure the delta has room in the log for `meta` more
-    /// blocks and the budget covers `meta + pages`; commit and retry once if not.
-    fn charge(&mut self, meta: u64, pages: u64, deletion: bool) -> Result<()> {
-        self.check_writable()?;
-        let log_room = self.journal.capacity() as u64;
-        let used = (self.st.cache.dirty_count() + self.st.space.dirty_blocks()) as u64;
-        if used + OP_LOG_BLOCKS > log_room || self.dirty_pages + pages > self.opts.dirty_limit {
-            self.commit()?;
+    /// Whether a change of cost `c` fits in the current delta: room in the log for any
+    /// one operation, the dirty-data limit, and the space budget.
+    fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
+        let used = (self.st.cache.dirty_count() + self.st.space.pending_bitmap_blocks()) as u64;
+        if used + OP_LOG_BLOCKS > self.log_capacity || self.dirty_pages + c.pages > self.opts.dirty_limit {
+            return Err(Short::Delta);
         }
-        if self.st.space.available(deletion) < meta + pages {
-            // Blocks freed by this delta come back when it commits.
-            self.commit()?;
-            if self.st.space.available(deletion) < meta + pages {
-                return Err(Error::NoSpace);
-            }
+        if self.st.space.available(c.deletion) < c.meta + c.pages {
+            return Err(Short::Space);
         }
         Ok(())
     }
@@ -349,27 +393,20 @@ impl Inner {
         MAX_REGION_BLOCKS as u64
     }
 
-    /// Commit the current delta.
-    fn commit(&mut self) -> Result<()> {
-        if self.failed {
-            return Err(Error::Io(std::io::Error::other("volume failed; remount to recover")));
-        }
-        if self.opts.read_only {
-            return Ok(());
-        }
-        let r = self.commit_inner();
-        if r.is_err() {
-            self.failed = true;
-        }
-        r
+    /// The cost of creating an entry in `parent`.
+    fn create_cost(&mut self, parent: u64) -> Result<Cost> {
+        let p = self.dir_inode(parent)?;
+        Ok(Cost::new(Self::dir_cost(&p) + self.inode_cost(), 0, false))
     }
 
-    fn commit_inner(&mut self) -> Result<()> {
-        // Write back dirty data in inode order; when the delta's metadata nears the log's
-        // capacity, commit what is there (a consistent state) and go on in a new delta.
+    /// Write back all dirty data and snapshot the delta for the journal. When the log
+    /// fills during write-back, the delta so far is committed synchronously (it is a
+    /// consistent state) and write-back goes on in a new one. Returns None when there is
+    /// nothing to commit.
+    fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
         let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
         inos.sort_unstable();
-        let limit = self.journal.capacity().saturating_sub(WRITEBACK_HEADROOM);
+        let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
         for ino in inos {
             let mut pages = self.dirty.remove(&ino).unwrap_or_default();
             let mut inode = self.st.inode(ino)?;
@@ -381,26 +418,38 @@ impl Inner {
                 if pages.is_empty() {
                     break;
                 }
-                self.commit_metadata()?;
+                self.st.space.release_deferred();
+                let blocks = self.snapshot();
+                journal.commit(&*self.st.dev, &blocks)?;
+                self.st.cache.landed(&blocks);
             }
         }
         self.st.space.promised = 0;
-        self.commit_metadata()
+        if self.st.cache.dirty_count() == 0 && self.st.space.pending_bitmap_blocks() == 0 {
+            return Ok(None);
+        }
+        let held = self.st.space.begin_hold();
+        let blocks = self.snapshot();
+        self.st.space.keep_held(&held);
+        Ok(Some(Flight { blocks, held }))
     }
 
-    /// Commit the metadata of the delta (data already written).
-    fn commit_metadata(&mut self) -> Result<()> {
-        self.st.space.release_deferred();
-        if self.st.cache.dirty_count() == 0 && self.st.space.dirty_blocks() == 0 {
-            return Ok(());
-        }
-        self.state.commit_seq = self.journal.seq + 1;
+    /// Seal the delta's metadata (bitmap and state block included) for the journal.
+    fn snapshot(&mut self) -> Vec<(u64, Box<Block>)> {
+        self.seq += 1;
+        self.state.commit_seq = self.seq;
         let st = self.state;
         st.encode_into(self.st.cache.fresh(STATE_BLOCK));
         let dev = self.st.dev.clone();
-        self.st.space.write_out(&*dev, &mut self.st.cache)?;
-        let blocks = self.st.cache.take_dirty();
-        self.journal.commit(&*dev, &blocks)
+        // write_out cannot fail: it only copies words into cached blocks.
+        let _ = self.st.space.write_out(&*dev, &mut self.st.cache);
+        self.st.cache.take_dirty()
+    }
+
+    /// A flight is durable and home: release what it held.
+    fn finish_commit(&mut self, f: &Flight) {
+        self.st.space.end_hold(&f.held);
+        self.st.cache.landed(&f.blocks);
     }
 
     fn new_inode(&mut self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
@@ -433,13 +482,10 @@ impl Inner {
     ) -> Result<(Inode, Inode)> {
         dir::check_name(name)?;
         let ft = type_of(mode)?;
-        let p = self.dir_inode(parent)?;
+        let mut p = self.dir_inode(parent)?;
         if p.nlink == 0 {
             return Err(Error::NotFound);
         }
-        self.charge(Self::dir_cost(&p) + self.inode_cost(), 0, false)?;
-        // The charge may have committed: read the parent again.
-        let mut p = self.dir_inode(parent)?;
         if ft == FileType::Directory && p.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
@@ -562,12 +608,34 @@ impl Inner {
         Ok(())
     }
 
+    /// The cost of writing `len` bytes at `offset`: one block per page not yet dirty, and
+    /// the extent-map changes of its write-back.
+    fn write_cost(&mut self, ino: u64, offset: u64, len: u64) -> Result<Cost> {
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let i = self.st.inode(ino)?;
+        if len == 0 {
+            return Ok(Cost::new(0, 0, false));
+        }
+        let bs = BLOCK_SIZE as u64;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let have = self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64);
+        let depth = match i.data {
+            InodeData::ExtentTree { tree, .. } => tree.depth as u64,
+            _ => 0,
+        };
+        Ok(Cost::new(4 + 2 * depth, (last - first + 1) - have, false))
+    }
+
+    /// Write into dirty pages (charged by the caller).
     fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        let i = self.st.inode(ino)?;
+        let mut i = self.st.inode(ino)?;
         // Regular files, and long symlink targets (written once at creation).
         match i.file_type() {
             Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
@@ -579,14 +647,6 @@ impl Inner {
         }
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
-        let have = self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64);
-        let new_pages = (last - first + 1) - have;
-        let depth = match i.data {
-            InodeData::ExtentTree { tree, .. } => tree.depth as u64,
-            _ => 0,
-        };
-        self.charge(4 + 2 * depth, new_pages, false)?;
-        let mut i = self.st.inode(ino)?;
         for p in first..=last {
             let ps = p * bs;
             let from = offset.max(ps);
@@ -653,7 +713,8 @@ impl Volume {
         let read_only = opts.read_only;
         let mut inner = Inner {
             st,
-            journal,
+            log_capacity: journal.capacity() as u64,
+            seq: journal.seq,
             state,
             dirty: HashMap::new(),
             dirty_pages: 0,
@@ -664,19 +725,92 @@ impl Volume {
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
         inner.dir_inode(root)?;
-        if !read_only && inner.state.orphan_head != 0 {
-            let mut guard = 0;
-            while inner.state.orphan_head != 0 {
-                let ino = inner.state.orphan_head;
-                inner.remove_orphan(ino)?;
+        let orphans = inner.state.orphan_head != 0;
+        let vol = Volume { inner: Mutex::new(inner), journal: Mutex::new(journal), read_only };
+        if !read_only && orphans {
+            // Unlinked files that were open at the crash: free them, one delta each if
+            // need be (deletions never run out of space).
+            let mut guard = 0u64;
+            loop {
+                let mut g = vol.charged(|_| Ok(Cost::new(0, 0, true)))?;
+                let ino = g.state.orphan_head;
+                if ino == 0 {
+                    break;
+                }
+                g.remove_orphan(ino)?;
                 guard += 1;
-                if guard > 10_000_000 {
+                if guard > 100_000_000 {
                     return Err(Error::corrupt("orphan list loops"));
                 }
             }
-            inner.commit()?;
+            vol.commit()?;
         }
-        Ok(Volume { inner: Mutex::new(inner), read_only })
+        Ok(vol)
+    }
+
+    /// Commit the current delta and wait until it is durable.
+    fn commit(&self) -> Result<()> {
+        let mut journal = self.journal.lock();
+        let flight = {
+            let mut g = self.inner.lock();
+            if g.failed {
+                return Err(Error::Io(std::io::Error::other("volume failed; remount to recover")));
+            }
+            if g.opts.read_only {
+                return Ok(());
+            }
+            match g.prepare_commit(&mut journal) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    g.failed = true;
+                    return Err(e);
+                }
+            }
+        };
+        // The log and home writes run without the volume lock: the front end goes on
+        // with the next delta meanwhile.
+        let dev = self.inner.lock().st.dev.clone();
+        let r = journal.commit(&*dev, &flight.blocks);
+        let mut g = self.inner.lock();
+        match r {
+            Ok(()) => {
+                g.finish_commit(&flight);
+                Ok(())
+            }
+            Err(e) => {
+                g.failed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Lock the volume for a change whose cost `cost` computes; if the current delta
+    /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
+    /// still cannot.
+    fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<MutexGuard<'_, Inner>> {
+        let mut commits = 0;
+        loop {
+            let mut g = self.inner.lock();
+            g.check_writable()?;
+            let c = cost(&mut g)?;
+            match g.fits(c) {
+                Ok(()) => return Ok(g),
+                Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
+                Err(_) if commits >= 2 => {
+                    return Err(if g.fits(c) == Err(Short::Space) {
+                        Error::NoSpace
+                    } else {
+                        Error::corrupt("an operation does not fit in an empty delta")
+                    })
+                }
+                Err(_) => {
+                    drop(g);
+                    self.commit()?;
+                    commits += 1;
+                }
+            }
+        }
     }
 
     /// The superblock.
@@ -727,23 +861,19 @@ impl Volume {
 
     /// Change attributes (chmod, chown, truncate, utimens).
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
-        let mut g = self.inner.lock();
-        let i = g.st.inode(ino)?;
-        if s.size.is_some() {
+        let mut g = self.charged(|g| {
+            let i = g.st.inode(ino)?;
+            if s.size.is_none() {
+                return Ok(Cost::new(0, 0, true));
+            }
             match i.file_type() {
                 Some(FileType::RegularFile) => {}
                 Some(FileType::Directory) => return Err(Error::IsDir),
                 _ => return Err(Error::Invalid("truncate of a special file".into())),
             }
-            let depth = match i.data {
-                InodeData::ExtentTree { tree, .. } => tree.depth as u64,
-                _ => 0,
-            };
             // Shrinking may split an extent and needs one page for the partial tail.
-            g.charge(2 * depth + 3, 1, true)?;
-        } else {
-            g.charge(0, 0, true)?;
-        }
+            Ok(Cost::new(2 * extent_depth(&i) + 3, 1, true))
+        })?;
         let mut i = g.st.inode(ino)?;
         let t = now();
         if let Some(m) = s.mode {
@@ -782,7 +912,7 @@ impl Volume {
         if ft == FileType::Directory || ft == FileType::Symlink {
             return Err(Error::Invalid("mknod of a directory or symlink".into()));
         }
-        let mut g = self.inner.lock();
+        let mut g = self.charged(|g| g.create_cost(parent))?;
         let (_, i) = g.create_node(parent, name, mode, uid, gid, rdev)?;
         g.attr(&i)
     }
@@ -794,7 +924,7 @@ impl Volume {
 
     /// Create a directory.
     pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let mut g = self.inner.lock();
+        let mut g = self.charged(|g| g.create_cost(parent))?;
         let (_, i) = g.create_node(parent, name, libc::S_IFDIR | (perm & 0o7777), uid, gid, 0)?;
         g.attr(&i)
     }
@@ -807,7 +937,8 @@ impl Volume {
         if target.len() > SYMLINK_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut g = self.inner.lock();
+        let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
+        let mut g = self.charged(|g| Ok(Cost { pages, ..g.create_cost(parent)? }))?;
         let (_, mut i) = g.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         if target.len() <= INLINE_DATA {
             let mut t = [0u8; INLINE_DATA];
@@ -839,21 +970,18 @@ impl Volume {
     /// Add a hard link.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         dir::check_name(newname)?;
-        let mut g = self.inner.lock();
-        let i = g.st.inode(ino)?;
+        let mut g = self.charged(|g| {
+            let p = g.dir_inode(newparent)?;
+            Ok(Cost::new(Inner::dir_cost(&p), 0, false))
+        })?;
+        let mut i = g.st.inode(ino)?;
         if i.is_dir() {
             return Err(Error::NotPermitted);
         }
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
-        let p = g.dir_inode(newparent)?;
-        g.charge(Inner::dir_cost(&p), 0, false)?;
         let mut p = g.dir_inode(newparent)?;
-        if dir::lookup(&mut g.st, &p, newname)?.is_some() {
-            return Err(Error::Exists);
-        }
-        let mut i = g.st.inode(ino)?;
         dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
         let t = now();
         i.nlink += 1;
@@ -869,8 +997,7 @@ impl Volume {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut g = self.inner.lock();
-        g.charge(0, 0, true)?;
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
         let mut p = g.dir_inode(parent)?;
         let f = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
         let i = g.st.inode(f.ino)?;
@@ -924,10 +1051,11 @@ impl Volume {
         if flags.noreplace && flags.exchange {
             return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
         }
-        let mut g = self.inner.lock();
-        let p = g.dir_inode(parent)?;
-        let np = g.dir_inode(newparent)?;
-        g.charge(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true)?;
+        let mut g = self.charged(|g| {
+            let p = g.dir_inode(parent)?;
+            let np = g.dir_inode(newparent)?;
+            Ok(Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true))
+        })?;
         let g = &mut *g;
         let mut p = g.dir_inode(parent)?;
         let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
@@ -1073,23 +1201,28 @@ impl Volume {
 
     /// Release an open handle; frees the inode if it was the last reference.
     pub fn release(&self, ino: u64) -> Result<()> {
-        let mut g = self.inner.lock();
-        let n = match g.open.get_mut(&ino) {
-            Some(n) => {
-                *n -= 1;
-                *n
-            }
-            None => return Ok(()),
-        };
-        if n == 0 {
-            g.open.remove(&ino);
-            if !g.opts.read_only && !g.failed {
-                if let Ok(i) = g.st.inode(ino) {
-                    if i.nlink == 0 {
-                        g.remove_orphan(ino)?;
-                    }
+        {
+            let mut g = self.inner.lock();
+            let n = match g.open.get_mut(&ino) {
+                Some(n) => {
+                    *n -= 1;
+                    *n
                 }
+                None => return Ok(()),
+            };
+            if n > 0 {
+                return Ok(());
             }
+            g.open.remove(&ino);
+            if g.opts.read_only || g.failed || !g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+                return Ok(());
+            }
+        }
+        // The last handle of an unlinked inode: free it (a deletion, so it may use the
+        // reserve), unless it was opened again meanwhile.
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        if !g.open.contains_key(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+            g.remove_orphan(ino)?;
         }
         Ok(())
     }
@@ -1113,10 +1246,12 @@ impl Volume {
 
     /// Write `data` at `offset`; returns the bytes written.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let mut g = self.inner.lock();
-        if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
-            return Err(Error::Invalid("write to a symlink".into()));
-        }
+        let mut g = self.charged(|g| {
+            if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+                return Err(Error::Invalid("write to a symlink".into()));
+            }
+            g.write_cost(ino, offset, data.len() as u64)
+        })?;
         g.write(ino, offset, data)
     }
 
@@ -1130,21 +1265,25 @@ impl Volume {
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        let mut g = self.inner.lock();
-        let i = g.st.inode(ino)?;
-        if i.file_type() != Some(FileType::RegularFile) {
-            return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
+        if punch && !keep_size {
+            return Err(Error::Invalid("punch hole needs keep size".into()));
         }
         let bs = BLOCK_SIZE as u64;
-        let depth = match i.data {
-            InodeData::ExtentTree { tree, .. } => tree.depth as u64,
-            _ => 0,
-        };
-        if punch {
-            if !keep_size {
-                return Err(Error::Invalid("punch hole needs keep size".into()));
+        let (s, e) = (offset / bs, end.div_ceil(bs));
+        let mut g = self.charged(|g| {
+            let i = g.st.inode(ino)?;
+            if i.file_type() != Some(FileType::RegularFile) {
+                return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
             }
-            g.charge(2 * depth + 3, 2, true)?;
+            let depth = extent_depth(&i);
+            Ok(if punch {
+                // Zeroing the two partial end pages; unmapping may split one extent.
+                Cost::new(2 * depth + 3, 2, true)
+            } else {
+                Cost::new(2 * depth + 3 + (e - s) / 64, e - s, false)
+            })
+        })?;
+        if punch {
             let mut i = g.st.inode(ino)?;
             let end = end.min(i.size);
             if offset >= end {
@@ -1181,8 +1320,6 @@ impl Volume {
             g.st.put_inode(&i)?;
             return Ok(());
         }
-        let (s, e) = (offset / bs, end.div_ceil(bs));
-        g.charge(2 * depth + 3 + (e - s) / 64, e - s, false)?;
         let mut i = g.st.inode(ino)?;
         file::preallocate(&mut g.st, &mut i, s, e)?;
         if !keep_size && end > i.size {
@@ -1254,8 +1391,7 @@ impl Volume {
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
         }
-        let mut g = self.inner.lock();
-        g.charge(1, 0, false)?;
+        let mut g = self.charged(|_| Ok(Cost::new(1, 0, false)))?;
         let mut i = g.st.inode(ino)?;
         let mut list = xattr::load(&mut g.st, &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix);
@@ -1277,8 +1413,7 @@ impl Volume {
     /// Remove an xattr.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let (idx, suffix) = xattr::split_name(name)?;
-        let mut g = self.inner.lock();
-        g.charge(0, 0, true)?;
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
         let mut i = g.st.inode(ino)?;
         let mut list = xattr::load(&mut g.st, &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix).ok_or(Error::NoData)?;
@@ -1307,11 +1442,7 @@ impl Volume {
 
     /// Commit the current delta and make it durable.
     pub fn sync(&self) -> Result<()> {
-        let mut g = self.inner.lock();
-        if g.opts.read_only {
-            return Ok(());
-        }
-        g.commit()
+        self.commit()
     }
 
     /// Make one file durable (commits the whole delta: deltas are atomic).
@@ -1349,18 +1480,26 @@ impl Volume {
 
     /// Drop clean cached metadata (a cold-cache start without remounting).
     pub fn drop_caches(&self) -> Result<()> {
+        // Holding the journal lock keeps any commit from being in flight while the cache
+        // forgets (an in-flight block's device copy may be stale).
+        self.commit()?;
+        let _j = self.journal.lock();
         let mut g = self.inner.lock();
-        g.commit()?;
-        g.st.cache.clear();
+        if g.st.cache.dirty_count() == 0 {
+            g.st.cache.clear();
+        }
         Ok(())
     }
 }
 
 impl Drop for Volume {
     fn drop(&mut self) {
-        let mut g = self.inner.lock();
-        if !g.opts.read_only && !g.failed {
-            if let Err(e) = g.commit() {
+        let (ro, failed) = {
+            let g = self.inner.lock();
+            (g.opts.read_only, g.failed)
+        };
+        if !ro && !failed {
+            if let Err(e) = self.commit() {
                 tracing::error!("commit at close failed: {e}");
             }
         }

@@ -256,44 +256,69 @@ pub fn preallocate(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> R
     Ok(())
 }
 
-/// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
-pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; len];
+/// A read worked out under the volume lock and carried out without it: the device runs
+/// to read and copies of the dirty pages that overlay them.
+pub struct ReadPlan {
+    offset: u64,
+    len: usize,
+    /// (first page, physical block, pages)
+    runs: Vec<(u64, u64, u64)>,
+    dirty: Vec<(u64, Box<Block>)>,
+}
+
+/// Plan reading `len` bytes at `offset` (already clipped to the file size).
+pub fn plan_read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<ReadPlan> {
+    let mut plan = ReadPlan { offset, len, runs: Vec::new(), dirty: Vec::new() };
     if len == 0 {
-        return Ok(out);
+        return Ok(plan);
     }
     let first = offset / BLOCK_SIZE as u64;
     let last = (offset + len as u64 - 1) / BLOCK_SIZE as u64;
-    let exts = extents_in(st, inode, first, last + 1)?;
-    // Copy page `p`'s bytes (given as a full block) into the output.
-    let place = |out: &mut [u8], p: u64, data: &[u8]| {
-        let page_start = p * BLOCK_SIZE as u64;
-        let from = offset.max(page_start);
-        let to = (offset + len as u64).min(page_start + BLOCK_SIZE as u64);
-        out[(from - offset) as usize..(to - offset) as usize]
-            .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
-    };
-    let mut buf = Vec::new();
-    for e in &exts {
-        if e.unwritten {
-            continue;
-        }
-        let s = e.logical.max(first);
-        let t = e.end().min(last + 1);
-        // One device request for the whole mapped run.
-        buf.resize(((t - s) as usize) * BLOCK_SIZE, 0);
-        st.dev.read(e.phys + (s - e.logical), &mut buf)?;
-        for p in s..t {
-            let k = (p - s) as usize * BLOCK_SIZE;
-            place(&mut out, p, &buf[k..k + BLOCK_SIZE]);
+    for e in extents_in(st, inode, first, last + 1)? {
+        if !e.unwritten {
+            let s = e.logical.max(first);
+            let t = e.end().min(last + 1);
+            plan.runs.push((s, e.phys + (s - e.logical), t - s));
         }
     }
     if let Some(d) = dirty {
-        for (&p, data) in d.range(first..=last) {
-            place(&mut out, p, &data[..]);
-        }
+        plan.dirty = d.range(first..=last).map(|(p, b)| (*p, b.clone())).collect();
     }
-    Ok(out)
+    Ok(plan)
+}
+
+impl ReadPlan {
+    /// Carry the plan out: one device request per mapped run, then the dirty pages.
+    pub fn execute(&self, dev: &dyn crate::block::BlockDevice) -> Result<Vec<u8>> {
+        let (offset, len) = (self.offset, self.len);
+        let mut out = vec![0u8; len];
+        // Copy page `p`'s bytes (given as a full block) into the output.
+        let place = |out: &mut [u8], p: u64, data: &[u8]| {
+            let page_start = p * BLOCK_SIZE as u64;
+            let from = offset.max(page_start);
+            let to = (offset + len as u64).min(page_start + BLOCK_SIZE as u64);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
+        };
+        let mut buf = Vec::new();
+        for &(first, phys, n) in &self.runs {
+            buf.resize(n as usize * BLOCK_SIZE, 0);
+            dev.read(phys, &mut buf)?;
+            for p in first..first + n {
+                let k = (p - first) as usize * BLOCK_SIZE;
+                place(&mut out, p, &buf[k..k + BLOCK_SIZE]);
+            }
+        }
+        for (p, data) in &self.dirty {
+            place(&mut out, *p, &data[..]);
+        }
+        Ok(out)
+    }
+}
+
+/// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
+pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
+    plan_read(st, inode, dirty, offset, len)?.execute(&*st.dev)
 }
 
 /// The current content of page `p` (for read-modify-write of a partial page).

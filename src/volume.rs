@@ -272,6 +272,10 @@ struct Inner {
     opts: OpenOptions,
     /// Set when a commit failed half way: memory no longer matches any disk state.
     failed: bool,
+    /// Counts the events that may rewrite a block on the device (write-backs and commit
+    /// snapshots, each counted before its writes): a read planned under the lock and done
+    /// without it is redone if this changed meanwhile.
+    epoch: u64,
 }
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
@@ -406,6 +410,9 @@ impl Inner {
     fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
         let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
         inos.sort_unstable();
+        if !inos.is_empty() {
+            self.epoch += 1;
+        }
         let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
         for ino in inos {
             let mut pages = self.dirty.remove(&ino).unwrap_or_default();
@@ -436,6 +443,7 @@ impl Inner {
 
     /// Seal the delta's metadata (bitmap and state block included) for the journal.
     fn snapshot(&mut self) -> Vec<(u64, Box<Block>)> {
+        self.epoch += 1;
         self.seq += 1;
         self.state.commit_seq = self.seq;
         let st = self.state;
@@ -721,6 +729,7 @@ impl Volume {
             open: HashMap::new(),
             opts,
             failed: false,
+            epoch: 0,
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
@@ -1227,19 +1236,32 @@ impl Volume {
         Ok(())
     }
 
-    /// Read up to `size` bytes at `offset`.
+    /// Read up to `size` bytes at `offset`. The device reads run without the volume
+    /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
+    /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let (plan, epoch, dev) = {
+            let mut g = self.inner.lock();
+            let i = g.st.inode(ino)?;
+            match i.file_type() {
+                Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
+                Some(FileType::Directory) => return Err(Error::IsDir),
+                _ => return Err(Error::Invalid("read of a special file".into())),
+            }
+            if offset >= i.size {
+                return Ok(Vec::new());
+            }
+            let len = (size as u64).min(i.size - offset) as usize;
+            let g = &mut *g;
+            (file::plan_read(&mut g.st, &i, g.dirty.get(&ino), offset, len)?, g.epoch, g.st.dev.clone())
+        };
+        let out = plan.execute(&*dev)?;
         let mut g = self.inner.lock();
+        if g.epoch == epoch {
+            return Ok(out);
+        }
         let i = g.st.inode(ino)?;
-        match i.file_type() {
-            Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
-            Some(FileType::Directory) => return Err(Error::IsDir),
-            _ => return Err(Error::Invalid("read of a special file".into())),
-        }
-        if offset >= i.size {
-            return Ok(Vec::new());
-        }
-        let len = (size as u64).min(i.size - offset) as usize;
+        let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
         let g = &mut *g;
         file::read(&mut g.st, &i, g.dirty.get(&ino), offset, len)
     }

@@ -30,8 +30,12 @@ pub struct Space {
     deferred_bitmap: BTreeSet<u64>,
     /// Bitmap blocks (by index) whose words changed since the last write-out.
     dirty: BTreeSet<u64>,
-    /// Blocks charged to the current delta but not yet allocated (delayed allocation).
+    /// Data blocks charged to the current delta but not yet allocated (delayed
+    /// allocation: one per dirty page).
     pub promised: u64,
+    /// Metadata blocks the write-back of those pages may need (extent maps), charged to
+    /// the delta until it commits.
+    pub promised_meta: u64,
     /// Kept free for deletions and commit-time metadata.
     pub reserve: u64,
     /// Next-fit cursor for allocations without a better goal.
@@ -51,6 +55,7 @@ impl Space {
             deferred_bitmap: BTreeSet::new(),
             dirty: (0..layout.bitmap_blocks).collect(),
             promised: 0,
+            promised_meta: 0,
             reserve: Self::reserve_for(layout.block_count),
             cursor: layout.first_free(),
         };
@@ -132,7 +137,7 @@ impl Space {
     /// the operation is a deletion.
     pub fn available(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
-        self.free.saturating_sub(self.promised).saturating_sub(r)
+        self.free.saturating_sub(self.promised + self.promised_meta).saturating_sub(r)
     }
 
     pub fn layout(&self) -> Layout {

@@ -143,6 +143,9 @@ impl Store {
         if d.region_used == d.region_len {
             // Region full (or none yet): reserve the next one close by.
             let want = if d.region_len == 0 { region_blocks } else { (d.region_len * 2).min(MAX_REGION_BLOCKS) } as u64;
+            // Near full, a region takes no more than an eighth of what is left, so
+            // reservation never turns into an early ENOSPC (one block is charged).
+            let want = want.min((self.space.available(false) / 8).max(1));
             let goal = if d.region_len == 0 { dir_block + 1 } else { d.region_start + d.region_len as u64 };
             let (start, len) = self.space.alloc(goal, want, 1).ok_or(Error::NoSpace)?;
             d.region_start = start;

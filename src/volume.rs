@@ -392,9 +392,27 @@ impl Inner {
         d.dir().map_or(2, |d| d.tree.depth as u64 + 2)
     }
 
-    /// Worst-case blocks to take an inode slot from `dir`'s region: one region.
+    /// Blocks charged to take an inode slot: one inode block (a new region is sized to
+    /// what the budget allows, and is at least that one block).
     fn inode_cost(&self) -> u64 {
-        MAX_REGION_BLOCKS as u64
+        1
+    }
+
+    /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
+    /// `after` pages: the first page of a file in a delta charges an extent-map change (a
+    /// removal and an insert, each splitting at most every level, plus the inline-to-tree
+    /// move), and every 64 pages one more block (at least 64 extent records fit in the
+    /// half-full leaf a split leaves).
+    fn writeback_meta(before: u64, after: u64, depth: u64) -> u64 {
+        let first = if before == 0 && after > 0 { 2 * depth + 4 } else { 0 };
+        first + after.div_ceil(64) - before.div_ceil(64)
+    }
+
+    /// Add `n` new dirty pages of inode `i` to the delta's promises.
+    fn promise_pages(&mut self, i: &Inode, before: u64, n: u64) {
+        self.dirty_pages += n;
+        self.st.space.promised += n;
+        self.st.space.promised_meta += Self::writeback_meta(before, before + n, extent_depth(i));
     }
 
     /// The cost of creating an entry in `parent`.
@@ -432,6 +450,7 @@ impl Inner {
             }
         }
         self.st.space.promised = 0;
+        self.st.space.promised_meta = 0;
         if self.st.cache.dirty_count() == 0 && self.st.space.pending_bitmap_blocks() == 0 {
             return Ok(None);
         }
@@ -603,9 +622,9 @@ impl Inner {
                 let has_dirty = self.dirty.get(&i.ino).is_some_and(|m| m.contains_key(&p));
                 if !has_dirty {
                     let page = file::read_page(&mut self.st, i, p)?;
+                    let before = self.dirty.get(&i.ino).map_or(0, |m| m.len() as u64);
                     self.dirty.entry(i.ino).or_default().insert(p, page);
-                    self.dirty_pages += 1;
-                    self.st.space.promised += 1;
+                    self.promise_pages(i, before, 1);
                 }
                 let page = self.dirty.get_mut(&i.ino).unwrap().get_mut(&p).unwrap();
                 page[tail..].fill(0);
@@ -630,11 +649,9 @@ impl Inner {
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
         let have = self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64);
-        let depth = match i.data {
-            InodeData::ExtentTree { tree, .. } => tree.depth as u64,
-            _ => 0,
-        };
-        Ok(Cost::new(4 + 2 * depth, (last - first + 1) - have, false))
+        let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
+        let new = (last - first + 1) - have;
+        Ok(Cost::new(Self::writeback_meta(before, before + new, extent_depth(&i)), new, false))
     }
 
     /// Write into dirty pages (charged by the caller).
@@ -666,9 +683,9 @@ impl Inner {
                 } else {
                     file::read_page(&mut self.st, &i, p)?
                 };
+                let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
                 self.dirty.entry(ino).or_default().insert(p, page);
-                self.dirty_pages += 1;
-                self.st.space.promised += 1;
+                self.promise_pages(&i, before, 1);
             }
             let page = self.dirty.get_mut(&ino).unwrap().get_mut(&p).unwrap();
             page[(from - ps) as usize..(to - ps) as usize]
@@ -880,8 +897,8 @@ impl Volume {
                 Some(FileType::Directory) => return Err(Error::IsDir),
                 _ => return Err(Error::Invalid("truncate of a special file".into())),
             }
-            // Shrinking may split an extent and needs one page for the partial tail.
-            Ok(Cost::new(2 * extent_depth(&i) + 3, 1, true))
+            // Shrinking may split an extent, and rewrites the partial tail page.
+            Ok(Cost::new(2 * extent_depth(&i) + 3 + Inner::writeback_meta(0, 1, extent_depth(&i)), 1, true))
         })?;
         let mut i = g.st.inode(ino)?;
         let t = now();
@@ -947,7 +964,10 @@ impl Volume {
             return Err(Error::NameTooLong);
         }
         let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
-        let mut g = self.charged(|g| Ok(Cost { pages, ..g.create_cost(parent)? }))?;
+        let mut g = self.charged(|g| {
+            let c = g.create_cost(parent)?;
+            Ok(Cost::new(c.meta + Inner::writeback_meta(0, pages, 0), pages, false))
+        })?;
         let (_, mut i) = g.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         if target.len() <= INLINE_DATA {
             let mut t = [0u8; INLINE_DATA];
@@ -1300,7 +1320,7 @@ impl Volume {
             let depth = extent_depth(&i);
             Ok(if punch {
                 // Zeroing the two partial end pages; unmapping may split one extent.
-                Cost::new(2 * depth + 3, 2, true)
+                Cost::new(2 * depth + 3 + Inner::writeback_meta(0, 2, depth), 2, true)
             } else {
                 Cost::new(2 * depth + 3 + (e - s) / 64, e - s, false)
             })
@@ -1453,7 +1473,7 @@ impl Volume {
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,
-            bfree: (s.free() + s.deferred()).saturating_sub(s.promised),
+            bfree: (s.free() + s.deferred()).saturating_sub(s.promised + s.promised_meta),
             bavail,
             files: g.state.inodes + bavail * per_block,
             ffree: bavail * per_block,

@@ -58,6 +58,8 @@ struct Walk<'a> {
     owner: HashMap<u64, u64>,
     links: HashMap<u64, u32>,
     seen: HashSet<u64>,
+    /// References to each xattr head block.
+    xattr_refs: HashMap<u64, u32>,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -145,9 +147,18 @@ impl Walk<'_> {
             }
             InodeData::InlineSymlink(_) => {}
         }
-        if i.xattr_block != 0 {
-            self.own(i.xattr_block, ino, "xattr");
-            owned += 1;
+        match xattr::blocks_of(&mut self.st, i) {
+            Ok(bs) => {
+                // The head may be shared: counted here, owned once after the walk.
+                if let Some((head, conts)) = bs.split_first() {
+                    *self.xattr_refs.entry(*head).or_insert(0) += 1;
+                    for c in conts {
+                        self.own(*c, ino, "xattr continuation");
+                    }
+                }
+                owned += bs.len() as u64;
+            }
+            Err(e) => self.err(format!("inode {ino}: xattr block unreadable: {e}")),
         }
         match xattr::load(&mut self.st, i) {
             Ok(list) => {
@@ -218,8 +229,24 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     };
     let root = sb.root_ino;
     let w_sb = sb.clone();
-    let st = Store { dev: dev.clone(), cache, space, sb, reserve_regions: true };
-    let mut w = Walk { st, r, owner: HashMap::new(), links: HashMap::new(), seen: HashSet::new(), progress };
+    let st = Store {
+        dev: dev.clone(),
+        cache,
+        space,
+        sb,
+        reserve_regions: true,
+        xattr_shared: Default::default(),
+        xattr_block_reads: 0,
+    };
+    let mut w = Walk {
+        st,
+        r,
+        owner: HashMap::new(),
+        links: HashMap::new(),
+        seen: HashSet::new(),
+        xattr_refs: HashMap::new(),
+        progress,
+    };
     // Walk the namespace breadth first.
     let mut queue = VecDeque::from([(root, root)]);
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
@@ -319,6 +346,16 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
                 w.err(format!("orphan list: inode {cur}: {e}"));
                 break;
             }
+        }
+    }
+    // Shared xattr blocks: owned once, reference count equal to the inodes using them.
+    let refs: Vec<(u64, u32)> = w.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
+    for (b, n) in refs {
+        w.own(b, 0, "xattr");
+        match xattr::refcount(&mut w.st, b) {
+            Ok(c) if c == n => {}
+            Ok(c) => w.err(format!("xattr block {b}: reference count {c}, used by {n} inodes")),
+            Err(e) => w.err(format!("xattr block {b}: {e}")),
         }
     }
     // Link counts.

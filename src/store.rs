@@ -24,6 +24,10 @@ pub struct Store {
     pub sb: Superblock,
     /// Use directory inode reservation (A/B switch; on by default).
     pub reserve_regions: bool,
+    /// Recently stored shareable xattr blocks by content hash (a hint, checked on use).
+    pub xattr_shared: rustc_hash::FxHashMap<u64, u64>,
+    /// Xattr lists read from xattr blocks (not inline): what the bloom filter saves.
+    pub xattr_block_reads: u64,
 }
 
 impl NodeStore for Store {

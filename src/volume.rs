@@ -213,6 +213,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         space: Space::fresh(layout),
         sb: sb.clone(),
         reserve_regions: true,
+        xattr_shared: Default::default(),
+        xattr_block_reads: 0,
     };
     let root = st.alloc_root()?;
     sb.root_ino = root;
@@ -572,9 +574,7 @@ impl Inner {
             InodeData::InlineSymlink(_) => {}
             _ => file::free_all(&mut self.st, &mut i)?,
         }
-        if i.xattr_block != 0 {
-            self.st.free_meta(i.xattr_block);
-        }
+        xattr::release(&mut self.st, &mut i)?;
         self.st.free_inode(i.ino)?;
         self.state.inodes = self.state.inodes.saturating_sub(1);
         Ok(())
@@ -734,7 +734,15 @@ impl Volume {
         if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
             return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
         }
-        let st = Store { dev, cache, space, sb, reserve_regions: opts.reserve_regions };
+        let st = Store {
+            dev,
+            cache,
+            space,
+            sb,
+            reserve_regions: opts.reserve_regions,
+            xattr_shared: Default::default(),
+            xattr_block_reads: 0,
+        };
         let read_only = opts.read_only;
         let mut inner = Inner {
             st,
@@ -1433,7 +1441,13 @@ impl Volume {
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
         }
-        let mut g = self.charged(|_| Ok(Cost::new(1, 0, false)))?;
+        let mut g = self.charged(|g| {
+            // The new list may need every block of a maximal chain; the old ones are
+            // released only with the delta.
+            let i = g.st.inode(ino)?;
+            let now = xattr::encoded_len(&xattr::load(&mut g.st, &i)?);
+            Ok(Cost::new(xattr::blocks_for(now + 6 + suffix.len() + value.len()), 0, false))
+        })?;
         let mut i = g.st.inode(ino)?;
         let mut list = xattr::load(&mut g.st, &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix);
@@ -1518,6 +1532,12 @@ impl Volume {
         let mut g = self.inner.lock();
         g.check_writable()?;
         f(&mut g.st)
+    }
+
+    /// How many xattr lists were read from xattr blocks so far (the storage reads the
+    /// bloom filter exists to avoid).
+    pub fn xattr_block_reads(&self) -> u64 {
+        self.inner.lock().st.xattr_block_reads
     }
 
     /// Drop clean cached metadata (a cold-cache start without remounting).

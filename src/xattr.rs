@@ -1,26 +1,42 @@
 //! Extended attributes and the per-inode xattr-name bloom filter (seed 001).
 //!
-//! An inode's xattrs are one list of entries `index u8, name_len u8, value_len u16,
-//! name suffix, value`, kept in the inode's 64-byte inline area when it fits and in one
-//! xattr block otherwise. The namespace prefix is stored as an index (ext4's numbering).
+//! An inode's xattrs are one list of entries `index u8, name_len u8, value_len u32, name
+//! suffix, value`, kept in the inode's 64-byte inline area when it fits, else in an xattr
+//! block. A list that fits in one block is *shareable*: inodes with identical lists (the
+//! common case for ACL-heavy trees) point to the same block, whose header counts them.
+//! Larger lists (values up to 64 KiB, as Linux allows) take a head block plus up to 16
+//! continuation blocks, owned by one inode. The namespace prefix is stored as an index
+//! (ext4's numbering).
 //!
 //! Filter: 32 bits in every inode; a name sets bit `xxh32(suffix, FILTER_SEED + index) & 31`
-//! (one hash function: for the typical one to three xattrs per inode, k = ln2·32/n rounds
-//! to one... and more functions only fill the word faster). A clear bit proves the name is
-//! absent, so such a getxattr is answered without touching xattr storage. The filter is
-//! exact, recomputed on every change; an all-zero filter means "no xattrs at all".
+//! (one hash function; docs/DESIGN.md says why). A clear bit proves the name is absent,
+//! so such a getxattr is answered without touching xattr storage. The filter is exact,
+//! recomputed on every change; an all-zero filter means "no xattrs at all".
 
 use crate::codec::*;
 use crate::error::{Error, Result};
-use crate::format::{Inode, INLINE_XATTR, XATTR_MAGIC};
+use crate::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
 use crate::store::Store;
 
 /// Seed of the filter hash (erofs's value), plus the namespace index.
 pub const FILTER_SEED: u32 = 0x25BB_E08F;
 /// Largest value Linux passes (XATTR_SIZE_MAX).
 pub const VALUE_MAX: usize = 65536;
-/// Bytes of entries an xattr block holds.
-pub const BLOCK_CAPACITY: usize = BLOCK_SIZE - 32;
+/// Magic of an xattr continuation block, "DXXC".
+pub const XATTR_CONT_MAGIC: u32 = u32::from_le_bytes(*b"DXXC");
+/// Header of an xattr head block: refcount u32 @16, total list bytes u32 @20, number of
+/// continuation blocks u16 @24, then (from @32) the continuation block numbers.
+const HEAD: usize = 32;
+/// Continuation blocks: owner inode u64 @16, data from @32.
+const CONT: usize = 32;
+/// Most continuation blocks of one list.
+pub const MAX_CONT: usize = 16;
+/// Entry header bytes.
+const ENTRY: usize = 6;
+/// Bytes a list may take in all (a 64 KiB value with a long name fits).
+pub const LIST_MAX: usize = BLOCK_SIZE - HEAD - 8 * MAX_CONT + MAX_CONT * (BLOCK_SIZE - CONT);
+/// Bytes of list a single (shareable) block holds.
+pub const SHARED_MAX: usize = BLOCK_SIZE - HEAD;
 
 const PREFIXES: &[(u8, &[u8])] = &[
     (2, b"system.posix_acl_access"),
@@ -71,11 +87,11 @@ pub struct Xattr {
 }
 
 fn encode(list: &[Xattr]) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(encoded_len(list));
     for x in list {
         out.push(x.idx);
         out.push(x.name.len() as u8);
-        out.extend_from_slice(&(x.value.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(x.value.len() as u32).to_le_bytes());
         out.extend_from_slice(&x.name);
         out.extend_from_slice(&x.value);
     }
@@ -85,67 +101,191 @@ fn encode(list: &[Xattr]) -> Vec<u8> {
 fn decode(ino: u64, mut b: &[u8]) -> Result<Vec<Xattr>> {
     let mut out = Vec::new();
     while !b.is_empty() {
-        if b.len() < 4 {
+        if b.len() < ENTRY {
             return Err(Error::corrupt(format!("inode {ino}: truncated xattr entry")));
         }
-        let (idx, nl, vl) = (b[0], b[1] as usize, get_u16(b, 2) as usize);
-        if b.len() < 4 + nl + vl {
+        let (idx, nl, vl) = (b[0], b[1] as usize, get_u32(b, 2) as usize);
+        if vl > VALUE_MAX || b.len() < ENTRY + nl + vl {
             return Err(Error::corrupt(format!("inode {ino}: xattr entry overruns its area")));
         }
-        out.push(Xattr { idx, name: b[4..4 + nl].to_vec(), value: b[4 + nl..4 + nl + vl].to_vec() });
-        b = &b[4 + nl + vl..];
+        out.push(Xattr { idx, name: b[ENTRY..ENTRY + nl].to_vec(), value: b[ENTRY + nl..ENTRY + nl + vl].to_vec() });
+        b = &b[ENTRY + nl + vl..];
+    }
+    Ok(out)
+}
+
+/// The encoded bytes of an inode's list.
+fn load_bytes(st: &mut Store, inode: &Inode) -> Result<Vec<u8>> {
+    if inode.xattr_block == 0 {
+        return Ok(inode.xattr_inline[..inode.xattr_inline_len as usize].to_vec());
+    }
+    st.xattr_block_reads += 1;
+    let bad = |m: &str| Error::corrupt(format!("inode {}: xattr block {}: {m}", inode.ino, inode.xattr_block));
+    let blk = st.cache.get(&*st.dev, inode.xattr_block, Some(XATTR_MAGIC))?;
+    let total = get_u32(blk, 20) as usize;
+    let ncont = get_u16(blk, 24) as usize;
+    if ncont > MAX_CONT || total > LIST_MAX {
+        return Err(bad("header out of range"));
+    }
+    let first = HEAD + 8 * ncont;
+    let in_head = total.min(BLOCK_SIZE - first);
+    if ncont == 0 && total > SHARED_MAX || total > in_head + ncont * (BLOCK_SIZE - CONT) {
+        return Err(bad("list longer than its blocks"));
+    }
+    let conts: Vec<u64> = (0..ncont).map(|k| get_u64(blk, HEAD + 8 * k)).collect();
+    let mut out = blk[first..first + in_head].to_vec();
+    for c in conts {
+        let cb = st.cache.get(&*st.dev, c, Some(XATTR_CONT_MAGIC))?;
+        if get_u64(cb, 16) != inode.ino {
+            return Err(bad("continuation block owned by another inode"));
+        }
+        let take = (total - out.len()).min(BLOCK_SIZE - CONT);
+        out.extend_from_slice(&cb[CONT..CONT + take]);
+    }
+    if out.len() != total {
+        return Err(bad("continuation blocks missing"));
     }
     Ok(out)
 }
 
 /// All xattrs of an inode.
 pub fn load(st: &mut Store, inode: &Inode) -> Result<Vec<Xattr>> {
-    if inode.xattr_block != 0 {
-        let blk = st.cache.get(&*st.dev, inode.xattr_block, Some(XATTR_MAGIC))?;
-        let used = get_u32(blk, 20) as usize;
-        if used > BLOCK_CAPACITY {
-            return Err(Error::corrupt(format!("inode {}: xattr block overfull", inode.ino)));
-        }
-        return decode(inode.ino, &blk[32..32 + used]);
+    let bytes = load_bytes(st, inode)?;
+    decode(inode.ino, &bytes)
+}
+
+/// The blocks an inode's xattrs occupy: head first, then continuations (fsck).
+pub fn blocks_of(st: &mut Store, inode: &Inode) -> Result<Vec<u64>> {
+    if inode.xattr_block == 0 {
+        return Ok(Vec::new());
     }
-    decode(inode.ino, &inode.xattr_inline[..inode.xattr_inline_len as usize])
+    let blk = st.cache.get(&*st.dev, inode.xattr_block, Some(XATTR_MAGIC))?;
+    let ncont = (get_u16(blk, 24) as usize).min(MAX_CONT);
+    let mut v = vec![inode.xattr_block];
+    v.extend((0..ncont).map(|k| get_u64(blk, HEAD + 8 * k)));
+    Ok(v)
+}
+
+/// Reference count of a head block (fsck).
+pub fn refcount(st: &mut Store, block: u64) -> Result<u32> {
+    Ok(get_u32(st.cache.get(&*st.dev, block, Some(XATTR_MAGIC))?, 16))
+}
+
+/// Drop an inode's reference to its xattr block(s); free them with the last one.
+/// Returns the number of blocks the inode no longer counts.
+pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
+    if inode.xattr_block == 0 {
+        return Ok(0);
+    }
+    let owned = blocks_of(st, inode)?;
+    let head = inode.xattr_block;
+    inode.xattr_block = 0;
+    let blk = st.cache.get_mut(&*st.dev, head, Some(XATTR_MAGIC))?;
+    let refs = get_u32(blk, 16);
+    if refs > 1 {
+        put_u32(blk, 16, refs - 1);
+        return Ok(1);
+    }
+    st.xattr_shared.retain(|_, b| *b != head);
+    for b in &owned {
+        st.free_meta(*b);
+    }
+    Ok(owned.len() as u64)
+}
+
+/// Point the inode at an existing block holding exactly `bytes`, if one is known.
+fn share(st: &mut Store, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool> {
+    let Some(&b) = st.xattr_shared.get(&hash) else { return Ok(false) };
+    // The index is only a hint: the block may have changed or gone since.
+    let ok = st.space.is_used(b)
+        && st.cache.get(&*st.dev, b, Some(XATTR_MAGIC)).is_ok_and(|blk| {
+            get_u16(blk, 24) == 0 && get_u32(blk, 20) as usize == bytes.len() && &blk[HEAD..HEAD + bytes.len()] == bytes
+        });
+    if !ok {
+        st.xattr_shared.remove(&hash);
+        return Ok(false);
+    }
+    let blk = st.cache.get_mut(&*st.dev, b, Some(XATTR_MAGIC))?;
+    let refs = get_u32(blk, 16);
+    if refs == u32::MAX {
+        return Ok(false);
+    }
+    put_u32(blk, 16, refs + 1);
+    inode.xattr_block = b;
+    inode.blocks += 1;
+    Ok(true)
+}
+
+/// Store a new list: inline when it fits, else in a shared or private block (chain).
+pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
+    let bytes = encode(list);
+    if bytes.len() > LIST_MAX {
+        return Err(Error::TooBig);
+    }
+    inode.xattr_filter = filter_of(list);
+    let released = release(st, inode)?;
+    inode.blocks = inode.blocks.saturating_sub(released);
+    inode.xattr_inline = [0; INLINE_XATTR];
+    inode.xattr_inline_len = 0;
+    if bytes.len() <= INLINE_XATTR {
+        inode.xattr_inline[..bytes.len()].copy_from_slice(&bytes);
+        inode.xattr_inline_len = bytes.len() as u16;
+        return Ok(());
+    }
+    let near = ino_loc(inode.ino).0;
+    if bytes.len() <= SHARED_MAX {
+        let hash = xxhash_rust::xxh64::xxh64(&bytes, 0);
+        if share(st, inode, &bytes, hash)? {
+            return Ok(());
+        }
+        let b = st.alloc_meta(near)?;
+        let blk = st.cache.fresh(b);
+        put_u32(blk, 0, XATTR_MAGIC);
+        put_u32(blk, 16, 1);
+        put_u32(blk, 20, bytes.len() as u32);
+        blk[HEAD..HEAD + bytes.len()].copy_from_slice(&bytes);
+        st.xattr_shared.insert(hash, b);
+        inode.xattr_block = b;
+        inode.blocks += 1;
+        return Ok(());
+    }
+    // A private chain: the head plus the fewest continuation blocks that hold the rest.
+    let ncont = (1..=MAX_CONT)
+        .find(|&n| BLOCK_SIZE - HEAD - 8 * n + n * (BLOCK_SIZE - CONT) >= bytes.len())
+        .ok_or(Error::TooBig)?;
+    let first = HEAD + 8 * ncont;
+    let head = st.alloc_meta(near)?;
+    let mut conts = Vec::with_capacity(ncont);
+    for _ in 0..ncont {
+        conts.push(st.alloc_meta(head)?);
+    }
+    let in_head = bytes.len().min(BLOCK_SIZE - first);
+    let blk = st.cache.fresh(head);
+    put_u32(blk, 0, XATTR_MAGIC);
+    put_u32(blk, 16, 1);
+    put_u32(blk, 20, bytes.len() as u32);
+    put_u16(blk, 24, ncont as u16);
+    for (k, c) in conts.iter().enumerate() {
+        put_u64(blk, HEAD + 8 * k, *c);
+    }
+    blk[first..first + in_head].copy_from_slice(&bytes[..in_head]);
+    let mut at = in_head;
+    for c in &conts {
+        let take = (bytes.len() - at).min(BLOCK_SIZE - CONT);
+        let cb = st.cache.fresh(*c);
+        put_u32(cb, 0, XATTR_CONT_MAGIC);
+        put_u64(cb, 16, inode.ino);
+        cb[CONT..CONT + take].copy_from_slice(&bytes[at..at + take]);
+        at += take;
+    }
+    inode.xattr_block = head;
+    inode.blocks += 1 + ncont as u64;
+    Ok(())
 }
 
 /// The exact filter of a list.
 pub fn filter_of(list: &[Xattr]) -> u32 {
     list.iter().fold(0, |f, x| f | filter_bit(x.idx, &x.name))
-}
-
-/// Store a new list, inline when it fits, else in the inode's xattr block.
-pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
-    let bytes = encode(list);
-    if bytes.len() > BLOCK_CAPACITY {
-        return Err(Error::NoSpace);
-    }
-    inode.xattr_filter = filter_of(list);
-    if bytes.len() <= INLINE_XATTR {
-        if inode.xattr_block != 0 {
-            st.free_meta(inode.xattr_block);
-            inode.xattr_block = 0;
-            inode.blocks = inode.blocks.saturating_sub(1);
-        }
-        inode.xattr_inline = [0; INLINE_XATTR];
-        inode.xattr_inline[..bytes.len()].copy_from_slice(&bytes);
-        inode.xattr_inline_len = bytes.len() as u16;
-        return Ok(());
-    }
-    if inode.xattr_block == 0 {
-        inode.xattr_block = st.alloc_meta(crate::format::ino_loc(inode.ino).0)?;
-        inode.blocks += 1;
-    }
-    let blk = st.cache.fresh(inode.xattr_block);
-    put_u32(blk, 0, XATTR_MAGIC);
-    put_u32(blk, 16, 1);
-    put_u32(blk, 20, bytes.len() as u32);
-    blk[32..32 + bytes.len()].copy_from_slice(&bytes);
-    inode.xattr_inline = [0; INLINE_XATTR];
-    inode.xattr_inline_len = 0;
-    Ok(())
 }
 
 /// Whether the filter rules the name out (then storage need not be read).
@@ -155,7 +295,20 @@ pub fn ruled_out(inode: &Inode, idx: u8, suffix: &[u8]) -> bool {
 
 /// Bytes a list takes (for the worst-case space charge of a setxattr).
 pub fn encoded_len(list: &[Xattr]) -> usize {
-    list.iter().map(|x| 4 + x.name.len() + x.value.len()).sum()
+    list.iter().map(|x| ENTRY + x.name.len() + x.value.len()).sum()
+}
+
+/// Blocks a list of `bytes` encoded bytes occupies outside the inode (the charge of a
+/// setxattr).
+pub fn blocks_for(bytes: usize) -> u64 {
+    if bytes <= INLINE_XATTR {
+        0
+    } else if bytes <= SHARED_MAX {
+        1
+    } else {
+        1 + (1..=MAX_CONT).find(|&n| BLOCK_SIZE - HEAD - 8 * n + n * (BLOCK_SIZE - CONT) >= bytes).unwrap_or(MAX_CONT)
+            as u64
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +339,6 @@ mod tests {
         let f = filter_of(&l);
         assert!(!ruled_out(&Inode { xattr_filter: f, ..Inode::new(1, libc::S_IFREG) }, 1, b"a"));
         assert_ne!(filter_bit(1, b"a"), 0);
-        assert!(decode(1, &[1, 5, 0, 0, b'x']).is_err(), "overrun must be an error");
+        assert!(decode(1, &[1, 5, 0, 0, 0, 0, b'x']).is_err(), "overrun must be an error");
     }
 }

@@ -1,0 +1,185 @@
+//! Xattrs (seed 001): a property test against a model, 64 KiB values, identical lists
+//! shared with reference counts, and the bloom filter answering misses without reading
+//! xattr blocks.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::*;
+use dxfs::block::MemDevice;
+use dxfs::volume::XattrMode;
+use dxfs::{Error, OpenOptions, Volume};
+use proptest::prelude::*;
+
+const NAMES: &[&[u8]] = &[
+    b"user.a",
+    b"user.bb",
+    b"trusted.t",
+    b"security.selinux",
+    b"system.posix_acl_access",
+    b"system.posix_acl_default",
+];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Set { f: usize, n: usize, len: usize, mode: u8 },
+    Remove { f: usize, n: usize },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..4, 0usize..NAMES.len(), prop_oneof![0usize..40, 40usize..5000, 5000usize..70_000], 0u8..3)
+            .prop_map(|(f, n, len, mode)| Op::Set { f, n, len, mode }),
+        3 => (0usize..4, 0usize..NAMES.len()).prop_map(|(f, n)| Op::Remove { f, n }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn xattrs_match_a_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let (dev, mut vol) = mem_volume(16_384);
+        let root = vol.root();
+        let files: Vec<u64> = (0..4).map(|i| vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
+        let mut model: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = vec![BTreeMap::new(); 4];
+        for op in &ops {
+            match op {
+                Op::Set { f, n, len, mode } => {
+                    let name = NAMES[*n];
+                    // Lists of equal content on different files share a block.
+                    let value = vec![(*n as u8).wrapping_mul(31); *len];
+                    let m = [XattrMode::Any, XattrMode::Create, XattrMode::Replace][*mode as usize];
+                    let r = vol.setxattr(files[*f], name, &value, m);
+                    let exists = model[*f].contains_key(name);
+                    let total: usize = model[*f].iter().filter(|(k, _)| k.as_slice() != name).map(|(k, v)| k.len() + v.len() + 6).sum::<usize>() + name.len() + value.len();
+                    let want = match m {
+                        _ if *len > 65536 => Err(libc::E2BIG),
+                        XattrMode::Create if exists => Err(libc::EEXIST),
+                        XattrMode::Replace if !exists => Err(libc::ENODATA),
+                        _ if total > 68_000 => r.as_ref().map(|_| ()).map_err(|e| e.errno()),
+                        _ => Ok(()),
+                    };
+                    prop_assert_eq!(r.as_ref().map(|_| ()).map_err(|e| e.errno()), want, "{:?}", op);
+                    if r.is_ok() {
+                        model[*f].insert(name.to_vec(), value);
+                    }
+                }
+                Op::Remove { f, n } => {
+                    let r = vol.removexattr(files[*f], NAMES[*n]);
+                    let want = if model[*f].remove(NAMES[*n]).is_some() { Ok(()) } else { Err(libc::ENODATA) };
+                    prop_assert_eq!(r.map_err(|e| e.errno()), want);
+                }
+                Op::Reopen => {
+                    vol.close().unwrap();
+                    assert_clean(dev.clone());
+                    vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+                }
+            }
+            for (k, f) in files.iter().enumerate() {
+                let mut names = vol.listxattr(*f).unwrap();
+                names.sort();
+                prop_assert_eq!(names, model[k].keys().cloned().collect::<Vec<_>>());
+                for name in NAMES {
+                    match (vol.getxattr(*f, name), model[k].get(*name)) {
+                        (Ok(v), Some(w)) => prop_assert_eq!(&v, w),
+                        (Err(Error::NoData), None) => {}
+                        (got, want) => prop_assert!(false, "{:?}: got {:?}, want {:?}", String::from_utf8_lossy(name), got.map(|v| v.len()), want.map(|v| v.len())),
+                    }
+                }
+            }
+        }
+        close_and_check(dev, vol);
+    }
+}
+
+#[test]
+fn values_up_to_64k_and_limits() {
+    let (dev, vol) = mem_volume(8192);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let big: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    vol.setxattr(f, b"user.big", &big, XattrMode::Any).unwrap();
+    assert!(matches!(vol.setxattr(f, b"user.huge", &vec![0; 65537], XattrMode::Any), Err(Error::TooBig)));
+    assert!(matches!(vol.setxattr(f, &[b'u'; 300], b"", XattrMode::Any), Err(Error::Range) | Err(Error::NotSupported)));
+    vol.close().unwrap();
+    assert_clean(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.getxattr(f, b"user.big").unwrap(), big);
+    assert_eq!(vol.getattr(f).unwrap().blocks, 8 * 17, "a head block and 16 continuations");
+    vol.removexattr(f, b"user.big").unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 0);
+    close_and_check(dev, vol);
+}
+
+/// Identical lists share one block; a change gives the changed inode its own.
+#[test]
+fn identical_lists_are_stored_once() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let acl = vec![7u8; 200]; // too big for the inode: goes to a block
+    let before = vol.statfs().bfree;
+    let files: Vec<u64> = (0..200)
+        .map(|i| {
+            let f = vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            vol.setxattr(f, b"system.posix_acl_access", &acl, XattrMode::Any).unwrap();
+            f
+        })
+        .collect();
+    vol.sync().unwrap();
+    let used = before - vol.statfs().bfree;
+    // 200 inodes take 14 inode blocks and a few index blocks; 200 private xattr blocks
+    // would add 200.
+    assert!(used < 40, "{used} blocks for 200 files with one shared list");
+    vol.setxattr(files[5], b"user.extra", b"x", XattrMode::Any).unwrap();
+    vol.close().unwrap();
+    assert_clean(dev.clone()); // fsck checks every reference count
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.getxattr(files[5], b"user.extra").unwrap(), b"x");
+    assert_eq!(vol.getxattr(files[6], b"system.posix_acl_access").unwrap(), acl);
+    for f in &files {
+        vol.removexattr(*f, b"system.posix_acl_access").unwrap();
+    }
+    for i in 0..200 {
+        vol.unlink(root, format!("f{i}").as_bytes()).unwrap();
+    }
+    close_and_check(dev, vol);
+}
+
+/// A getxattr the filter rules out reads no xattr block; with the filter off, it does.
+#[test]
+fn the_filter_answers_misses_without_reading_xattr_blocks() {
+    let dev = Arc::new(MemDevice::new(16_384));
+    dxfs::mkfs(dev.clone(), &Default::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    let n = 1000;
+    let files: Vec<u64> = (0..n)
+        .map(|i| {
+            let f = vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            // A private list in a block (user data differs per file).
+            vol.setxattr(f, b"user.comment", format!("file number {i} {}", "z".repeat(80)).as_bytes(), XattrMode::Any)
+                .unwrap();
+            f
+        })
+        .collect();
+    vol.close().unwrap();
+    let probe = |use_filter: bool| {
+        let vol =
+            Volume::open(dev.clone(), OpenOptions { use_xattr_filter: use_filter, ..Default::default() }).unwrap();
+        let before = vol.xattr_block_reads();
+        for f in &files {
+            assert!(matches!(vol.getxattr(*f, b"system.posix_acl_access"), Err(Error::NoData)));
+        }
+        vol.xattr_block_reads() - before
+    };
+    let with = probe(true);
+    let without = probe(false);
+    assert_eq!(without, n as u64, "without the filter every miss reads the block");
+    // One name per inode sets one bit of 32: a miss gets through 1 time in 32 (or never,
+    // when the two names' bits differ, as they do for most pairs).
+    assert!(with <= n as u64 / 16, "{with} of {n} misses read xattr storage with the filter on");
+    assert_clean(dev);
+}

@@ -793,6 +793,23 @@ pub fn scan(
     }
 }
 
+/// The leaf that would hold `key` and up to `n - 1` leaves after it, in key order,
+/// found through their parents without reading the leaves themselves (readahead).
+pub fn leaves_from(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64, n: usize) -> Result<Vec<u64>> {
+    if is_empty(t)? || n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut path = Vec::with_capacity(usize::from(t.depth));
+    let mut out = vec![descend(s, t, owner, key, Some(&mut path))?];
+    while out.len() < n {
+        match step(s, t, owner, &mut path, true)? {
+            Some(leaf) => out.push(leaf),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
 /// The record with the greatest key <= key (for extent maps).
 pub fn floor(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
     if is_empty(t)? {

@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 
 /// Largest number of blocks one coalesced read fetches.
 const MAX_BATCH: usize = 64;
+/// Widest gap of unwanted blocks a coalesced read bridges.
+const MAX_GAP: u64 = 8;
 
 struct Cached {
     data: Box<Block>,
@@ -152,20 +154,24 @@ impl MetaCache {
         let mut i = 0;
         let mut buf = vec![0u8; BLOCK_SIZE * MAX_BATCH];
         while i < want.len() {
+            // A run ends at a gap wider than MAX_GAP blocks: reading a few blocks that are
+            // not wanted (or already cached) costs less than another request.
             let start = want[i];
-            let mut n = 1;
-            while i + n < want.len() && want[i + n] == start + n as u64 && n < MAX_BATCH {
-                n += 1;
+            let mut j = i + 1;
+            while j < want.len() && want[j] - want[j - 1] <= MAX_GAP && want[j] - start < MAX_BATCH as u64 {
+                j += 1;
             }
+            let n = (want[j - 1] - start + 1) as usize;
             dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
-            for k in 0..n {
-                let mut b = Box::new([0u8; BLOCK_SIZE]);
-                b.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
-                if verify(&b, start + k as u64, None).is_ok() {
-                    self.blocks.insert(start + k as u64, Cached { data: b, dirty: false, in_flight: false });
+            for &b in &want[i..j] {
+                let k = (b - start) as usize;
+                let mut blk = Box::new([0u8; BLOCK_SIZE]);
+                blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
+                if verify(&blk, b, None).is_ok() {
+                    self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
                 }
             }
-            i += n;
+            i = j;
         }
         if self.blocks.len() > self.capacity + self.dirty_count {
             Self::evict(&mut self.blocks, self.capacity + self.dirty_count);

@@ -237,6 +237,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         reserve_regions: true,
         xattr_shared: Default::default(),
         xattr_block_reads: 0,
+        shared_inode_block: None,
     };
     let mut w = Walk {
         st,

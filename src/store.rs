@@ -28,6 +28,8 @@ pub struct Store {
     pub xattr_shared: rustc_hash::FxHashMap<u64, u64>,
     /// Xattr lists read from xattr blocks (not inline): what the bloom filter saves.
     pub xattr_block_reads: u64,
+    /// Without reservation: the inode block new inodes currently go to.
+    pub shared_inode_block: Option<u64>,
 }
 
 impl NodeStore for Store {
@@ -129,9 +131,18 @@ impl Store {
         let dir_ino = dir.ino;
         let dir_block = ino_loc(dir_ino).0;
         if !self.reserve_regions {
-            // A/B baseline: first free slot in any block near the volume cursor.
+            // A/B baseline: one shared inode block at a time for the whole volume, filled
+            // in creation order whatever the directory (no reservation).
+            if let Some(b) = self.shared_inode_block {
+                if self.space.is_used(b) {
+                    if let Ok(Some(ino)) = self.take_slot(b) {
+                        return Ok(ino);
+                    }
+                }
+            }
             let b = self.space.alloc_one(0).ok_or(Error::NoSpace)?;
             self.init_inode_block(b, 0);
+            self.shared_inode_block = Some(b);
             return Ok(self.take_slot(b)?.expect("fresh block has slots"));
         }
         let region_blocks = self.sb.region_blocks as u32;

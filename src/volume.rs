@@ -30,6 +30,9 @@ use crate::xattr;
 pub const LINK_MAX: u32 = 65_000;
 /// Longest symlink target.
 pub const SYMLINK_MAX: usize = 4095;
+/// Directory readahead: leaves and entries read ahead of a sequential readdirplus.
+const READAHEAD_LEAVES: usize = 16;
+const READAHEAD_ENTRIES: usize = 2048;
 /// Log blocks kept free for one write-back fragment: two bitmap blocks, an extent-tree
 /// removal and insert (each a split per level of a tree of depth up to 6), the inode and
 /// state blocks.
@@ -164,6 +167,9 @@ pub struct OpenOptions {
     pub reserve_regions: bool,
     /// Answer getxattr from the bloom filter when it rules the name out (A/B switch).
     pub use_xattr_filter: bool,
+    /// readdirplus reads a batch's inode blocks in one sorted sweep, and reads ahead
+    /// the next leaves and their inodes of a directory read in order (A/B switch).
+    pub sorted_prefetch: bool,
 }
 
 impl Default for OpenOptions {
@@ -174,6 +180,7 @@ impl Default for OpenOptions {
             dirty_limit: 32_768,
             reserve_regions: true,
             use_xattr_filter: true,
+            sorted_prefetch: true,
         }
     }
 }
@@ -215,6 +222,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         reserve_regions: true,
         xattr_shared: Default::default(),
         xattr_block_reads: 0,
+        shared_inode_block: None,
     };
     let root = st.alloc_root()?;
     sb.root_ino = root;
@@ -274,6 +282,8 @@ struct Inner {
     opts: OpenOptions,
     /// Set when a commit failed half way: memory no longer matches any disk state.
     failed: bool,
+    /// Per directory, the readdir position up to which readahead was issued.
+    readahead: HashMap<u64, u64>,
     /// Counts the events that may rewrite a block on the device (write-backs and commit
     /// snapshots, each counted before its writes): a read planned under the lock and done
     /// without it is redone if this changed meanwhile.
@@ -373,6 +383,36 @@ impl Inner {
             return Err(Error::NotDir);
         }
         Ok(i)
+    }
+
+    /// Directory readahead (seed 004's dirreadahead): from position `next`, read the next
+    /// leaves of the index in one sorted sweep, then the inode blocks of their entries in
+    /// another; at most `READAHEAD_ENTRIES` entries ahead, and only once per window.
+    fn read_ahead(&mut self, d: &Inode, next: u64) -> Result<()> {
+        // Keys (positions) say nothing about counts, so the window remembers the key of
+        // its middle entry: the next readahead starts when the reader gets there.
+        if self.readahead.get(&d.ino).is_some_and(|&mid| next < mid) {
+            return Ok(());
+        }
+        let t = d.dir()?.tree;
+        let leaves = btree::leaves_from(&mut self.st, &t, d.ino, next.saturating_sub(2), READAHEAD_LEAVES)?;
+        let dev = self.st.dev.clone();
+        self.st.cache.prefetch(&*dev, &leaves)?;
+        let mut inode_blocks = Vec::new();
+        let mut mid = u64::MAX;
+        dir::read(&mut self.st, d, next, |e| {
+            inode_blocks.push(ino_loc(e.ino).0);
+            if inode_blocks.len() == READAHEAD_ENTRIES / 2 {
+                mid = e.next;
+            }
+            inode_blocks.len() < READAHEAD_ENTRIES
+        })?;
+        self.st.cache.prefetch(&*dev, &inode_blocks)?;
+        if self.readahead.len() > 1024 {
+            self.readahead.clear();
+        }
+        self.readahead.insert(d.ino, mid);
+        Ok(())
     }
 
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
@@ -742,6 +782,7 @@ impl Volume {
             reserve_regions: opts.reserve_regions,
             xattr_shared: Default::default(),
             xattr_block_reads: 0,
+            shared_inode_block: None,
         };
         let read_only = opts.read_only;
         let mut inner = Inner {
@@ -754,6 +795,7 @@ impl Volume {
             open: HashMap::new(),
             opts,
             failed: false,
+            readahead: HashMap::new(),
             epoch: 0,
         };
         // The root must be a directory.
@@ -1395,7 +1437,8 @@ impl Volume {
     }
 
     /// readdir with attributes (seed 004): the batch's inode blocks are read in one
-    /// sorted sweep before the attributes are filled in.
+    /// sorted sweep before the attributes are filled in, and a directory read in order
+    /// has its next leaves and their inode blocks read ahead, also in disk order.
     pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
         let mut g = self.inner.lock();
         let d = g.dir_inode(ino)?;
@@ -1404,9 +1447,18 @@ impl Volume {
             ents.push(e);
             ents.len() < max
         })?;
-        let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
-        let dev = g.st.dev.clone();
-        g.st.cache.prefetch(&*dev, &blocks)?;
+        if g.opts.sorted_prefetch {
+            if ents.len() == max {
+                // A directory read in batches: read ahead from this batch on, so the batch
+                // and the next ones come in one sorted sweep.
+                g.read_ahead(&d, pos)?;
+            } else {
+                g.readahead.remove(&ino);
+            }
+            let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
+            let dev = g.st.dev.clone();
+            g.st.cache.prefetch(&*dev, &blocks)?;
+        }
         let mut out = Vec::with_capacity(ents.len());
         for e in ents {
             let i = g.st.inode(e.ino)?;

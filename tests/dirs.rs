@@ -140,3 +140,42 @@ fn concurrent_readdir_sees_stable_entries_exactly_once() {
     let vol = Arc::into_inner(vol).unwrap();
     close_and_check(dev, vol);
 }
+
+/// Phillips' steady-state experiment (seed 000), scaled down: a fixed population of
+/// random names under delete-one/create-one churn. The directory must not grow.
+#[test]
+fn steady_churn_does_not_grow_the_directory() {
+    let (dev, vol) = mem_volume(32_768);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(77);
+    let mut live: Vec<String> = Vec::new();
+    let mut name = |rng: &mut rand::rngs::StdRng| format!("{}", rng.gen_range(0..1_000_000_000u64));
+    while live.len() < 5000 {
+        let n = name(&mut rng);
+        if vol.create(d, n.as_bytes(), 0o644, 0, 0).is_ok() {
+            live.push(n);
+        }
+    }
+    let mut sizes = Vec::new();
+    for cycle in 0..60_000 {
+        let i = rng.gen_range(0..live.len());
+        let old = live.swap_remove(i);
+        vol.unlink(d, old.as_bytes()).unwrap();
+        loop {
+            let n = name(&mut rng);
+            if vol.create(d, n.as_bytes(), 0o644, 0, 0).is_ok() {
+                live.push(n);
+                break;
+            }
+        }
+        if cycle % 10_000 == 0 {
+            sizes.push(vol.getattr(d).unwrap().size);
+        }
+    }
+    let last = vol.getattr(d).unwrap().size;
+    let settled = sizes[1];
+    // After the first tenth the index has settled; from then on it stays within 10%.
+    assert!(last * 10 <= settled * 11, "directory grew from {settled} to {last} bytes under churn: {sizes:?}");
+    close_and_check(dev, vol);
+}

@@ -150,7 +150,7 @@ fn steady_churn_does_not_grow_the_directory() {
     let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     let mut rng = rand::rngs::StdRng::seed_from_u64(77);
     let mut live: Vec<String> = Vec::new();
-    let mut name = |rng: &mut rand::rngs::StdRng| format!("{}", rng.gen_range(0..1_000_000_000u64));
+    let name = |rng: &mut rand::rngs::StdRng| format!("{}", rng.gen_range(0..1_000_000_000u64));
     while live.len() < 5000 {
         let n = name(&mut rng);
         if vol.create(d, n.as_bytes(), 0o644, 0, 0).is_ok() {

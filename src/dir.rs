@@ -34,6 +34,28 @@ pub fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Visit the decoded entries with key >= `from` in key order until `f` returns false.
+fn scan_entries(
+    st: &mut Store,
+    dir: &Inode,
+    from: u64,
+    mut f: impl FnMut(u64, u64, FileType, &[u8]) -> bool,
+) -> Result<()> {
+    let d = dir.dir()?;
+    if d.tree.root == 0 {
+        return Ok(());
+    }
+    let mut err = None;
+    btree::scan(st, &d.tree, dir.ino, from, |k, v| match decode_dirent(v) {
+        Ok((ino, ft, name)) => f(k, ino, ft, name),
+        Err(e) => {
+            err = Some(e);
+            false
+        }
+    })?;
+    err.map_or(Ok(()), Err)
+}
+
 /// A found entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Found {
@@ -44,34 +66,16 @@ pub struct Found {
 
 /// Look a name up.
 pub fn lookup(st: &mut Store, dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
-    let d = dir.dir()?;
-    if d.tree.root == 0 {
-        return Ok(None);
-    }
     let h = name_key(st, name);
-    let limit = h + d.max_disp as u64;
+    let limit = h + dir.dir()?.max_disp as u64;
     let mut found = None;
-    let mut err = None;
-    btree::scan(st, &d.tree, dir.ino, h, |k, v| {
-        if k > limit {
-            return false;
+    scan_entries(st, dir, h, |k, ino, ft, n| {
+        if n == name {
+            found = Some(Found { key: k, ino, ft });
         }
-        match decode_dirent(v) {
-            Ok((ino, ft, n)) if n == name => {
-                found = Some(Found { key: k, ino, ft });
-                false
-            }
-            Ok(_) => true,
-            Err(e) => {
-                err = Some(e);
-                false
-            }
-        }
+        found.is_none() && k < limit
     })?;
-    match err {
-        Some(e) => Err(e),
-        None => Ok(found),
-    }
+    Ok(found)
 }
 
 /// Insert a new entry, or fail with `Exists`. One probe from the name's hash both looks
@@ -80,43 +84,25 @@ pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileTy
     let h = name_key(st, name);
     let dir_ino = dir.ino;
     let mark = crate::file::usage_mark(st);
-    let d = dir.dir_mut()?;
-    let limit = h + d.max_disp as u64;
+    let limit = h + dir.dir()?.max_disp as u64;
     let mut key = h;
     let mut gap = false;
     let mut exists = false;
-    let mut err = None;
-    if d.tree.root != 0 {
-        btree::scan(st, &d.tree, dir_ino, h, |k, v| {
-            if !gap {
-                if k == key {
-                    key += 1;
-                } else {
-                    gap = true;
-                }
+    scan_entries(st, dir, h, |k, _, _, n| {
+        if !gap {
+            if k == key {
+                key += 1;
+            } else {
+                gap = true;
             }
-            if k <= limit {
-                match decode_dirent(v) {
-                    Ok((_, _, n)) if n == name => {
-                        exists = true;
-                        return false;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        err = Some(e);
-                        return false;
-                    }
-                }
-            }
-            !gap || k < limit
-        })?;
-    }
-    if let Some(e) = err {
-        return Err(e);
-    }
+        }
+        exists = k <= limit && n == name;
+        !exists && (!gap || k < limit)
+    })?;
     if exists {
         return Err(Error::Exists);
     }
+    let d = dir.dir_mut()?;
     let disp = key - h;
     if disp > u32::MAX as u64 {
         return Err(Error::NoSpace);
@@ -169,29 +155,15 @@ pub struct DirEntry {
 /// List entries from position `pos`: "." and ".." first, then the index in key order.
 /// `f` returns false to stop.
 pub fn read(st: &mut Store, dir: &Inode, pos: u64, mut f: impl FnMut(DirEntry) -> bool) -> Result<()> {
-    let d = dir.dir()?;
+    dir.dir()?;
     if pos == 0 && !f(DirEntry { ino: dir.ino, ft: FileType::Directory, name: b".".to_vec(), next: 1 }) {
         return Ok(());
     }
     if pos <= 1 && !f(DirEntry { ino: dir.parent, ft: FileType::Directory, name: b"..".to_vec(), next: 2 }) {
         return Ok(());
     }
-    if d.tree.root == 0 {
-        return Ok(());
-    }
     let from = if pos >= 3 { pos - 2 } else { 0 };
-    let mut err = None;
-    btree::scan(st, &d.tree, dir.ino, from, |k, v| match decode_dirent(v) {
-        Ok((ino, ft, name)) => f(DirEntry { ino, ft, name: name.to_vec(), next: k + 3 }),
-        Err(e) => {
-            err = Some(e);
-            false
-        }
-    })?;
-    match err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    scan_entries(st, dir, from, |k, ino, ft, name| f(DirEntry { ino, ft, name: name.to_vec(), next: k + 3 }))
 }
 
 /// Free the index of an empty directory (rmdir).

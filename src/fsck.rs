@@ -12,13 +12,13 @@ use crate::btree;
 use crate::cache::MetaCache;
 use crate::codec::*;
 use crate::dir;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::file;
 use crate::format::*;
 use crate::journal::Journal;
 use crate::space::Space;
 use crate::store::Store;
-use crate::volume::{read_superblock, OpenOptions, Volume};
+use crate::volume::{read_usable_superblock, OpenOptions, Volume};
 use crate::xattr;
 
 /// What fsck found.
@@ -181,17 +181,7 @@ impl Walk<'_> {
 /// Check (and with `repair`, fix) the volume on `dev`. `progress` gets the number of
 /// inodes checked so far.
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
-    let sb = read_superblock(&*dev)?;
-    if sb.layout.block_count > dev.block_count() {
-        return Err(Error::corrupt(format!(
-            "volume has {} blocks but the device only {} (truncated image?)",
-            sb.layout.block_count,
-            dev.block_count()
-        )));
-    }
-    if sb.incompat & !KNOWN_INCOMPAT != 0 {
-        return Err(Error::corrupt(format!("unknown incompatible features {:#x}: refusing to check", sb.incompat)));
-    }
+    let sb = read_usable_superblock(&*dev)?;
     // A volume with features this fsck does not know may be checked but not changed.
     let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
     let (_, replay) = Journal::recover(&*dev, sb.layout, repair)?;

@@ -269,6 +269,23 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     }
 }
 
+/// The superblock of a volume this code may open: it fits the device and has no unknown
+/// incompatible feature.
+pub fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let sb = read_superblock(dev)?;
+    if sb.layout.block_count > dev.block_count() {
+        return Err(Error::corrupt(format!(
+            "volume has {} blocks but the device only {} (truncated image?)",
+            sb.layout.block_count,
+            dev.block_count()
+        )));
+    }
+    if sb.incompat & !KNOWN_INCOMPAT != 0 {
+        return Err(Error::corrupt(format!("unknown incompatible features {:#x}", sb.incompat)));
+    }
+    Ok(sb)
+}
+
 struct Inner {
     st: Store,
     /// Blocks one delta may log (the journal's capacity).
@@ -744,17 +761,7 @@ impl Volume {
     /// Open a volume: check the superblock, replay the log, load free space, and free
     /// inodes left on the orphan list by an unclean stop.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Volume> {
-        let sb = read_superblock(&*dev)?;
-        if sb.layout.block_count > dev.block_count() {
-            return Err(Error::corrupt(format!(
-                "volume has {} blocks but the device only {} (truncated image?)",
-                sb.layout.block_count,
-                dev.block_count()
-            )));
-        }
-        if sb.incompat & !KNOWN_INCOMPAT != 0 {
-            return Err(Error::corrupt(format!("unknown incompatible features {:#x}", sb.incompat)));
-        }
+        let sb = read_usable_superblock(&*dev)?;
         let mut opts = opts;
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
             opts.read_only = true;

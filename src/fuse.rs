@@ -8,13 +8,14 @@
 //!
 //! [`mount`] mounts and returns once the kernel has finished INIT, so callers can report
 //! a live mount; [`Mounted::run`] serves until the file system is unmounted, committing
-//! the volume every few seconds and once more at the end.
+//! the volume every few seconds and once more at the end; a [`Stopper`] unmounts from
+//! another thread.
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,7 +24,7 @@ use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session,
-    SessionACL, TimeOrNow, WriteFlags,
+    SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
 };
 
 use crate::error::{Error, Result};
@@ -38,6 +39,9 @@ pub struct FuseOptions {
     /// How long the kernel may cache names (positive lookups).
     pub entry_timeout: Duration,
     /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
+    /// Off by default: it helps small writes, but the kernel then drops the cached
+    /// st_blocks at every close (the next `stat` costs a GETATTR) and sends a SETATTR
+    /// per unlinked file.
     pub writeback_cache: bool,
     /// Let the kernel check permissions against mode, owner and POSIX ACLs.
     pub default_permissions: bool,
@@ -58,7 +62,7 @@ impl Default for FuseOptions {
         FuseOptions {
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
-            writeback_cache: true,
+            writeback_cache: false,
             default_permissions: true,
             allow_other: false,
             read_only: false,
@@ -75,6 +79,8 @@ pub struct DxFuse {
     /// The volume's root inode, which FUSE calls 1.
     root: u64,
     opts: FuseOptions,
+    /// The kernel may skip OPENDIR/RELEASEDIR (FUSE_NO_OPENDIR_SUPPORT).
+    no_opendir: bool,
 }
 
 const FUSE_ROOT: u64 = 1;
@@ -100,18 +106,12 @@ fn system_time(t: Time) -> SystemTime {
     d.and_then(|d| d.checked_add(Duration::from_nanos(u64::from(nanos)))).unwrap_or(UNIX_EPOCH)
 }
 
+/// A time from a request. fuser 0.18 turns the kernel's (-s, ns) into the epoch minus
+/// (s + ns) rather than minus (s - ns), so undo exactly that for times before 1970.
 fn vol_time(t: SystemTime) -> Time {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-        Err(e) => {
-            // Before 1970: whole seconds round down, nanoseconds stay positive.
-            let d = e.duration();
-            let secs = -(d.as_secs() as i64);
-            match d.subsec_nanos() {
-                0 => (secs, 0),
-                n => (secs - 1, 1_000_000_000 - n),
-            }
-        }
+        Err(e) => (-(e.duration().as_secs() as i64), e.duration().subsec_nanos()),
     }
 }
 
@@ -138,7 +138,7 @@ impl DxFuse {
     /// An adapter serving `vol`.
     pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
         let root = vol.root();
-        DxFuse { vol, root, opts }
+        DxFuse { vol, root, opts, no_opendir: false }
     }
 
     fn vol_ino(&self, ino: INodeNo) -> u64 {
@@ -239,7 +239,10 @@ impl Filesystem for DxFuse {
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            // Symlinks never change, so the kernel may keep their targets.
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -254,11 +257,10 @@ impl Filesystem for DxFuse {
                 tracing::info!("kernel lacks FUSE capability {f:?}");
             }
         }
-        // The kernel caps a request at fs.fuse.max_pages_limit pages (256 = 1 MiB by
-        // default); asking for 1 MiB keeps fuser's buffers to what can be used.
-        if let Err(max) = cfg.set_max_write(1 << 20) {
-            let _ = cfg.set_max_write(max);
-        }
+        self.no_opendir = cfg.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
+        // max_write stays at fuser's 16 MiB: the kernel clamps requests to
+        // fs.fuse.max_pages_limit pages (256, 1 MiB, by default). More background
+        // requests keep readahead and async writes flowing.
         let _ = cfg.set_max_background(64);
         Ok(())
     }
@@ -470,6 +472,17 @@ impl Filesystem for DxFuse {
         Self::reply_empty(reply, self.call("fsync", |v| v.fsync(ino)));
     }
 
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Directory handles carry nothing (readdir positions are stable cookies), so
+        // when the kernel allows, ENOSYS makes it stop sending OPENDIR and RELEASEDIR:
+        // two round trips less per directory listed.
+        if self.no_opendir {
+            reply.error(Errno::ENOSYS)
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::empty())
+        }
+    }
+
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let ino = self.vol_ino(ino);
         let mut pos = offset;
@@ -669,6 +682,7 @@ impl Filesystem for DxFuse {
 pub struct Mounted {
     session: Session<DxFuse>,
     vol: Arc<Volume>,
+    mountpoint: PathBuf,
     sync_interval: Duration,
 }
 
@@ -692,12 +706,21 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     cfg.clone_fd = opts.threads > 1;
     let fs = DxFuse::new(vol.clone(), opts.clone());
     let session = Session::new(fs, mountpoint, &cfg)?;
-    Ok(Mounted { session, vol, sync_interval: opts.sync_interval })
+    Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval })
 }
 
 impl Mounted {
+    /// A handle that ends this mount from another thread (a signal thread, say).
+    pub fn stopper(&mut self) -> Stopper {
+        Stopper {
+            unmounter: self.session.unmount_callable(),
+            mountpoint: self.mountpoint.clone(),
+            vol: self.vol.clone(),
+        }
+    }
+
     /// Serve requests until the file system is unmounted (`umount`, `fusermount3 -u`,
-    /// or [`unmount`]), committing the volume every `sync_interval` and at the end.
+    /// or a [`Stopper`]), committing the volume every `sync_interval` and at the end.
     pub fn run(self) -> io::Result<()> {
         let (stop, stopped) = mpsc::channel::<()>();
         let vol = self.vol.clone();
@@ -717,20 +740,36 @@ impl Mounted {
     }
 }
 
-/// Detach the mount at `mountpoint` (lazily: users still inside keep working until
-/// they leave, then the session ends). Falls back to `fusermount3 -u -z` when the
-/// caller may not unmount directly.
-pub fn unmount(mountpoint: &Path) -> io::Result<()> {
-    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
-        Ok(()) => Ok(()),
-        Err(nix::errno::Errno::EPERM) => {
-            let st = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).status()?;
-            if st.success() {
-                Ok(())
-            } else {
-                Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
-            }
+/// Ends a mount: see [`Mounted::stopper`].
+pub struct Stopper {
+    unmounter: SessionUnmounter,
+    mountpoint: PathBuf,
+    vol: Arc<Volume>,
+}
+
+impl Stopper {
+    /// Commit, then unmount. A busy mount is detached lazily instead: it leaves the
+    /// namespace now, and the session ends when its last user lets go.
+    pub fn stop(&mut self) -> io::Result<()> {
+        if let Err(e) = self.vol.sync() {
+            tracing::error!("commit failed: {e}");
         }
-        Err(e) => Err(e.into()),
+        // fuser's unmount gives up its claim on the mount even when it fails, so it
+        // never unmounts the same path again (which might by then be another mount).
+        let Err(e) = self.unmounter.unmount() else { return Ok(()) };
+        tracing::info!("unmounting {}: {e}; detaching it", self.mountpoint.display());
+        match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EPERM) => {
+                let st =
+                    std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint).status()?;
+                if st.success() {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

@@ -115,7 +115,7 @@ struct MountArgs {
     /// Do not let the kernel check permissions (the daemon then allows everything).
     #[arg(long)]
     no_default_permissions: bool,
-    /// Kernel write-back caching of file data.
+    /// Kernel write-back caching of file data (default off).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     writeback_cache: Option<String>,
     /// Seconds the kernel may cache attributes.
@@ -520,7 +520,7 @@ fn cmd_mount(a: MountArgs, raw: &[OsString]) -> i32 {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),
     };
-    let mounted = match dxfs::fuse::mount(vol.clone(), &dir, &o) {
+    let mut mounted = match dxfs::fuse::mount(vol, &dir, &o) {
         Ok(m) => m,
         Err(e) => return fail(format!("cannot mount on {}: {e}", dir.display()), 8),
     };
@@ -529,13 +529,11 @@ fn cmd_mount(a: MountArgs, raw: &[OsString]) -> i32 {
         let mut out = std::io::stdout();
         let _ = writeln!(out, "ready").and_then(|_| out.flush());
     }
+    let mut stopper = mounted.stopper();
     let spawned = std::thread::Builder::new().name("dxfs-signals".into()).spawn(move || {
         while let Ok(sig) = sigs.wait() {
             tracing::info!("{sig}: committing and unmounting {}", dir.display());
-            if let Err(e) = vol.sync() {
-                tracing::error!("commit failed: {e}");
-            }
-            if let Err(e) = dxfs::fuse::unmount(&dir) {
+            if let Err(e) = stopper.stop() {
                 tracing::error!("unmount of {} failed: {e}", dir.display());
             }
         }

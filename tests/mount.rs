@@ -1,0 +1,872 @@
+//! Real system calls through a real FUSE mount: `dxfs mount` runs as a child process
+//! on a temporary directory, the tests drive it with std::fs, nix and libc, unmount it
+//! and check the image with `dxfs fsck -n`.
+//!
+//! Skipped (with a message) unless running as root with /dev/fuse and fusermount3.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dxfs::block::FileDevice;
+use dxfs::volume::{mkfs, MkfsOptions};
+use nix::fcntl::{renameat2, FallocateFlags, RenameFlags, AT_FDCWD};
+use nix::sys::stat::{utimensat, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+
+/// Why the mount tests cannot run here, if they cannot.
+fn skip_reason() -> Option<String> {
+    // /proc/self belongs to the effective user of the process.
+    match fs::metadata("/proc/self") {
+        Ok(m) if m.uid() == 0 => {}
+        _ => return Some("not running as root".into()),
+    }
+    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Some(format!("/dev/fuse: {e}"));
+    }
+    match Command::new("fusermount3").arg("-V").stdout(Stdio::null()).status() {
+        Ok(s) if s.success() => None,
+        _ => Some("fusermount3 not found (apt-get install fuse3)".into()),
+    }
+}
+
+macro_rules! require_fuse {
+    () => {
+        if let Some(why) = skip_reason() {
+            eprintln!("skipping {}: {why}", module_path!());
+            return;
+        }
+    };
+}
+
+fn dxfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxfs"))
+}
+
+/// A temporary directory holding an image and a mount point.
+struct Scratch {
+    tmp: tempfile::TempDir,
+    image: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Scratch {
+    /// A fresh volume of `mib` MiB, made with the library.
+    fn new(mib: u64) -> Scratch {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        // Other users must reach the mount point for the permission tests.
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let image = tmp.path().join("image");
+        let mnt = tmp.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let dev = FileDevice::create(&image, mib << 20).expect("image");
+        mkfs(Arc::new(dev), &MkfsOptions::default()).expect("mkfs");
+        Scratch { tmp, image, mnt }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mnt.join(name)
+    }
+
+    /// `dxfs mount IMAGE MNT ARGS` in the foreground, returned once the mount is live.
+    /// The daemon's stderr goes to `daemon.log`, shown if the test fails.
+    fn mount(&self, args: &[&str]) -> Mounted {
+        let log = self.tmp.path().join("daemon.log");
+        let child = dxfs()
+            .arg("mount")
+            .arg(&self.image)
+            .arg(&self.mnt)
+            .args(args)
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn dxfs");
+        let mut m = Mounted { child: Some(child), mnt: self.mnt.clone(), image: self.image.clone(), log: Some(log) };
+        m.wait_mounted();
+        m
+    }
+
+    /// `dxfs fsck -n` must find the image clean.
+    fn fsck(&self) {
+        let out = dxfs().arg("fsck").arg("-n").arg(&self.image).output().unwrap();
+        assert!(
+            out.status.success(),
+            "fsck: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.as_os_str().as_bytes();
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|p| p.as_bytes() == want))
+}
+
+/// A mount served by a `dxfs mount` child. Dropping it (say, when a test fails)
+/// detaches the mount and kills that child only.
+struct Mounted {
+    child: Option<Child>,
+    mnt: PathBuf,
+    image: PathBuf,
+    log: Option<PathBuf>,
+}
+
+impl Mounted {
+    fn wait_mounted(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_mounted(&self.mnt) {
+            if let Some(c) = self.child.as_mut() {
+                if let Some(st) = c.try_wait().unwrap() {
+                    panic!("dxfs mount exited before mounting: {st}");
+                }
+            }
+            assert!(Instant::now() < deadline, "{} did not get mounted", self.mnt.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `fusermount3 -u`, then the daemon must exit 0 (it commits first).
+    fn unmount(mut self) {
+        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "fusermount3 -u {}: {st}", self.mnt.display());
+        let mut child = self.child.take().expect("a foreground child");
+        let st = wait_timeout(&mut child, Duration::from_secs(20));
+        assert_eq!(st.code(), Some(0), "dxfs mount exit status");
+    }
+
+    /// SIGKILL the daemon mid-flight and detach the dead mount.
+    fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "fusermount3 -u of a dead mount: {st}");
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(log) = &self.log {
+                eprintln!("daemon log:\n{}", fs::read_to_string(log).unwrap_or_default());
+            }
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).stderr(Stdio::null()).status();
+        }
+        match self.child.as_mut() {
+            Some(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            // A daemon is not our child: stop the processes holding our image open.
+            None => kill_users(&self.image),
+        }
+    }
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "dxfs mount did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Processes that have `file` open.
+fn users_of(file: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for p in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let fds = fs::read_dir(p.path().join("fd")).into_iter().flatten().flatten();
+        if fds.into_iter().any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t == file)) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn kill_users(file: &Path) {
+    for pid in users_of(file) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Wait until no process has `file` open (a daemon that is not our child has exited).
+fn wait_unused(file: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !users_of(file).is_empty() {
+        assert!(Instant::now() < deadline, "{} still in use", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+}
+
+fn nix_errno<T: std::fmt::Debug>(r: nix::Result<T>) -> i32 {
+    r.expect_err("expected an error") as i32
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<()> {
+    let (p, n) = (cstr(p), CString::new(name).unwrap());
+    // SAFETY: p and n are NUL-terminated and outlive the call; value is valid for
+    // value.len() bytes.
+    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// getxattr into a buffer of `cap` bytes (0: ask for the size only).
+fn getxattr(p: &Path, name: &str, cap: usize) -> io::Result<Vec<u8>> {
+    let (p, n) = (cstr(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; cap];
+    // SAFETY: p and n are NUL-terminated; buf is valid for writes of cap bytes (with
+    // cap 0 the kernel writes nothing and returns the size).
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), cap) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if cap == 0 {
+        return Ok(vec![0; r as usize]);
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// listxattr into a buffer of `cap` bytes, split into names.
+fn listxattr(p: &Path, cap: usize) -> io::Result<BTreeSet<String>> {
+    let p = cstr(p);
+    let mut buf = vec![0u8; cap];
+    // SAFETY: p is NUL-terminated; buf is valid for writes of cap bytes.
+    let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), cap) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+}
+
+fn removexattr(p: &Path, name: &str) -> io::Result<()> {
+    let (p, n) = (cstr(p), CString::new(name).unwrap());
+    // SAFETY: p and n are NUL-terminated and outlive the call.
+    let r = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Deterministic content: byte i of a file is a function of i.
+fn pattern(offset: u64, len: usize) -> Vec<u8> {
+    (offset..offset + len as u64).map(|i| (i.wrapping_mul(0x9E37_79B9) >> 13) as u8).collect()
+}
+
+#[test]
+fn file_io() {
+    require_fuse!();
+    let s = Scratch::new(256);
+    // The kernel's writeback cache and two serving threads: the paths the defaults skip.
+    let m = s.mount(&["-o", "writeback_cache,threads=2"]);
+    let a = s.path("a");
+
+    // O_CREAT|O_EXCL, then O_EXCL on an existing name.
+    let mut f = OpenOptions::new().write(true).create_new(true).mode(0o640).open(&a).unwrap();
+    f.write_all(b"hello world").unwrap();
+    drop(f);
+    assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(&a)), libc::EEXIST);
+    assert_eq!(fs::metadata(&a).unwrap().mode() & 0o7777, 0o640);
+
+    // O_APPEND appends whatever the offset.
+    let mut f = OpenOptions::new().append(true).open(&a).unwrap();
+    f.write_all(b", again").unwrap();
+    drop(f);
+    assert_eq!(fs::read(&a).unwrap(), b"hello world, again");
+
+    // pread / pwrite, and a read past the end.
+    let f = OpenOptions::new().read(true).write(true).open(&a).unwrap();
+    f.write_at(b"HELLO", 0).unwrap();
+    let mut buf = [0u8; 5];
+    f.read_exact_at(&mut buf, 6).unwrap();
+    assert_eq!(&buf, b"world");
+    assert_eq!(f.read_at(&mut buf, 100).unwrap(), 0);
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::read(&a).unwrap(), b"HELLO world, again");
+
+    // O_TRUNC empties the file.
+    drop(OpenOptions::new().write(true).truncate(true).open(&a).unwrap());
+    assert_eq!(fs::metadata(&a).unwrap().len(), 0);
+
+    // truncate up reads as zeros, truncate down cuts, ftruncate on an open handle.
+    fs::write(&a, pattern(0, 10_000)).unwrap();
+    let f = OpenOptions::new().write(true).open(&a).unwrap();
+    f.set_len(20_000).unwrap();
+    let d = fs::read(&a).unwrap();
+    assert_eq!(d.len(), 20_000);
+    assert_eq!(&d[..10_000], &pattern(0, 10_000)[..]);
+    assert!(d[10_000..].iter().all(|&b| b == 0));
+    f.set_len(3000).unwrap();
+    drop(f);
+    assert_eq!(fs::read(&a).unwrap(), pattern(0, 3000));
+
+    // A sparse file: a byte at 10 MiB costs a block or two, not 10 MiB.
+    let h = s.path("holes");
+    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&h).unwrap();
+    f.write_at(b"x", 10 << 20).unwrap();
+    f.sync_all().unwrap();
+    let md = fs::metadata(&h).unwrap();
+    assert_eq!(md.len(), (10 << 20) + 1);
+    assert!(md.blocks() <= 16, "st_blocks of a sparse file: {}", md.blocks());
+    let mut head = vec![1u8; 8192];
+    f.read_exact_at(&mut head, 0).unwrap();
+    assert!(head.iter().all(|&b| b == 0));
+    drop(f);
+
+    // fallocate: allocate, keep size, punch a hole.
+    let fa = s.path("falloc");
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&fa).unwrap();
+    nix::fcntl::fallocate(&f, FallocateFlags::empty(), 0, 1 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    nix::fcntl::fallocate(&f, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, 2 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    f.write_all_at(&pattern(0, 1 << 20), 0).unwrap();
+    let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    nix::fcntl::fallocate(&f, punch, 4096, 8192).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    f.read_exact_at(&mut back, 0).unwrap();
+    let mut want = pattern(0, 1 << 20);
+    want[4096..12288].fill(0);
+    assert!(back == want, "content after punching a hole");
+    let zero_range = FallocateFlags::FALLOC_FL_ZERO_RANGE;
+    assert_eq!(nix_errno(nix::fcntl::fallocate(&f, zero_range, 0, 4096)), libc::EOPNOTSUPP);
+    drop(f);
+
+    // A big sequential file, written and read back in 1 MiB pieces.
+    let big = s.path("big");
+    let t = Instant::now();
+    let mut f = File::create(&big).unwrap();
+    for i in 0..64u64 {
+        f.write_all(&pattern(i << 20, 1 << 20)).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let written = t.elapsed();
+    let t = Instant::now();
+    let mut f = File::open(&big).unwrap();
+    let mut chunk = vec![0u8; 1 << 20];
+    for i in 0..64u64 {
+        f.read_exact(&mut chunk).unwrap();
+        assert!(chunk == pattern(i << 20, 1 << 20), "big file differs in MiB {i}");
+    }
+    assert_eq!(f.read(&mut chunk).unwrap(), 0);
+    eprintln!("64 MiB through the mount: write+fsync {written:?}, read {:?}", t.elapsed());
+    f.seek(SeekFrom::Start(0)).unwrap();
+
+    // An unlinked file stays readable through its open handle.
+    fs::remove_file(&big).unwrap();
+    let mut first = vec![0u8; 4096];
+    f.read_exact(&mut first).unwrap();
+    assert_eq!(first, pattern(0, 4096));
+    drop(f);
+
+    // Names longer than 255 bytes.
+    let long = s.path(&"n".repeat(256));
+    assert_eq!(errno(File::create(&long)), libc::ENAMETOOLONG);
+    File::create(s.path(&"n".repeat(255))).unwrap();
+
+    // statfs reports the volume.
+    let st = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
+    assert_eq!(st.block_size(), 4096);
+    assert_eq!(st.blocks(), 256 * 256);
+    assert!(st.blocks_available() > 0 && st.blocks_available() < st.blocks());
+    assert_eq!(st.name_max(), 255);
+
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn namespace_ops() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+
+    // mkdir / rmdir / ENOTEMPTY, and directory link counts.
+    let d = s.path("d");
+    fs::create_dir(&d).unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("f"), b"1").unwrap();
+    assert_eq!(fs::metadata(&d).unwrap().nlink(), 3);
+    assert_eq!(errno(fs::remove_dir(&d)), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::create_dir(&d)), libc::EEXIST);
+    assert_eq!(errno(fs::remove_dir(d.join("f"))), libc::ENOTDIR);
+    assert_eq!(errno(fs::remove_file(d.join("sub"))), libc::EISDIR);
+    fs::remove_dir(d.join("sub")).unwrap();
+    assert_eq!(fs::metadata(&d).unwrap().nlink(), 2);
+    fs::remove_file(d.join("f")).unwrap();
+    fs::remove_dir(&d).unwrap();
+    assert_eq!(errno(fs::metadata(&d)), libc::ENOENT);
+
+    // rename: plain (replacing), RENAME_NOREPLACE, RENAME_EXCHANGE.
+    fs::write(s.path("x"), b"x").unwrap();
+    fs::write(s.path("y"), b"y").unwrap();
+    let noreplace = renameat2(AT_FDCWD, &s.path("x"), AT_FDCWD, &s.path("y"), RenameFlags::RENAME_NOREPLACE);
+    assert_eq!(nix_errno(noreplace), libc::EEXIST);
+    renameat2(AT_FDCWD, &s.path("x"), AT_FDCWD, &s.path("y"), RenameFlags::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(s.path("x")).unwrap(), b"y");
+    assert_eq!(fs::read(s.path("y")).unwrap(), b"x");
+    let exchange_missing = renameat2(AT_FDCWD, &s.path("x"), AT_FDCWD, &s.path("nope"), RenameFlags::RENAME_EXCHANGE);
+    assert_eq!(nix_errno(exchange_missing), libc::ENOENT);
+    fs::rename(s.path("x"), s.path("y")).unwrap();
+    assert_eq!(fs::read(s.path("y")).unwrap(), b"y");
+    assert_eq!(errno(fs::metadata(s.path("x"))), libc::ENOENT);
+    fs::create_dir_all(s.path("p/q")).unwrap();
+    fs::rename(s.path("y"), s.path("p/q/y")).unwrap();
+    fs::rename(s.path("p/q"), s.path("q2")).unwrap();
+    assert_eq!(fs::read(s.path("q2/y")).unwrap(), b"y");
+    assert_eq!(errno(fs::rename(s.path("p"), s.path("p/inside"))), libc::EINVAL);
+
+    // Hard links and st_nlink.
+    let (a, b) = (s.path("a"), s.path("b"));
+    fs::write(&a, b"linked").unwrap();
+    fs::hard_link(&a, &b).unwrap();
+    assert_eq!(fs::metadata(&a).unwrap().nlink(), 2);
+    assert_eq!(fs::metadata(&a).unwrap().ino(), fs::metadata(&b).unwrap().ino());
+    fs::remove_file(&a).unwrap();
+    assert_eq!(fs::metadata(&b).unwrap().nlink(), 1);
+    assert_eq!(fs::read(&b).unwrap(), b"linked");
+    assert_eq!(errno(fs::hard_link(s.path("p"), s.path("p2"))), libc::EPERM);
+
+    // Symlinks: short and long targets, readlink, following.
+    std::os::unix::fs::symlink("b", s.path("sl")).unwrap();
+    assert_eq!(fs::read_link(s.path("sl")).unwrap(), Path::new("b"));
+    assert_eq!(fs::read(s.path("sl")).unwrap(), b"linked");
+    let long_target = "t/".repeat(1000);
+    std::os::unix::fs::symlink(&long_target, s.path("long")).unwrap();
+    assert_eq!(fs::read_link(s.path("long")).unwrap(), Path::new(&long_target));
+    assert!(fs::symlink_metadata(s.path("sl")).unwrap().file_type().is_symlink());
+    std::os::unix::fs::symlink("loop", s.path("loop")).unwrap();
+    assert_eq!(errno(fs::read(s.path("loop"))), libc::ELOOP);
+
+    // mkfifo and mknod.
+    nix::unistd::mkfifo(&s.path("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&fs::metadata(s.path("fifo")).unwrap().file_type()));
+    let dev = nix::sys::stat::makedev(1, 3);
+    nix::sys::stat::mknod(&s.path("null"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), dev).unwrap();
+    let md = fs::metadata(s.path("null")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&md.file_type()));
+    assert_eq!(md.rdev(), dev);
+
+    // chmod, chown.
+    fs::set_permissions(&b, fs::Permissions::from_mode(0o4751)).unwrap();
+    assert_eq!(fs::metadata(&b).unwrap().mode() & 0o7777, 0o4751);
+    std::os::unix::fs::chown(&b, Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(&b).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    // A chown of an executable clears setuid.
+    assert_eq!(md.mode() & 0o7777, 0o751);
+
+    // utimensat with explicit times, UTIME_OMIT and UTIME_NOW.
+    let t1 = TimeSpec::new(1_000_000_000, 123_456_789);
+    utimensat(AT_FDCWD, &b, &t1, &t1, UtimensatFlags::FollowSymlink).unwrap();
+    let md = fs::metadata(&b).unwrap();
+    assert_eq!(
+        (md.atime(), md.atime_nsec(), md.mtime(), md.mtime_nsec()),
+        (1_000_000_000, 123_456_789, 1_000_000_000, 123_456_789)
+    );
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    utimensat(AT_FDCWD, &b, &TimeSpec::UTIME_OMIT, &TimeSpec::UTIME_NOW, UtimensatFlags::FollowSymlink).unwrap();
+    let md = fs::metadata(&b).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 123_456_789), "UTIME_OMIT kept atime");
+    assert!(md.mtime() >= before, "UTIME_NOW set mtime");
+    let old = TimeSpec::new(-86_400, 5);
+    utimensat(AT_FDCWD, &b, &old, &TimeSpec::UTIME_OMIT, UtimensatFlags::FollowSymlink).unwrap();
+    let md = fs::metadata(&b).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (-86_400, 5), "a time before 1970");
+
+    // xattrs: set, get (with the size probe), list, replace, remove, ENODATA, ERANGE.
+    setxattr(&b, "user.color", b"blue", 0).unwrap();
+    setxattr(&b, "trusted.t", b"", 0).unwrap();
+    setxattr(&b, "security.s", &[7u8; 300], 0).unwrap();
+    assert_eq!(getxattr(&b, "user.color", 0).unwrap().len(), 4);
+    assert_eq!(getxattr(&b, "user.color", 64).unwrap(), b"blue");
+    assert_eq!(getxattr(&b, "security.s", 300).unwrap(), vec![7u8; 300]);
+    assert_eq!(errno(getxattr(&b, "user.color", 2)), libc::ERANGE);
+    assert_eq!(errno(getxattr(&b, "user.none", 64)), libc::ENODATA);
+    assert_eq!(errno(getxattr(&b, "system.posix_acl_access", 64)), libc::ENODATA);
+    assert_eq!(errno(setxattr(&b, "user.color", b"red", libc::XATTR_CREATE)), libc::EEXIST);
+    assert_eq!(errno(setxattr(&b, "user.new", b"1", libc::XATTR_REPLACE)), libc::ENODATA);
+    setxattr(&b, "user.color", b"red", libc::XATTR_REPLACE).unwrap();
+    assert_eq!(getxattr(&b, "user.color", 64).unwrap(), b"red");
+    let names: BTreeSet<String> = ["user.color", "trusted.t", "security.s"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(listxattr(&b, 4096).unwrap(), names);
+    assert_eq!(errno(listxattr(&b, 5)), libc::ERANGE);
+    removexattr(&b, "user.color").unwrap();
+    assert_eq!(errno(removexattr(&b, "user.color")), libc::ENODATA);
+    assert_eq!(errno(getxattr(&b, "user.color", 64)), libc::ENODATA);
+    assert_eq!(listxattr(&b, 4096).unwrap().len(), 2);
+    setxattr(&s.path("p"), "user.on_a_dir", b"yes", 0).unwrap();
+    assert_eq!(getxattr(&s.path("p"), "user.on_a_dir", 16).unwrap(), b"yes");
+
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn big_directory_readdir() {
+    require_fuse!();
+    let s = Scratch::new(256);
+    let m = s.mount(&[]);
+    let d = s.path("big");
+    fs::create_dir(&d).unwrap();
+    let names: BTreeSet<String> = (0..10_000).map(|i| format!("file-{i:05}-{}", "x".repeat(i % 40))).collect();
+    let t = Instant::now();
+    for n in &names {
+        File::create(d.join(n)).unwrap();
+    }
+    let created = t.elapsed();
+    let t = Instant::now();
+    let listed: BTreeSet<String> =
+        fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let read = t.elapsed();
+    assert!(listed == names, "readdir returned {} names, want {}", listed.len(), names.len());
+    let t = Instant::now();
+    let mut bytes = 0;
+    for e in fs::read_dir(&d).unwrap() {
+        bytes += e.unwrap().metadata().unwrap().len();
+    }
+    assert_eq!(bytes, 0);
+    eprintln!("10k files: create {created:?}, readdir {read:?}, readdir+stat {:?}", t.elapsed());
+
+    // While entries go, every entry present for the whole scan is returned exactly once.
+    let all: Vec<&String> = names.iter().collect();
+    let mut seen = BTreeSet::new();
+    let mut deleted = BTreeSet::new();
+    for (i, e) in fs::read_dir(&d).unwrap().enumerate() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(seen.insert(name.clone()), "{name} returned twice");
+        if i % 2 == 0 {
+            let victim = all[(i * 7919) % all.len()];
+            if fs::remove_file(d.join(victim)).is_ok() {
+                deleted.insert(victim.clone());
+            }
+        }
+    }
+    let stayed: BTreeSet<String> = names.difference(&deleted).cloned().collect();
+    assert!(stayed.is_subset(&seen), "{} entries missed by a scan", stayed.difference(&seen).count());
+    let remaining: BTreeSet<String> =
+        fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(remaining == stayed);
+    assert_eq!(fs::metadata(&d).unwrap().nlink(), 2);
+
+    let t = Instant::now();
+    for n in &remaining {
+        fs::remove_file(d.join(n)).unwrap();
+    }
+    eprintln!("{} unlinks: {:?}", remaining.len(), t.elapsed());
+    fs::remove_dir(&d).unwrap();
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn persists_across_remount_and_read_only() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&["--attr-timeout", "0.5", "-o", "entry_timeout=0.5"]);
+    fs::create_dir_all(s.path("a/b")).unwrap();
+    fs::write(s.path("a/b/data"), pattern(7, 100_000)).unwrap();
+    fs::set_permissions(s.path("a/b/data"), fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink("b/data", s.path("a/link")).unwrap();
+    fs::hard_link(s.path("a/b/data"), s.path("a/hard")).unwrap();
+    setxattr(&s.path("a/b/data"), "user.k", b"v", 0).unwrap();
+    let before = fs::metadata(s.path("a/b/data")).unwrap();
+    // A shared writable mapping: its pages reach the volume by write-back.
+    let f = OpenOptions::new().read(true).write(true).create_new(true).open(s.path("mapped")).unwrap();
+    f.set_len(8192).unwrap();
+    // SAFETY: maps the file's 8192 bytes; the mapping is checked, written only within
+    // its bounds, synced and unmapped while the file is still open.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        std::slice::from_raw_parts_mut(p.cast::<u8>(), 8192)[4090..4102].copy_from_slice(b"across pages");
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, 8192), 0);
+    }
+    drop(f);
+    m.unmount();
+    s.fsck();
+
+    let m = s.mount(&["--ro"]);
+    assert_eq!(fs::read(s.path("a/link")).unwrap(), pattern(7, 100_000));
+    let after = fs::metadata(s.path("a/hard")).unwrap();
+    assert_eq!(
+        (after.ino(), after.nlink(), after.mode(), after.size()),
+        (before.ino(), 2, before.mode(), before.size())
+    );
+    assert_eq!((after.mtime(), after.mtime_nsec()), (before.mtime(), before.mtime_nsec()));
+    assert_eq!(getxattr(&s.path("a/hard"), "user.k", 8).unwrap(), b"v");
+    let mapped = fs::read(s.path("mapped")).unwrap();
+    assert_eq!((mapped.len(), &mapped[4090..4102]), (8192, &b"across pages"[..]));
+    assert_eq!(errno(File::create(s.path("new"))), libc::EROFS);
+    assert_eq!(errno(OpenOptions::new().write(true).open(s.path("a/hard"))), libc::EROFS);
+    assert_eq!(errno(fs::remove_file(s.path("a/hard"))), libc::EROFS);
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn kill9_recovers() {
+    require_fuse!();
+    let s = Scratch::new(128);
+    let m = s.mount(&[]);
+    fs::create_dir(s.path("keep")).unwrap();
+    for i in 0..50 {
+        let mut f = File::create(s.path(&format!("keep/{i}"))).unwrap();
+        f.write_all(&pattern(i, 50_000)).unwrap();
+        f.sync_all().unwrap();
+    }
+    // More work in flight, never synced, when the daemon dies.
+    let mnt = s.mnt.clone();
+    let writer = std::thread::spawn(move || {
+        // Runs until the dead daemon makes every call fail.
+        for i in 0.. {
+            let p = mnt.join(format!("scratch-{i}"));
+            if fs::write(&p, pattern(i, 20_000)).is_err() || (i % 2 == 1 && fs::remove_file(&p).is_err()) {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    m.kill9();
+    writer.join().unwrap();
+
+    s.fsck();
+    let m = s.mount(&[]);
+    for i in 0..50 {
+        assert!(fs::read(s.path(&format!("keep/{i}"))).unwrap() == pattern(i, 50_000), "keep/{i} lost");
+    }
+    m.unmount();
+    s.fsck();
+}
+
+/// Run a shell command as user and group 65534 (nobody).
+fn as_nobody(script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+#[test]
+fn permissions_for_other_users() {
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        eprintln!("skipping permissions_for_other_users: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(64);
+    let m = s.mount(&["--allow-other"]);
+    let secret = s.path("secret");
+    fs::write(&secret, b"root only").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let tmp = s.path("tmp");
+    fs::create_dir(&tmp).unwrap();
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(tmp.join("roots"), b"r").unwrap();
+    fs::set_permissions(tmp.join("roots"), fs::Permissions::from_mode(0o666)).unwrap();
+
+    let q = |p: &Path| format!("'{}'", p.display());
+    let out = as_nobody(&format!("cat {}", q(&secret)));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    let out = as_nobody(&format!("rm -f {}", q(&tmp.join("roots"))));
+    assert!(!out.status.success(), "nobody deleted root's file in a sticky directory");
+    assert!(tmp.join("roots").exists());
+    let out = as_nobody(&format!("chown 65534 {}", q(&tmp.join("roots"))));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not permitted"));
+    // What nobody may do works: write a world-writable file, make and delete its own.
+    let mine = tmp.join("mine");
+    let script =
+        format!("echo hi >> {} && echo x > {m} && chmod 600 {m} && rm {m}", q(&tmp.join("roots")), m = q(&mine));
+    let out = as_nobody(&script);
+    assert!(out.status.success(), "nobody's own work failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(fs::read(tmp.join("roots")).unwrap(), b"rhi\n");
+    // Files nobody creates belong to nobody.
+    let out = as_nobody(&format!("touch {}", q(&tmp.join("owned"))));
+    assert!(out.status.success());
+    let md = fs::metadata(tmp.join("owned")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (65534, 65534));
+
+    // A write by another user clears setuid and setgid (group-executable).
+    let suid = s.path("suid");
+    fs::write(&suid, b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o6777)).unwrap();
+    let out = as_nobody(&format!("echo more >> {}", q(&suid)));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(fs::metadata(&suid).unwrap().mode() & 0o7777, 0o777);
+
+    // In a setgid directory, new nodes take its group and subdirectories stay setgid.
+    let shared = s.path("shared");
+    fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, None, Some(4321)).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o2777)).unwrap();
+    let out = as_nobody(&format!("touch {f} && mkdir {d}", f = q(&shared.join("f")), d = q(&shared.join("d"))));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (f, d) = (fs::metadata(shared.join("f")).unwrap(), fs::metadata(shared.join("d")).unwrap());
+    assert_eq!((f.uid(), f.gid(), d.gid()), (65534, 4321, 4321));
+    assert_ne!(d.mode() & 0o2000, 0, "subdirectory of a setgid directory lost setgid");
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn daemon_and_mount_helper() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    // --daemon returns only once the mount is live; --create makes a missing image.
+    let image = s.tmp.path().join("created");
+    let st = dxfs()
+        .args(["mount", "--daemon", "--create", "32M"])
+        .arg(&image)
+        .arg(&s.mnt)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let guard = Mounted { child: None, mnt: s.mnt.clone(), image: image.clone(), log: None };
+    assert!(is_mounted(&s.mnt), "--daemon returned before the mount was live");
+    fs::write(s.path("f"), b"daemon").unwrap();
+    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    assert!(st.success());
+    wait_unused(&image);
+    drop(guard);
+    let out = dxfs().arg("fsck").arg("-n").arg(&image).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // mount -t fuse.dxfs (and /etc/fstab) run mount.fuse3, which runs `dxfs IMAGE DIR
+    // -o OPTS`. mount(8) itself resets PATH, so call the helper directly with a PATH
+    // that finds this build as `dxfs`.
+    let helper = ["/sbin/mount.fuse3", "/usr/sbin/mount.fuse3"].into_iter().find(|p| Path::new(p).exists());
+    let Some(helper) = helper else {
+        eprintln!("skipping the mount.fuse3 part: no mount.fuse3");
+        return;
+    };
+    let bin = s.tmp.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dxfs"), bin.join("dxfs")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let st = Command::new(helper)
+        .arg(&image)
+        .arg(&s.mnt)
+        .args(["-t", "dxfs", "-o", "defaults,_netdev,nosuid,allow_other,attr_timeout=2"])
+        .env("PATH", path)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount.fuse3 -t dxfs: {st}");
+    let guard = Mounted { child: None, mnt: s.mnt.clone(), image: image.clone(), log: None };
+    assert_eq!(fs::read(s.path("f")).unwrap(), b"daemon");
+    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    assert!(st.success());
+    wait_unused(&image);
+    drop(guard);
+    let out = dxfs().arg("fsck").arg("-n").arg(&image).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn full_volume() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    // Without the writeback cache ENOSPC comes back from write() itself.
+    let m = s.mount(&["--writeback-cache", "off"]);
+    let fill = s.path("fill");
+    let mut f = File::create(&fill).unwrap();
+    let chunk = pattern(0, 1 << 20);
+    let err = loop {
+        if let Err(e) = f.write_all(&chunk) {
+            break e;
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    // Then page by page up to the last block.
+    let err = loop {
+        if let Err(e) = f.write_all(&chunk[..4096]) {
+            break e;
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    let st = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
+    assert!(st.blocks_available() < 16, "{} blocks still available", st.blocks_available());
+    // Everything accepted before ENOSPC is there.
+    f.sync_all().unwrap();
+    let len = f.metadata().unwrap().len();
+    assert!(len > 16 << 20);
+    drop(f);
+    let back = fs::read(&fill).unwrap();
+    assert!(back.len() as u64 == len && back.starts_with(&chunk), "content of the full file");
+    // Deleting works on a full volume and gives the space back.
+    fs::remove_file(&fill).unwrap();
+    fs::write(s.path("after"), &chunk).unwrap();
+    m.unmount();
+    s.fsck();
+}
+
+#[test]
+fn checksum_failure_is_eio() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    fs::create_dir(s.path("d")).unwrap();
+    fs::write(s.path("d/victim"), b"v").unwrap();
+    let ino = fs::metadata(s.path("d/victim")).unwrap().ino();
+    m.unmount();
+    // Recovery replays the newest delta at every open: make one that leaves the
+    // victim's inode block alone, so the home copy scribbled below is the only one.
+    let m = s.mount(&[]);
+    fs::write(s.path("newer"), b"n").unwrap();
+    m.unmount();
+    // Scribble over the middle of the inode's block (not its checksum).
+    let (block, _) = dxfs::format::ino_loc(ino);
+    let img = OpenOptions::new().write(true).open(&s.image).unwrap();
+    img.write_all_at(&[0x5a; 64], block * 4096 + 2048).unwrap();
+    drop(img);
+
+    let m = s.mount(&[]);
+    assert_eq!(errno(fs::metadata(s.path("d/victim"))), libc::EIO);
+    let log = fs::read_to_string(m.log.as_ref().unwrap()).unwrap();
+    assert!(log.contains("checksum mismatch"), "no log line for the bad block: {log}");
+    // The rest of the volume still works, and the daemon neither panics nor hangs.
+    fs::write(s.path("other"), b"fine").unwrap();
+    assert_eq!(fs::read(s.path("other")).unwrap(), b"fine");
+    m.unmount();
+}

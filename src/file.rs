@@ -228,10 +228,20 @@ pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limi
     Ok(written)
 }
 
-/// Allocate unwritten extents over the holes of `[start, end)` (fallocate).
-pub fn preallocate(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+/// Allocate unwritten extents over the holes of `[start, end)` (fallocate), at most
+/// `max_blocks` blocks, stopping early once the delta's dirty metadata reaches
+/// `meta_limit` blocks. Returns the logical block reached: `end` when done.
+pub fn preallocate(
+    st: &mut Store,
+    inode: &mut Inode,
+    start: u64,
+    end: u64,
+    max_blocks: u64,
+    meta_limit: usize,
+) -> Result<u64> {
     let mark = usage_mark(st);
     let mut at = start;
+    let mut budget = max_blocks;
     let existing = extents_in(st, inode, start, end)?;
     let mut holes = Vec::new();
     for e in &existing {
@@ -243,17 +253,23 @@ pub fn preallocate(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> R
     if at < end {
         holes.push((at, end));
     }
-    for (s, e) in holes {
+    let mut reached = end;
+    'holes: for (s, e) in holes {
         let mut done = s;
         while done < e {
+            if budget == 0 || st.cache.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+                reached = done;
+                break 'holes;
+            }
             let goal = goal_for(st, inode, done)?;
-            let (phys, len) = st.space.alloc(goal, e - done, 1).ok_or(Error::NoSpace)?;
+            let (phys, len) = st.space.alloc(goal, (e - done).min(budget), 1).ok_or(Error::NoSpace)?;
             map(st, inode, Extent { logical: done, len, phys, unwritten: true })?;
             done += len;
+            budget -= len;
         }
     }
     account(st, inode, mark);
-    Ok(())
+    Ok(reached)
 }
 
 /// A read worked out under the volume lock and carried out without it: the device runs

@@ -228,6 +228,8 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         xattr_shared: Default::default(),
         xattr_block_reads: 0,
         shared_inode_block: None,
+        freed_meta: Default::default(),
+        freed_in_flight: Default::default(),
     };
     let mut w = Walk {
         st,

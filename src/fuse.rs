@@ -29,7 +29,7 @@ use fuser::{
 
 use crate::error::{Error, Result};
 use crate::format::FileType;
-use crate::volume::{self, Attr, SetAttr, SetTime, Time, Volume, XattrMode};
+use crate::volume::{self, Attr, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
 
 /// How a volume is served.
 #[derive(Clone, Debug)]
@@ -248,8 +248,10 @@ impl Filesystem for DxFuse {
         }
         // POSIX_ACL makes the kernel enforce ACLs, and it turns default_permissions on,
         // so it is only asked for when permissions are the kernel's job anyway.
+        // DONT_MASK hands the umask to the volume, which ignores it when a default ACL
+        // is inherited, as POSIX says.
         if self.opts.default_permissions {
-            want |= InitFlags::FUSE_POSIX_ACL;
+            want |= InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
         }
         // One at a time, so one missing capability does not cost the others.
         for f in want.iter() {
@@ -328,29 +330,21 @@ impl Filesystem for DxFuse {
         }
     }
 
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let p = self.vol_ino(parent);
         let r = self.owner(req, p).and_then(|(uid, gid, _)| {
-            self.call("mknod", |v| v.mknod(p, name.as_bytes(), mode, u64::from(rdev), uid, gid))
+            self.call("mknod", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: u64::from(rdev), umask }))
         });
         self.reply_entry(reply, r);
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let p = self.vol_ino(parent);
         let r = self.owner(req, p).and_then(|(uid, gid, sgid)| {
             // Subdirectories of a setgid directory are setgid too.
             let perm = if sgid { mode | libc::S_ISGID } else { mode };
-            self.call("mkdir", |v| v.mkdir(p, name.as_bytes(), perm & 0o7777, uid, gid))
+            let mode = libc::S_IFDIR | (perm & 0o7777);
+            self.call("mkdir", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask }))
         });
         self.reply_entry(reply, r);
     }
@@ -630,7 +624,7 @@ impl Filesystem for DxFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
@@ -639,7 +633,8 @@ impl Filesystem for DxFuse {
         let p = self.vol_ino(parent);
         let r = self.owner(req, p).and_then(|(uid, gid, _)| {
             self.call("create", |v| {
-                let a = v.create(p, name.as_bytes(), mode & 0o7777, uid, gid)?;
+                let mode = libc::S_IFREG | (mode & 0o7777);
+                let a = v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask })?;
                 v.open_file(a.ino)
             })
         });

@@ -24,6 +24,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod acl;
 pub mod block;
 pub mod btree;
 pub mod cache;

@@ -30,6 +30,10 @@ pub struct Store {
     pub xattr_block_reads: u64,
     /// Without reservation: the inode block new inodes currently go to.
     pub shared_inode_block: Option<u64>,
+    /// Metadata blocks freed in the current delta, and in the delta being committed: a
+    /// stale inode number pointing into one is NotFound, not a checksum error.
+    pub freed_meta: rustc_hash::FxHashSet<u64>,
+    pub freed_in_flight: rustc_hash::FxHashSet<u64>,
 }
 
 impl NodeStore for Store {
@@ -63,6 +67,13 @@ impl Store {
     pub fn free_meta(&mut self, block: u64) {
         self.cache.forget(block);
         self.space.free_deferred(block, 1);
+        self.freed_meta.insert(block);
+    }
+
+    /// Whether a metadata block was freed and is waiting for its delta to become durable
+    /// (still marked in use, but its contents are gone).
+    fn freed_pending(&self, block: u64) -> bool {
+        self.freed_meta.contains(&block) || self.freed_in_flight.contains(&block)
     }
 
     fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {
@@ -77,7 +88,7 @@ impl Store {
     /// handle); a damaged block is `Corrupt`.
     pub fn inode(&mut self, ino: u64) -> Result<Inode> {
         let (b, s) = self.check_ino(ino)?;
-        if !self.space.is_used(b) {
+        if !self.space.is_used(b) || self.freed_pending(b) {
             return Err(Error::NotFound);
         }
         let blk = self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?;

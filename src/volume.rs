@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::acl;
 use crate::block::{BlockDevice, IoStats};
 use crate::btree;
 use crate::cache::MetaCache;
@@ -30,6 +31,10 @@ use crate::xattr;
 pub const LINK_MAX: u32 = 65_000;
 /// Longest symlink target.
 pub const SYMLINK_MAX: usize = 4095;
+/// Largest piece of a write charged at once (bytes).
+const WRITE_CHUNK: usize = 4 << 20;
+/// Largest piece of a preallocation charged at once (blocks).
+const FALLOC_STEP: u64 = 32_768;
 /// Directory readahead: leaves and entries read ahead of a sequential readdirplus.
 const READAHEAD_LEAVES: usize = 16;
 const READAHEAD_ENTRIES: usize = 2048;
@@ -89,6 +94,19 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<Time>,
+}
+
+/// What `Volume::make` creates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewNode {
+    /// File type and permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Device number of a device node.
+    pub rdev: u64,
+    /// The creator's umask, applied unless a default ACL is inherited.
+    pub umask: u32,
 }
 
 /// Flags of `rename`.
@@ -223,6 +241,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         xattr_shared: Default::default(),
         xattr_block_reads: 0,
         shared_inode_block: None,
+        freed_meta: Default::default(),
+        freed_in_flight: Default::default(),
     };
     let root = st.alloc_root()?;
     sb.root_ino = root;
@@ -436,7 +456,9 @@ impl Inner {
     /// one operation, the dirty-data limit, and the space budget.
     fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
         let used = (self.st.cache.dirty_count() + self.st.space.pending_bitmap_blocks()) as u64;
-        if used + OP_LOG_BLOCKS > self.log_capacity || self.dirty_pages + c.pages > self.opts.dirty_limit {
+        if used + OP_LOG_BLOCKS > self.log_capacity
+            || (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.opts.dirty_limit)
+        {
             return Err(Short::Delta);
         }
         if self.st.space.available(c.deletion) < c.meta + c.pages {
@@ -503,6 +525,7 @@ impl Inner {
                     break;
                 }
                 self.st.space.release_deferred();
+                self.st.freed_meta.clear();
                 let blocks = self.snapshot();
                 journal.commit(&*self.st.dev, &blocks)?;
                 self.st.cache.landed(&blocks);
@@ -514,6 +537,7 @@ impl Inner {
             return Ok(None);
         }
         let held = self.st.space.begin_hold();
+        self.st.freed_in_flight = std::mem::take(&mut self.st.freed_meta);
         let blocks = self.snapshot();
         self.st.space.keep_held(&held);
         Ok(Some(Flight { blocks, held }))
@@ -535,6 +559,7 @@ impl Inner {
     /// A flight is durable and home: release what it held.
     fn finish_commit(&mut self, f: &Flight) {
         self.st.space.end_hold(&f.held);
+        self.st.freed_in_flight.clear();
         self.st.cache.landed(&f.blocks);
     }
 
@@ -600,6 +625,52 @@ impl Inner {
         self.st.put_inode(&p)?;
         self.st.put_inode(&i)?;
         Ok((p, i))
+    }
+
+    /// The default ACL of a directory, if it has one (the xattr filter usually answers
+    /// without reading anything).
+    fn default_acl(&mut self, dir: &Inode) -> Result<Option<Vec<acl::Entry>>> {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(dir, 3, b"") {
+            return Ok(None);
+        }
+        match xattr::load(&mut self.st, dir)?.into_iter().find(|x| x.idx == 3) {
+            Some(x) => Ok(Some(
+                acl::decode(&x.value).map_err(|_| Error::corrupt(format!("directory {}: bad default ACL", dir.ino)))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
+    /// default ACL in the parent, POSIX's inheritance rules (the umask does not apply);
+    /// otherwise the umask.
+    fn inherited(&mut self, parent: u64, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
+        let p = self.dir_inode(parent)?;
+        let Some(def) = self.default_acl(&p)? else {
+            return Ok((mode & !(umask & 0o777), Vec::new()));
+        };
+        let (mode, access) = acl::inherit(&def, mode);
+        let mut list = Vec::new();
+        if let Some(a) = access {
+            list.push(xattr::Xattr { idx: 2, name: Vec::new(), value: acl::encode(&a) });
+        }
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            list.push(xattr::Xattr { idx: 3, name: Vec::new(), value: acl::encode(&def) });
+        }
+        Ok((mode, list))
+    }
+
+    /// Keep an inode's access ACL in step with a new mode (chmod).
+    fn chmod_acl(&mut self, i: &mut Inode) -> Result<()> {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"") {
+            return Ok(());
+        }
+        let mut list = xattr::load(&mut self.st, i)?;
+        let Some(x) = list.iter_mut().find(|x| x.idx == 2) else { return Ok(()) };
+        let mut a = acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?;
+        acl::chmod(&mut a, i.mode);
+        x.value = acl::encode(&a);
+        xattr::store(&mut self.st, i, &list)
     }
 
     /// Drop one link of `i`; free it when no link and no open handle remain.
@@ -790,6 +861,8 @@ impl Volume {
             xattr_shared: Default::default(),
             xattr_block_reads: 0,
             shared_inode_block: None,
+            freed_meta: Default::default(),
+            freed_in_flight: Default::default(),
         };
         let read_only = opts.read_only;
         let mut inner = Inner {
@@ -961,6 +1034,7 @@ impl Volume {
         let t = now();
         if let Some(m) = s.mode {
             i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
+            g.chmod_acl(&mut i)?;
         }
         if let Some(u) = s.uid {
             i.uid = u;
@@ -991,12 +1065,23 @@ impl Volume {
 
     /// Create a regular file, device node, fifo or socket (`mode` includes the type).
     pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
-        let ft = type_of(mode)?;
-        if ft == FileType::Directory || ft == FileType::Symlink {
-            return Err(Error::Invalid("mknod of a directory or symlink".into()));
+        self.make(parent, name, NewNode { mode, uid, gid, rdev, umask: 0 })
+    }
+
+    /// Create any inode but a symlink, as FUSE's create, mknod and mkdir do: the parent's
+    /// default ACL, if any, is inherited (and the umask ignored), else the umask applies.
+    pub fn make(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
+        if type_of(n.mode)? == FileType::Symlink {
+            return Err(Error::Invalid("make of a symlink".into()));
         }
-        let mut g = self.charged(|g| g.create_cost(parent))?;
-        let (_, i) = g.create_node(parent, name, mode, uid, gid, rdev)?;
+        // One block more for inherited ACLs (identical lists share it).
+        let mut g = self.charged(|g| Ok(Cost { meta: g.create_cost(parent)?.meta + 1, ..g.create_cost(parent)? }))?;
+        let (mode, acls) = g.inherited(parent, n.mode, n.umask)?;
+        let (_, mut i) = g.create_node(parent, name, mode, n.uid, n.gid, n.rdev)?;
+        if !acls.is_empty() {
+            xattr::store(&mut g.st, &mut i, &acls)?;
+            g.st.put_inode(&i)?;
+        }
         g.attr(&i)
     }
 
@@ -1007,9 +1092,7 @@ impl Volume {
 
     /// Create a directory.
     pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let mut g = self.charged(|g| g.create_cost(parent))?;
-        let (_, i) = g.create_node(parent, name, libc::S_IFDIR | (perm & 0o7777), uid, gid, 0)?;
-        g.attr(&i)
+        self.make(parent, name, NewNode { mode: libc::S_IFDIR | (perm & 0o7777), uid, gid, rdev: 0, umask: 0 })
     }
 
     /// Create a symbolic link.
@@ -1345,13 +1428,26 @@ impl Volume {
 
     /// Write `data` at `offset`; returns the bytes written.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let mut g = self.charged(|g| {
-            if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
-                return Err(Error::Invalid("write to a symlink".into()));
+        // Large writes go in chunks, each charged on its own; when one fails after others
+        // succeeded, the write is short, as POSIX allows.
+        let mut done = 0;
+        for chunk in data.chunks(WRITE_CHUNK) {
+            let off = offset + done as u64;
+            let r = self
+                .charged(|g| {
+                    if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+                        return Err(Error::Invalid("write to a symlink".into()));
+                    }
+                    g.write_cost(ino, off, chunk.len() as u64)
+                })
+                .and_then(|mut g| g.write(ino, off, chunk));
+            match r {
+                Ok(n) => done += n,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
             }
-            g.write_cost(ino, offset, data.len() as u64)
-        })?;
-        g.write(ino, offset, data)
+        }
+        Ok(done)
     }
 
     /// fallocate: mode 0 allocates (and may extend), `keep_size` does not change the
@@ -1375,11 +1471,13 @@ impl Volume {
                 return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
             }
             let depth = extent_depth(&i);
+            let n = (e - s).min(FALLOC_STEP);
             Ok(if punch {
                 // Zeroing the two partial end pages; unmapping may split one extent.
                 Cost::new(2 * depth + 3 + Inner::writeback_meta(0, 2, depth), 2, true)
             } else {
-                Cost::new(2 * depth + 3 + (e - s) / 64, e - s, false)
+                // Blocks are allocated at once, so they are metadata-like: not promised.
+                Cost::new(2 * depth + 3 + n / 64 + n, 0, false)
             })
         })?;
         if punch {
@@ -1419,14 +1517,28 @@ impl Volume {
             g.st.put_inode(&i)?;
             return Ok(());
         }
-        let mut i = g.st.inode(ino)?;
-        file::preallocate(&mut g.st, &mut i, s, e)?;
-        if !keep_size && end > i.size {
-            i.size = end;
+        // Preallocation maps blocks at once: in steps, each charged on its own and
+        // stopping when the delta's log fills, so any size fits.
+        let limit = (g.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
+        let mut at = s;
+        loop {
+            let mut i = g.st.inode(ino)?;
+            at = file::preallocate(&mut g.st, &mut i, at, e, FALLOC_STEP, limit)?;
+            if at >= e && !keep_size && end > i.size {
+                i.size = end;
+            }
+            i.ctime = now();
+            g.st.put_inode(&i)?;
+            if at >= e {
+                return Ok(());
+            }
+            drop(g);
+            g = self.charged(|g| {
+                let i = g.st.inode(ino)?;
+                let n = (e - at).min(FALLOC_STEP);
+                Ok(Cost::new(2 * extent_depth(&i) + 3 + n / 64 + n, 0, false))
+            })?;
         }
-        i.ctime = now();
-        g.st.put_inode(&i)?;
-        Ok(())
     }
 
     /// List a directory from position `pos` (0 = start), at most `max` entries. Each
@@ -1516,9 +1628,26 @@ impl Volume {
             _ => {}
         }
         let x = xattr::Xattr { idx, name: suffix.to_vec(), value: value.to_vec() };
-        match pos {
-            Some(p) => list[p] = x,
-            None => list.push(x),
+        // POSIX ACLs: validated; an access ACL sets the mode's permission bits, and one
+        // the mode says all of is not stored at all; default ACLs only on directories.
+        let mut keep = true;
+        if idx == 2 || idx == 3 {
+            let a = acl::decode(value)?;
+            if idx == 3 && !i.is_dir() {
+                return Err(Error::Invalid("default ACL on a non-directory".into()));
+            }
+            if idx == 2 {
+                i.mode = (i.mode & !0o777) | acl::mode_bits(&a);
+                keep = !acl::is_minimal(&a);
+            }
+        }
+        match (pos, keep) {
+            (Some(p), true) => list[p] = x,
+            (None, true) => list.push(x),
+            (Some(p), false) => {
+                list.remove(p);
+            }
+            (None, false) => {}
         }
         xattr::store(&mut g.st, &mut i, &list)?;
         i.ctime = now();

@@ -749,6 +749,51 @@ fn permissions_for_other_users() {
     s.fsck();
 }
 
+/// POSIX ACLs through the mount (seed 001): setfacl/getfacl, the kernel enforces them for
+/// another user, chmod updates the mask, and default ACLs are inherited.
+#[test]
+fn posix_acls_through_the_mount() {
+    require_fuse!();
+    let tools = ["setpriv", "setfacl", "getfacl"];
+    if tools.iter().any(|t| Command::new(t).arg("--version").stdout(Stdio::null()).status().is_err()) {
+        eprintln!("skipping posix_acls_through_the_mount: needs {tools:?} (util-linux, acl)");
+        return;
+    }
+    let s = Scratch::new(64);
+    let m = s.mount(&["--allow-other"]);
+    let q = |p: &Path| format!("'{}'", p.display());
+    let f = s.path("private");
+    fs::write(&f, b"for nobody's eyes").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!as_nobody(&format!("cat {}", q(&f))).status.success());
+    let st = Command::new("setfacl").args(["-m", "u:nobody:r"]).arg(&f).status().unwrap();
+    assert!(st.success());
+    let out = as_nobody(&format!("cat {}", q(&f)));
+    assert!(out.status.success(), "ACL grant not enforced: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o640, "group bits show the ACL mask");
+    let acl = Command::new("getfacl").args(["-c", "-n"]).arg(&f).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&acl.stdout).contains("user:65534:r--"),
+        "{}",
+        String::from_utf8_lossy(&acl.stdout)
+    );
+    // chmod g-r masks the named entry out again.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!as_nobody(&format!("cat {}", q(&f))).status.success(), "chmod did not update the ACL mask");
+    // Default ACLs: new files in the directory inherit nobody's write access.
+    let d = s.path("shared");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    let st = Command::new("setfacl").args(["-d", "-m", "u:nobody:rwx", "-m", "u:nobody:rwx"]).arg(&d).status().unwrap();
+    assert!(st.success());
+    fs::write(d.join("new"), b"x").unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    let out = as_nobody(&format!("echo more >> {} && touch {}", q(&d.join("new")), q(&d.join("sub/deeper"))));
+    assert!(out.status.success(), "default ACL not inherited: {}", String::from_utf8_lossy(&out.stderr));
+    m.unmount();
+    s.fsck();
+}
+
 #[test]
 fn daemon_and_mount_helper() {
     require_fuse!();

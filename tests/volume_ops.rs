@@ -258,3 +258,45 @@ fn read_only_open_refuses_changes() {
     drop(vol);
     assert_clean(dev);
 }
+
+/// Inodes freed in the current delta (or the one being committed) read as NotFound, the
+/// answer a FUSE server owes the kernel for a stale inode number.
+#[test]
+fn freed_inodes_are_not_found_not_corrupt() {
+    let (dev, vol) = mem_volume(16_384);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let inos: Vec<u64> =
+        (0..3000).map(|i| vol.create(d, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
+    for i in 0..3000 {
+        vol.unlink(d, format!("f{i}").as_bytes()).unwrap();
+    }
+    vol.rmdir(root, b"d").unwrap();
+    for ino in &inos {
+        assert!(matches!(vol.getattr(*ino), Err(Error::NotFound)), "inode {ino}: {:?}", vol.getattr(*ino));
+        assert!(matches!(vol.setattr(*ino, &SetAttr::default()), Err(Error::NotFound)));
+    }
+    vol.sync().unwrap();
+    for ino in &inos {
+        assert!(matches!(vol.getattr(*ino), Err(Error::NotFound)));
+    }
+    close_and_check(dev, vol);
+}
+
+/// A preallocation and a write far larger than one delta's log or dirty limit go
+/// through in steps.
+#[test]
+fn huge_fallocate_and_write_fit_any_delta() {
+    let dev = Arc::new(MemDevice::new(65_536));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions { dirty_limit: 1024, ..Default::default() }).unwrap();
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.fallocate(f, 0, 100 << 20, false, false).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().size, 100 << 20);
+    let g = vol.create(root, b"g", 0o644, 0, 0).unwrap().ino;
+    let data: Vec<u8> = (0..(40usize << 20)).map(|i| (i / 4096) as u8).collect();
+    assert_eq!(vol.write(g, 0, &data).unwrap(), data.len());
+    assert_eq!(vol.read(g, 0, data.len()).unwrap(), data);
+    close_and_check(dev, vol);
+}

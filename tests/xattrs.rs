@@ -13,14 +13,8 @@ use dxfs::volume::XattrMode;
 use dxfs::{Error, OpenOptions, Volume};
 use proptest::prelude::*;
 
-const NAMES: &[&[u8]] = &[
-    b"user.a",
-    b"user.bb",
-    b"trusted.t",
-    b"security.selinux",
-    b"system.posix_acl_access",
-    b"system.posix_acl_default",
-];
+// ACL names carry validated values; posix_acls_and_mode_stay_in_step covers them.
+const NAMES: &[&[u8]] = &[b"user.a", b"user.bb", b"trusted.t", b"security.selinux", b"trusted.other", b"user.c"];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -119,7 +113,15 @@ fn values_up_to_64k_and_limits() {
 fn identical_lists_are_stored_once() {
     let (dev, vol) = mem_volume(8192);
     let root = vol.root();
-    let acl = vec![7u8; 200]; // too big for the inode: goes to a block
+    // An ACL with 20 named users: too big for the inode, so it goes to a block.
+    let mut entries = vec![
+        (dxfs::acl::USER_OBJ, 6, 0),
+        (dxfs::acl::GROUP_OBJ, 4, 0),
+        (dxfs::acl::MASK, 6, 0),
+        (dxfs::acl::OTHER, 0, 0),
+    ];
+    entries.extend((0..20).map(|u| (dxfs::acl::USER, 4, 1000 + u)));
+    let acl = acl(&entries);
     let before = vol.statfs().bfree;
     let files: Vec<u64> = (0..200)
         .map(|i| {
@@ -182,4 +184,60 @@ fn the_filter_answers_misses_without_reading_xattr_blocks() {
     // when the two names' bits differ, as they do for most pairs).
     assert!(with <= n as u64 / 16, "{with} of {n} misses read xattr storage with the filter on");
     assert_clean(dev);
+}
+
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    dxfs::acl::encode(&entries.iter().map(|&(tag, perm, id)| dxfs::acl::Entry { tag, perm, id }).collect::<Vec<_>>())
+}
+
+/// POSIX ACL rules the volume keeps for a FUSE server: mode and ACL in step, minimal
+/// ACLs folded into the mode, default ACLs inherited (and the umask ignored then).
+#[test]
+fn posix_acls_and_mode_stay_in_step() {
+    use dxfs::acl::{GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+    use dxfs::volume::{NewNode, SetAttr};
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o600, 0, 0).unwrap().ino;
+    // A named-user entry with mask r--: the group bits show the mask.
+    let a = acl(&[(USER_OBJ, 6, 0), (USER, 4, 65534), (GROUP_OBJ, 0, 0), (MASK, 4, 0), (OTHER, 0, 0)]);
+    vol.setxattr(f, b"system.posix_acl_access", &a, XattrMode::Any).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().mode & 0o777, 0o640);
+    // chmod rewrites the mask, not the owning group's entry.
+    vol.setattr(f, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    let got = dxfs::acl::decode(&vol.getxattr(f, b"system.posix_acl_access").unwrap()).unwrap();
+    assert_eq!(got.iter().find(|e| e.tag == MASK).unwrap().perm, 0);
+    assert_eq!(got.iter().find(|e| e.tag == USER).unwrap().perm, 4);
+    // A minimal ACL is the mode: stored as mode bits only.
+    let g = vol.create(root, b"g", 0o600, 0, 0).unwrap().ino;
+    vol.setxattr(
+        g,
+        b"system.posix_acl_access",
+        &acl(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 5, 0), (OTHER, 1, 0)]),
+        XattrMode::Any,
+    )
+    .unwrap();
+    assert_eq!(vol.getattr(g).unwrap().mode & 0o777, 0o751);
+    assert!(matches!(vol.getxattr(g, b"system.posix_acl_access"), Err(Error::NoData)));
+    assert!(matches!(vol.setxattr(g, b"system.posix_acl_access", b"junk", XattrMode::Any), Err(Error::Invalid(_))));
+    assert!(vol.setxattr(g, b"system.posix_acl_default", &a, XattrMode::Any).is_err(), "default ACL on a file");
+    // Inheritance: a directory with a default ACL.
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let def = acl(&[(USER_OBJ, 7, 0), (USER, 6, 65534), (GROUP_OBJ, 5, 0), (MASK, 7, 0), (OTHER, 5, 0)]);
+    vol.setxattr(d, b"system.posix_acl_default", &def, XattrMode::Any).unwrap();
+    let c =
+        vol.make(d, b"child", NewNode { mode: libc::S_IFREG | 0o666, uid: 0, gid: 0, rdev: 0, umask: 0o077 }).unwrap();
+    assert_eq!(c.mode & 0o777, 0o664, "default ACL applies, umask does not");
+    let ca = dxfs::acl::decode(&vol.getxattr(c.ino, b"system.posix_acl_access").unwrap()).unwrap();
+    assert!(ca.iter().any(|e| e.tag == USER && e.id == 65534 && e.perm == 6));
+    assert!(matches!(vol.getxattr(c.ino, b"system.posix_acl_default"), Err(Error::NoData)));
+    let sub =
+        vol.make(d, b"sub", NewNode { mode: libc::S_IFDIR | 0o777, uid: 0, gid: 0, rdev: 0, umask: 0o022 }).unwrap();
+    assert_eq!(vol.getxattr(sub.ino, b"system.posix_acl_default").unwrap(), def, "directories inherit the default");
+    // Without a default ACL the umask applies.
+    let plain = vol
+        .make(root, b"plain", NewNode { mode: libc::S_IFREG | 0o666, uid: 0, gid: 0, rdev: 0, umask: 0o027 })
+        .unwrap();
+    assert_eq!(plain.mode & 0o777, 0o640);
+    close_and_check(dev, vol);
 }

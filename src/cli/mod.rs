@@ -494,6 +494,13 @@ fn cmd_mount(a: MountArgs, raw: &[OsString]) -> i32 {
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
     o.fsname = image.display().to_string();
+    // With --create, the mount point is made too (as `mount --mkdir` does), so one
+    // command takes a fresh machine from nothing to a mounted volume.
+    if a.create.is_some() && !a.dir.exists() {
+        if let Err(e) = std::fs::create_dir_all(&a.dir) {
+            return fail(format!("{}: {e}", a.dir.display()), 8);
+        }
+    }
     let dir = match a.dir.canonicalize() {
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", a.dir.display()), 8),

@@ -36,6 +36,8 @@ pub struct Journal {
     layout: Layout,
     /// Sequence number of the last committed delta.
     pub seq: u64,
+    /// Blocks the last committed delta logged (0: nothing to replay).
+    pub last_blocks: usize,
 }
 
 fn body_crc(body: &[u8]) -> u32 {
@@ -66,7 +68,7 @@ impl Journal {
             }
         }
         let Some((seq, at, n)) = best else {
-            return Ok((Journal { layout, seq: 0 }, Vec::new()));
+            return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Vec::new()));
         };
         if n > capacity(layout.log_blocks) {
             return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
@@ -100,7 +102,8 @@ impl Journal {
             }
             dev.flush()?;
         }
-        Ok((Journal { layout, seq }, out))
+        let last_blocks = out.len();
+        Ok((Journal { layout, seq, last_blocks }, out))
     }
 
     /// Blocks one delta may log.
@@ -136,6 +139,7 @@ impl Journal {
         dev.write(at, &cb)?;
         dev.flush()?;
         self.seq = seq;
+        self.last_blocks = n;
         // Home writes, coalesced into runs of adjacent blocks.
         let mut i = 0;
         while i < n {

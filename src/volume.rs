@@ -1696,7 +1696,24 @@ impl Volume {
 
     /// Commit and close.
     pub fn close(self) -> Result<()> {
-        self.sync()
+        self.sync()?;
+        self.checkpoint()
+    }
+
+    /// After the last commit: make its home writes durable and commit an empty delta, so
+    /// the next open has nothing to replay (a clean unmount; replaying would read and
+    /// rewrite the whole last delta).
+    fn checkpoint(&self) -> Result<()> {
+        let mut journal = self.journal.lock();
+        let mut g = self.inner.lock();
+        if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.cache.dirty_count() > 0 {
+            return Ok(());
+        }
+        let dev = g.st.dev.clone();
+        dev.flush()?;
+        journal.commit(&*dev, &[])?;
+        g.seq = journal.seq;
+        Ok(())
     }
 
     /// Number of entries in a directory (without . and ..), and its index depth.
@@ -1749,7 +1766,7 @@ impl Drop for Volume {
             (g.opts.read_only, g.failed)
         };
         if !ro && !failed {
-            if let Err(e) = self.commit() {
+            if let Err(e) = self.commit().and_then(|_| self.checkpoint()) {
                 tracing::error!("commit at close failed: {e}");
             }
         }

@@ -1,0 +1,337 @@
+"""The filesystems under test, and volumes: a sparse file on tmpfs, attached to a loop
+device, formatted, mounted, checked and torn down.
+
+Every filesystem, dxfs included, sits on a loop device so that /sys/block/loopN/stat
+counts its I/O the same way.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from . import cleanup, system
+from .system import CommandError, run
+
+MIB = 1 << 20
+
+
+class Filesystem:
+    """How to make, mount and check one kind of filesystem."""
+
+    name = ""
+    kind = ""  # "kernel" or "fuse"
+    tools = ()
+
+    def mkfs_cmd(self, dev):
+        raise NotImplementedError
+
+    def fsck_cmd(self, dev):
+        raise NotImplementedError
+
+    def mount(self, dev, mnt, log_path):
+        """Mount `dev` on `mnt` and return a mount handle with .unmount()."""
+        raise NotImplementedError
+
+    def mount_cmd(self, dev, mnt):
+        raise NotImplementedError
+
+    def unavailable_reason(self):
+        """Why this filesystem cannot run here (missing tools), or None."""
+        missing = system.missing_tools(self.tools)
+        return f"{', '.join(missing)} not installed" if missing else None
+
+    def describe(self):
+        """The exact commands used, with placeholders, for the report."""
+        return {
+            "kind": self.kind,
+            "mkfs": " ".join(self.mkfs_cmd("DEV")),
+            "mount": " ".join(self.mount_cmd("DEV", "DIR")),
+            "fsck": " ".join(self.fsck_cmd("DEV")),
+        }
+
+
+class KernelFs(Filesystem):
+    kind = "kernel"
+
+    def __init__(self, name, fstype, mkfs, fsck, tools):
+        self.name, self._fstype, self._mkfs, self._fsck, self.tools = name, fstype, mkfs, fsck, tools
+
+    def mkfs_cmd(self, dev):
+        return [*self._mkfs, dev]
+
+    def fsck_cmd(self, dev):
+        return [*self._fsck, dev]
+
+    def mount_cmd(self, dev, mnt):
+        return ["mount", "-t", self._fstype, dev, mnt]
+
+    def mount(self, dev, mnt, log_path):
+        run(self.mount_cmd(dev, mnt), timeout=120)
+        return KernelMount(mnt)
+
+
+class FuseFs(Filesystem):
+    """A filesystem served by a daemon that the runner starts in the foreground, so
+    that its pid is known (for CPU time) and it is the runner's own child."""
+
+    kind = "fuse"
+
+    def __init__(self, name, daemon, mkfs, fsck, tools):
+        self.name, self._daemon, self._mkfs, self._fsck, self.tools = name, daemon, mkfs, fsck, tools
+
+    def mkfs_cmd(self, dev):
+        return [*self._mkfs, dev]
+
+    def fsck_cmd(self, dev):
+        return [*self._fsck, dev]
+
+    def mount_cmd(self, dev, mnt):
+        return self._daemon(dev, mnt)
+
+    def mount(self, dev, mnt, log_path):
+        log = open(log_path, "ab")
+        try:
+            proc = subprocess.Popen(
+                [str(c) for c in self.mount_cmd(dev, mnt)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # Ctrl-C must reach the runner, not kill the daemon under a live mount
+            )
+        finally:
+            log.close()
+        system.wait_until(lambda: proc.poll() is not None or system.mount_entry(mnt), timeout=60)
+        entry = system.mount_entry(mnt)
+        if entry is None:
+            if proc.poll() is None:
+                _stop_process(proc)
+                raise CommandError(f"{self.name} mount did not become live within 60 s")
+            text = Path(log_path).read_text(errors="replace")
+            raise CommandError(f"{self.name} daemon exited {proc.returncode} before mounting: {system.tail(text)}")
+        return FuseMount(mnt, proc, entry["device_number"])
+
+
+class Dxfs(FuseFs):
+    """dxfs through its FUSE mount (`dxfs mount DEV DIR`, foreground)."""
+
+    def __init__(self, binary):
+        self.binary = binary
+        super().__init__(
+            "dxfs",
+            daemon=lambda dev, mnt: [binary, "mount", dev, mnt],
+            mkfs=[binary, "mkfs", "-f"],
+            fsck=[binary, "fsck", "-n"],
+            tools=("fusermount3",),
+        )
+
+    def unavailable_reason(self):
+        if not self.binary or not os.access(self.binary, os.X_OK):
+            return f"dxfs binary not found ({self.binary or 'none given'}); build it or pass --dxfs-bin"
+        return super().unavailable_reason()
+
+    def describe(self):
+        d = super().describe()
+        d["note"] = "the runner starts the daemon in the foreground (same as --daemon minus the fork) to know its pid"
+        return d
+
+
+EXT4_MKFS = ["mkfs.ext4", "-F", "-q", "-T", "default", "-E", "lazy_itable_init=0,lazy_journal_init=0"]
+
+
+def all_filesystems(dxfs_binary):
+    """Every filesystem the runner knows, in report order."""
+    return {
+        "ext4": KernelFs("ext4", "ext4", EXT4_MKFS, ["e2fsck", "-fn"], ("mkfs.ext4", "e2fsck")),
+        "xfs": KernelFs("xfs", "xfs", ["mkfs.xfs", "-f", "-q"], ["xfs_repair", "-n"], ("mkfs.xfs", "xfs_repair")),
+        "btrfs": KernelFs(
+            "btrfs", "btrfs", ["mkfs.btrfs", "-f", "-q"], ["btrfs", "check", "--readonly"], ("mkfs.btrfs", "btrfs")
+        ),
+        "fuse2fs": FuseFs(
+            "fuse2fs",
+            daemon=lambda dev, mnt: ["fuse2fs", dev, mnt, "-f"],
+            mkfs=EXT4_MKFS,
+            fsck=["e2fsck", "-fn"],
+            tools=("fuse2fs", "mkfs.ext4", "e2fsck", "fusermount3"),
+        ),
+        "dxfs": Dxfs(dxfs_binary),
+    }
+
+
+class KernelMount:
+    daemon_pid = None
+
+    def __init__(self, mnt):
+        self.mnt = mnt
+
+    def unmount(self):
+        if system.mount_entry(self.mnt) is None:
+            return
+        done = run(["umount", self.mnt], check=False, timeout=300)
+        if done.returncode != 0:
+            run(["umount", "-l", self.mnt], check=False, timeout=60)
+            raise CommandError(f"umount {self.mnt}: {system.tail(done.stderr)} (detached lazily)")
+
+    def abort(self):
+        pass
+
+
+class FuseMount:
+    """A live FUSE mount and the daemon serving it."""
+
+    def __init__(self, mnt, proc, device_number):
+        self.mnt, self.proc = mnt, proc
+        self.connection = device_number.split(":")[1]  # /sys/fs/fuse/connections/<minor>
+        self.daemon_pid = proc.pid
+        self.daemon_exit = None
+
+    def unmount(self, wait=300, idle=15):
+        """Unmount, then wait for the daemon to finish writing and exit. It is stopped (by
+        its pid) if it is still there after `wait` s, or once it has used no CPU for `idle` s
+        (hung), or at once after a stop signal."""
+        problem = None
+        if system.mount_entry(self.mnt) is not None:
+            done = run(["fusermount3", "-u", self.mnt], check=False, timeout=120)
+            if done.returncode != 0:
+                problem = f"fusermount3 -u {self.mnt}: {system.tail(done.stderr)}"
+                self.abort()
+                run(["umount", "-l", self.mnt], check=False, timeout=60)
+        hung = self._wait_for_exit(2 if cleanup.stopping() else wait, idle)
+        if hung:
+            problem = problem or f"{hung}; stopped it"
+            self.daemon_exit = _stop_process(self.proc)
+        if problem:
+            raise CommandError(problem)
+
+    def _wait_for_exit(self, wait, idle):
+        """None once the daemon has exited, else why we gave up waiting."""
+        end = time.monotonic() + wait
+        last_cpu, still_since = None, time.monotonic()
+        while time.monotonic() < end:
+            try:
+                self.daemon_exit = self.proc.wait(timeout=1.0)
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            cpu = system.process_cpu_seconds(self.daemon_pid)
+            if cpu != last_cpu:
+                last_cpu, still_since = cpu, time.monotonic()
+            elif time.monotonic() - still_since >= idle:
+                return f"daemon {self.daemon_pid} idle and still running {idle} s after unmount"
+        return f"daemon {self.daemon_pid} still running {wait} s after unmount"
+
+    def abort(self):
+        path = f"/sys/fs/fuse/connections/{self.connection}/abort"
+        if os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("1\n")
+
+
+def _stop_process(proc):
+    """SIGTERM, then SIGKILL, one child process of ours (by its pid); return its exit code."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll()
+
+
+class Volume:
+    """One filesystem on one loop device backed by a sparse file on tmpfs."""
+
+    def __init__(self, fs, size, workdir, teardown, label):
+        self.fs, self.size, self.teardown = fs, size, teardown
+        self.image = Path(workdir) / f"{label}.img"
+        self.mnt = Path(workdir) / f"mnt-{label}"
+        self.log_path = Path(workdir) / f"{label}.log"
+        self.dev = None
+        self.devname = None
+        self.mounted = None
+        self._loop_token = None
+        self._mount_token = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def create(self):
+        """Backing file, loop device and mkfs."""
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        with open(self.image, "wb") as f:
+            f.truncate(self.size)
+        self.dev = run(["losetup", "--find", "--show", self.image]).stdout.strip()
+        self.devname = os.path.basename(self.dev)
+        self._loop_token = self.teardown.push(f"detach {self.dev}", self._detach)
+        run(self.fs.mkfs_cmd(self.dev), timeout=300)
+
+    def mount(self):
+        self.mounted = self.fs.mount(self.dev, str(self.mnt), self.log_path)
+        self._mount_token = self.teardown.push(f"unmount {self.mnt}", self.mounted.unmount)
+
+    def unmount(self):
+        if self.mounted is None:
+            return
+        mounted, self.mounted = self.mounted, None
+        self.teardown.forget(self._mount_token)
+        mounted.unmount()
+
+    def fsck(self):
+        """Check the unmounted volume; {'command', 'exit', 'clean', 'output'}."""
+        cmd = self.fs.fsck_cmd(self.dev)
+        done = run(cmd, check=False, timeout=600)
+        return {
+            "command": " ".join(map(str, cmd)),
+            "exit": done.returncode,
+            "clean": done.returncode == 0,
+            "output": system.tail(done.stdout + "\n" + done.stderr, 4),
+        }
+
+    def destroy(self, check=True):
+        """Unmount, optionally fsck, detach and delete the backing file; return the fsck result."""
+        result = None
+        try:
+            self.unmount()
+            if check and self.dev and not cleanup.stopping():
+                result = self.fsck()
+        finally:
+            if self._loop_token is not None:
+                self.teardown.forget(self._loop_token)
+                self._loop_token = None
+                self._detach()
+        return result
+
+    def _detach(self):
+        if self.mounted is not None:
+            try:
+                self.unmount()
+            except Exception:
+                pass
+        if self.dev:
+            for _ in range(50):
+                if run(["losetup", "-d", self.dev], check=False).returncode == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                # Still busy: autoclear detaches it when the last user closes it.
+                run(["losetup", "-d", self.dev], check=False)
+            self.dev = None
+        self.image.unlink(missing_ok=True)
+        try:
+            self.mnt.rmdir()
+        except OSError:
+            pass
+
+    # -- measurement hooks -----------------------------------------------------------
+    @property
+    def daemon_pid(self):
+        return self.mounted.daemon_pid if self.mounted else None
+
+    def abort(self):
+        if self.mounted:
+            self.mounted.abort()
+
+    def mount_options(self):
+        entry = system.mount_entry(str(self.mnt))
+        return entry and f"{entry['fstype']} {entry['options']},{entry['super_options']}"

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Benchmark dxfs side by side with kernel ext4, XFS, btrfs and fuse2fs.
+
+    python3 bench/run.py --quick --report docs/BENCHMARKS.md
+    python3 bench/run.py --full --fs dxfs,ext4 --workloads lsrm,steady
+    python3 bench/run.py --from-json bench/results/run-....json --report docs/BENCHMARKS.md
+
+Every filesystem gets a fresh volume of the same size per workload, on a loop device
+backed by a sparse file on /dev/shm. Needs root. See bench/README.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fsbench import report, system  # noqa: E402
+from fsbench.context import Progress  # noqa: E402
+from fsbench.filesystems import all_filesystems  # noqa: E402
+from fsbench.runner import Runner, command_line, repo_root  # noqa: E402
+from fsbench.scales import SCALES  # noqa: E402
+from fsbench.workloads import WORKLOADS  # noqa: E402
+
+FS_ORDER = ("ext4", "xfs", "btrfs", "fuse2fs", "dxfs")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="a few minutes (the default)")
+    mode.add_argument("--full", action="store_true", help="seed-sized runs, bounded under an hour on 2 cores")
+    p.add_argument("--tiny", action="store_true", help="CI size: seconds per filesystem (with --quick)")
+    p.add_argument("--fs", default=",".join(FS_ORDER), help=f"comma-separated, from {','.join(FS_ORDER)}")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {','.join(WORKLOADS)}")
+    p.add_argument("--out", default=os.path.join(repo_root(), "bench", "results"), help="directory for the JSON")
+    p.add_argument("--report", help="Markdown file whose generated section to (re)write, e.g. docs/BENCHMARKS.md")
+    p.add_argument("--plots", help="directory for the PNGs (default: bench/ beside the report, else OUT/plots)")
+    p.add_argument("--dxfs-bin", default=default_dxfs_binary(), help="the dxfs binary (default: %(default)s)")
+    p.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    p.add_argument("--from-json", help="do not run: rewrite the report from this results file")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    args = p.parse_args(argv)
+    args.fs_names = _selection(p, "--fs", args.fs, FS_ORDER)
+    args.workload_keys = _selection(p, "--workloads", args.workloads, tuple(WORKLOADS))
+    if args.tiny and args.full:
+        p.error("--tiny goes with --quick")
+    args.mode = "tiny" if args.tiny else "full" if args.full else "quick"
+    return args
+
+
+def _selection(parser, flag, text, known):
+    chosen = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in known]
+    if unknown or not chosen:
+        parser.error(f"{flag}: unknown {', '.join(unknown) or '(empty)'}; choose from {','.join(known)}")
+    return [x for x in known if x in chosen]  # canonical order
+
+
+def default_dxfs_binary():
+    for candidate in (
+        os.path.join(repo_root(), "target", "release", "dxfs"),
+        shutil.which("dxfs"),
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def save_json(run, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(out_dir, f"run-{stamp}-{run['mode']}.json")
+    with open(path, "w") as f:
+        json.dump(run, f, indent=1)
+        f.write("\n")
+    return path
+
+
+def write_report(run, json_path, args, log):
+    """PNGs (unless --no-plots) and the generated section of the report, if one was asked for."""
+    report_dir = os.path.dirname(os.path.abspath(args.report)) if args.report else os.path.abspath(args.out)
+    plot_dir = args.plots or (os.path.join(report_dir, "bench") if args.report else os.path.join(args.out, "plots"))
+    plots = {}
+    if not args.no_plots:
+        have = _has_matplotlib() if args.no_install else system.ensure_matplotlib(log) is not None
+        if have:
+            plots = report.make_plots(run, plot_dir)
+            log(f"plots in {plot_dir}")
+        else:
+            log("matplotlib is not available: no plots")
+    if args.report:
+        report.write_section(args.report, report.markdown(run, json_path, plots, report_dir))
+        log(f"report section written to {args.report}")
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def main(argv):
+    args = parse_args(argv[1:])
+    progress = Progress()
+    if args.list:
+        for key, wl in WORKLOADS.items():
+            print(f"{key:<11} seed {wl.seeds:<8} {wl.title}")
+        return 0
+    if args.from_json:
+        with open(args.from_json) as f:
+            run = json.load(f)
+        write_report(run, os.path.abspath(args.from_json), args, progress.log)
+        return 0
+    runner = Runner(
+        SCALES[args.mode],
+        all_filesystems(args.dxfs_bin and os.path.abspath(args.dxfs_bin)),
+        args.fs_names,
+        args.workload_keys,
+        install=not args.no_install,
+        progress=progress,
+    )
+    try:
+        run = runner.run(command_line(argv))
+    except KeyboardInterrupt:
+        progress.log("interrupted: everything the runner set up has been torn down")
+        return 130
+    json_path = save_json(run, args.out)
+    progress.log(f"results: {json_path}")
+    write_report(run, json_path, args, progress.log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

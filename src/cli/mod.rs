@@ -93,8 +93,9 @@ struct MountArgs {
     /// Directory to mount on.
     dir: PathBuf,
     /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
-    /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S
-    /// (mount(8) options such as dev, nosuid, noauto, _netdev, defaults are ignored).
+    /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
+    /// and the A/B switches noreserve, noprefetch, noxattrfilter (mount(8) options such
+    /// as dev, nosuid, noauto, _netdev, defaults are ignored).
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
     /// Go to the background once the mount is live.
@@ -420,7 +421,7 @@ fn seconds(s: f64) -> Result<std::time::Duration, String> {
 }
 
 /// Apply one `-o` option.
-fn mount_option(o: &mut FuseOptions, opt: &str) -> Result<(), String> {
+fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Result<(), String> {
     let (key, val) = match opt.split_once('=') {
         Some((k, v)) => (k, Some(v)),
         None => (opt, None),
@@ -438,6 +439,10 @@ fn mount_option(o: &mut FuseOptions, opt: &str) -> Result<(), String> {
         "threads" => o.threads = num(val)? as usize,
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
+        // A/B switches of the seed features, for measurements on the same volume.
+        "noreserve" => v.reserve_regions = false,
+        "noprefetch" => v.sorted_prefetch = false,
+        "noxattrfilter" => v.use_xattr_filter = false,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
         "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
         | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"
@@ -454,8 +459,9 @@ fn cmd_mount(a: MountArgs, raw: &[OsString]) -> i32 {
         return spawn_daemon(raw);
     }
     let mut o = FuseOptions::default();
+    let mut vol_opts = dxfs::OpenOptions::default();
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
-        if let Err(e) = mount_option(&mut o, opt) {
+        if let Err(e) = mount_option(&mut o, &mut vol_opts, opt) {
             return fail(e, 8);
         }
     }
@@ -520,9 +526,8 @@ fn cmd_mount(a: MountArgs, raw: &[OsString]) -> i32 {
             }
         }
     }
-    let opened = FileDevice::open(&image, o.read_only).and_then(|d| {
-        dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..Default::default() })
-    });
+    let opened = FileDevice::open(&image, o.read_only)
+        .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
     let vol = match opened {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),

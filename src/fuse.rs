@@ -268,7 +268,7 @@ impl Filesystem for DxFuse {
     }
 
     fn destroy(&mut self) {
-        if let Err(e) = self.call("sync", |v| v.sync()) {
+        if let Err(e) = self.call("sync", |v| v.shutdown()) {
             tracing::error!("commit at unmount failed: {e:?}");
         }
     }
@@ -730,7 +730,7 @@ impl Mounted {
         let served = self.session.run();
         drop(stop);
         let _ = syncer.join();
-        let synced = self.vol.sync().map_err(|e| io::Error::other(format!("final commit failed: {e}")));
+        let synced = self.vol.shutdown().map_err(|e| io::Error::other(format!("final commit failed: {e}")));
         served.and(synced)
     }
 }

@@ -1696,6 +1696,12 @@ impl Volume {
 
     /// Commit and close.
     pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    /// Commit, and leave the volume clean: the next open has nothing to replay. The
+    /// volume stays usable (a later change simply starts a new delta).
+    pub fn shutdown(&self) -> Result<()> {
         self.sync()?;
         self.checkpoint()
     }

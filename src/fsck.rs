@@ -219,18 +219,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     };
     let root = sb.root_ino;
     let w_sb = sb.clone();
-    let st = Store {
-        dev: dev.clone(),
-        cache,
-        space,
-        sb,
-        reserve_regions: true,
-        xattr_shared: Default::default(),
-        xattr_block_reads: 0,
-        shared_inode_block: None,
-        freed_meta: Default::default(),
-        freed_in_flight: Default::default(),
-    };
+    let st = Store::new(dev.clone(), cache, space, sb, true);
     let mut w = Walk {
         st,
         r,

@@ -55,6 +55,28 @@ impl NodeStore for Store {
 }
 
 impl Store {
+    /// The lower layers of an opened (or new) volume.
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        cache: MetaCache,
+        space: Space,
+        sb: Superblock,
+        reserve_regions: bool,
+    ) -> Store {
+        Store {
+            dev,
+            cache,
+            space,
+            sb,
+            reserve_regions,
+            xattr_shared: Default::default(),
+            xattr_block_reads: 0,
+            shared_inode_block: None,
+            freed_meta: Default::default(),
+            freed_in_flight: Default::default(),
+        }
+    }
+
     /// Allocate one metadata block near `goal`, zeroed and dirty.
     pub fn alloc_meta(&mut self, goal: u64) -> Result<u64> {
         let b = self.space.alloc_one(goal).ok_or(Error::NoSpace)?;

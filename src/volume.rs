@@ -232,18 +232,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         hash_seed: seed,
         mkfs_time: now().0,
     };
-    let mut st = Store {
-        dev: dev.clone(),
-        cache: MetaCache::new(1024),
-        space: Space::fresh(layout),
-        sb: sb.clone(),
-        reserve_regions: true,
-        xattr_shared: Default::default(),
-        xattr_block_reads: 0,
-        shared_inode_block: None,
-        freed_meta: Default::default(),
-        freed_in_flight: Default::default(),
-    };
+    let mut st = Store::new(dev.clone(), MetaCache::new(1024), Space::fresh(layout), sb.clone(), true);
     let root = st.alloc_root()?;
     sb.root_ino = root;
     st.sb.root_ino = root;
@@ -852,18 +841,7 @@ impl Volume {
         if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
             return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
         }
-        let st = Store {
-            dev,
-            cache,
-            space,
-            sb,
-            reserve_regions: opts.reserve_regions,
-            xattr_shared: Default::default(),
-            xattr_block_reads: 0,
-            shared_inode_block: None,
-            freed_meta: Default::default(),
-            freed_in_flight: Default::default(),
-        };
+        let st = Store::new(dev, cache, space, sb, opts.reserve_regions);
         let read_only = opts.read_only;
         let mut inner = Inner {
             st,

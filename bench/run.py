@@ -10,6 +10,7 @@ backed by a sparse file on /dev/shm. Needs root. See bench/README.md.
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fsbench import report, system  # noqa: E402
 from fsbench.context import Progress  # noqa: E402
-from fsbench.filesystems import all_filesystems  # noqa: E402
+from fsbench.filesystems import DXFS_VARIANTS, all_filesystems  # noqa: E402
 from fsbench.runner import Runner, command_line, repo_root  # noqa: E402
 from fsbench.scales import SCALES  # noqa: E402
 from fsbench.workloads import WORKLOADS  # noqa: E402
@@ -34,7 +35,18 @@ def parse_args(argv):
     mode.add_argument("--quick", action="store_true", help="a few minutes (the default)")
     mode.add_argument("--full", action="store_true", help="seed-sized runs, bounded under an hour on 2 cores")
     p.add_argument("--tiny", action="store_true", help="CI size: seconds per filesystem (with --quick)")
-    p.add_argument("--fs", default=",".join(FS_ORDER), help=f"comma-separated, from {','.join(FS_ORDER)}")
+    p.add_argument(
+        "--fs",
+        default=",".join(FS_ORDER),
+        help=f"comma-separated, from {','.join(FS_ORDER)}, or the dxfs A/B variants {','.join(DXFS_VARIANTS)}",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=N",
+        help="override one workload size of the mode, e.g. --set ls_files=1000000 (repeatable)",
+    )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {','.join(WORKLOADS)}")
     p.add_argument("--out", default=os.path.join(repo_root(), "bench", "results"), help="directory for the JSON")
     p.add_argument("--report", help="Markdown file whose generated section to (re)write, e.g. docs/BENCHMARKS.md")
@@ -45,7 +57,7 @@ def parse_args(argv):
     p.add_argument("--from-json", help="do not run: rewrite the report from this results file")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     args = p.parse_args(argv)
-    args.fs_names = _selection(p, "--fs", args.fs, FS_ORDER)
+    args.fs_names = _selection(p, "--fs", args.fs, FS_ORDER + tuple(DXFS_VARIANTS))
     args.workload_keys = _selection(p, "--workloads", args.workloads, tuple(WORKLOADS))
     if args.tiny and args.full:
         p.error("--tiny goes with --quick")
@@ -119,8 +131,15 @@ def main(argv):
             run = json.load(f)
         write_report(run, os.path.abspath(args.from_json), args, progress.log)
         return 0
+    scale = SCALES[args.mode]
+    for item in args.set:
+        field, _, value = item.partition("=")
+        if not hasattr(scale, field) or field == "name" or not value.isdigit():
+            print(f"--set {item}: expected FIELD=N with FIELD one of the sizes in bench/fsbench/scales.py")
+            return 2
+        scale = dataclasses.replace(scale, **{field: int(value)})
     runner = Runner(
-        SCALES[args.mode],
+        scale,
         all_filesystems(args.dxfs_bin and os.path.abspath(args.dxfs_bin)),
         args.fs_names,
         args.workload_keys,

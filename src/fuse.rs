@@ -51,10 +51,24 @@ pub struct FuseOptions {
     pub read_only: bool,
     /// Request-serving threads.
     pub threads: usize,
+    /// When the kernel asks for READDIRPLUS instead of READDIR.
+    pub readdirplus: ReaddirPlus,
     /// Source shown in the mount table (the image or device).
     pub fsname: String,
     /// How often the volume is committed while mounted.
     pub sync_interval: Duration,
+}
+
+/// When the kernel reads a directory with READDIRPLUS (names with attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaddirPlus {
+    /// The kernel decides: the first batch, and later ones once a child was looked up.
+    Auto,
+    /// Every batch: `rm -rf` and `find` then need no LOOKUP per entry, but a plain `ls`
+    /// of a cold directory reads every inode block.
+    Always,
+    /// Never: names only.
+    Never,
 }
 
 impl Default for FuseOptions {
@@ -67,6 +81,7 @@ impl Default for FuseOptions {
             allow_other: false,
             read_only: false,
             threads: 1,
+            readdirplus: ReaddirPlus::Always,
             fsname: "dxfs".into(),
             sync_interval: Duration::from_secs(5),
         }
@@ -81,6 +96,51 @@ pub struct DxFuse {
     opts: FuseOptions,
     /// The kernel may skip OPENDIR/RELEASEDIR (FUSE_NO_OPENDIR_SUPPORT).
     no_opendir: bool,
+    /// Lookup counts handed to the kernel and not yet forgotten.
+    lookups: LookupCounts,
+}
+
+/// The kernel's references to inodes: every entry reply (LOOKUP, CREATE, MKNOD, MKDIR,
+/// SYMLINK, LINK, and each READDIRPLUS entry but `.` and `..`) adds one, FORGET takes
+/// them back. The volume does not need them (an inode lives by its links and open
+/// handles), so they are kept only to show, at the end of the session, that they
+/// balance: an imbalance is a leak in the kernel interface.
+#[derive(Default)]
+struct LookupCounts(parking_lot::Mutex<rustc_hash::FxHashMap<u64, u64>>);
+
+impl LookupCounts {
+    fn add(&self, ino: u64) {
+        *self.0.lock().entry(ino).or_insert(0) += 1;
+    }
+
+    fn forget(&self, ino: u64, n: u64) {
+        let mut m = self.0.lock();
+        match m.get_mut(&ino) {
+            Some(c) if *c > n => *c -= n,
+            Some(c) if *c == n => {
+                m.remove(&ino);
+            }
+            _ => {
+                tracing::error!("FORGET of inode {ino} by {n}: more than the kernel was given");
+                m.remove(&ino);
+            }
+        }
+    }
+
+    /// (inodes, references) still held.
+    fn outstanding(&self) -> (usize, u64) {
+        let m = self.0.lock();
+        (m.len(), m.values().sum())
+    }
+}
+
+impl Drop for DxFuse {
+    fn drop(&mut self) {
+        match self.lookups.outstanding() {
+            (0, _) => tracing::info!("lookup counts balanced: the kernel forgot every inode it was given"),
+            (n, refs) => tracing::warn!("lookup counts unbalanced: {n} inodes ({refs} references) never forgotten"),
+        }
+    }
 }
 
 const FUSE_ROOT: u64 = 1;
@@ -138,7 +198,7 @@ impl DxFuse {
     /// An adapter serving `vol`.
     pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
         let root = vol.root();
-        DxFuse { vol, root, opts, no_opendir: false }
+        DxFuse { vol, root, opts, no_opendir: false, lookups: LookupCounts::default() }
     }
 
     fn vol_ino(&self, ino: INodeNo) -> u64 {
@@ -189,12 +249,15 @@ impl DxFuse {
 
     fn reply_entry(&self, reply: ReplyEntry, r: std::result::Result<Attr, Errno>) {
         match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.opts.attr_timeout,
-                &self.opts.entry_timeout,
-                &self.attr(&a),
-                Generation(u64::from(a.generation)),
-            ),
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                reply.entry_with_ttls(
+                    &self.opts.attr_timeout,
+                    &self.opts.entry_timeout,
+                    &self.attr(&a),
+                    Generation(u64::from(a.generation)),
+                )
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -233,9 +296,7 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
 
 impl Filesystem for DxFuse {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> io::Result<()> {
-        let mut want = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_PARALLEL_DIROPS
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_ASYNC_DIO
@@ -243,6 +304,11 @@ impl Filesystem for DxFuse {
             // Symlinks never change, so the kernel may keep their targets.
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+        match self.opts.readdirplus {
+            ReaddirPlus::Auto => want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+            ReaddirPlus::Always => want |= InitFlags::FUSE_DO_READDIRPLUS,
+            ReaddirPlus::Never => {}
+        }
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -271,6 +337,10 @@ impl Filesystem for DxFuse {
         if let Err(e) = self.call("sync", |v| v.shutdown()) {
             tracing::error!("commit at unmount failed: {e:?}");
         }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.lookups.forget(self.vol_ino(ino), nlookup);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -499,8 +569,7 @@ impl Filesystem for DxFuse {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        // Every entry but . and .. counts as a lookup; there is nothing to count, as
-        // inodes live by their links and open handles, not by the kernel's references.
+        // Every entry but . and .. counts as a lookup.
         let ino = self.vol_ino(ino);
         let mut pos = offset;
         loop {
@@ -520,6 +589,9 @@ impl Filesystem for DxFuse {
                 );
                 if full {
                     return reply.ok();
+                }
+                if e.name != b"." && e.name != b".." {
+                    self.lookups.add(a.ino);
                 }
                 pos = e.next;
             }
@@ -639,13 +711,16 @@ impl Filesystem for DxFuse {
             })
         });
         match r {
-            Ok(a) => reply.created(
-                &self.opts.entry_timeout,
-                &self.attr(&a),
-                Generation(u64::from(a.generation)),
-                FileHandle(0),
-                Self::open_flags(),
-            ),
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                reply.created(
+                    &self.opts.entry_timeout,
+                    &self.attr(&a),
+                    Generation(u64::from(a.generation)),
+                    FileHandle(0),
+                    Self::open_flags(),
+                )
+            }
             Err(e) => reply.error(e),
         }
     }

@@ -79,8 +79,14 @@ impl Scratch {
     /// `dxfs mount IMAGE MNT ARGS` in the foreground, returned once the mount is live.
     /// The daemon's stderr goes to `daemon.log`, shown if the test fails.
     fn mount(&self, args: &[&str]) -> Mounted {
+        self.mount_with_env(args, &[])
+    }
+
+    /// As `mount`, with extra environment variables for the daemon.
+    fn mount_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Mounted {
         let log = self.tmp.path().join("daemon.log");
         let child = dxfs()
+            .envs(env.iter().copied())
             .arg("mount")
             .arg(&self.image)
             .arg(&self.mnt)
@@ -914,4 +920,48 @@ fn checksum_failure_is_eio() {
     fs::write(s.path("other"), b"fine").unwrap();
     assert_eq!(fs::read(s.path("other")).unwrap(), b"fine");
     m.unmount();
+}
+
+/// Every lookup reference the kernel is given (entry replies, READDIRPLUS entries) comes
+/// back in a FORGET once the kernel evicts the inode: after a mixed workload and a
+/// dentry/inode cache drop, the daemon finds its counts balanced. (At unmount the kernel
+/// drops the connection without FORGETs, so the eviction has to come first.)
+#[test]
+fn lookup_counts_are_balanced_by_forgets() {
+    require_fuse!();
+    if fs::OpenOptions::new().write(true).open("/proc/sys/vm/drop_caches").is_err() {
+        eprintln!("skipped: cannot write /proc/sys/vm/drop_caches (not root)");
+        return;
+    }
+    let s = Scratch::new(64);
+    let m = s.mount_with_env(&[], &[("RUST_LOG", "dxfs=info")]);
+    fs::create_dir_all(s.path("a/b/c")).unwrap();
+    for i in 0..500 {
+        fs::write(s.path(&format!("a/f{i}")), b"x").unwrap();
+    }
+    fs::hard_link(s.path("a/f1"), s.path("a/b/hard")).unwrap();
+    std::os::unix::fs::symlink("f2", s.path("a/sym")).unwrap();
+    fs::rename(s.path("a/f3"), s.path("a/b/c/moved")).unwrap();
+    fs::rename(s.path("a/f4"), s.path("a/f5")).unwrap(); // over an existing file
+    let out = Command::new("ls").arg("-lR").arg(&s.mnt).output().unwrap();
+    assert!(out.status.success());
+    for e in fs::read_dir(s.path("a")).unwrap() {
+        fs::symlink_metadata(e.unwrap().path()).unwrap();
+    }
+    let open = File::open(s.path("a/f6")).unwrap();
+    fs::remove_file(s.path("a/f6")).unwrap(); // unlinked while open
+    drop(open);
+    for i in 100..300 {
+        fs::remove_file(s.path(&format!("a/f{i}"))).unwrap();
+    }
+    fs::remove_dir_all(s.path("a/b")).unwrap();
+    assert!(fs::metadata(s.path("a/missing")).is_err()); // a negative lookup
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    // FORGETs are queued by the eviction; give the daemon a moment to read them.
+    let log = s.tmp.path().join("daemon.log");
+    std::thread::sleep(Duration::from_millis(300));
+    m.unmount();
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("lookup counts balanced"), "daemon log does not report balanced lookup counts:\n{text}");
+    s.fsck();
 }

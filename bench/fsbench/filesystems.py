@@ -116,11 +116,12 @@ class FuseFs(Filesystem):
 class Dxfs(FuseFs):
     """dxfs through its FUSE mount (`dxfs mount DEV DIR`, foreground)."""
 
-    def __init__(self, binary):
+    def __init__(self, binary, name="dxfs", options=()):
         self.binary = binary
+        opts = ["-o", ",".join(options)] if options else []
         super().__init__(
-            "dxfs",
-            daemon=lambda dev, mnt: [binary, "mount", dev, mnt],
+            name,
+            daemon=lambda dev, mnt: [binary, "mount", dev, mnt, *opts],
             mkfs=[binary, "mkfs", "-f"],
             fsck=[binary, "fsck", "-n"],
             tools=("fusermount3",),
@@ -156,7 +157,19 @@ def all_filesystems(dxfs_binary):
             tools=("fuse2fs", "mkfs.ext4", "e2fsck", "fusermount3"),
         ),
         "dxfs": Dxfs(dxfs_binary),
+        # A/B variants: the same build and format with one design choice switched off.
+        **{name: Dxfs(dxfs_binary, name, opts) for name, opts in DXFS_VARIANTS.items()},
     }
+
+
+# Each seed feature switched off by a mount option, for side-by-side runs on one build.
+DXFS_VARIANTS = {
+    "dxfs-noreserve": ("noreserve",),  # seed 002: no per-directory inode regions
+    "dxfs-noprefetch": ("noprefetch",),  # seed 004: no sorted inode sweep, no directory readahead
+    "dxfs-noxattrfilter": ("noxattrfilter",),  # seed 001: getxattr ignores the bloom filter
+    "dxfs-noaccounting": ("noaccounting",),  # seed 003: no space check before an operation
+    "dxfs-rdplus-auto": ("readdirplus=auto",),  # the kernel's READDIRPLUS heuristic instead of always
+}
 
 
 class KernelMount:

@@ -6,7 +6,9 @@ BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
 REFERENCES = ("ext4", "fuse2fs")
 RATIO_KEYS = ("wall_s", "cpu_s", "read_requests", "write_requests")
-FS_COLORS = {"ext4": "#1f77b4", "xfs": "#ff7f0e", "btrfs": "#2ca02c", "fuse2fs": "#7f7f7f", "dxfs": "#d62728"}
+FS_COLORS = {"ext4": "#1f77b4", "xfs": "#ff7f0e", "btrfs": "#2ca02c", "fuse2fs": "#7f7f7f", "dxfs": "#d62728",
+             "dxfs-noreserve": "#e377c2", "dxfs-noprefetch": "#9467bd", "dxfs-noxattrfilter": "#8c564b",
+             "dxfs-noaccounting": "#bcbd22", "dxfs-rdplus-auto": "#17becf"}
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigSet, Signal};
 
 use dxfs::block::{BlockDevice, FileDevice};
-use dxfs::fuse::FuseOptions;
+use dxfs::fuse::{FuseOptions, ReaddirPlus};
 use dxfs::hash::{ext4_hash, format_seed, parse_seed, HashVersion};
 use dxfs::volume::{mkfs, read_superblock, MkfsOptions};
 
@@ -94,7 +94,8 @@ struct MountArgs {
     dir: PathBuf,
     /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
     /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
-    /// and the A/B switches noreserve, noprefetch, noxattrfilter (mount(8) options such
+    /// readdirplus=auto|always|never,
+    /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
     /// as dev, nosuid, noauto, _netdev, defaults are ignored).
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
@@ -439,10 +440,19 @@ fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Re
         "threads" => o.threads = num(val)? as usize,
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
+        "readdirplus" => {
+            o.readdirplus = match val {
+                Some("auto") => ReaddirPlus::Auto,
+                Some("always") => ReaddirPlus::Always,
+                Some("never") => ReaddirPlus::Never,
+                _ => return Err(format!("mount option {opt:?}: readdirplus=auto|always|never")),
+            }
+        }
         // A/B switches of the seed features, for measurements on the same volume.
         "noreserve" => v.reserve_regions = false,
         "noprefetch" => v.sorted_prefetch = false,
         "noxattrfilter" => v.use_xattr_filter = false,
+        "noaccounting" => v.space_accounting = false,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
         "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
         | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"

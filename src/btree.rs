@@ -78,6 +78,8 @@ const USABLE: usize = BLOCK_SIZE - SLOTS;
 /// Below this many live bytes a node tries to merge. At most half of MERGE_MAX, so two
 /// underfull siblings side by side always merge.
 const UNDERFULL: usize = MERGE_MAX / 2;
+/// Below this many live bytes a leaf tries to spread its records over its two siblings.
+const SPREAD_BELOW: usize = USABLE * 2 / 3;
 /// Two nodes merge only if their live bytes together fit in this.
 const MERGE_MAX: usize = USABLE * 9 / 10;
 /// Space a separator takes in an internal node: slot, record header, child number.
@@ -736,7 +738,7 @@ fn rebalance(
         let mut merged = false;
         loop {
             let live = live_of(s, blk, owner, level)?;
-            if live >= UNDERFULL {
+            if live >= SPREAD_BELOW || (live >= UNDERFULL && level > 0) {
                 break;
             }
             let (left, right) = {
@@ -746,6 +748,13 @@ fn rebalance(
                 let right = if idx + 1 < h.n { Some(child(b, &h, parent, idx + 1)?) } else { None };
                 (left, right)
             };
+            if live >= UNDERFULL {
+                // A leaf between UNDERFULL and SPREAD_BELOW only spreads out.
+                if let (Some(l), Some(r)) = (left, right) {
+                    merged = spread_out(s, owner, parent, idx, (l, blk, r))?;
+                }
+                break;
+            }
             if let Some(l) = left {
                 if mergeable(live_of(s, l, owner, level)?, live) {
                     merge(s, owner, parent, idx - 1, level)?;
@@ -760,6 +769,11 @@ fn rebalance(
                     continue;
                 }
             }
+            if let (0, Some(l), Some(r)) = (level, left, right) {
+                if spread_out(s, owner, parent, idx, (l, blk, r))? {
+                    merged = true;
+                }
+            }
             break;
         }
         if !merged {
@@ -770,6 +784,45 @@ fn rebalance(
         level += 1;
     }
     collapse(s, t, owner)
+}
+
+/// The B\* counterpart of a merge for a leaf neither of whose siblings it can merge
+/// with: if the three leaves `l`, `m` (child `idx` of `parent`) and `r` fit in two at
+/// MERGE_MAX, spread `m`'s records over `l` and `r` and free `m`. Without it, churn
+/// leaves many leaves between UNDERFULL and full whose neighbours are too full to
+/// merge, and the tree settles larger than it was built.
+fn spread_out(s: &mut impl NodeStore, owner: u64, parent: u64, idx: usize, (l, m, r): (u64, u64, u64)) -> Result<bool> {
+    let total = live_of(s, l, owner, 0)? + live_of(s, m, owner, 0)? + live_of(s, r, owner, 0)?;
+    if total > 2 * MERGE_MAX {
+        return Ok(false);
+    }
+    let copies: [Block; 3] = [*s.node(l)?, *s.node(m)?, *s.node(r)?];
+    let mut recs = Vec::new();
+    for (b, blk) in copies.iter().zip([l, m, r]) {
+        let h = hdr(b, blk, owner, 0)?;
+        recs.extend(collect(b, &h, blk)?);
+    }
+    let bytes: usize = recs.iter().map(rec_size).sum();
+    let (mut acc, mut best, mut cut) = (0, usize::MAX, 0);
+    for (k, rec) in recs.iter().enumerate().take(recs.len().saturating_sub(1)) {
+        acc += rec_size(rec);
+        if acc.max(bytes - acc) < best {
+            (best, cut) = (acc.max(bytes - acc), k + 1);
+        }
+    }
+    if cut == 0 || best > USABLE {
+        return Ok(false);
+    }
+    build(s.node_mut(l)?, owner, 0, l, &recs[..cut])?;
+    build(s.node_mut(r)?, owner, 0, r, &recs[cut..])?;
+    let b = s.node_mut(parent)?;
+    let mut h = hdr(b, parent, owner, 1)?;
+    remove_at(b, &mut h, parent, idx)?;
+    // `r` is now child `idx`; its separator becomes its new first key.
+    let off = rec_off(b, &h, parent, idx)?;
+    put_u64(b, off, recs[cut].0);
+    s.free_node(m)?;
+    Ok(true)
 }
 
 /// Move every record of child `i + 1` of `parent` (at `level`) into child `i`,

@@ -174,8 +174,9 @@ fn steady_churn_does_not_grow_the_directory() {
         }
     }
     let last = vol.getattr(d).unwrap().size;
-    let settled = sizes[1];
-    // After the first tenth the index has settled; from then on it stays within 10%.
-    assert!(last * 10 <= settled * 11, "directory grew from {settled} to {last} bytes under churn: {sizes:?}");
+    let built = sizes[0];
+    // Seed 000's target is zero growth; leaf shifts and spreads keep it within a few
+    // percent of the freshly built size (midpoint splits alone: +15-18%).
+    assert!(last * 100 <= built * 106, "directory grew from {built} to {last} bytes under churn: {sizes:?}");
     close_and_check(dev, vol);
 }

@@ -26,6 +26,8 @@ pub struct Space {
     /// Extents freed by the current delta, released when it commits.
     deferred: Vec<(u64, u64)>,
     deferred_blocks: u64,
+    /// Blocks freed by a delta whose commit is in flight, free once it is durable.
+    held_blocks: u64,
     /// Bitmap blocks the deferred frees will dirty (the log must have room for them).
     deferred_bitmap: BTreeSet<u64>,
     /// Bitmap blocks (by index) whose words changed since the last write-out.
@@ -52,6 +54,7 @@ impl Space {
             free: 0,
             deferred: Vec::new(),
             deferred_blocks: 0,
+            held_blocks: 0,
             deferred_bitmap: BTreeSet::new(),
             dirty: (0..layout.bitmap_blocks).collect(),
             promised: 0,
@@ -138,6 +141,15 @@ impl Space {
     pub fn available(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
         self.free.saturating_sub(self.promised + self.promised_meta).saturating_sub(r)
+    }
+
+    /// Whether `cost` could fit once the current delta and any commit in flight are
+    /// durable: at best every promise turns out unused and every deferred or held free
+    /// is released. If not, committing first is pointless and the operation fails with
+    /// ENOSPC at once, which is what makes failing on a full volume fast.
+    pub fn could_fit_after_commit(&self, cost: u64, use_reserve: bool) -> bool {
+        let r = if use_reserve { 0 } else { self.reserve };
+        (self.free + self.deferred_blocks + self.held_blocks).saturating_sub(r) >= cost
     }
 
     pub fn layout(&self) -> Layout {
@@ -245,6 +257,7 @@ impl Space {
     /// last durable state may still reference them.
     pub fn begin_hold(&mut self) -> Vec<(u64, u64)> {
         let held = std::mem::take(&mut self.deferred);
+        self.held_blocks += self.deferred_blocks;
         for &(s, l) in &held {
             for b in s..s + l {
                 self.clear(b);
@@ -268,6 +281,7 @@ impl Space {
     pub fn end_hold(&mut self, held: &[(u64, u64)]) {
         for &(s, l) in held {
             self.free_now(s, l);
+            self.held_blocks = self.held_blocks.saturating_sub(l);
         }
     }
 

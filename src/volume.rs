@@ -935,6 +935,9 @@ impl Volume {
             let c = cost(&mut g)?;
             match g.fits(c) {
                 Ok(()) => return Ok(g),
+                Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
+                    return Err(Error::NoSpace)
+                }
                 Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
                 Err(_) if commits >= 2 => {
                     return Err(if g.fits(c) == Err(Short::Space) {

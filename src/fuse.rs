@@ -34,7 +34,12 @@ use crate::volume::{self, Attr, NewNode, SetAttr, SetTime, Time, Volume, XattrMo
 /// How a volume is served.
 #[derive(Clone, Debug)]
 pub struct FuseOptions {
-    /// How long the kernel may cache attributes.
+    /// How long the kernel may cache attributes. Every change to a volume goes through
+    /// its one mount, and the kernel invalidates what each change touches (the parent on
+    /// create/unlink/rename, the inode on link/unlink/setattr/setxattr/write), so long
+    /// timeouts stay coherent; they matter for scans longer than the timeout, such as an
+    /// `rm -rf` of a big directory, which would otherwise LOOKUP again every name it
+    /// read with READDIRPLUS.
     pub attr_timeout: Duration,
     /// How long the kernel may cache names (positive lookups).
     pub entry_timeout: Duration,
@@ -74,8 +79,8 @@ pub enum ReaddirPlus {
 impl Default for FuseOptions {
     fn default() -> Self {
         FuseOptions {
-            attr_timeout: Duration::from_secs(1),
-            entry_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::from_secs(60),
+            entry_timeout: Duration::from_secs(60),
             writeback_cache: false,
             default_permissions: true,
             allow_other: false,

@@ -186,8 +186,17 @@ class Ctx:
         error = None
         try:
             system.syncfs(self.mnt)
+            if self.vol.fs.kind == "fuse":
+                # FUSE has no request for syncfs (the kernel only writes back its own
+                # dirty pages), so also fsync the mount's root directory: FSYNCDIR
+                # reaches the daemon, which for dxfs commits the whole delta.
+                dfd = os.open(self.mnt, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
         except OSError as e:
-            error = f"syncfs: {e.strerror} (errno {e.errno})"
+            error = f"sync: {e.strerror} (errno {e.errno})"
             self.note(error)
         fd = os.open(self.vol.dev, os.O_RDONLY)
         try:

@@ -30,10 +30,19 @@ pub const COMPAT_DIR_RESERVATION: u32 = 1;
 /// ro_compat: every inode's xattr-name bloom filter is kept exact. A writer that does
 /// not maintain the filter must not write, so it is read-only-compatible.
 pub const RO_COMPAT_XATTR_FILTER: u32 = 1;
+/// ro_compat: as XATTR_FILTER, but each name sets `filter_hashes` bits (superblock byte
+/// 129) rather than one. Readers that only know XATTR_FILTER do not trust these filters,
+/// since the flag they know is clear.
+pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
 /// Features this code understands.
 pub const KNOWN_COMPAT: u32 = COMPAT_DIR_RESERVATION;
 pub const KNOWN_INCOMPAT: u32 = 0;
-pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER;
+pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K;
+/// Bits each xattr name sets in the filter of a new volume: k = ln2 · m / n for m = 32
+/// bits and the typical n = 2 names of an inode that has any (docs/DESIGN.md, "Xattrs").
+pub const DEFAULT_FILTER_HASHES: u8 = 11;
+/// Most bits a name may set (all of them).
+pub const MAX_FILTER_HASHES: u8 = 32;
 
 /// Block of the superblock (a backup lives in the last block).
 pub const SUPERBLOCK: u64 = 0;
@@ -139,6 +148,9 @@ pub struct Superblock {
     pub region_blocks: u16,
     pub hash_seed: [u32; 4],
     pub mkfs_time: i64,
+    /// Bits each xattr name sets in the filter (byte 129): 1..=32 with ro_compat
+    /// XATTR_FILTER_K, else 0.
+    pub filter_hashes: u8,
 }
 
 impl Superblock {
@@ -160,6 +172,7 @@ impl Superblock {
         put_u64(&mut b[..], 112, self.layout.bitmap_blocks);
         put_u64(&mut b[..], 120, self.root_ino);
         b[128] = self.hash as u8;
+        b[129] = self.filter_hashes;
         put_u16(&mut b[..], 130, self.region_blocks);
         for (i, w) in self.hash_seed.iter().enumerate() {
             put_u32(&mut b[..], 132 + 4 * i, *w);
@@ -209,13 +222,19 @@ impl Superblock {
         if region_blocks == 0 || region_blocks as u32 > MAX_REGION_BLOCKS {
             return Err(Error::corrupt("bad inode region size"));
         }
+        let ro_compat = get_u32(b, 28);
+        let filter_hashes = b[129];
+        let want_hashes = ro_compat & RO_COMPAT_XATTR_FILTER_K != 0;
+        if want_hashes != (1..=MAX_FILTER_HASHES).contains(&filter_hashes) || (!want_hashes && filter_hashes != 0) {
+            return Err(Error::corrupt(format!("xattr filter hash count {filter_hashes} does not match the features")));
+        }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[32..48]);
         Ok(Superblock {
             version,
             compat: get_u32(b, 20),
             incompat: get_u32(b, 24),
-            ro_compat: get_u32(b, 28),
+            ro_compat,
             uuid,
             label: String::from_utf8_lossy(&label_raw[..end]).into_owned(),
             layout,
@@ -224,12 +243,22 @@ impl Superblock {
             region_blocks,
             hash_seed: [get_u32(b, 132), get_u32(b, 136), get_u32(b, 140), get_u32(b, 144)],
             mkfs_time: get_i64(b, 152),
+            filter_hashes,
         })
     }
 
     /// Whether the xattr bloom filter is in force.
     pub fn xattr_filter(&self) -> bool {
-        self.ro_compat & RO_COMPAT_XATTR_FILTER != 0
+        self.ro_compat & (RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K) != 0
+    }
+
+    /// Bits each xattr name sets in the filter: byte 129 under XATTR_FILTER_K, else 1.
+    pub fn filter_hashes(&self) -> u32 {
+        if self.ro_compat & RO_COMPAT_XATTR_FILTER_K != 0 {
+            u32::from(self.filter_hashes)
+        } else {
+            1
+        }
     }
 }
 
@@ -676,6 +705,37 @@ mod tests {
         assert!(Inode::decode(1, &t).is_err());
     }
 
+    /// The superblock of docs/FORMAT.md §14, byte for byte.
+    #[test]
+    fn format_doc_worked_example() {
+        let layout = Layout::new(4096, 64).unwrap();
+        let sb = Superblock {
+            version: VERSION,
+            compat: COMPAT_DIR_RESERVATION,
+            incompat: 0,
+            ro_compat: RO_COMPAT_XATTR_FILTER_K,
+            uuid: [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x47, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff],
+            label: "example".into(),
+            layout,
+            root_ino: 2097,
+            hash: HashVersion::HalfMd4,
+            region_blocks: 4,
+            hash_seed: [0x3e5a_1c6b, 0x7a4e_2f9d, 0x3b0f_118c, 0x6f5e_4d2a],
+            mkfs_time: 1_735_689_600,
+            filter_hashes: DEFAULT_FILTER_HASHES,
+        };
+        let old = Superblock { ro_compat: RO_COMPAT_XATTR_FILTER, filter_hashes: 0, ..sb.clone() }.encode(0);
+        assert_eq!(get_u32(&old[..], 4), 0x2534_9e47, "the version-1 example before XATTR_FILTER_K");
+        // Volumes made with the one-bit filter still open, with k = 1.
+        assert_eq!(Superblock::decode(&old, 0).unwrap().filter_hashes(), 1);
+        let b = sb.encode(0);
+        assert_eq!((layout.bitmap_start, layout.bitmap_blocks, layout.first_free()), (130, 1, 131));
+        assert_eq!(&b[0x1c..0x20], &[2, 0, 0, 0], "ro_compat");
+        assert_eq!(&b[0x80..0x84], &[1, 11, 4, 0], "hash, filter_hashes, region_blocks");
+        assert_eq!(get_u32(&b[..], 4), 0x7f65_4f35, "crc of the worked example: {:#010x}", get_u32(&b[..], 4));
+        assert!(b[160..].iter().all(|&x| x == 0));
+    }
+
     #[test]
     fn superblock_round_trip_and_rejects() {
         let layout = Layout::for_blocks(10_000).unwrap();
@@ -683,7 +743,7 @@ mod tests {
             version: VERSION,
             compat: COMPAT_DIR_RESERVATION,
             incompat: 0,
-            ro_compat: RO_COMPAT_XATTR_FILTER,
+            ro_compat: RO_COMPAT_XATTR_FILTER_K,
             uuid: [7; 16],
             label: "hello".into(),
             layout,
@@ -692,9 +752,15 @@ mod tests {
             region_blocks: 4,
             hash_seed: [1, 2, 3, 4],
             mkfs_time: 1234,
+            filter_hashes: 11,
         };
         let b = sb.encode(0);
         assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        // The hash count must agree with the feature flags.
+        for (ro, k) in [(RO_COMPAT_XATTR_FILTER_K, 0), (RO_COMPAT_XATTR_FILTER_K, 33), (RO_COMPAT_XATTR_FILTER, 3)] {
+            let bad = Superblock { ro_compat: ro, filter_hashes: k, ..sb.clone() };
+            assert!(Superblock::decode(&bad.encode(0), 0).is_err(), "ro_compat {ro} with {k} hashes accepted");
+        }
         assert!(Superblock::decode(&b, 5).is_err());
         let zero = [0u8; BLOCK_SIZE];
         assert!(Superblock::decode(&zero, 0).is_err());

@@ -162,7 +162,7 @@ impl Walk<'_> {
         }
         match xattr::load(&mut self.st, i) {
             Ok(list) => {
-                if self.st.sb.xattr_filter() && xattr::filter_of(&list) != i.xattr_filter {
+                if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
                     self.err(format!("inode {ino}: xattr filter {:#x} does not match its names", i.xattr_filter));
                 }
             }

@@ -155,6 +155,8 @@ pub struct MkfsOptions {
     pub region_blocks: u16,
     /// Keep a per-inode xattr-name bloom filter.
     pub xattr_filter: bool,
+    /// Bits each xattr name sets in the filter, 1..=32.
+    pub filter_hashes: u8,
     /// Blocks in each of the two log areas (default: 1/64 of the volume, 64..=8192).
     pub log_blocks: Option<u32>,
 }
@@ -168,6 +170,7 @@ impl Default for MkfsOptions {
             uuid: None,
             region_blocks: 4,
             xattr_filter: true,
+            filter_hashes: DEFAULT_FILTER_HASHES,
             log_blocks: None,
         }
     }
@@ -216,6 +219,9 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     if o.region_blocks == 0 || o.region_blocks as u32 > MAX_REGION_BLOCKS {
         return Err(Error::Invalid(format!("region size must be 1..={MAX_REGION_BLOCKS} blocks")));
     }
+    if o.xattr_filter && !(1..=MAX_FILTER_HASHES).contains(&o.filter_hashes) {
+        return Err(Error::Invalid(format!("xattr filter hashes must be 1..={MAX_FILTER_HASHES}")));
+    }
     let blocks = dev.block_count();
     let layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
     let seed = o.seed.unwrap_or_else(|| {
@@ -227,7 +233,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         version: VERSION,
         compat: COMPAT_DIR_RESERVATION,
         incompat: 0,
-        ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER } else { 0 },
+        ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 },
         uuid,
         label: o.label.clone(),
         layout,
@@ -236,6 +242,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         region_blocks: o.region_blocks,
         hash_seed: seed,
         mkfs_time: now().0,
+        filter_hashes: if o.xattr_filter { o.filter_hashes } else { 0 },
     };
     let mut st = Store::new(dev.clone(), MetaCache::new(1024), Space::fresh(layout), sb.clone(), true);
     let root = st.alloc_root()?;
@@ -624,7 +631,7 @@ impl Inner {
     /// The default ACL of a directory, if it has one (the xattr filter usually answers
     /// without reading anything).
     fn default_acl(&mut self, dir: &Inode) -> Result<Option<Vec<acl::Entry>>> {
-        if self.st.sb.xattr_filter() && xattr::ruled_out(dir, 3, b"") {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(dir, 3, b"", self.st.sb.filter_hashes()) {
             return Ok(None);
         }
         match xattr::load(&mut self.st, dir)?.into_iter().find(|x| x.idx == 3) {
@@ -656,7 +663,7 @@ impl Inner {
 
     /// Keep an inode's access ACL in step with a new mode (chmod).
     fn chmod_acl(&mut self, i: &mut Inode) -> Result<()> {
-        if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"") {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"", self.st.sb.filter_hashes()) {
             return Ok(());
         }
         let mut list = xattr::load(&mut self.st, i)?;
@@ -1578,7 +1585,10 @@ impl Volume {
         let mut g = self.inner.lock();
         let (idx, suffix) = xattr::split_name(name)?;
         let i = g.st.inode(ino)?;
-        if g.opts.use_xattr_filter && g.st.sb.xattr_filter() && xattr::ruled_out(&i, idx, suffix) {
+        if g.opts.use_xattr_filter
+            && g.st.sb.xattr_filter()
+            && xattr::ruled_out(&i, idx, suffix, g.st.sb.filter_hashes())
+        {
             return Err(Error::NoData);
         }
         let list = xattr::load(&mut g.st, &i)?;

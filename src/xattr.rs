@@ -73,9 +73,24 @@ pub fn full_name(idx: u8, suffix: &[u8]) -> Vec<u8> {
     [p, suffix].concat()
 }
 
-/// The filter bit of a name.
-pub fn filter_bit(idx: u8, suffix: &[u8]) -> u32 {
-    1 << (xxhash_rust::xxh32::xxh32(suffix, FILTER_SEED.wrapping_add(idx as u32)) & 31)
+/// The filter bits of a name when each name sets `k` of the 32 (1..=32): bit positions
+/// are 5-bit fields of xxh32 hashes of the suffix, six to a hash, the j-th hash seeded
+/// with `FILTER_SEED + index + j·0x9E3779B9`; position i is field i mod 6 of hash i / 6.
+/// Independent positions (repeats allowed) are what Bloom's false-positive formula
+/// assumes; positions derived from one 32-bit hash would allow only a few hundred
+/// distinct masks and miss it by orders of magnitude. With k = 1 this is erofs's single
+/// bit `xxh32 & 31`.
+pub fn filter_mask(idx: u8, suffix: &[u8], k: u32) -> u32 {
+    let mut mask = 0;
+    let mut h = 0;
+    for i in 0..k.clamp(1, 32) {
+        if i % 6 == 0 {
+            let seed = FILTER_SEED.wrapping_add(idx as u32).wrapping_add((i / 6).wrapping_mul(0x9E37_79B9));
+            h = xxhash_rust::xxh32::xxh32(suffix, seed);
+        }
+        mask |= 1 << ((h >> (5 * (i % 6))) & 31);
+    }
+    mask
 }
 
 /// One xattr.
@@ -222,7 +237,7 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
     if bytes.len() > LIST_MAX {
         return Err(Error::TooBig);
     }
-    inode.xattr_filter = filter_of(list);
+    inode.xattr_filter = filter_of(list, st.sb.filter_hashes());
     let released = release(st, inode)?;
     inode.blocks = inode.blocks.saturating_sub(released);
     inode.xattr_inline = [0; INLINE_XATTR];
@@ -284,13 +299,14 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
 }
 
 /// The exact filter of a list.
-pub fn filter_of(list: &[Xattr]) -> u32 {
-    list.iter().fold(0, |f, x| f | filter_bit(x.idx, &x.name))
+pub fn filter_of(list: &[Xattr], k: u32) -> u32 {
+    list.iter().fold(0, |f, x| f | filter_mask(x.idx, &x.name, k))
 }
 
 /// Whether the filter rules the name out (then storage need not be read).
-pub fn ruled_out(inode: &Inode, idx: u8, suffix: &[u8]) -> bool {
-    inode.xattr_filter & filter_bit(idx, suffix) == 0
+pub fn ruled_out(inode: &Inode, idx: u8, suffix: &[u8], k: u32) -> bool {
+    let m = filter_mask(idx, suffix, k);
+    inode.xattr_filter & m != m
 }
 
 /// Bytes a list takes (for the worst-case space charge of a setxattr).
@@ -336,9 +352,16 @@ mod tests {
             Xattr { idx: 2, name: vec![], value: vec![9; 28] },
         ];
         assert_eq!(decode(1, &encode(&l)).unwrap(), l);
-        let f = filter_of(&l);
-        assert!(!ruled_out(&Inode { xattr_filter: f, ..Inode::new(1, libc::S_IFREG) }, 1, b"a"));
-        assert_ne!(filter_bit(1, b"a"), 0);
+        for k in [1, 2, 11, 32] {
+            let f = filter_of(&l, k);
+            let i = Inode { xattr_filter: f, ..Inode::new(1, libc::S_IFREG) };
+            assert!(!ruled_out(&i, 1, b"a", k) && !ruled_out(&i, 2, b"", k));
+            let bits = filter_mask(1, b"a", k).count_ones();
+            assert!(bits >= 1 && bits <= k, "{bits} bits for k = {k}");
+        }
+        // k = 1 is erofs's bit; the documented examples of docs/FORMAT.md.
+        assert_eq!(filter_mask(1, b"foo", 1), 1 << 12);
+        assert_eq!(filter_mask(2, b"", 1), 1 << 30);
         assert!(decode(1, &[1, 5, 0, 0, 0, 0, b'x']).is_err(), "overrun must be an error");
     }
 }

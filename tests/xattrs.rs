@@ -151,10 +151,17 @@ fn identical_lists_are_stored_once() {
 }
 
 /// A getxattr the filter rules out reads no xattr block; with the filter off, it does.
+/// For erofs's one bit per name and for dxfs's default of eleven.
 #[test]
 fn the_filter_answers_misses_without_reading_xattr_blocks() {
+    for k in [1, dxfs::format::DEFAULT_FILTER_HASHES] {
+        filter_misses(k);
+    }
+}
+
+fn filter_misses(k: u8) {
     let dev = Arc::new(MemDevice::new(16_384));
-    dxfs::mkfs(dev.clone(), &Default::default()).unwrap();
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions { filter_hashes: k, ..Default::default() }).unwrap();
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let root = vol.root();
     let n = 1000;
@@ -180,9 +187,11 @@ fn the_filter_answers_misses_without_reading_xattr_blocks() {
     let with = probe(true);
     let without = probe(false);
     assert_eq!(without, n as u64, "without the filter every miss reads the block");
-    // One name per inode sets one bit of 32: a miss gets through 1 time in 32 (or never,
-    // when the two names' bits differ, as they do for most pairs).
-    assert!(with <= n as u64 / 16, "{with} of {n} misses read xattr storage with the filter on");
+    // One name per inode sets k bits of 32: a miss gets through 1 time in 32 for k = 1,
+    // about one in a million for k = 11 (or never, when the two names' bits differ).
+    assert!(with <= n as u64 / 16, "k={k}: {with} of {n} misses read xattr storage with the filter on");
+    // The volume says how many bits it uses; fsck checks every filter with that count.
+    assert_eq!(Volume::open(dev.clone(), OpenOptions::default()).unwrap().superblock().filter_hashes(), u32::from(k));
     assert_clean(dev);
 }
 

@@ -59,6 +59,11 @@ struct MkfsArgs {
     /// Do not keep the per-inode xattr-name bloom filter.
     #[arg(long)]
     no_xattr_filter: bool,
+    /// Bits each xattr name sets in the bloom filter (1 = erofs's rule; the default is
+    /// ln2 · 32 / n for the typical n = 2 names of an inode that has any).
+    #[arg(long, default_value_t = dxfs::format::DEFAULT_FILTER_HASHES,
+          value_parser = clap::value_parser!(u8).range(1..=32))]
+    xattr_filter_hashes: u8,
     /// Overwrite an existing filesystem.
     #[arg(long, short = 'f')]
     force: bool,
@@ -264,6 +269,7 @@ fn cmd_mkfs(a: MkfsArgs) -> i32 {
         uuid: None,
         region_blocks: a.region_blocks,
         xattr_filter: !a.no_xattr_filter,
+        filter_hashes: a.xattr_filter_hashes,
         log_blocks: None,
     };
     match mkfs(dev.clone(), &o) {
@@ -363,6 +369,7 @@ fn cmd_info(a: InfoArgs) -> i32 {
             "region_blocks": sb.region_blocks,
             "features": {"compat": sb.compat, "incompat": sb.incompat, "ro_compat": sb.ro_compat,
                          "xattr_filter": sb.xattr_filter()},
+            "xattr_filter_hashes": if sb.xattr_filter() { Some(sb.filter_hashes()) } else { None },
             "mkfs_time": sb.mkfs_time,
             "free_blocks": sf.map(|s| s.bfree),
             "available_blocks": sf.map(|s| s.bavail),
@@ -381,6 +388,9 @@ fn cmd_info(a: InfoArgs) -> i32 {
             if sb.xattr_filter() { " (xattr_filter)" } else { "" },
             sb.incompat
         );
+        if sb.xattr_filter() {
+            println!("Xattr filter:             {} bits per name of 32", sb.filter_hashes());
+        }
         println!("Block size:               4096");
         println!("Block count:              {}", l.block_count);
         println!("Log areas:                2 x {} blocks at {}", l.log_blocks, dxfs::format::LOG_START);

@@ -56,6 +56,12 @@ def parse_args(argv):
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
     p.add_argument("--from-json", help="do not run: rewrite the report from this results file")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument(
+        "--keep-from",
+        metavar="JSON",
+        help="after the run, add the results of filesystems that were not run from this earlier results file "
+        "(same workloads and sizes), e.g. to rerun only dxfs after a change",
+    )
     args = p.parse_args(argv)
     args.fs_names = _selection(p, "--fs", args.fs, FS_ORDER + tuple(DXFS_VARIANTS))
     args.workload_keys = _selection(p, "--workloads", args.workloads, tuple(WORKLOADS))
@@ -119,6 +125,35 @@ def _has_matplotlib():
         return False
 
 
+def keep_results(run, path, log):
+    """Add to `run` the results of the filesystems it did not run, from the results file
+    `path` of an earlier run with the same workload sizes."""
+    with open(path) as f:
+        old = json.load(f)
+    if old["scale"] != run["scale"]:
+        raise SystemExit(f"--keep-from {path}: its workload sizes differ from this run's")
+    taken = set()
+    for key, wl in run["workloads"].items():
+        for fs, res in old.get("workloads", {}).get(key, {}).get("results", {}).items():
+            if fs not in wl["results"]:
+                wl["results"][fs] = res
+                taken.add(fs)
+    for fs in taken:
+        run["filesystems"].setdefault(fs, old["filesystems"].get(fs))
+    # Report order: the earlier run's order, then this run's new entries.
+    order = [fs for fs in old["filesystems"] if fs in run["filesystems"]] + [
+        fs for fs in run["filesystems"] if fs not in old["filesystems"]
+    ]
+    run["filesystems"] = {fs: run["filesystems"][fs] for fs in order}
+    for wl in run["workloads"].values():
+        wl["results"] = {fs: wl["results"][fs] for fs in order if fs in wl["results"]}
+    if taken:
+        run.setdefault("merged_from", []).append(
+            {"path": path, "command": old["command"], "started_at": old["started_at"], "filesystems": sorted(taken)}
+        )
+        log(f"kept the results of {', '.join(sorted(taken))} from {path}")
+
+
 def main(argv):
     args = parse_args(argv[1:])
     progress = Progress()
@@ -151,6 +186,8 @@ def main(argv):
     except KeyboardInterrupt:
         progress.log("interrupted: everything the runner set up has been torn down")
         return 130
+    if args.keep_from:
+        keep_results(run, args.keep_from, progress.log)
     json_path = save_json(run, args.out)
     progress.log(f"results: {json_path}")
     write_report(run, json_path, args, progress.log)

@@ -179,6 +179,55 @@ impl MetaCache {
         Ok(())
     }
 
+    /// Inode-block readahead (ext4 reads 32 inode-table blocks at a time): for each
+    /// wanted block not yet cached, read the aligned window of `window` blocks holding
+    /// it, one request per window, in ascending order, at most `limit` blocks in all.
+    /// Every block of a window that verifies and carries `magic` is kept (the wanted
+    /// ones are `magic` blocks too; others that fail are reported by the later `get`):
+    /// with inode regions, a directory's children fill whole windows.
+    /// A block kept this way may be free and stale; that is harmless, since a block is
+    /// only read through the cache once something references it, and every newly
+    /// allocated metadata block is written with [`MetaCache::fresh`] first.
+    pub fn prefetch_windows(
+        &mut self,
+        dev: &dyn BlockDevice,
+        wanted: &[u64],
+        window: u64,
+        magic: u32,
+        limit: usize,
+    ) -> Result<()> {
+        let window = window.clamp(1, MAX_BATCH as u64);
+        let mut starts: Vec<u64> = wanted
+            .iter()
+            .copied()
+            .filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b))
+            .map(|b| b - b % window)
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        starts.truncate(limit.div_ceil(window as usize).max(1));
+        let mut buf = vec![0u8; BLOCK_SIZE * window as usize];
+        for start in starts {
+            let n = window.min(dev.block_count() - start) as usize;
+            dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
+            for k in 0..n {
+                let b = start + k as u64;
+                if self.blocks.contains_key(&b) {
+                    continue;
+                }
+                let mut blk = Box::new([0u8; BLOCK_SIZE]);
+                blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
+                if verify(&blk, b, Some(magic)).is_ok() {
+                    self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
+                }
+            }
+        }
+        if self.blocks.len() > self.capacity + self.dirty_count {
+            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
+        }
+        Ok(())
+    }
+
     /// Number of dirty blocks in the current delta.
     pub fn dirty_count(&self) -> usize {
         self.dirty_count

@@ -24,7 +24,7 @@ use crate::format::*;
 use crate::hash::HashVersion;
 use crate::journal::Journal;
 use crate::space::Space;
-use crate::store::Store;
+use crate::store::{Store, INODE_WINDOW};
 use crate::xattr;
 
 /// Most hard links to one inode (and subdirectories of one directory).
@@ -38,6 +38,8 @@ const FALLOC_STEP: u64 = 32_768;
 /// Directory readahead: leaves and entries read ahead of a sequential readdirplus.
 const READAHEAD_LEAVES: usize = 16;
 const READAHEAD_ENTRIES: usize = 2048;
+/// At most this many blocks (32 MiB) per readahead of inode windows: the memory bound.
+const READAHEAD_INODE_BLOCKS: usize = 8192;
 /// Log blocks kept free for one write-back fragment: two bitmap blocks, an extent-tree
 /// removal and insert (each a split per level of a tree of depth up to 6), the inode and
 /// state blocks.
@@ -445,7 +447,7 @@ impl Inner {
             }
             inode_blocks.len() < READAHEAD_ENTRIES
         })?;
-        self.st.cache.prefetch(&*dev, &inode_blocks)?;
+        self.st.cache.prefetch_windows(&*dev, &inode_blocks, INODE_WINDOW, INODE_MAGIC, READAHEAD_INODE_BLOCKS)?;
         if self.readahead.len() > 1024 {
             self.readahead.clear();
         }
@@ -853,7 +855,8 @@ impl Volume {
         if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
             return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
         }
-        let st = Store::new(dev, cache, space, sb, opts.reserve_regions);
+        let mut st = Store::new(dev, cache, space, sb, opts.reserve_regions);
+        st.inode_readahead = opts.sorted_prefetch;
         let read_only = opts.read_only;
         let mut inner = Inner {
             st,
@@ -1569,7 +1572,7 @@ impl Volume {
             }
             let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
             let dev = g.st.dev.clone();
-            g.st.cache.prefetch(&*dev, &blocks)?;
+            g.st.cache.prefetch_windows(&*dev, &blocks, INODE_WINDOW, INODE_MAGIC, READAHEAD_INODE_BLOCKS)?;
         }
         let mut out = Vec::with_capacity(ents.len());
         for e in ents {

@@ -381,6 +381,11 @@ def _run_section(run, json_path, rel):
         f"- Budget: {s['budget_s']:g} s per workload and filesystem (loops stop and say `timeout`), "
         f"{s['total_budget_min']:g} min per run.",
     ]
+    for m in run.get("merged_from", []):
+        lines.append(
+            f"- Results of {', '.join(m['filesystems'])} taken from an earlier run of the same workloads and sizes "
+            f"(`{m['command']}`, {m['started_at']}): the peers do not depend on the dxfs build."
+        )
     if json_path:
         lines.append(f"- Raw results: `{rel(json_path)}`")
     return "\n".join(lines)

@@ -130,9 +130,15 @@ def keep_results(run, path, log):
     `path` of an earlier run with the same workload sizes."""
     with open(path) as f:
         old = json.load(f)
-    if old["scale"] != run["scale"]:
-        raise SystemExit(f"--keep-from {path}: its workload sizes differ from this run's")
+    if old["scale"] != json.loads(json.dumps(run["scale"])):
+        log(f"--keep-from {path}: its workload sizes differ from this run's; nothing kept")
+        return
     taken = set()
+    # Workloads this run did not do come over whole (their dxfs results included).
+    for key, wl in old.get("workloads", {}).items():
+        if key not in run["workloads"]:
+            run["workloads"][key] = wl
+            taken.update(wl["results"])
     for key, wl in run["workloads"].items():
         for fs, res in old.get("workloads", {}).get(key, {}).get("results", {}).items():
             if fs not in wl["results"]:
@@ -147,8 +153,10 @@ def keep_results(run, path, log):
     run["filesystems"] = {fs: run["filesystems"][fs] for fs in order}
     for wl in run["workloads"].values():
         wl["results"] = {fs: wl["results"][fs] for fs in order if fs in wl["results"]}
+    report.add_ratios(run)
     if taken:
-        run.setdefault("merged_from", []).append(
+        run.setdefault("merged_from", []).extend(old.get("merged_from", []))
+        run["merged_from"].append(
             {"path": path, "command": old["command"], "started_at": old["started_at"], "filesystems": sorted(taken)}
         )
         log(f"kept the results of {', '.join(sorted(taken))} from {path}")

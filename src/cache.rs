@@ -38,6 +38,15 @@ pub struct MetaCache {
     capacity: usize,
 }
 
+/// How [`MetaCache::prefetch_windows`] reads: aligned windows of `blocks` blocks, keeping
+/// the blocks that verify as `magic`, at most `limit` blocks per call.
+#[derive(Clone, Copy, Debug)]
+pub struct Windows {
+    pub blocks: u64,
+    pub magic: u32,
+    pub limit: usize,
+}
+
 impl MetaCache {
     pub fn new(capacity: usize) -> MetaCache {
         MetaCache { blocks: FxHashMap::default(), dirty_list: Vec::new(), dirty_count: 0, capacity: capacity.max(64) }
@@ -185,17 +194,22 @@ impl MetaCache {
     /// Every block of a window that verifies and carries `magic` is kept (the wanted
     /// ones are `magic` blocks too; others that fail are reported by the later `get`):
     /// with inode regions, a directory's children fill whole windows.
-    /// A block kept this way may be free and stale; that is harmless, since a block is
-    /// only read through the cache once something references it, and every newly
-    /// allocated metadata block is written with [`MetaCache::fresh`] first.
+    /// Only blocks `allocated` says are in use are kept, so a freed (stale) inode block
+    /// is never cached; and every newly allocated metadata block is written with
+    /// [`MetaCache::fresh`] before use, whatever the cache held for it.
+    ///
+    /// Blocks for which `allocated` is false are not kept (a freed inode block still
+    /// looks valid on the device). Returns the blocks read and the sum of `live` over
+    /// the blocks kept, so that the caller can tell whether windows pay.
     pub fn prefetch_windows(
         &mut self,
         dev: &dyn BlockDevice,
         wanted: &[u64],
-        window: u64,
-        magic: u32,
-        limit: usize,
-    ) -> Result<()> {
+        w: Windows,
+        allocated: impl Fn(u64) -> bool,
+        live: impl Fn(&Block) -> u32,
+    ) -> Result<(u64, u64)> {
+        let Windows { blocks: window, magic, limit } = w;
         let window = window.clamp(1, MAX_BATCH as u64);
         let mut starts: Vec<u64> = wanted
             .iter()
@@ -207,17 +221,20 @@ impl MetaCache {
         starts.dedup();
         starts.truncate(limit.div_ceil(window as usize).max(1));
         let mut buf = vec![0u8; BLOCK_SIZE * window as usize];
+        let (mut read, mut alive) = (0u64, 0u64);
         for start in starts {
             let n = window.min(dev.block_count() - start) as usize;
             dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
+            read += n as u64;
             for k in 0..n {
                 let b = start + k as u64;
-                if self.blocks.contains_key(&b) {
+                if self.blocks.contains_key(&b) || !allocated(b) {
                     continue;
                 }
                 let mut blk = Box::new([0u8; BLOCK_SIZE]);
                 blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
                 if verify(&blk, b, Some(magic)).is_ok() {
+                    alive += u64::from(live(&blk));
                     self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
                 }
             }
@@ -225,7 +242,7 @@ impl MetaCache {
         if self.blocks.len() > self.capacity + self.dirty_count {
             Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
         }
-        Ok(())
+        Ok((read, alive))
     }
 
     /// Number of dirty blocks in the current delta.

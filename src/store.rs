@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::block::BlockDevice;
 use crate::btree::NodeStore;
-use crate::cache::MetaCache;
+use crate::cache::{MetaCache, Windows};
 use crate::codec::*;
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -37,7 +37,15 @@ pub struct Store {
     /// Read an uncached inode block together with its aligned window of inode blocks
     /// (off unless the volume's sorted prefetch is on).
     pub inode_readahead: bool,
+    /// Running share of live inode slots in the windows read lately: windows pay only
+    /// when most of what they bring in is live (a directory thinned to 1% is not).
+    inode_density: f64,
+    /// Prefetch sweeps so far (block mode samples windows again now and then).
+    inode_sweeps: u64,
 }
+
+/// Below this share of live slots in recent windows, inode blocks are read one by one.
+const WINDOW_MIN_DENSITY: f64 = 0.25;
 
 /// Inode blocks read together on a miss (128 KiB), as ext4 reads its inode tables.
 pub const INODE_WINDOW: u64 = 32;
@@ -81,6 +89,8 @@ impl Store {
             freed_meta: Default::default(),
             freed_in_flight: Default::default(),
             inode_readahead: false,
+            inode_density: 1.0,
+            inode_sweeps: 0,
         }
     }
 
@@ -121,8 +131,7 @@ impl Store {
             return Err(Error::NotFound);
         }
         if self.inode_readahead && !self.cache.contains(b) {
-            let dev = self.dev.clone();
-            self.cache.prefetch_windows(&*dev, &[b], INODE_WINDOW, INODE_MAGIC, INODE_WINDOW as usize)?;
+            self.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
         }
         let blk = self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?;
         if get_u16(blk, IB_USED) & (1 << s) == 0 {
@@ -130,6 +139,33 @@ impl Store {
         }
         Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
             .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))
+    }
+
+    /// Read the inode blocks `blocks` (sorted prefetch): in aligned windows of
+    /// [`INODE_WINDOW`] blocks, at most `limit` blocks, while recent windows were mostly
+    /// live inodes; else block by block in one sorted, coalesced sweep, trying windows
+    /// again every 16th sweep in case the density came back.
+    pub fn prefetch_inodes(&mut self, blocks: &[u64], limit: usize) -> Result<()> {
+        let dev = self.dev.clone();
+        self.inode_sweeps += 1;
+        let mut limit = limit;
+        if self.inode_density < WINDOW_MIN_DENSITY {
+            if self.inode_sweeps % 16 != 0 {
+                return self.cache.prefetch(&*dev, blocks);
+            }
+            // A sample: a few windows are enough to see whether density came back.
+            limit = limit.min(4 * INODE_WINDOW as usize);
+        }
+        let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
+        let space = &self.space;
+        let allocated = |b: u64| space.is_used(b);
+        let w = Windows { blocks: INODE_WINDOW, magic: INODE_MAGIC, limit };
+        let (read, alive) = self.cache.prefetch_windows(&*dev, blocks, w, allocated, live)?;
+        if read > 0 {
+            let d = alive as f64 / (read * (INODES_PER_BLOCK - 1)) as f64;
+            self.inode_density = (self.inode_density + d) / 2.0;
+        }
+        Ok(())
     }
 
     /// Write an inode back into its block.

@@ -24,7 +24,7 @@ use crate::format::*;
 use crate::hash::HashVersion;
 use crate::journal::Journal;
 use crate::space::Space;
-use crate::store::{Store, INODE_WINDOW};
+use crate::store::Store;
 use crate::xattr;
 
 /// Most hard links to one inode (and subdirectories of one directory).
@@ -447,7 +447,7 @@ impl Inner {
             }
             inode_blocks.len() < READAHEAD_ENTRIES
         })?;
-        self.st.cache.prefetch_windows(&*dev, &inode_blocks, INODE_WINDOW, INODE_MAGIC, READAHEAD_INODE_BLOCKS)?;
+        self.st.prefetch_inodes(&inode_blocks, READAHEAD_INODE_BLOCKS)?;
         if self.readahead.len() > 1024 {
             self.readahead.clear();
         }
@@ -1571,8 +1571,7 @@ impl Volume {
                 g.readahead.remove(&ino);
             }
             let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
-            let dev = g.st.dev.clone();
-            g.st.cache.prefetch_windows(&*dev, &blocks, INODE_WINDOW, INODE_MAGIC, READAHEAD_INODE_BLOCKS)?;
+            g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS)?;
         }
         let mut out = Vec::with_capacity(ents.len());
         for e in ents {

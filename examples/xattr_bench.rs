@@ -344,7 +344,7 @@ fn main() {
     );
     // The bits of names seen in practice: two that collide make each other's negative
     // lookups always (not sometimes) miss the filter.
-    println!("filter bits of common names:");
+    println!("filter bits of common names under k = 1 (erofs's rule; the first of their k bits otherwise):");
     let common: &[&[u8]] = &[
         b"system.posix_acl_access",
         b"system.posix_acl_default",

@@ -368,6 +368,17 @@ fn put_in_place(b: &mut Block, h: &mut Hdr, blk: u64, owner: u64, put: &Put) -> 
 fn split(s: &mut impl NodeStore, owner: u64, blk: u64, level: u16, put: &Put, right: u64) -> Result<u64> {
     let old: Block = *s.node(blk)?;
     let h = hdr(&old, blk, owner, level)?;
+    let recs = with_put(&old, &h, blk, put)?;
+    let Some(cut) = balanced_cut(&recs) else {
+        return Err(bad(blk, "records overlap: they do not fit in two nodes"));
+    };
+    build(s.node_mut(right)?, owner, level, right, &recs[cut..])?;
+    build(s.node_mut(blk)?, owner, level, blk, &recs[..cut])?;
+    Ok(recs[cut].0)
+}
+
+/// The records of a node with `put` applied, in key order.
+fn with_put<'a>(b: &'a Block, h: &Hdr, blk: u64, put: &Put<'a>) -> Result<Vec<(u64, &'a [u8])>> {
     let mut recs = Vec::with_capacity(h.n + 1);
     for i in 0..h.n {
         if i == put.pos {
@@ -376,27 +387,36 @@ fn split(s: &mut impl NodeStore, owner: u64, blk: u64, level: u16, put: &Put, ri
                 continue;
             }
         }
-        recs.push(record(&old, &h, blk, i)?);
+        recs.push(record(b, h, blk, i)?);
     }
     if put.pos >= h.n {
         recs.push((put.key, put.val));
     }
+    Ok(recs)
+}
+
+/// Where to cut `recs` into two nodes so that the fuller one is as empty as possible;
+/// None if even that one would not fit in a node.
+fn balanced_cut(recs: &[(u64, &[u8])]) -> Option<usize> {
     let total: usize = recs.iter().map(rec_size).sum();
-    // Choose the cut that makes the fuller half as empty as possible.
-    let (mut left, mut best, mut cut) = (0, usize::MAX, 0);
-    for (k, r) in recs.iter().enumerate().take(recs.len() - 1) {
-        left += rec_size(r);
-        if left.max(total - left) < best {
-            best = left.max(total - left);
-            cut = k + 1;
+    let (mut acc, mut best, mut cut) = (0, usize::MAX, 0);
+    for (k, r) in recs.iter().enumerate().take(recs.len().saturating_sub(1)) {
+        acc += rec_size(r);
+        if acc.max(total - acc) < best {
+            (best, cut) = (acc.max(total - acc), k + 1);
         }
     }
-    if best > USABLE {
-        return Err(bad(blk, "records overlap: they do not fit in two nodes"));
-    }
-    build(s.node_mut(right)?, owner, level, right, &recs[cut..])?;
-    build(s.node_mut(blk)?, owner, level, blk, &recs[..cut])?;
-    Ok(recs[cut].0)
+    (cut > 0 && best <= USABLE).then_some(cut)
+}
+
+/// Give child `i` of internal node `parent` (at level 1) the separator `key`, in place
+/// (separators have a fixed size). The caller keeps the keys in order.
+fn rekey(s: &mut impl NodeStore, owner: u64, parent: u64, i: usize, key: u64) -> Result<()> {
+    let b = s.node_mut(parent)?;
+    let h = hdr(b, parent, owner, 1)?;
+    let off = rec_off(b, &h, parent, i)?;
+    put_u64(b, off, key);
+    Ok(())
 }
 
 /// Free bytes a sibling needs before a full leaf shifts records into it rather than
@@ -436,42 +456,18 @@ fn shift_to_sibling(s: &mut impl NodeStore, owner: u64, path: &[(u64, usize)], l
     let lh = hdr(&lcopy, leaf, owner, 0)?;
     let scopy: Block = *s.node(sib)?;
     let sh = hdr(&scopy, sib, owner, 0)?;
-    let mut mine = Vec::with_capacity(lh.n + 1);
-    for i in 0..lh.n {
-        if i == put.pos {
-            mine.push((put.key, put.val));
-            if put.replace {
-                continue;
-            }
-        }
-        mine.push(record(&lcopy, &lh, leaf, i)?);
-    }
-    if put.pos >= lh.n {
-        mine.push((put.key, put.val));
-    }
+    let mine = with_put(&lcopy, &lh, leaf, put)?;
     let theirs = collect(&scopy, &sh, sib)?;
     let (lo_blk, hi_blk, recs) =
         if sib_is_left { (sib, leaf, [theirs, mine].concat()) } else { (leaf, sib, [mine, theirs].concat()) };
-    let total: usize = recs.iter().map(rec_size).sum();
-    let (mut acc, mut best_max, mut cut) = (0, usize::MAX, 0);
-    for (k, r) in recs.iter().enumerate().take(recs.len().saturating_sub(1)) {
-        acc += rec_size(r);
-        if acc.max(total - acc) < best_max {
-            (best_max, cut) = (acc.max(total - acc), k + 1);
-        }
-    }
-    if cut == 0 || best_max > USABLE {
+    let Some(cut) = balanced_cut(&recs) else {
         return Ok(false);
-    }
+    };
     build(s.node_mut(lo_blk)?, owner, 0, lo_blk, &recs[..cut])?;
     build(s.node_mut(hi_blk)?, owner, 0, hi_blk, &recs[cut..])?;
     // The upper node's separator becomes its new first key; it still lies between the
     // neighbouring separators, since both nodes' records came from their two ranges.
-    let sep_idx = if sib_is_left { idx } else { idx + 1 };
-    let b = s.node_mut(parent)?;
-    let h = hdr(b, parent, owner, 1)?;
-    let off = rec_off(b, &h, parent, sep_idx)?;
-    put_u64(b, off, recs[cut].0);
+    rekey(s, owner, parent, if sib_is_left { idx } else { idx + 1 }, recs[cut].0)?;
     Ok(true)
 }
 
@@ -802,25 +798,16 @@ fn spread_out(s: &mut impl NodeStore, owner: u64, parent: u64, idx: usize, (l, m
         let h = hdr(b, blk, owner, 0)?;
         recs.extend(collect(b, &h, blk)?);
     }
-    let bytes: usize = recs.iter().map(rec_size).sum();
-    let (mut acc, mut best, mut cut) = (0, usize::MAX, 0);
-    for (k, rec) in recs.iter().enumerate().take(recs.len().saturating_sub(1)) {
-        acc += rec_size(rec);
-        if acc.max(bytes - acc) < best {
-            (best, cut) = (acc.max(bytes - acc), k + 1);
-        }
-    }
-    if cut == 0 || best > USABLE {
+    let Some(cut) = balanced_cut(&recs) else {
         return Ok(false);
-    }
+    };
     build(s.node_mut(l)?, owner, 0, l, &recs[..cut])?;
     build(s.node_mut(r)?, owner, 0, r, &recs[cut..])?;
     let b = s.node_mut(parent)?;
     let mut h = hdr(b, parent, owner, 1)?;
     remove_at(b, &mut h, parent, idx)?;
     // `r` is now child `idx`; its separator becomes its new first key.
-    let off = rec_off(b, &h, parent, idx)?;
-    put_u64(b, off, recs[cut].0);
+    rekey(s, owner, parent, idx, recs[cut].0)?;
     s.free_node(m)?;
     Ok(true)
 }

@@ -182,9 +182,7 @@ impl MetaCache {
             }
             i = j;
         }
-        if self.blocks.len() > self.capacity + self.dirty_count {
-            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
-        }
+        self.trim();
         Ok(())
     }
 
@@ -239,9 +237,7 @@ impl MetaCache {
                 }
             }
         }
-        if self.blocks.len() > self.capacity + self.dirty_count {
-            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
-        }
+        self.trim();
         Ok((read, alive))
     }
 
@@ -289,6 +285,13 @@ impl MetaCache {
 
     /// Drop clean blocks until the map holds a quarter less than `keep`; which ones is
     /// left to the hash order, which is as good as random for a metadata cache.
+    /// Back under capacity after a prefetch (dirty blocks do not count).
+    fn trim(&mut self) {
+        if self.blocks.len() > self.capacity + self.dirty_count {
+            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
+        }
+    }
+
     fn evict(blocks: &mut FxHashMap<u64, Cached>, keep: usize) {
         let mut excess = blocks.len().saturating_sub(keep * 3 / 4);
         blocks.retain(|_, c| {

@@ -21,13 +21,7 @@ fn fills_to_the_reserve_and_statfs_is_truthful() {
     let before = vol.statfs();
     let f = vol.create(root, b"dd", 0o644, 0, 0).unwrap().ino;
     let chunk = vec![0xA5u8; 1 << 20];
-    let mut off = 0u64;
-    let err = loop {
-        match vol.write(f, off, &chunk) {
-            Ok(n) => off += n as u64,
-            Err(e) => break e,
-        }
-    };
+    let (mut off, err) = write_until_error(&vol, f, 0, &chunk);
     assert!(matches!(err, Error::NoSpace), "{err}");
     // Then page by page up to the last block.
     let page = vec![0x5Au8; 4096];

@@ -225,13 +225,7 @@ fn full_volume_fails_cleanly_and_recovers_after_delete() {
     let root = vol.root();
     let f = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
     let chunk = vec![3u8; 1 << 20];
-    let mut written = 0u64;
-    let err = loop {
-        match vol.write(f, written, &chunk) {
-            Ok(n) => written += n as u64,
-            Err(e) => break e,
-        }
-    };
+    let (written, err) = write_until_error(&vol, f, 0, &chunk);
     assert!(matches!(err, Error::NoSpace), "{err}");
     vol.sync().unwrap();
     let st = vol.statfs();

@@ -6,6 +6,17 @@ use std::sync::Arc;
 use dxfs::block::{BlockDevice, MemDevice};
 use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
 
+/// Write `chunk` again and again into `ino` from `offset` until a write fails; returns
+/// the offset reached and the error.
+pub fn write_until_error(vol: &Volume, ino: u64, mut offset: u64, chunk: &[u8]) -> (u64, dxfs::Error) {
+    loop {
+        match vol.write(ino, offset, chunk) {
+            Ok(n) => offset += n as u64,
+            Err(e) => return (offset, e),
+        }
+    }
+}
+
 /// A fresh volume of `blocks` 4 KiB blocks in memory.
 pub fn mem_volume(blocks: u64) -> (Arc<MemDevice>, Volume) {
     let dev = Arc::new(MemDevice::new(blocks));

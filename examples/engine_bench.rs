@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use dxfs::block::{BlockDevice, FileDevice, IoStats, MemDevice};
 use dxfs::hash::HashVersion;
-use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, MemDevice};
-use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
 use rand::{Rng, SeedableRng};
 
 fn main() {

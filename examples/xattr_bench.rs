@@ -29,10 +29,10 @@ use std::time::Instant;
 
 use dxfs::acl::{self, Entry};
 use dxfs::block::{BlockDevice, FileDevice, MemDevice};
-use dxfs::format::DEFAULT_FILTER_HASHES;
-use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume, XattrMode};
-use dxfs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};
+use dxfs::internals::{filter_mask, filter_of, full_name, split_name, Xattr};
 use dxfs::Error;
+use dxfs::DEFAULT_FILTER_HASHES;
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume, XattrMode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -1,15 +1,17 @@
 //! dxfs: a POSIX filesystem in user space.
 //!
 //! A volume lives in an image file or on a block device; it is served to the kernel
-//! through FUSE (`dxfs mount`) or used directly through [`Volume`]. Layers, bottom up:
-//! [`block`] → [`cache`] → [`journal`] (deltas) → [`space`] → [`store`] (inodes) →
-//! [`file`](mod@file) / [`dir`] / [`xattr`] → [`volume`] → `fuse` and the CLI. A layer only calls
-//! the layers below it. See docs/DESIGN.md and docs/FORMAT.md.
+//! through FUSE (`dxfs mount`, or [`fuse`] with the `fuse` feature) or used directly
+//! through [`Volume`]. The source folders are the layers, bottom up: `disk` (block
+//! devices and on-disk records) → `engine` (cache, log, space, store, B+tree) → `fs`
+//! (directories, files, xattrs, ACLs) → `volume` (deltas and the operations) → [`fsck`]
+//! and `tools` → `fuse` and the command line. A layer only calls the layers below it.
+//! See docs/DESIGN.md and docs/FORMAT.md.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use dxfs::block::MemDevice;
-//! use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
+//! use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
 //!
 //! let dev = Arc::new(MemDevice::new(4096)); // 16 MiB in memory
 //! mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
@@ -24,23 +26,37 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod acl;
-pub mod block;
-pub mod btree;
-pub mod cache;
-pub mod codec;
-pub mod dir;
-pub mod error;
-pub mod file;
-pub mod format;
+mod disk;
+mod engine;
+mod error;
+mod fs;
 pub mod fsck;
+#[cfg(feature = "fuse")]
 pub mod fuse;
-pub mod hash;
-pub mod journal;
-pub mod space;
-pub mod store;
-pub mod volume;
-pub mod xattr;
+mod volume;
 
+/// Block devices: the trait the volume stores its blocks through, image files and block
+/// devices, memory, and the fault-injecting device of the crash tests.
+pub mod block {
+    pub use crate::disk::device::*;
+}
+pub use disk::codec::BLOCK_SIZE;
+pub use disk::format::{FileType, Layout, Superblock, DEFAULT_FILTER_HASHES, MAX_FILE_SIZE};
+pub use disk::hash;
 pub use error::{Error, Result};
-pub use volume::{mkfs, Attr, MkfsOptions, OpenOptions, Volume};
+pub use fs::acl;
+pub use fs::dir::DirEntry;
+pub use volume::{
+    mkfs, read_superblock, Attr, MkfsOptions, NewNode, OpenOptions, RenameFlags, SetAttr, SetTime, StatFs, Time,
+    Volume, XattrMode,
+};
+
+/// Internals that the project's own tests, benchmarks and tools reach into (on-disk
+/// addresses to damage, encodings to check). Not part of the API: no stability promise.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::disk::codec::{get_u32, Block};
+    pub use crate::disk::format::{ino_loc, LOG_START};
+    pub use crate::fs::dir::name_key;
+    pub use crate::fs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};
+}

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::{BlockDevice, MemDevice};
-use dxfs::codec::{get_u32, BLOCK_SIZE};
-use dxfs::volume::XattrMode;
+use dxfs::XattrMode;
+use dxfs::{internals::get_u32, BLOCK_SIZE};
 use dxfs::{Error, OpenOptions, Volume};
 use proptest::prelude::*;
 
@@ -85,9 +85,9 @@ fn exercise(img: Vec<u8>) -> dxfs::Result<bool> {
         };
         for e in ents.iter().filter(|e| e.name != b"." && e.name != b"..") {
             match vol.getattr(e.ino) {
-                Ok(a) if a.kind == dxfs::format::FileType::Directory => stack.push(e.ino),
+                Ok(a) if a.kind == dxfs::FileType::Directory => stack.push(e.ino),
                 Ok(a) => {
-                    let r = if a.kind == dxfs::format::FileType::Symlink {
+                    let r = if a.kind == dxfs::FileType::Symlink {
                         vol.readlink(e.ino).map(|_| ())
                     } else {
                         vol.read(e.ino, 0, 1 << 20).map(|_| ())

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::{CrashMode, FaultDevice, MemDevice};
-use dxfs::volume::{RenameFlags, SetAttr, XattrMode};
 use dxfs::{MkfsOptions, OpenOptions, Volume};
+use dxfs::{RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, SeedableRng};
 
 const BLOCKS: u64 = 1024;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::{CrashMode, FaultDevice, MemDevice};
-use dxfs::volume::{RenameFlags, SetAttr, XattrMode};
 use dxfs::{Error, MkfsOptions, OpenOptions, Volume};
+use dxfs::{RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, SeedableRng};
 
 /// dd of 1 MiB blocks into a 320 MiB volume (the seed's test): ≥ 95% of the image

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use common::*;
 use dxfs::block::MemDevice;
 use dxfs::hash::{ext4_hash, HashVersion};
-use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
 use dxfs::Error;
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
 use rand::{Rng, SeedableRng};
 
 /// The colliding names, in file order.
@@ -22,7 +22,7 @@ fn flood_names() -> Vec<Vec<u8>> {
     include_str!("data/legacy_flood.txt").lines().map(|l| l.as_bytes().to_vec()).collect()
 }
 
-/// The directory key of a name before displacement (as in `dxfs::dir::name_key`).
+/// The directory key of a name before displacement (as in `dxfs::internals::name_key`).
 fn key(hash: HashVersion, seed: [u32; 4], name: &[u8]) -> u64 {
     let (major, minor) = ext4_hash(hash, seed, name);
     ((major as u64 >> 1) << 32) | minor as u64

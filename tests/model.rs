@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::MemDevice;
-use dxfs::volume::{RenameFlags, SetAttr, XattrMode};
 use dxfs::{OpenOptions, Volume};
+use dxfs::{RenameFlags, SetAttr, XattrMode};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dxfs::block::FileDevice;
-use dxfs::volume::{mkfs, MkfsOptions};
+use dxfs::{mkfs, MkfsOptions};
 use nix::fcntl::{renameat2, FallocateFlags, RenameFlags, AT_FDCWD};
 use nix::sys::stat::{utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -907,7 +907,7 @@ fn checksum_failure_is_eio() {
     fs::write(s.path("newer"), b"n").unwrap();
     m.unmount();
     // Scribble over the middle of the inode's block (not its checksum).
-    let (block, _) = dxfs::format::ino_loc(ino);
+    let (block, _) = dxfs::internals::ino_loc(ino);
     let img = OpenOptions::new().write(true).open(&s.image).unwrap();
     img.write_all_at(&[0x5a; 64], block * 4096 + 2048).unwrap();
     drop(img);

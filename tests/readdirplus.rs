@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::{BlockDevice, MemDevice};
-use dxfs::volume::{SetAttr, XattrMode};
 use dxfs::{MkfsOptions, OpenOptions, Volume};
+use dxfs::{SetAttr, XattrMode};
 use proptest::prelude::*;
 
 proptest! {

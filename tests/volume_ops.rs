@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::MemDevice;
-use dxfs::volume::{RenameFlags, SetAttr, SetTime, XattrMode};
 use dxfs::{Error, OpenOptions, Volume};
+use dxfs::{RenameFlags, SetAttr, SetTime, XattrMode};
 
 fn reopen(dev: &Arc<MemDevice>, vol: Volume) -> Volume {
     vol.close().unwrap();
@@ -39,7 +39,7 @@ fn errors_are_the_right_ones() {
     assert!(matches!(vol.write(d.ino, 0, b"x"), Err(Error::IsDir)));
     assert!(matches!(vol.readlink(f.ino), Err(Error::Invalid(_))));
     assert!(matches!(vol.getattr(12345678), Err(Error::NotFound)));
-    assert!(matches!(vol.write(f.ino, dxfs::format::MAX_FILE_SIZE, b"x"), Err(Error::FileTooBig)));
+    assert!(matches!(vol.write(f.ino, dxfs::MAX_FILE_SIZE, b"x"), Err(Error::FileTooBig)));
     assert!(matches!(vol.symlink(root, b"s", &vec![b'a'; 4096], 0, 0), Err(Error::NameTooLong)));
     close_and_check(dev, vol);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::MemDevice;
-use dxfs::volume::XattrMode;
+use dxfs::XattrMode;
 use dxfs::{Error, OpenOptions, Volume};
 use proptest::prelude::*;
 
@@ -154,7 +154,7 @@ fn identical_lists_are_stored_once() {
 /// For erofs's one bit per name and for dxfs's default of eleven.
 #[test]
 fn the_filter_answers_misses_without_reading_xattr_blocks() {
-    for k in [1, dxfs::format::DEFAULT_FILTER_HASHES] {
+    for k in [1, dxfs::DEFAULT_FILTER_HASHES] {
         filter_misses(k);
     }
 }
@@ -204,7 +204,7 @@ fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
 #[test]
 fn posix_acls_and_mode_stay_in_step() {
     use dxfs::acl::{GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
-    use dxfs::volume::{NewNode, SetAttr};
+    use dxfs::{NewNode, SetAttr};
     let (dev, vol) = mem_volume(8192);
     let root = vol.root();
     let f = vol.create(root, b"f", 0o600, 0, 0).unwrap().ino;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, MemDevice};
-use dxfs::volume::{mkfs, MkfsOptions, OpenOptions, Volume};
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
 
 /// Write `chunk` again and again into `ino` from `offset` until a write fails; returns
 /// the offset reached and the error.
@@ -58,7 +58,7 @@ pub type Dump = BTreeMap<String, (Node, Vec<(Vec<u8>, Vec<u8>)>)>;
 
 /// Walk the volume from the root.
 pub fn dump(vol: &Volume) -> Dump {
-    use dxfs::format::FileType;
+    use dxfs::FileType;
     let mut out = Dump::new();
     let mut seen_at: BTreeMap<u64, String> = BTreeMap::new();
     let mut stack = vec![(vol.root(), String::new())];

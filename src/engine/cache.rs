@@ -8,8 +8,8 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
-use crate::block::BlockDevice;
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
 use crate::error::{Error, Result};
 
 /// Largest number of blocks one coalesced read fetches.
@@ -308,7 +308,7 @@ impl MetaCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::MemDevice;
+    use crate::disk::device::MemDevice;
 
     fn sealed(dev: &MemDevice, b: u64, m: u32) {
         let mut blk = [0u8; BLOCK_SIZE];

@@ -8,11 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::btree::{self, TreeRoot};
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::format::*;
-use crate::store::Store;
 
 /// Dirty pages of one file, by page index.
 pub type Pages = BTreeMap<u64, Box<Block>>;
@@ -305,7 +305,7 @@ pub fn plan_read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u
 
 impl ReadPlan {
     /// Carry the plan out: one device request per mapped run, then the dirty pages.
-    pub fn execute(&self, dev: &dyn crate::block::BlockDevice) -> Result<Vec<u8>> {
+    pub fn execute(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<Vec<u8>> {
         let (offset, len) = (self.offset, self.len);
         let mut out = vec![0u8; len];
         // Copy page `p`'s bytes (given as a full block) into the output.

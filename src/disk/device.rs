@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::codec::{Block, BLOCK_SIZE};
+use crate::disk::codec::{Block, BLOCK_SIZE};
 use crate::error::{Error, Result};
 
 /// Block size as a u64, for byte offsets.

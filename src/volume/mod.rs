@@ -11,21 +11,21 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::acl;
-use crate::block::{BlockDevice, IoStats};
-use crate::btree;
-use crate::cache::MetaCache;
-use crate::codec::Block;
-use crate::codec::*;
-use crate::dir::{self, DirEntry};
+use crate::disk::codec::Block;
+use crate::disk::codec::*;
+use crate::disk::device::{BlockDevice, IoStats};
+use crate::disk::format::*;
+use crate::disk::hash::HashVersion;
+use crate::engine::btree;
+use crate::engine::cache::MetaCache;
+use crate::engine::log::Journal;
+use crate::engine::space::Space;
+use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::file::{self, Pages};
-use crate::format::*;
-use crate::hash::HashVersion;
-use crate::journal::Journal;
-use crate::space::Space;
-use crate::store::Store;
-use crate::xattr;
+use crate::fs::acl;
+use crate::fs::dir::{self, DirEntry};
+use crate::fs::file::{self, Pages};
+use crate::fs::xattr;
 
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65_000;
@@ -228,7 +228,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     let layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
     let seed = o.seed.unwrap_or_else(|| {
         let u = uuid::Uuid::new_v4();
-        crate::hash::parse_seed(&u.to_string()).expect("uuid formats as a seed")
+        crate::disk::hash::parse_seed(&u.to_string()).expect("uuid formats as a seed")
     });
     let uuid = o.uuid.unwrap_or_else(|| *uuid::Uuid::new_v4().as_bytes());
     let mut sb = Superblock {

@@ -10,11 +10,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::block::BlockDevice;
-use crate::cache::MetaCache;
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::{Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
+use crate::engine::cache::MetaCache;
 use crate::error::{Error, Result};
-use crate::format::{Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
 
@@ -339,7 +339,7 @@ mod tests {
         let l = Layout::for_blocks(40_000).unwrap();
         let mut s = Space::fresh(l);
         let mut cache = MetaCache::new(100);
-        let dev = crate::block::MemDevice::new(1);
+        let dev = crate::disk::device::MemDevice::new(1);
         let (a, _) = s.alloc(l.first_free(), 10, 10).unwrap();
         s.write_out(&dev, &mut cache).unwrap();
         let _ = cache.take_dirty();

@@ -13,10 +13,10 @@
 //! so such a getxattr is answered without touching xattr storage. The filter is exact,
 //! recomputed on every change; an all-zero filter means "no xattrs at all".
 
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
+use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
-use crate::store::Store;
 
 /// Seed of the filter hash (erofs's value), plus the namespace index.
 pub const FILTER_SEED: u32 = 0x25BB_E08F;

@@ -56,7 +56,8 @@
 
 use std::collections::HashSet;
 
-use crate::codec::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64, Block, BLOCK_SIZE};
+use crate::disk::codec::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64, Block, BLOCK_SIZE};
+use crate::disk::format::TreeRoot;
 use crate::error::{Error, Result};
 
 /// Magic number of a B+tree node: the bytes "DXTN" on disk.
@@ -98,15 +99,6 @@ pub trait NodeStore {
     fn alloc_node(&mut self, near: u64) -> Result<u64>;
     /// Give a node block back.
     fn free_node(&mut self, block: u64) -> Result<()>;
-}
-
-/// The handle a tree's owner keeps (in an inode): where the root is and how tall the tree is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TreeRoot {
-    /// Block of the root node; 0 for an empty tree, which owns no blocks.
-    pub root: u64,
-    /// Number of levels: 1 for a single leaf, 0 for an empty tree.
-    pub depth: u16,
 }
 
 /// What [`check`] found in a sound tree.
@@ -542,6 +534,7 @@ fn step(
 }
 
 /// Look up `key`.
+#[cfg(test)]
 pub fn get(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);

@@ -8,13 +8,13 @@
 
 use std::sync::Arc;
 
-use crate::block::BlockDevice;
-use crate::btree::NodeStore;
-use crate::cache::{MetaCache, Windows};
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::*;
+use crate::engine::btree::NodeStore;
+use crate::engine::cache::{MetaCache, Windows};
+use crate::engine::space::Space;
 use crate::error::{Error, Result};
-use crate::format::*;
-use crate::space::Space;
 
 /// Device + cache + space: everything below the inode layer.
 pub struct Store {
@@ -52,14 +52,14 @@ pub const INODE_WINDOW: u64 = 32;
 
 impl NodeStore for Store {
     fn node(&mut self, block: u64) -> Result<&Block> {
-        self.cache.get(&*self.dev, block, Some(crate::btree::BTREE_MAGIC))
+        self.cache.get(&*self.dev, block, Some(crate::engine::btree::BTREE_MAGIC))
     }
     fn node_mut(&mut self, block: u64) -> Result<&mut Block> {
-        self.cache.get_mut(&*self.dev, block, Some(crate::btree::BTREE_MAGIC))
+        self.cache.get_mut(&*self.dev, block, Some(crate::engine::btree::BTREE_MAGIC))
     }
     fn alloc_node(&mut self, near: u64) -> Result<u64> {
         let b = self.space.alloc_one(near).ok_or(Error::NoSpace)?;
-        put_u32(self.cache.fresh(b), 0, crate::btree::BTREE_MAGIC);
+        put_u32(self.cache.fresh(b), 0, crate::engine::btree::BTREE_MAGIC);
         Ok(b)
     }
     fn free_node(&mut self, block: u64) -> Result<()> {

@@ -7,19 +7,19 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use crate::block::BlockDevice;
-use crate::btree;
-use crate::cache::MetaCache;
-use crate::codec::*;
-use crate::dir;
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::engine::cache::MetaCache;
+use crate::engine::log::Journal;
+use crate::engine::space::Space;
+use crate::engine::store::Store;
 use crate::error::Result;
-use crate::file;
-use crate::format::*;
-use crate::journal::Journal;
-use crate::space::Space;
-use crate::store::Store;
+use crate::fs::dir;
+use crate::fs::file;
+use crate::fs::xattr;
 use crate::volume::{read_usable_superblock, OpenOptions, Volume};
-use crate::xattr;
 
 /// What fsck found.
 #[derive(Debug, Default, Clone)]

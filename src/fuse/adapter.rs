@@ -1,97 +1,26 @@
-//! FUSE frontend: serves a [`Volume`] to the kernel through `fuser`.
-//!
-//! This layer only translates: FUSE inode numbers to volume inode numbers (FUSE's root is
-//! always 1, the volume's root is not), requests to [`Volume`] calls, [`Error`]s to
-//! errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
-//! kernel enforces permissions (`default_permissions`) and keeps the page, entry and
-//! attribute caches.
-//!
-//! [`mount`] mounts and returns once the kernel has finished INIT, so callers can report
-//! a live mount; [`Mounted::run`] serves until the file system is unmounted, committing
-//! the volume every few seconds and once more at the end; a [`Stopper`] unmounts from
-//! another thread.
+//! The `fuser::Filesystem` over a [`Volume`]: FUSE requests to volume calls, errors to
+//! errnos, attributes to `FileAttr`s. No filesystem rule lives here.
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Config, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session,
-    SessionACL, SessionUnmounter, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::disk::format::FileType;
 use crate::error::{Error, Result};
-use crate::format::FileType;
 use crate::volume::{self, Attr, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
 
-/// How a volume is served.
-#[derive(Clone, Debug)]
-pub struct FuseOptions {
-    /// How long the kernel may cache attributes. Every change to a volume goes through
-    /// its one mount, and the kernel invalidates what each change touches (the parent on
-    /// create/unlink/rename, the inode on link/unlink/setattr/setxattr/write), so long
-    /// timeouts stay coherent; they matter for scans longer than the timeout, such as an
-    /// `rm -rf` of a big directory, which would otherwise LOOKUP again every name it
-    /// read with READDIRPLUS.
-    pub attr_timeout: Duration,
-    /// How long the kernel may cache names (positive lookups).
-    pub entry_timeout: Duration,
-    /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
-    /// Off by default: it helps small writes, but the kernel then drops the cached
-    /// st_blocks at every close (the next `stat` costs a GETATTR) and sends a SETATTR
-    /// per unlinked file.
-    pub writeback_cache: bool,
-    /// Let the kernel check permissions against mode, owner and POSIX ACLs.
-    pub default_permissions: bool,
-    /// Let users other than the one who mounted use the mount.
-    pub allow_other: bool,
-    /// Mount read-only (the volume should be opened read-only too).
-    pub read_only: bool,
-    /// Request-serving threads.
-    pub threads: usize,
-    /// When the kernel asks for READDIRPLUS instead of READDIR.
-    pub readdirplus: ReaddirPlus,
-    /// Source shown in the mount table (the image or device).
-    pub fsname: String,
-    /// How often the volume is committed while mounted.
-    pub sync_interval: Duration,
-}
-
-/// When the kernel reads a directory with READDIRPLUS (names with attributes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReaddirPlus {
-    /// The kernel decides: the first batch, and later ones once a child was looked up.
-    Auto,
-    /// Every batch: `rm -rf` and `find` then need no LOOKUP per entry, but a plain `ls`
-    /// of a cold directory reads every inode block.
-    Always,
-    /// Never: names only.
-    Never,
-}
-
-impl Default for FuseOptions {
-    fn default() -> Self {
-        FuseOptions {
-            attr_timeout: Duration::from_secs(60),
-            entry_timeout: Duration::from_secs(60),
-            writeback_cache: false,
-            default_permissions: true,
-            allow_other: false,
-            read_only: false,
-            threads: 1,
-            readdirplus: ReaddirPlus::Always,
-            fsname: "dxfs".into(),
-            sync_interval: Duration::from_secs(5),
-        }
-    }
-}
+use super::lookups::LookupCounts;
+use super::{FuseOptions, ReaddirPlus};
 
 /// The `fuser::Filesystem` over a volume.
 pub struct DxFuse {
@@ -103,40 +32,6 @@ pub struct DxFuse {
     no_opendir: bool,
     /// Lookup counts handed to the kernel and not yet forgotten.
     lookups: LookupCounts,
-}
-
-/// The kernel's references to inodes: every entry reply (LOOKUP, CREATE, MKNOD, MKDIR,
-/// SYMLINK, LINK, and each READDIRPLUS entry but `.` and `..`) adds one, FORGET takes
-/// them back. The volume does not need them (an inode lives by its links and open
-/// handles), so they are kept only to show, at the end of the session, that they
-/// balance: an imbalance is a leak in the kernel interface.
-#[derive(Default)]
-struct LookupCounts(parking_lot::Mutex<rustc_hash::FxHashMap<u64, u64>>);
-
-impl LookupCounts {
-    fn add(&self, ino: u64) {
-        *self.0.lock().entry(ino).or_insert(0) += 1;
-    }
-
-    fn forget(&self, ino: u64, n: u64) {
-        let mut m = self.0.lock();
-        match m.get_mut(&ino) {
-            Some(c) if *c > n => *c -= n,
-            Some(c) if *c == n => {
-                m.remove(&ino);
-            }
-            _ => {
-                tracing::error!("FORGET of inode {ino} by {n}: more than the kernel was given");
-                m.remove(&ino);
-            }
-        }
-    }
-
-    /// (inodes, references) still held.
-    fn outstanding(&self) -> (usize, u64) {
-        let m = self.0.lock();
-        (m.len(), m.values().sum())
-    }
 }
 
 impl Drop for DxFuse {
@@ -750,101 +645,5 @@ impl Filesystem for DxFuse {
         };
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("fallocate", |v| v.fallocate(ino, offset, length, keep, punch)));
-    }
-}
-
-/// A live mount: the kernel has completed INIT, so the file system is usable.
-pub struct Mounted {
-    session: Session<DxFuse>,
-    vol: Arc<Volume>,
-    mountpoint: PathBuf,
-    sync_interval: Duration,
-}
-
-/// Mount `vol` on `mountpoint` and return once the mount is live.
-pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
-    let mut cfg = Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName(opts.fsname.clone()),
-        // The kernel's own option: the mount table then shows type fuse.dxfs.
-        MountOption::CUSTOM("subtype=dxfs".into()),
-        if opts.read_only { MountOption::RO } else { MountOption::RW },
-    ];
-    if opts.default_permissions {
-        cfg.mount_options.push(MountOption::DefaultPermissions);
-    }
-    if opts.allow_other {
-        cfg.acl = SessionACL::All;
-    }
-    cfg.n_threads = Some(opts.threads.max(1));
-    // Each thread gets its own /dev/fuse descriptor, so they do not contend on one.
-    cfg.clone_fd = opts.threads > 1;
-    let fs = DxFuse::new(vol.clone(), opts.clone());
-    let session = Session::new(fs, mountpoint, &cfg)?;
-    Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval })
-}
-
-impl Mounted {
-    /// A handle that ends this mount from another thread (a signal thread, say).
-    pub fn stopper(&mut self) -> Stopper {
-        Stopper {
-            unmounter: self.session.unmount_callable(),
-            mountpoint: self.mountpoint.clone(),
-            vol: self.vol.clone(),
-        }
-    }
-
-    /// Serve requests until the file system is unmounted (`umount`, `fusermount3 -u`,
-    /// or a [`Stopper`]), committing the volume every `sync_interval` and at the end.
-    pub fn run(self) -> io::Result<()> {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let vol = self.vol.clone();
-        let interval = self.sync_interval;
-        let syncer = std::thread::Builder::new().name("dxfs-sync".into()).spawn(move || {
-            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                if let Err(e) = vol.sync() {
-                    tracing::error!("periodic commit failed: {e}");
-                }
-            }
-        })?;
-        let served = self.session.run();
-        drop(stop);
-        let _ = syncer.join();
-        let synced = self.vol.shutdown().map_err(|e| io::Error::other(format!("final commit failed: {e}")));
-        served.and(synced)
-    }
-}
-
-/// Ends a mount: see [`Mounted::stopper`].
-pub struct Stopper {
-    unmounter: SessionUnmounter,
-    mountpoint: PathBuf,
-    vol: Arc<Volume>,
-}
-
-impl Stopper {
-    /// Commit, then unmount. A busy mount is detached lazily instead: it leaves the
-    /// namespace now, and the session ends when its last user lets go.
-    pub fn stop(&mut self) -> io::Result<()> {
-        if let Err(e) = self.vol.sync() {
-            tracing::error!("commit failed: {e}");
-        }
-        // fuser's unmount gives up its claim on the mount even when it fails, so it
-        // never unmounts the same path again (which might by then be another mount).
-        let Err(e) = self.unmounter.unmount() else { return Ok(()) };
-        tracing::info!("unmounting {}: {e}; detaching it", self.mountpoint.display());
-        match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH) {
-            Ok(()) => Ok(()),
-            Err(nix::errno::Errno::EPERM) => {
-                let st =
-                    std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint).status()?;
-                if st.success() {
-                    Ok(())
-                } else {
-                    Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
-                }
-            }
-            Err(e) => Err(e.into()),
-        }
     }
 }

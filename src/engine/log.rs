@@ -13,10 +13,10 @@
 //! be missing from home locations: step 3 of delta `n` made delta `n-1`'s homes durable,
 //! and delta `n+1` never touches area `n % 2`. Replay is idempotent.
 
-use crate::block::BlockDevice;
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::{Layout, COMMIT_MAGIC};
 use crate::error::{Error, Result};
-use crate::format::{Layout, COMMIT_MAGIC};
 
 /// Block images with their home addresses.
 pub type BlockImages = Vec<(u64, Box<Block>)>;

@@ -4,10 +4,18 @@
 //! docs/FORMAT.md is the byte-by-byte specification; this module is its executable form.
 //! Every decoder validates before it trusts: a hostile image yields `Error::Corrupt`.
 
-use crate::btree::TreeRoot;
-use crate::codec::*;
+use crate::disk::codec::*;
+use crate::disk::hash::HashVersion;
 use crate::error::{Error, Result};
-use crate::hash::HashVersion;
+
+/// The handle a tree's owner keeps (in an inode): where the root is and how tall the tree is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeRoot {
+    /// Block of the root node; 0 for an empty tree, which owns no blocks.
+    pub root: u64,
+    /// Number of levels: 1 for a single leaf, 0 for an empty tree.
+    pub depth: u16,
+}
 
 /// Superblock magic, "DXSB".
 pub const SB_MAGIC: u32 = u32::from_le_bytes(*b"DXSB");
@@ -34,8 +42,7 @@ pub const RO_COMPAT_XATTR_FILTER: u32 = 1;
 /// 129) rather than one. Readers that only know XATTR_FILTER do not trust these filters,
 /// since the flag they know is clear.
 pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
-/// Features this code understands.
-pub const KNOWN_COMPAT: u32 = COMPAT_DIR_RESERVATION;
+/// Features this code understands (unknown compat features are harmless by definition).
 pub const KNOWN_INCOMPAT: u32 = 0;
 pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K;
 /// Bits each xattr name sets in the filter of a new volume: k = ln2 · m / n for m = 32

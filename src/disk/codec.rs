@@ -9,8 +9,6 @@ use crate::error::{Error, Result};
 
 /// Size of a block in bytes.
 pub const BLOCK_SIZE: usize = 4096;
-/// Size of the common metadata header.
-pub const META_HEADER: usize = 16;
 
 /// One block of bytes.
 pub type Block = [u8; BLOCK_SIZE];

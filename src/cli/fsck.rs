@@ -1,0 +1,67 @@
+//! `dxfs fsck` (also `fsck.dxfs`): check and repair a volume.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dxfs::block::{BlockDevice, FileDevice};
+
+use super::fail;
+
+#[derive(clap::Args)]
+pub struct FsckArgs {
+    image: PathBuf,
+    /// Check only: change nothing.
+    #[arg(short = 'n')]
+    no_change: bool,
+    /// Repair without asking (the default when -n is not given).
+    #[arg(short = 'y', short_alias = 'p')]
+    yes: bool,
+    /// Print statistics.
+    #[arg(short = 'v')]
+    verbose: bool,
+}
+
+pub fn run(a: FsckArgs) -> i32 {
+    let dev = match FileDevice::open(&a.image, a.no_change) {
+        Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+        Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+    };
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));
+    let r = dxfs::fsck::check(dev, !a.no_change, &mut progress);
+    bar.finish_and_clear();
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+    };
+    let _ = a.yes;
+    for f in &r.fixed {
+        println!("fixed: {f}");
+    }
+    for e in &r.errors {
+        println!("error: {e}");
+    }
+    let state = match r.exit_code() {
+        0 => "clean",
+        1 => "repaired",
+        _ => "HAS ERRORS",
+    };
+    println!(
+        "{}: {state}, {} inodes ({} directories, {} other), {}/{} blocks",
+        a.image.display(),
+        r.inodes,
+        r.directories,
+        r.files,
+        r.blocks_used,
+        r.blocks_total
+    );
+    if a.verbose && r.dir_leaves > 0 {
+        println!(
+            "directory leaves: {}, average fill {:.1}%",
+            r.dir_leaves,
+            100.0 * r.dir_leaf_bytes as f64 / (r.dir_leaves as f64 * 4064.0)
+        );
+    }
+    r.exit_code()
+}

@@ -1,0 +1,116 @@
+//! `dxfs mkfs` (also `mkfs.dxfs`): make a volume.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dxfs::block::{BlockDevice, FileDevice};
+use dxfs::hash::{format_seed, parse_seed, HashVersion};
+use dxfs::{mkfs, read_superblock, MkfsOptions};
+
+use super::{fail, parse_size};
+
+#[derive(clap::Args)]
+pub struct MkfsArgs {
+    /// Image file or block device.
+    image: PathBuf,
+    /// Size of the image file to create, e.g. 512M, 4G (default: 1G for a new file).
+    #[arg(long, short = 's')]
+    size: Option<String>,
+    /// Volume label (up to 32 bytes).
+    #[arg(long, short = 'L', default_value = "")]
+    label: String,
+    /// Directory hash: legacy, half_md4, tea (or their _unsigned forms, or 0-5).
+    #[arg(long, default_value = "half_md4")]
+    hash: String,
+    /// The 128-bit hash seed as a UUID (random by default).
+    #[arg(long)]
+    seed: Option<String>,
+    /// Inode blocks (15 inodes each) in a directory's first reserved region.
+    #[arg(long, default_value_t = 4)]
+    region_blocks: u16,
+    /// Do not keep the per-inode xattr-name bloom filter.
+    #[arg(long)]
+    no_xattr_filter: bool,
+    /// Bits each xattr name sets in the bloom filter (1 = erofs's rule; the default is
+    /// ln2 · 32 / n for the typical n = 2 names of an inode that has any).
+    #[arg(long, default_value_t = dxfs::DEFAULT_FILTER_HASHES,
+          value_parser = clap::value_parser!(u8).range(1..=32))]
+    xattr_filter_hashes: u8,
+    /// Overwrite an existing filesystem.
+    #[arg(long, short = 'f')]
+    force: bool,
+}
+
+pub fn run(a: MkfsArgs) -> i32 {
+    let Some(hash) = HashVersion::parse(&a.hash) else {
+        return fail(format!("unknown hash {:?}", a.hash), 8);
+    };
+    let seed = match &a.seed {
+        Some(s) => match parse_seed(s) {
+            Some(x) => Some(x),
+            None => return fail(format!("bad seed {s:?} (want a UUID)"), 8),
+        },
+        None => None,
+    };
+    let exists = a.image.exists();
+    let dev: Arc<dyn BlockDevice> = if exists {
+        let d = match FileDevice::open(&a.image, false) {
+            Ok(d) => d,
+            Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+        };
+        if let Some(sz) = &a.size {
+            let Some(bytes) = parse_size(sz) else { return fail(format!("bad size {sz:?}"), 8) };
+            if bytes / 4096 > d.block_count() && std::fs::metadata(&a.image).map(|m| m.is_file()).unwrap_or(false) {
+                drop(d);
+                match FileDevice::create(&a.image, bytes / 4096 * 4096) {
+                    Ok(d) => Arc::new(d),
+                    Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+                }
+            } else {
+                Arc::new(d)
+            }
+        } else {
+            Arc::new(d)
+        }
+    } else {
+        let bytes = match &a.size {
+            Some(sz) => match parse_size(sz) {
+                Some(b) => b,
+                None => return fail(format!("bad size {sz:?}"), 8),
+            },
+            None => 1 << 30,
+        };
+        match FileDevice::create(&a.image, bytes / 4096 * 4096) {
+            Ok(d) => Arc::new(d),
+            Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+        }
+    };
+    if exists && !a.force && read_superblock(&*dev).is_ok() {
+        return fail(format!("{} already holds a dxfs volume; use --force to overwrite it", a.image.display()), 8);
+    }
+    let o = MkfsOptions {
+        label: a.label,
+        hash,
+        seed,
+        uuid: None,
+        region_blocks: a.region_blocks,
+        xattr_filter: !a.no_xattr_filter,
+        filter_hashes: a.xattr_filter_hashes,
+        log_blocks: None,
+    };
+    match mkfs(dev.clone(), &o) {
+        Ok(sb) => {
+            println!(
+                "dxfs volume on {}: {} blocks of 4 KiB ({} MiB), hash {} seed {}, uuid {}",
+                a.image.display(),
+                sb.layout.block_count,
+                sb.layout.block_count / 256,
+                sb.hash.name(),
+                format_seed(sb.hash_seed),
+                uuid::Uuid::from_bytes(sb.uuid)
+            );
+            0
+        }
+        Err(e) => fail(format!("mkfs failed: {e}"), 8),
+    }
+}

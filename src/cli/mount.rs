@@ -1,0 +1,258 @@
+//! `dxfs mount`: serve a volume through FUSE; also the `mount -t fuse.dxfs` helper.
+
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::sys::signal::{SigSet, Signal};
+
+use dxfs::block::FileDevice;
+use dxfs::fuse::{FuseOptions, ReaddirPlus};
+use dxfs::{mkfs, MkfsOptions};
+
+use super::Cli;
+use super::{fail, parse_size};
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    /// Image file or block device.
+    image: PathBuf,
+    /// Directory to mount on.
+    dir: PathBuf,
+    /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
+    /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
+    /// readdirplus=auto|always|never,
+    /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
+    /// as dev, nosuid, noauto, _netdev, defaults are ignored).
+    #[arg(short = 'o', value_name = "OPTS")]
+    options: Vec<String>,
+    /// Go to the background once the mount is live.
+    #[arg(long)]
+    daemon: bool,
+    /// Make a volume of this size (e.g. 4G) first if the image does not exist.
+    #[arg(long, value_name = "SIZE")]
+    create: Option<String>,
+    /// Request-serving threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Mount read-only.
+    #[arg(long)]
+    ro: bool,
+    /// Let other users use the mount.
+    #[arg(long)]
+    allow_other: bool,
+    /// Do not let the kernel check permissions (the daemon then allows everything).
+    #[arg(long)]
+    no_default_permissions: bool,
+    /// Kernel write-back caching of file data (default off).
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    writeback_cache: Option<String>,
+    /// Seconds the kernel may cache attributes.
+    #[arg(long, value_name = "S")]
+    attr_timeout: Option<f64>,
+    /// Seconds the kernel may cache names.
+    #[arg(long, value_name = "S")]
+    entry_timeout: Option<f64>,
+}
+
+/// Set by `dxfs mount --daemon` in the environment of the background copy it starts.
+const DAEMON_CHILD_ENV: &str = "DXFS_MOUNT_DAEMON_CHILD";
+
+/// mount.fuse3 (`mount -t fuse.dxfs`, /etc/fstab) runs `dxfs IMAGE DIR -o OPTS` with no
+/// subcommand: read that as `dxfs mount --daemon IMAGE DIR -o OPTS`, backgrounded
+/// because mount(8) waits for its helper to exit.
+pub fn mount_helper_args(args: &[OsString]) -> Option<Vec<OsString>> {
+    let first = args.get(1)?.to_string_lossy();
+    let known = <Cli as clap::CommandFactory>::command()
+        .get_subcommands()
+        .any(|c| c.get_name() == first || c.get_all_aliases().any(|a| a == first));
+    if first.starts_with('-') || first == "help" || known || !Path::new(args.get(2)?).is_dir() {
+        return None;
+    }
+    let mut out = vec![args[0].clone(), "mount".into(), "--daemon".into()];
+    out.extend_from_slice(&args[1..]);
+    Some(out)
+}
+
+fn seconds(s: f64) -> Result<std::time::Duration, String> {
+    std::time::Duration::try_from_secs_f64(s).map_err(|_| format!("bad timeout {s}"))
+}
+
+/// Apply one `-o` option.
+fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Result<(), String> {
+    let (key, val) = match opt.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (opt, None),
+    };
+    let num = |v: Option<&str>| -> Result<f64, String> {
+        v.and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("mount option {opt:?} needs a number"))
+    };
+    match key {
+        "ro" => o.read_only = true,
+        "rw" => o.read_only = false,
+        "default_permissions" => o.default_permissions = true,
+        "allow_other" => o.allow_other = true,
+        "writeback_cache" => o.writeback_cache = true,
+        "no_writeback_cache" => o.writeback_cache = false,
+        "threads" => o.threads = num(val)? as usize,
+        "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
+        "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
+        "readdirplus" => {
+            o.readdirplus = match val {
+                Some("auto") => ReaddirPlus::Auto,
+                Some("always") => ReaddirPlus::Always,
+                Some("never") => ReaddirPlus::Never,
+                _ => return Err(format!("mount option {opt:?}: readdirplus=auto|always|never")),
+            }
+        }
+        // A/B switches of the seed features, for measurements on the same volume.
+        "noreserve" => v.reserve_regions = false,
+        "noprefetch" => v.sorted_prefetch = false,
+        "noxattrfilter" => v.use_xattr_filter = false,
+        "noaccounting" => v.space_accounting = false,
+        // mount(8) and mount.fuse3 options that mean nothing to the daemon.
+        "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
+        | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"
+        | "async" | "fsname" | "subtype" => {}
+        k if k.starts_with("x-") || k.starts_with("comment") => {}
+        _ => return Err(format!("unknown mount option {opt:?}")),
+    }
+    Ok(())
+}
+
+pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
+    let child = std::env::var_os(DAEMON_CHILD_ENV).is_some();
+    if a.daemon && !child {
+        return spawn_daemon(raw);
+    }
+    let mut o = FuseOptions::default();
+    let mut vol_opts = dxfs::OpenOptions::default();
+    for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        if let Err(e) = mount_option(&mut o, &mut vol_opts, opt) {
+            return fail(e, 8);
+        }
+    }
+    o.read_only |= a.ro;
+    o.allow_other |= a.allow_other;
+    o.default_permissions &= !a.no_default_permissions;
+    if let Some(n) = a.threads {
+        o.threads = n;
+    }
+    if let Some(w) = &a.writeback_cache {
+        o.writeback_cache = w == "on";
+    }
+    for (t, dst) in [(a.attr_timeout, &mut o.attr_timeout), (a.entry_timeout, &mut o.entry_timeout)] {
+        if let Some(t) = t {
+            match seconds(t) {
+                Ok(d) => *dst = d,
+                Err(e) => return fail(e, 8),
+            }
+        }
+    }
+    // Block the stop signals before any thread starts, so that every thread inherits
+    // the mask and only the signal thread's sigwait sees them.
+    let mut sigs = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        sigs.add(s);
+    }
+    if let Err(e) = sigs.thread_block() {
+        return fail(format!("cannot block signals: {e}"), 8);
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+
+    let image = match std::path::absolute(&a.image) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+    };
+    o.fsname = image.display().to_string();
+    // With --create, the mount point is made too (as `mount --mkdir` does), so one
+    // command takes a fresh machine from nothing to a mounted volume.
+    if a.create.is_some() && !a.dir.exists() {
+        if let Err(e) = std::fs::create_dir_all(&a.dir) {
+            return fail(format!("{}: {e}", a.dir.display()), 8);
+        }
+    }
+    let dir = match a.dir.canonicalize() {
+        Ok(p) => p,
+        Err(e) => return fail(format!("{}: {e}", a.dir.display()), 8),
+    };
+    if child {
+        // Leave the caller's session and working directory behind.
+        let _ = nix::unistd::setsid();
+        let _ = std::env::set_current_dir("/");
+    }
+    if let Some(size) = &a.create {
+        if !image.exists() {
+            let Some(bytes) = parse_size(size) else { return fail(format!("bad size {size:?}"), 8) };
+            let made = FileDevice::create(&image, bytes / 4096 * 4096)
+                .and_then(|d| mkfs(Arc::new(d), &MkfsOptions::default()));
+            if let Err(e) = made {
+                return fail(format!("{}: mkfs failed: {e}", image.display()), 8);
+            }
+        }
+    }
+    let opened = FileDevice::open(&image, o.read_only)
+        .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
+    let vol = match opened {
+        Ok(v) => Arc::new(v),
+        Err(e) => return fail(format!("{}: {e}", image.display()), 8),
+    };
+    let mut mounted = match dxfs::fuse::mount(vol, &dir, &o) {
+        Ok(m) => m,
+        Err(e) => return fail(format!("cannot mount on {}: {e}", dir.display()), 8),
+    };
+    if child {
+        // The parent waits for this line; it exits 0 once the mount is live.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready").and_then(|_| out.flush());
+    }
+    let mut stopper = mounted.stopper();
+    let spawned = std::thread::Builder::new().name("dxfs-signals".into()).spawn(move || {
+        while let Ok(sig) = sigs.wait() {
+            tracing::info!("{sig}: committing and unmounting {}", dir.display());
+            if let Err(e) = stopper.stop() {
+                tracing::error!("unmount of {} failed: {e}", dir.display());
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        return fail(format!("cannot start the signal thread: {e}"), 8);
+    }
+    match mounted.run() {
+        Ok(()) => 0,
+        Err(e) => fail(e, 8),
+    }
+}
+
+/// Start `dxfs mount` again in the background and exit 0 once it reports the mount
+/// live, or with its exit code if it fails first (it explains on the shared stderr).
+fn spawn_daemon(raw: &[OsString]) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(format!("cannot find my own executable: {e}"), 8),
+    };
+    let mut child = match std::process::Command::new(exe)
+        .args(&raw[1..])
+        .env(DAEMON_CHILD_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot start the daemon: {e}"), 8),
+    };
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim_end() == "ready" {
+        return 0;
+    }
+    match child.wait() {
+        Ok(st) => st.code().filter(|&c| c != 0).unwrap_or(8),
+        Err(e) => fail(format!("daemon: {e}"), 8),
+    }
+}

@@ -1,0 +1,86 @@
+//! FUSE frontend: serves a [`Volume`] to the kernel through `fuser`.
+//!
+//! This layer only translates: FUSE inode numbers to volume inode numbers (FUSE's root is
+//! always 1, the volume's root is not), requests to [`Volume`] calls, [`Error`]s to
+//! errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
+//! kernel enforces permissions (`default_permissions`) and keeps the page, entry and
+//! attribute caches.
+//!
+//! [`mount`] mounts and returns once the kernel has finished INIT, so callers can report
+//! a live mount; [`Mounted::run`] serves until the file system is unmounted, committing
+//! the volume every few seconds and once more at the end; a [`Stopper`] unmounts from
+//! another thread.
+//!
+//! Files: `adapter` (the `fuser::Filesystem`: translation only), `lookups` (the kernel's
+//! inode references), `session` (mounting and the request loop: the transport seam).
+
+use std::time::Duration;
+
+mod adapter;
+mod lookups;
+mod session;
+
+pub use adapter::DxFuse;
+pub use session::{mount, Mounted, Stopper};
+
+/// How a volume is served.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// How long the kernel may cache attributes. Every change to a volume goes through
+    /// its one mount, and the kernel invalidates what each change touches (the parent on
+    /// create/unlink/rename, the inode on link/unlink/setattr/setxattr/write), so long
+    /// timeouts stay coherent; they matter for scans longer than the timeout, such as an
+    /// `rm -rf` of a big directory, which would otherwise LOOKUP again every name it
+    /// read with READDIRPLUS.
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names (positive lookups).
+    pub entry_timeout: Duration,
+    /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
+    /// Off by default: it helps small writes, but the kernel then drops the cached
+    /// st_blocks at every close (the next `stat` costs a GETATTR) and sends a SETATTR
+    /// per unlinked file.
+    pub writeback_cache: bool,
+    /// Let the kernel check permissions against mode, owner and POSIX ACLs.
+    pub default_permissions: bool,
+    /// Let users other than the one who mounted use the mount.
+    pub allow_other: bool,
+    /// Mount read-only (the volume should be opened read-only too).
+    pub read_only: bool,
+    /// Request-serving threads.
+    pub threads: usize,
+    /// When the kernel asks for READDIRPLUS instead of READDIR.
+    pub readdirplus: ReaddirPlus,
+    /// Source shown in the mount table (the image or device).
+    pub fsname: String,
+    /// How often the volume is committed while mounted.
+    pub sync_interval: Duration,
+}
+
+/// When the kernel reads a directory with READDIRPLUS (names with attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaddirPlus {
+    /// The kernel decides: the first batch, and later ones once a child was looked up.
+    Auto,
+    /// Every batch: `rm -rf` and `find` then need no LOOKUP per entry, but a plain `ls`
+    /// of a cold directory reads every inode block.
+    Always,
+    /// Never: names only.
+    Never,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            attr_timeout: Duration::from_secs(60),
+            entry_timeout: Duration::from_secs(60),
+            writeback_cache: false,
+            default_permissions: true,
+            allow_other: false,
+            read_only: false,
+            threads: 1,
+            readdirplus: ReaddirPlus::Always,
+            fsname: "dxfs".into(),
+            sync_interval: Duration::from_secs(5),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Attributes, xattrs and the POSIX ACL policy.
+
+use crate::error::{Error, Result};
+use crate::fs::acl;
+use crate::fs::xattr;
+
+use super::*;
+
+impl Inner {
+    pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
+        let pending = self.dirty.get(&i.ino).map_or(0, |p| p.len() as u64);
+        Ok(Attr {
+            ino: i.ino,
+            size: i.size,
+            blocks: (i.blocks + pending) * 8,
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            crtime: i.crtime,
+            kind: type_of(i.mode)?,
+            mode: i.mode,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            generation: i.generation,
+        })
+    }
+
+    /// The default ACL of a directory, if it has one (the xattr filter usually answers
+    /// without reading anything).
+    pub(super) fn default_acl(&mut self, dir: &Inode) -> Result<Option<Vec<acl::Entry>>> {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(dir, 3, b"", self.st.sb.filter_hashes()) {
+            return Ok(None);
+        }
+        match xattr::load(&mut self.st, dir)?.into_iter().find(|x| x.idx == 3) {
+            Some(x) => Ok(Some(
+                acl::decode(&x.value).map_err(|_| Error::corrupt(format!("directory {}: bad default ACL", dir.ino)))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
+    /// default ACL in the parent, POSIX's inheritance rules (the umask does not apply);
+    /// otherwise the umask.
+    pub(super) fn inherited(&mut self, parent: u64, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
+        let p = self.dir_inode(parent)?;
+        let Some(def) = self.default_acl(&p)? else {
+            return Ok((mode & !(umask & 0o777), Vec::new()));
+        };
+        let (mode, access) = acl::inherit(&def, mode);
+        let mut list = Vec::new();
+        if let Some(a) = access {
+            list.push(xattr::Xattr { idx: 2, name: Vec::new(), value: acl::encode(&a) });
+        }
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            list.push(xattr::Xattr { idx: 3, name: Vec::new(), value: acl::encode(&def) });
+        }
+        Ok((mode, list))
+    }
+
+    /// Keep an inode's access ACL in step with a new mode (chmod).
+    pub(super) fn chmod_acl(&mut self, i: &mut Inode) -> Result<()> {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"", self.st.sb.filter_hashes()) {
+            return Ok(());
+        }
+        let mut list = xattr::load(&mut self.st, i)?;
+        let Some(x) = list.iter_mut().find(|x| x.idx == 2) else { return Ok(()) };
+        let mut a = acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?;
+        acl::chmod(&mut a, i.mode);
+        x.value = acl::encode(&a);
+        xattr::store(&mut self.st, i, &list)
+    }
+}
+
+impl Volume {
+    /// Attributes of an inode.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        let i = g.st.inode(ino)?;
+        g.attr(&i)
+    }
+
+    /// Change attributes (chmod, chown, truncate, utimens).
+    pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
+        let mut g = self.charged(|g| {
+            let i = g.st.inode(ino)?;
+            if s.size.is_none() {
+                return Ok(Cost::new(0, 0, true));
+            }
+            match i.file_type() {
+                Some(FileType::RegularFile) => {}
+                Some(FileType::Directory) => return Err(Error::IsDir),
+                _ => return Err(Error::Invalid("truncate of a special file".into())),
+            }
+            // Shrinking may split an extent, and rewrites the partial tail page.
+            Ok(Cost::new(2 * extent_depth(&i) + 3 + Inner::writeback_meta(0, 1, extent_depth(&i)), 1, true))
+        })?;
+        let mut i = g.st.inode(ino)?;
+        let t = now();
+        if let Some(m) = s.mode {
+            i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
+            g.chmod_acl(&mut i)?;
+        }
+        if let Some(u) = s.uid {
+            i.uid = u;
+        }
+        if let Some(gid) = s.gid {
+            i.gid = gid;
+        }
+        if let Some(size) = s.size {
+            if size != i.size {
+                g.truncate(&mut i, size)?;
+                i.mtime = t;
+            }
+        }
+        let pick = |st: SetTime| match st {
+            SetTime::Now => t,
+            SetTime::At(x) => x,
+        };
+        if let Some(a) = s.atime {
+            i.atime = pick(a);
+        }
+        if let Some(m) = s.mtime {
+            i.mtime = pick(m);
+        }
+        i.ctime = s.ctime.unwrap_or(t);
+        g.st.put_inode(&i)?;
+        g.attr(&i)
+    }
+
+    /// Value of an xattr.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let mut g = self.inner.lock();
+        let (idx, suffix) = xattr::split_name(name)?;
+        let i = g.st.inode(ino)?;
+        if g.opts.use_xattr_filter
+            && g.st.sb.xattr_filter()
+            && xattr::ruled_out(&i, idx, suffix, g.st.sb.filter_hashes())
+        {
+            return Err(Error::NoData);
+        }
+        let list = xattr::load(&mut g.st, &i)?;
+        list.into_iter().find(|x| x.idx == idx && x.name == suffix).map(|x| x.value).ok_or(Error::NoData)
+    }
+
+    /// Names of all xattrs.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let mut g = self.inner.lock();
+        let i = g.st.inode(ino)?;
+        Ok(xattr::load(&mut g.st, &i)?.iter().map(|x| xattr::full_name(x.idx, &x.name)).collect())
+    }
+
+    /// Set an xattr.
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        let (idx, suffix) = xattr::split_name(name)?;
+        if value.len() > xattr::VALUE_MAX {
+            return Err(Error::TooBig);
+        }
+        let mut g = self.charged(|g| {
+            // The new list may need every block of a maximal chain; the old ones are
+            // released only with the delta.
+            let i = g.st.inode(ino)?;
+            let now = xattr::encoded_len(&xattr::load(&mut g.st, &i)?);
+            Ok(Cost::new(xattr::blocks_for(now + 6 + suffix.len() + value.len()), 0, false))
+        })?;
+        let mut i = g.st.inode(ino)?;
+        let mut list = xattr::load(&mut g.st, &i)?;
+        let pos = list.iter().position(|x| x.idx == idx && x.name == suffix);
+        match (pos, mode) {
+            (Some(_), XattrMode::Create) => return Err(Error::Exists),
+            (None, XattrMode::Replace) => return Err(Error::NoData),
+            _ => {}
+        }
+        let x = xattr::Xattr { idx, name: suffix.to_vec(), value: value.to_vec() };
+        // POSIX ACLs: validated; an access ACL sets the mode's permission bits, and one
+        // the mode says all of is not stored at all; default ACLs only on directories.
+        let mut keep = true;
+        if idx == 2 || idx == 3 {
+            let a = acl::decode(value)?;
+            if idx == 3 && !i.is_dir() {
+                return Err(Error::Invalid("default ACL on a non-directory".into()));
+            }
+            if idx == 2 {
+                i.mode = (i.mode & !0o777) | acl::mode_bits(&a);
+                keep = !acl::is_minimal(&a);
+            }
+        }
+        match (pos, keep) {
+            (Some(p), true) => list[p] = x,
+            (None, true) => list.push(x),
+            (Some(p), false) => {
+                list.remove(p);
+            }
+            (None, false) => {}
+        }
+        xattr::store(&mut g.st, &mut i, &list)?;
+        i.ctime = now();
+        g.st.put_inode(&i)
+    }
+
+    /// Remove an xattr.
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let (idx, suffix) = xattr::split_name(name)?;
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        let mut i = g.st.inode(ino)?;
+        let mut list = xattr::load(&mut g.st, &i)?;
+        let pos = list.iter().position(|x| x.idx == idx && x.name == suffix).ok_or(Error::NoData)?;
+        list.remove(pos);
+        xattr::store(&mut g.st, &mut i, &list)?;
+        i.ctime = now();
+        g.st.put_inode(&i)
+    }
+}

@@ -1,0 +1,288 @@
+//! File data: open handles, read, write, truncate, fallocate.
+
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::error::{Error, Result};
+use crate::fs::file::{self, Pages};
+
+use super::*;
+
+impl Inner {
+    pub(super) fn truncate(&mut self, i: &mut Inode, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        if size < i.size {
+            let bs = BLOCK_SIZE as u64;
+            let keep = size.div_ceil(bs);
+            if let Some(pages) = self.dirty.get_mut(&i.ino) {
+                let dropped = pages.split_off(&keep);
+                self.dirty_pages -= dropped.len() as u64;
+                self.st.space.promised = self.st.space.promised.saturating_sub(dropped.len() as u64);
+            }
+            if size % bs != 0 {
+                let p = size / bs;
+                let tail = (size % bs) as usize;
+                let has_dirty = self.dirty.get(&i.ino).is_some_and(|m| m.contains_key(&p));
+                if !has_dirty {
+                    let page = file::read_page(&mut self.st, i, p)?;
+                    let before = self.dirty.get(&i.ino).map_or(0, |m| m.len() as u64);
+                    self.dirty.entry(i.ino).or_default().insert(p, page);
+                    self.promise_pages(i, before, 1);
+                }
+                let page = self.dirty.get_mut(&i.ino).unwrap().get_mut(&p).unwrap();
+                page[tail..].fill(0);
+            }
+            file::punch(&mut self.st, i, keep, 1 << 32)?;
+        }
+        i.size = size;
+        Ok(())
+    }
+
+    /// The cost of writing `len` bytes at `offset`: one block per page not yet dirty, and
+    /// the extent-map changes of its write-back.
+    pub(super) fn write_cost(&mut self, ino: u64, offset: u64, len: u64) -> Result<Cost> {
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let i = self.st.inode(ino)?;
+        if len == 0 {
+            return Ok(Cost::new(0, 0, false));
+        }
+        let bs = BLOCK_SIZE as u64;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let have = self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64);
+        let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
+        let new = (last - first + 1) - have;
+        Ok(Cost::new(Self::writeback_meta(before, before + new, extent_depth(&i)), new, false))
+    }
+
+    /// Write into dirty pages (charged by the caller).
+    pub(super) fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let mut i = self.st.inode(ino)?;
+        // Regular files, and long symlink targets (written once at creation).
+        match i.file_type() {
+            Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
+            Some(FileType::Directory) => return Err(Error::IsDir),
+            _ => return Err(Error::Invalid("write to a special file".into())),
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let bs = BLOCK_SIZE as u64;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        for p in first..=last {
+            let ps = p * bs;
+            let from = offset.max(ps);
+            let to = end.min(ps + bs);
+            let full = from == ps && to == ps + bs;
+            if !self.dirty.get(&ino).is_some_and(|m| m.contains_key(&p)) {
+                let page = if full || ps >= i.size {
+                    Box::new([0u8; BLOCK_SIZE])
+                } else {
+                    file::read_page(&mut self.st, &i, p)?
+                };
+                let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
+                self.dirty.entry(ino).or_default().insert(p, page);
+                self.promise_pages(&i, before, 1);
+            }
+            let page = self.dirty.get_mut(&ino).unwrap().get_mut(&p).unwrap();
+            page[(from - ps) as usize..(to - ps) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+        }
+        i.size = i.size.max(end);
+        let t = now();
+        i.mtime = t;
+        i.ctime = t;
+        self.st.put_inode(&i)?;
+        Ok(data.len())
+    }
+}
+
+impl Volume {
+    /// Note an open handle: an unlinked inode lives until its last release.
+    pub fn open_file(&self, ino: u64) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        let i = g.st.inode(ino)?;
+        *g.open.entry(ino).or_insert(0) += 1;
+        g.attr(&i)
+    }
+
+    /// Release an open handle; frees the inode if it was the last reference.
+    pub fn release(&self, ino: u64) -> Result<()> {
+        {
+            let mut g = self.inner.lock();
+            let n = match g.open.get_mut(&ino) {
+                Some(n) => {
+                    *n -= 1;
+                    *n
+                }
+                None => return Ok(()),
+            };
+            if n > 0 {
+                return Ok(());
+            }
+            g.open.remove(&ino);
+            if g.opts.read_only || g.failed || !g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+                return Ok(());
+            }
+        }
+        // The last handle of an unlinked inode: free it (a deletion, so it may use the
+        // reserve), unless it was opened again meanwhile.
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        if !g.open.contains_key(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+            g.remove_orphan(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Read up to `size` bytes at `offset`. The device reads run without the volume
+    /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
+    /// plan named and that was freed and reused since), the read is done again under it.
+    pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let (plan, epoch, dev) = {
+            let mut g = self.inner.lock();
+            let i = g.st.inode(ino)?;
+            match i.file_type() {
+                Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
+                Some(FileType::Directory) => return Err(Error::IsDir),
+                _ => return Err(Error::Invalid("read of a special file".into())),
+            }
+            if offset >= i.size {
+                return Ok(Vec::new());
+            }
+            let len = (size as u64).min(i.size - offset) as usize;
+            let g = &mut *g;
+            (file::plan_read(&mut g.st, &i, g.dirty.get(&ino), offset, len)?, g.epoch, g.st.dev.clone())
+        };
+        let out = plan.execute(&*dev)?;
+        let mut g = self.inner.lock();
+        if g.epoch == epoch {
+            return Ok(out);
+        }
+        let i = g.st.inode(ino)?;
+        let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
+        let g = &mut *g;
+        file::read(&mut g.st, &i, g.dirty.get(&ino), offset, len)
+    }
+
+    /// Write `data` at `offset`; returns the bytes written.
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        // Large writes go in chunks, each charged on its own; when one fails after others
+        // succeeded, the write is short, as POSIX allows.
+        let mut done = 0;
+        for chunk in data.chunks(WRITE_CHUNK) {
+            let off = offset + done as u64;
+            let r = self
+                .charged(|g| {
+                    if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+                        return Err(Error::Invalid("write to a symlink".into()));
+                    }
+                    g.write_cost(ino, off, chunk.len() as u64)
+                })
+                .and_then(|mut g| g.write(ino, off, chunk));
+            match r {
+                Ok(n) => done += n,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    /// fallocate: mode 0 allocates (and may extend), `keep_size` does not change the
+    /// size, `punch` (which requires keep_size) frees the range.
+    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, keep_size: bool, punch: bool) -> Result<()> {
+        if len == 0 {
+            return Err(Error::Invalid("zero length".into()));
+        }
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        if punch && !keep_size {
+            return Err(Error::Invalid("punch hole needs keep size".into()));
+        }
+        let bs = BLOCK_SIZE as u64;
+        let (s, e) = (offset / bs, end.div_ceil(bs));
+        let mut g = self.charged(|g| {
+            let i = g.st.inode(ino)?;
+            if i.file_type() != Some(FileType::RegularFile) {
+                return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
+            }
+            let depth = extent_depth(&i);
+            let n = (e - s).min(FALLOC_STEP);
+            Ok(if punch {
+                // Zeroing the two partial end pages; unmapping may split one extent.
+                Cost::new(2 * depth + 3 + Inner::writeback_meta(0, 2, depth), 2, true)
+            } else {
+                // Blocks are allocated at once, so they are metadata-like: not promised.
+                Cost::new(2 * depth + 3 + n / 64 + n, 0, false)
+            })
+        })?;
+        if punch {
+            let mut i = g.st.inode(ino)?;
+            let end = end.min(i.size);
+            if offset >= end {
+                return Ok(());
+            }
+            // Zero the partial pages at both ends, unmap the whole pages between.
+            let first_full = offset.div_ceil(bs);
+            let last_full = end / bs;
+            let zero_ranges = if first_full > last_full {
+                vec![(offset, end)]
+            } else {
+                vec![(offset, first_full * bs), (last_full * bs, end)]
+            };
+            for (s, e) in zero_ranges {
+                if e > s {
+                    let zeros = vec![0u8; (e - s) as usize];
+                    g.write(ino, s, &zeros)?;
+                }
+            }
+            i = g.st.inode(ino)?;
+            if first_full < last_full {
+                if let Some(pages) = g.dirty.get_mut(&ino) {
+                    let tail = pages.split_off(&first_full);
+                    let (drop, keep): (Pages, Pages) = tail.into_iter().partition(|(p, _)| *p < last_full);
+                    pages.extend(keep);
+                    let n = drop.len() as u64;
+                    g.dirty_pages -= n;
+                    g.st.space.promised = g.st.space.promised.saturating_sub(n);
+                }
+                file::punch(&mut g.st, &mut i, first_full, last_full)?;
+            }
+            i.ctime = now();
+            i.mtime = i.ctime;
+            g.st.put_inode(&i)?;
+            return Ok(());
+        }
+        // Preallocation maps blocks at once: in steps, each charged on its own and
+        // stopping when the delta's log fills, so any size fits.
+        let limit = (g.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
+        let mut at = s;
+        loop {
+            let mut i = g.st.inode(ino)?;
+            at = file::preallocate(&mut g.st, &mut i, at, e, FALLOC_STEP, limit)?;
+            if at >= e && !keep_size && end > i.size {
+                i.size = end;
+            }
+            i.ctime = now();
+            g.st.put_inode(&i)?;
+            if at >= e {
+                return Ok(());
+            }
+            drop(g);
+            g = self.charged(|g| {
+                let i = g.st.inode(ino)?;
+                let n = (e - at).min(FALLOC_STEP);
+                Ok(Cost::new(2 * extent_depth(&i) + 3 + n / 64 + n, 0, false))
+            })?;
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Making a volume, and reading its superblock.
+
+use std::sync::Arc;
+
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::*;
+use crate::disk::hash::HashVersion;
+use crate::engine::cache::MetaCache;
+use crate::engine::space::Space;
+use crate::engine::store::Store;
+use crate::error::{Error, Result};
+
+use super::*;
+
+/// Options of `mkfs`.
+#[derive(Clone, Debug)]
+pub struct MkfsOptions {
+    pub label: String,
+    pub hash: HashVersion,
+    /// The 128-bit hash seed; random when `None`.
+    pub seed: Option<[u32; 4]>,
+    pub uuid: Option<[u8; 16]>,
+    /// Inode blocks in a directory's first reserved region.
+    pub region_blocks: u16,
+    /// Keep a per-inode xattr-name bloom filter.
+    pub xattr_filter: bool,
+    /// Bits each xattr name sets in the filter, 1..=32.
+    pub filter_hashes: u8,
+    /// Blocks in each of the two log areas (default: 1/64 of the volume, 64..=8192).
+    pub log_blocks: Option<u32>,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            label: String::new(),
+            hash: HashVersion::HalfMd4,
+            seed: None,
+            uuid: None,
+            region_blocks: 4,
+            xattr_filter: true,
+            filter_hashes: DEFAULT_FILTER_HASHES,
+            log_blocks: None,
+        }
+    }
+}
+
+/// Make a new volume on `dev`.
+pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
+    if o.label.len() > 32 {
+        return Err(Error::Invalid("label longer than 32 bytes".into()));
+    }
+    if o.region_blocks == 0 || o.region_blocks as u32 > MAX_REGION_BLOCKS {
+        return Err(Error::Invalid(format!("region size must be 1..={MAX_REGION_BLOCKS} blocks")));
+    }
+    if o.xattr_filter && !(1..=MAX_FILTER_HASHES).contains(&o.filter_hashes) {
+        return Err(Error::Invalid(format!("xattr filter hashes must be 1..={MAX_FILTER_HASHES}")));
+    }
+    let blocks = dev.block_count();
+    let layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
+    let seed = o.seed.unwrap_or_else(|| {
+        let u = uuid::Uuid::new_v4();
+        crate::disk::hash::parse_seed(&u.to_string()).expect("uuid formats as a seed")
+    });
+    let uuid = o.uuid.unwrap_or_else(|| *uuid::Uuid::new_v4().as_bytes());
+    let mut sb = Superblock {
+        version: VERSION,
+        compat: COMPAT_DIR_RESERVATION,
+        incompat: 0,
+        ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 },
+        uuid,
+        label: o.label.clone(),
+        layout,
+        root_ino: 0,
+        hash: o.hash,
+        region_blocks: o.region_blocks,
+        hash_seed: seed,
+        mkfs_time: now().0,
+        filter_hashes: if o.xattr_filter { o.filter_hashes } else { 0 },
+    };
+    let mut st = Store::new(dev.clone(), MetaCache::new(1024), Space::fresh(layout), sb.clone(), true);
+    let root = st.alloc_root()?;
+    sb.root_ino = root;
+    st.sb.root_ino = root;
+    let t = now();
+    let mut ri = Inode::new(root, libc::S_IFDIR | 0o755);
+    ri.nlink = 2;
+    ri.parent = root;
+    ri.atime = t;
+    ri.mtime = t;
+    ri.ctime = t;
+    ri.crtime = t;
+    st.put_inode(&ri)?;
+    let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1 };
+    state.encode_into(st.cache.fresh(STATE_BLOCK));
+    st.space.write_out(&*dev, &mut st.cache)?;
+    // Empty log areas: no commit block is valid.
+    let zero = vec![0u8; BLOCK_SIZE];
+    dev.write(layout.log_area(0), &zero)?;
+    dev.write(layout.log_area(1), &zero)?;
+    for (b, img) in st.cache.take_dirty() {
+        dev.write(b, &img[..])?;
+    }
+    dev.write(SUPERBLOCK, &sb.encode(SUPERBLOCK)[..])?;
+    dev.write(layout.backup_superblock(), &sb.encode(layout.backup_superblock())[..])?;
+    dev.flush()?;
+    Ok(sb)
+}
+
+/// Read and check the superblock (falling back to the backup copy).
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let mut b = [0u8; BLOCK_SIZE];
+    if dev.block_count() < 2 {
+        return Err(Error::corrupt("device too small to hold a dxfs volume"));
+    }
+    dev.read(SUPERBLOCK, &mut b)?;
+    match Superblock::decode(&b, SUPERBLOCK) {
+        Ok(sb) => Ok(sb),
+        Err(e) => {
+            let last = dev.block_count() - 1;
+            dev.read(last, &mut b)?;
+            Superblock::decode(&b, last).map_err(|_| e)
+        }
+    }
+}
+
+/// The superblock of a volume this code may open: it fits the device and has no unknown
+/// incompatible feature.
+pub fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let sb = read_superblock(dev)?;
+    if sb.layout.block_count > dev.block_count() {
+        return Err(Error::corrupt(format!(
+            "volume has {} blocks but the device only {} (truncated image?)",
+            sb.layout.block_count,
+            dev.block_count()
+        )));
+    }
+    if sb.incompat & !KNOWN_INCOMPAT != 0 {
+        return Err(Error::corrupt(format!("unknown incompatible features {:#x}", sb.incompat)));
+    }
+    Ok(sb)
+}

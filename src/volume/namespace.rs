@@ -1,0 +1,453 @@
+//! Names: lookup, create, link, unlink, rename; inode life and death.
+
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::error::{Error, Result};
+use crate::fs::dir::{self};
+use crate::fs::file;
+use crate::fs::xattr;
+
+use super::*;
+
+impl Inner {
+    pub(super) fn new_inode(&mut self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
+        let ino = self.st.alloc_inode(parent)?;
+        let t = now();
+        let mut i = Inode::new(ino, mode);
+        i.uid = uid;
+        i.gid = gid;
+        i.nlink = 1;
+        i.rdev = rdev;
+        i.atime = t;
+        i.mtime = t;
+        i.ctime = t;
+        i.crtime = t;
+        i.generation = self.state.next_generation;
+        self.state.next_generation = self.state.next_generation.wrapping_add(1);
+        self.state.inodes += 1;
+        Ok(i)
+    }
+
+    /// Common part of every create: check, charge, allocate, link in.
+    pub(super) fn create_node(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+    ) -> Result<(Inode, Inode)> {
+        dir::check_name(name)?;
+        let ft = type_of(mode)?;
+        let mut p = self.dir_inode(parent)?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        if ft == FileType::Directory && p.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        // The inode number is needed for the entry, but the name may exist: take the
+        // number, and give it back if the insert refuses.
+        let saved = p;
+        let mut i = self.new_inode(&mut p, mode, uid, gid, rdev)?;
+        if let Err(e) = dir::insert(&mut self.st, &mut p, name, i.ino, ft) {
+            if saved != p {
+                // The allocation moved the region: record that before the slot is given
+                // back, so the slot's block is known to be in the current region.
+                self.st.put_inode(&p)?;
+            }
+            self.st.free_inode(i.ino)?;
+            self.state.inodes -= 1;
+            return Err(e);
+        }
+        if ft == FileType::Directory {
+            i.nlink = 2;
+            i.parent = parent;
+            p.nlink += 1;
+        }
+        let t = now();
+        p.mtime = t;
+        p.ctime = t;
+        self.st.put_inode(&p)?;
+        self.st.put_inode(&i)?;
+        Ok((p, i))
+    }
+
+    /// Drop one link of `i`; free it when no link and no open handle remain.
+    pub(super) fn drop_link(&mut self, mut i: Inode) -> Result<()> {
+        i.nlink = i.nlink.saturating_sub(if i.is_dir() { 2 } else { 1 });
+        i.ctime = now();
+        if i.nlink > 0 {
+            return self.st.put_inode(&i);
+        }
+        if self.open.get(&i.ino).copied().unwrap_or(0) > 0 {
+            // Unlinked but open: keep it on the orphan list until the last release.
+            i.next_orphan = self.state.orphan_head;
+            self.state.orphan_head = i.ino;
+            return self.st.put_inode(&i);
+        }
+        self.free_inode(i)
+    }
+
+    pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
+        if let Some(p) = self.dirty.remove(&i.ino) {
+            self.dirty_pages -= p.len() as u64;
+            self.st.space.promised = self.st.space.promised.saturating_sub(p.len() as u64);
+        }
+        match i.data {
+            InodeData::Dir(d) => {
+                dir::destroy(&mut self.st, &mut i)?;
+                self.st.release_region(&d)?;
+            }
+            InodeData::InlineSymlink(_) => {}
+            _ => file::free_all(&mut self.st, &mut i)?,
+        }
+        xattr::release(&mut self.st, &mut i)?;
+        self.st.free_inode(i.ino)?;
+        self.state.inodes = self.state.inodes.saturating_sub(1);
+        Ok(())
+    }
+
+    pub(super) fn remove_orphan(&mut self, ino: u64) -> Result<()> {
+        let target = self.st.inode(ino)?;
+        if self.state.orphan_head == ino {
+            self.state.orphan_head = target.next_orphan;
+        } else {
+            let mut cur = self.state.orphan_head;
+            let mut guard = 0u64;
+            while cur != 0 {
+                let mut c = self.st.inode(cur)?;
+                if c.next_orphan == ino {
+                    c.next_orphan = target.next_orphan;
+                    self.st.put_inode(&c)?;
+                    break;
+                }
+                cur = c.next_orphan;
+                guard += 1;
+                if guard > self.state.inodes + 1 {
+                    return Err(Error::corrupt("orphan list loops"));
+                }
+            }
+        }
+        self.free_inode(target)
+    }
+}
+
+impl Volume {
+    /// Look a name up in a directory.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let p = g.dir_inode(parent)?;
+        if name == b"." {
+            return g.attr(&p);
+        }
+        if name == b".." {
+            let pp = g.st.inode(p.parent)?;
+            return g.attr(&pp);
+        }
+        let f = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
+        let i = g.st.inode(f.ino)?;
+        g.attr(&i)
+    }
+
+    /// Create a regular file, device node, fifo or socket (`mode` includes the type).
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+        self.make(parent, name, NewNode { mode, uid, gid, rdev, umask: 0 })
+    }
+
+    /// Create any inode but a symlink, as FUSE's create, mknod and mkdir do: the parent's
+    /// default ACL, if any, is inherited (and the umask ignored), else the umask applies.
+    pub fn make(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
+        if type_of(n.mode)? == FileType::Symlink {
+            return Err(Error::Invalid("make of a symlink".into()));
+        }
+        // One block more for inherited ACLs (identical lists share it).
+        let mut g = self.charged(|g| Ok(Cost { meta: g.create_cost(parent)?.meta + 1, ..g.create_cost(parent)? }))?;
+        let (mode, acls) = g.inherited(parent, n.mode, n.umask)?;
+        let (_, mut i) = g.create_node(parent, name, mode, n.uid, n.gid, n.rdev)?;
+        if !acls.is_empty() {
+            xattr::store(&mut g.st, &mut i, &acls)?;
+            g.st.put_inode(&i)?;
+        }
+        g.attr(&i)
+    }
+
+    /// Create a regular file with permission bits `perm`.
+    pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mknod(parent, name, libc::S_IFREG | (perm & 0o7777), 0, uid, gid)
+    }
+
+    /// Create a directory.
+    pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.make(parent, name, NewNode { mode: libc::S_IFDIR | (perm & 0o7777), uid, gid, rdev: 0, umask: 0 })
+    }
+
+    /// Create a symbolic link.
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::Invalid("empty symlink target".into()));
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
+        let mut g = self.charged(|g| {
+            let c = g.create_cost(parent)?;
+            Ok(Cost::new(c.meta + Inner::writeback_meta(0, pages, 0), pages, false))
+        })?;
+        let (_, mut i) = g.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
+        if target.len() <= INLINE_DATA {
+            let mut t = [0u8; INLINE_DATA];
+            t[..target.len()].copy_from_slice(target);
+            i.data = InodeData::InlineSymlink(t);
+            i.size = target.len() as u64;
+            g.st.put_inode(&i)?;
+        } else {
+            g.write(i.ino, 0, target)?;
+            i = g.st.inode(i.ino)?;
+        }
+        g.attr(&i)
+    }
+
+    /// The target of a symbolic link.
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut g = self.inner.lock();
+        let i = g.st.inode(ino)?;
+        if i.file_type() != Some(FileType::Symlink) {
+            return Err(Error::Invalid("not a symlink".into()));
+        }
+        if let InodeData::InlineSymlink(t) = &i.data {
+            return Ok(t[..i.size as usize].to_vec());
+        }
+        let g = &mut *g;
+        file::read(&mut g.st, &i, g.dirty.get(&ino), 0, i.size as usize)
+    }
+
+    /// Add a hard link.
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        dir::check_name(newname)?;
+        let mut g = self.charged(|g| {
+            let p = g.dir_inode(newparent)?;
+            Ok(Cost::new(Inner::dir_cost(&p), 0, false))
+        })?;
+        let mut i = g.st.inode(ino)?;
+        if i.is_dir() {
+            return Err(Error::NotPermitted);
+        }
+        if i.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let mut p = g.dir_inode(newparent)?;
+        dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
+        let t = now();
+        i.nlink += 1;
+        i.ctime = t;
+        p.mtime = t;
+        p.ctime = t;
+        g.st.put_inode(&p)?;
+        g.st.put_inode(&i)?;
+        g.attr(&i)
+    }
+
+    pub(super) fn remove_entry(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        let mut p = g.dir_inode(parent)?;
+        let f = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
+        let i = g.st.inode(f.ino)?;
+        if want_dir {
+            if !i.is_dir() {
+                return Err(Error::NotDir);
+            }
+            if i.dir()?.entries > 0 {
+                return Err(Error::NotEmpty);
+            }
+        } else if i.is_dir() {
+            return Err(Error::IsDir);
+        }
+        dir::remove(&mut g.st, &mut p, f.key)?;
+        let t = now();
+        p.mtime = t;
+        p.ctime = t;
+        if want_dir {
+            p.nlink -= 1;
+        }
+        g.st.put_inode(&p)?;
+        g.drop_link(i)
+    }
+
+    /// Remove a non-directory entry.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, false)
+    }
+
+    /// Remove an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(Error::Invalid("rmdir of .".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        self.remove_entry(parent, name, true)
+    }
+
+    /// Rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.
+    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+        dir::check_name(name).map_err(|e| {
+            if matches!(e, Error::NameTooLong) {
+                e
+            } else {
+                Error::Invalid("bad name".into())
+            }
+        })?;
+        dir::check_name(newname)?;
+        if flags.noreplace && flags.exchange {
+            return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+        }
+        let mut g = self.charged(|g| {
+            let p = g.dir_inode(parent)?;
+            let np = g.dir_inode(newparent)?;
+            Ok(Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true))
+        })?;
+        let g = &mut *g;
+        let mut p = g.dir_inode(parent)?;
+        let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
+        let np0 = g.dir_inode(newparent)?;
+        let dst = dir::lookup(&mut g.st, &np0, newname)?;
+        if flags.noreplace && dst.is_some() {
+            return Err(Error::Exists);
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(Error::NotFound);
+        }
+        if let Some(d) = dst {
+            if d.ino == src.ino {
+                return Ok(()); // same inode: POSIX says do nothing
+            }
+        }
+        let mut si = g.st.inode(src.ino)?;
+        // A directory may not move below itself.
+        if si.is_dir() && parent != newparent {
+            let mut cur = newparent;
+            let root = g.st.sb.root_ino;
+            let mut guard = 0u64;
+            while cur != root {
+                if cur == src.ino {
+                    return Err(Error::Invalid("cannot move a directory into itself".into()));
+                }
+                cur = g.st.inode(cur)?.parent;
+                guard += 1;
+                if guard > 1 << 20 {
+                    return Err(Error::corrupt("directory parent chain loops"));
+                }
+            }
+        }
+        let t = now();
+        if flags.exchange {
+            let d = dst.unwrap();
+            let mut di = g.st.inode(d.ino)?;
+            if di.is_dir() && parent != newparent {
+                let mut cur = parent;
+                let root = g.st.sb.root_ino;
+                while cur != root {
+                    if cur == d.ino {
+                        return Err(Error::Invalid("cannot move a directory into itself".into()));
+                    }
+                    cur = g.st.inode(cur)?.parent;
+                }
+            }
+            dir::replace(&mut g.st, &mut p, src.key, name, d.ino, d.ft)?;
+            g.st.put_inode(&p)?;
+            let mut np = g.dir_inode(newparent)?;
+            dir::replace(&mut g.st, &mut np, d.key, newname, src.ino, src.ft)?;
+            g.st.put_inode(&np)?;
+            if parent != newparent {
+                if si.is_dir() != di.is_dir() {
+                    let (mut a, mut b) = (g.dir_inode(parent)?, g.dir_inode(newparent)?);
+                    if si.is_dir() {
+                        a.nlink -= 1;
+                        b.nlink += 1;
+                    } else {
+                        a.nlink += 1;
+                        b.nlink -= 1;
+                    }
+                    g.st.put_inode(&a)?;
+                    g.st.put_inode(&b)?;
+                }
+                if si.is_dir() {
+                    si.parent = newparent;
+                }
+                if di.is_dir() {
+                    di.parent = parent;
+                }
+            }
+            si.ctime = t;
+            di.ctime = t;
+            g.st.put_inode(&si)?;
+            g.st.put_inode(&di)?;
+        } else {
+            let mut replaced = None;
+            if let Some(d) = dst {
+                let di = g.st.inode(d.ino)?;
+                if si.is_dir() && !di.is_dir() {
+                    return Err(Error::NotDir);
+                }
+                if !si.is_dir() && di.is_dir() {
+                    return Err(Error::IsDir);
+                }
+                if di.is_dir() && di.dir()?.entries > 0 {
+                    return Err(Error::NotEmpty);
+                }
+                let mut np = g.dir_inode(newparent)?;
+                dir::replace(&mut g.st, &mut np, d.key, newname, src.ino, src.ft)?;
+                g.st.put_inode(&np)?;
+                replaced = Some(di);
+            } else {
+                let mut np = g.dir_inode(newparent)?;
+                dir::insert(&mut g.st, &mut np, newname, src.ino, src.ft)?;
+                g.st.put_inode(&np)?;
+            }
+            let mut p = g.dir_inode(parent)?;
+            // The entry's key may have moved if the insert above displaced it: look again.
+            let s2 = dir::lookup(&mut g.st, &p, name)?.ok_or_else(|| Error::corrupt("rename source vanished"))?;
+            dir::remove(&mut g.st, &mut p, s2.key)?;
+            g.st.put_inode(&p)?;
+            if si.is_dir() {
+                if parent != newparent {
+                    let mut a = g.dir_inode(parent)?;
+                    a.nlink -= 1;
+                    g.st.put_inode(&a)?;
+                    let mut b = g.dir_inode(newparent)?;
+                    b.nlink += 1;
+                    g.st.put_inode(&b)?;
+                }
+                si.parent = newparent;
+            }
+            si.ctime = t;
+            g.st.put_inode(&si)?;
+            if let Some(di) = replaced {
+                if di.is_dir() {
+                    let mut b = g.dir_inode(newparent)?;
+                    b.nlink -= 1;
+                    g.st.put_inode(&b)?;
+                }
+                let di = g.st.inode(di.ino)?;
+                g.drop_link(di)?;
+            }
+        }
+        for d in [parent, newparent] {
+            let mut x = g.dir_inode(d)?;
+            x.mtime = t;
+            x.ctime = t;
+            g.st.put_inode(&x)?;
+        }
+        Ok(())
+    }
+}

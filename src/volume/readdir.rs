@@ -1,0 +1,87 @@
+//! Listing directories: readdir, readdirplus with its disk-order sweep, readahead.
+
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::error::Result;
+use crate::fs::dir::{self, DirEntry};
+
+use super::*;
+
+impl Inner {
+    /// Directory readahead (seed 004's dirreadahead): from position `next`, read the next
+    /// leaves of the index in one sorted sweep, then the inode blocks of their entries in
+    /// another; at most `READAHEAD_ENTRIES` entries ahead, and only once per window.
+    pub(super) fn read_ahead(&mut self, d: &Inode, next: u64) -> Result<()> {
+        // Keys (positions) say nothing about counts, so the window remembers the key of
+        // its middle entry: the next readahead starts when the reader gets there.
+        if self.readahead.get(&d.ino).is_some_and(|&mid| next < mid) {
+            return Ok(());
+        }
+        let t = d.dir()?.tree;
+        let leaves = btree::leaves_from(&mut self.st, &t, d.ino, next.saturating_sub(2), READAHEAD_LEAVES)?;
+        let dev = self.st.dev.clone();
+        self.st.cache.prefetch(&*dev, &leaves)?;
+        let mut inode_blocks = Vec::new();
+        let mut mid = u64::MAX;
+        dir::read(&mut self.st, d, next, |e| {
+            inode_blocks.push(ino_loc(e.ino).0);
+            if inode_blocks.len() == READAHEAD_ENTRIES / 2 {
+                mid = e.next;
+            }
+            inode_blocks.len() < READAHEAD_ENTRIES
+        })?;
+        self.st.prefetch_inodes(&inode_blocks, READAHEAD_INODE_BLOCKS)?;
+        if self.readahead.len() > 1024 {
+            self.readahead.clear();
+        }
+        self.readahead.insert(d.ino, mid);
+        Ok(())
+    }
+}
+
+impl Volume {
+    /// List a directory from position `pos` (0 = start), at most `max` entries. Each
+    /// entry's `next` is the position to continue after it; positions stay valid while
+    /// entries come and go.
+    pub fn readdir(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let mut g = self.inner.lock();
+        let d = g.dir_inode(ino)?;
+        let mut out = Vec::new();
+        dir::read(&mut g.st, &d, pos, |e| {
+            out.push(e);
+            out.len() < max
+        })?;
+        Ok(out)
+    }
+
+    /// readdir with attributes (seed 004): the batch's inode blocks are read in one
+    /// sorted sweep before the attributes are filled in, and a directory read in order
+    /// has its next leaves and their inode blocks read ahead, also in disk order.
+    pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+        let mut g = self.inner.lock();
+        let d = g.dir_inode(ino)?;
+        let mut ents = Vec::new();
+        dir::read(&mut g.st, &d, pos, |e| {
+            ents.push(e);
+            ents.len() < max
+        })?;
+        if g.opts.sorted_prefetch {
+            if ents.len() == max {
+                // A directory read in batches: read ahead from this batch on, so the batch
+                // and the next ones come in one sorted sweep.
+                g.read_ahead(&d, pos)?;
+            } else {
+                g.readahead.remove(&ino);
+            }
+            let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
+            g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS)?;
+        }
+        let mut out = Vec::with_capacity(ents.len());
+        for e in ents {
+            let i = g.st.inode(e.ino)?;
+            let a = g.attr(&i)?;
+            out.push((e, a));
+        }
+        Ok(out)
+    }
+}

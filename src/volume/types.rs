@@ -1,0 +1,135 @@
+//! The values the volume API takes and returns: attributes, times, options.
+
+use super::*;
+
+/// A time: seconds and nanoseconds since the epoch.
+pub type Time = (i64, u32);
+
+/// The current time.
+pub fn now() -> Time {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// Attributes of an inode, as stat reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    /// 512-byte units, as st_blocks.
+    pub blocks: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub crtime: Time,
+    pub kind: FileType,
+    /// Full mode, type bits included.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub generation: u32,
+}
+
+/// A time to set: a given time or "now".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(Time),
+}
+
+/// Changes for `setattr`; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Permission bits (the file type is kept).
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<Time>,
+}
+
+/// What `Volume::make` creates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewNode {
+    /// File type and permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Device number of a device node.
+    pub rdev: u64,
+    /// The creator's umask, applied unless a default ACL is inherited.
+    pub umask: u32,
+}
+
+/// Flags of `rename`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the target exists (RENAME_NOREPLACE).
+    pub noreplace: bool,
+    /// Swap the two entries, both of which must exist (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+/// `setxattr` modes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XattrMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// Fail with `Exists` if present (XATTR_CREATE).
+    Create,
+    /// Fail with `NoData` if absent (XATTR_REPLACE).
+    Replace,
+}
+
+/// Volume-wide numbers, as statfs reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    /// What can really still be written (the budget, less the reserve).
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}
+
+/// Options of `Volume::open`.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// Clean metadata blocks kept in memory.
+    pub cache_blocks: usize,
+    /// Dirty data pages (4 KiB) held before the delta commits by itself.
+    pub dirty_limit: u64,
+    /// Place children in their directory's reserved inode region (A/B switch).
+    pub reserve_regions: bool,
+    /// Answer getxattr from the bloom filter when it rules the name out (A/B switch).
+    pub use_xattr_filter: bool,
+    /// readdirplus reads a batch's inode blocks in one sorted sweep, and reads ahead
+    /// the next leaves and their inodes of a directory read in order (A/B switch).
+    pub sorted_prefetch: bool,
+    /// Check each operation's worst-case cost against free space before accepting it
+    /// (A/B switch, for measuring what the check costs: without it a full volume fails
+    /// in the commit instead of with ENOSPC up front, so keep it on for real use).
+    pub space_accounting: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            cache_blocks: 262_144,
+            dirty_limit: 32_768,
+            reserve_regions: true,
+            use_xattr_filter: true,
+            sorted_prefetch: true,
+            space_accounting: true,
+        }
+    }
+}

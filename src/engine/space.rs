@@ -34,12 +34,12 @@ pub struct Space {
     dirty: BTreeSet<u64>,
     /// Data blocks charged to the current delta but not yet allocated (delayed
     /// allocation: one per dirty page).
-    pub promised: u64,
+    promised: u64,
     /// Metadata blocks the write-back of those pages may need (extent maps), charged to
     /// the delta until it commits.
-    pub promised_meta: u64,
+    promised_meta: u64,
     /// Kept free for deletions and commit-time metadata.
-    pub reserve: u64,
+    reserve: u64,
     /// Next-fit cursor for allocations without a better goal.
     cursor: u64,
 }
@@ -134,6 +134,29 @@ impl Space {
     /// Blocks freed by the current delta, free after it commits.
     pub fn deferred(&self) -> u64 {
         self.deferred_blocks
+    }
+
+    /// Charge `pages` data blocks (delayed allocation) and `meta` metadata blocks of
+    /// their write-back to the current delta.
+    pub fn promise(&mut self, pages: u64, meta: u64) {
+        self.promised += pages;
+        self.promised_meta += meta;
+    }
+
+    /// `pages` promised data blocks were allocated by write-back, or their pages dropped.
+    pub fn settle_pages(&mut self, pages: u64) {
+        self.promised = self.promised.saturating_sub(pages);
+    }
+
+    /// The delta is written back: nothing is promised any more.
+    pub fn clear_promises(&mut self) {
+        self.promised = 0;
+        self.promised_meta = 0;
+    }
+
+    /// Blocks promised to the current delta and not yet allocated.
+    pub fn promised(&self) -> u64 {
+        self.promised + self.promised_meta
     }
 
     /// What the front end may still charge: free less promised, less the reserve unless

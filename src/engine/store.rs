@@ -32,8 +32,8 @@ pub struct Store {
     pub shared_inode_block: Option<u64>,
     /// Metadata blocks freed in the current delta, and in the delta being committed: a
     /// stale inode number pointing into one is NotFound, not a checksum error.
-    pub freed_meta: rustc_hash::FxHashSet<u64>,
-    pub freed_in_flight: rustc_hash::FxHashSet<u64>,
+    freed_meta: rustc_hash::FxHashSet<u64>,
+    freed_in_flight: rustc_hash::FxHashSet<u64>,
     /// Read an uncached inode block together with its aligned window of inode blocks
     /// (off unless the volume's sorted prefetch is on).
     pub inode_readahead: bool,
@@ -107,6 +107,21 @@ impl Store {
         self.cache.forget(block);
         self.space.free_deferred(block, 1);
         self.freed_meta.insert(block);
+    }
+
+    /// The delta's commit goes in flight: its freed blocks stay pending until it lands.
+    pub fn freed_to_flight(&mut self) {
+        self.freed_in_flight = std::mem::take(&mut self.freed_meta);
+    }
+
+    /// The commit in flight is durable and home.
+    pub fn flight_landed(&mut self) {
+        self.freed_in_flight.clear();
+    }
+
+    /// A delta committed synchronously (mid write-back): its frees are released.
+    pub fn forget_freed(&mut self) {
+        self.freed_meta.clear();
     }
 
     /// Whether a metadata block was freed and is waiting for its delta to become durable

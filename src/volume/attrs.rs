@@ -8,7 +8,7 @@ use super::*;
 
 impl Inner {
     pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
-        let pending = self.dirty.get(&i.ino).map_or(0, |p| p.len() as u64);
+        let pending = self.delta.page_count(i.ino);
         Ok(Attr {
             ino: i.ino,
             size: i.size,
@@ -95,7 +95,7 @@ impl Volume {
                 _ => return Err(Error::Invalid("truncate of a special file".into())),
             }
             // Shrinking may split an extent, and rewrites the partial tail page.
-            Ok(Cost::new(2 * extent_depth(&i) + 3 + Inner::writeback_meta(0, 1, extent_depth(&i)), 1, true))
+            Ok(Cost::new(2 * extent_depth(&i) + 3 + Delta::writeback_meta(0, 1, extent_depth(&i)), 1, true))
         })?;
         let mut i = g.st.inode(ino)?;
         let t = now();

@@ -3,7 +3,7 @@
 use crate::disk::codec::*;
 use crate::disk::format::*;
 use crate::error::{Error, Result};
-use crate::fs::file::{self, Pages};
+use crate::fs::file::{self};
 
 use super::*;
 
@@ -15,23 +15,17 @@ impl Inner {
         if size < i.size {
             let bs = BLOCK_SIZE as u64;
             let keep = size.div_ceil(bs);
-            if let Some(pages) = self.dirty.get_mut(&i.ino) {
-                let dropped = pages.split_off(&keep);
-                self.dirty_pages -= dropped.len() as u64;
-                self.st.space.promised = self.st.space.promised.saturating_sub(dropped.len() as u64);
-            }
+            self.delta.drop_pages(&mut self.st.space, i.ino, |p| p >= keep);
             if size % bs != 0 {
                 let p = size / bs;
                 let tail = (size % bs) as usize;
-                let has_dirty = self.dirty.get(&i.ino).is_some_and(|m| m.contains_key(&p));
-                if !has_dirty {
+                if self.delta.page_mut(i.ino, p).is_none() {
                     let page = file::read_page(&mut self.st, i, p)?;
-                    let before = self.dirty.get(&i.ino).map_or(0, |m| m.len() as u64);
-                    self.dirty.entry(i.ino).or_default().insert(p, page);
-                    self.promise_pages(i, before, 1);
+                    self.delta.add_page(&mut self.st.space, i, p, page);
                 }
-                let page = self.dirty.get_mut(&i.ino).unwrap().get_mut(&p).unwrap();
-                page[tail..].fill(0);
+                if let Some(page) = self.delta.page_mut(i.ino, p) {
+                    page[tail..].fill(0);
+                }
             }
             file::punch(&mut self.st, i, keep, 1 << 32)?;
         }
@@ -52,10 +46,10 @@ impl Inner {
         }
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
-        let have = self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64);
-        let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
+        let have = self.delta.pages_in(ino, first, last);
+        let before = self.delta.page_count(ino);
         let new = (last - first + 1) - have;
-        Ok(Cost::new(Self::writeback_meta(before, before + new, extent_depth(&i)), new, false))
+        Ok(Cost::new(Delta::writeback_meta(before, before + new, extent_depth(&i)), new, false))
     }
 
     /// Write into dirty pages (charged by the caller).
@@ -81,19 +75,18 @@ impl Inner {
             let from = offset.max(ps);
             let to = end.min(ps + bs);
             let full = from == ps && to == ps + bs;
-            if !self.dirty.get(&ino).is_some_and(|m| m.contains_key(&p)) {
+            if self.delta.page_mut(ino, p).is_none() {
                 let page = if full || ps >= i.size {
                     Box::new([0u8; BLOCK_SIZE])
                 } else {
                     file::read_page(&mut self.st, &i, p)?
                 };
-                let before = self.dirty.get(&ino).map_or(0, |m| m.len() as u64);
-                self.dirty.entry(ino).or_default().insert(p, page);
-                self.promise_pages(&i, before, 1);
+                self.delta.add_page(&mut self.st.space, &i, p, page);
             }
-            let page = self.dirty.get_mut(&ino).unwrap().get_mut(&p).unwrap();
-            page[(from - ps) as usize..(to - ps) as usize]
-                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            if let Some(page) = self.delta.page_mut(ino, p) {
+                page[(from - ps) as usize..(to - ps) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            }
         }
         i.size = i.size.max(end);
         let t = now();
@@ -158,17 +151,17 @@ impl Volume {
             }
             let len = (size as u64).min(i.size - offset) as usize;
             let g = &mut *g;
-            (file::plan_read(&mut g.st, &i, g.dirty.get(&ino), offset, len)?, g.epoch, g.st.dev.clone())
+            (file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?, g.delta.epoch(), g.st.dev.clone())
         };
         let out = plan.execute(&*dev)?;
         let mut g = self.inner.lock();
-        if g.epoch == epoch {
+        if g.delta.epoch() == epoch {
             return Ok(out);
         }
         let i = g.st.inode(ino)?;
         let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
         let g = &mut *g;
-        file::read(&mut g.st, &i, g.dirty.get(&ino), offset, len)
+        file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)
     }
 
     /// Write `data` at `offset`; returns the bytes written.
@@ -219,7 +212,7 @@ impl Volume {
             let n = (e - s).min(FALLOC_STEP);
             Ok(if punch {
                 // Zeroing the two partial end pages; unmapping may split one extent.
-                Cost::new(2 * depth + 3 + Inner::writeback_meta(0, 2, depth), 2, true)
+                Cost::new(2 * depth + 3 + Delta::writeback_meta(0, 2, depth), 2, true)
             } else {
                 // Blocks are allocated at once, so they are metadata-like: not promised.
                 Cost::new(2 * depth + 3 + n / 64 + n, 0, false)
@@ -247,14 +240,8 @@ impl Volume {
             }
             i = g.st.inode(ino)?;
             if first_full < last_full {
-                if let Some(pages) = g.dirty.get_mut(&ino) {
-                    let tail = pages.split_off(&first_full);
-                    let (drop, keep): (Pages, Pages) = tail.into_iter().partition(|(p, _)| *p < last_full);
-                    pages.extend(keep);
-                    let n = drop.len() as u64;
-                    g.dirty_pages -= n;
-                    g.st.space.promised = g.st.space.promised.saturating_sub(n);
-                }
+                let g = &mut *g;
+                g.delta.drop_pages(&mut g.st.space, ino, |p| (first_full..last_full).contains(&p));
                 file::punch(&mut g.st, &mut i, first_full, last_full)?;
             }
             i.ctime = now();
@@ -264,7 +251,7 @@ impl Volume {
         }
         // Preallocation maps blocks at once: in steps, each charged on its own and
         // stopping when the delta's log fills, so any size fits.
-        let limit = (g.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
+        let limit = (g.delta.log_capacity() as usize).saturating_sub(WRITEBACK_HEADROOM);
         let mut at = s;
         loop {
             let mut i = g.st.inode(ino)?;

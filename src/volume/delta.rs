@@ -7,8 +7,11 @@ use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::log::Journal;
+use crate::engine::space::Space;
+use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::fs::file;
+use crate::fs::file::{self, Pages};
+use std::collections::HashMap;
 
 use super::*;
 
@@ -45,20 +48,191 @@ pub(super) enum Short {
     Space,
 }
 
-impl Inner {
+/// The delta being built: the dirty file pages it carries (delayed allocation), its
+/// promises against the space budget, and the counters of the commits that end it.
+/// Dirty metadata lives in the store's cache and the delta's frees in the space map and
+/// the store; the delta drives them through their own methods.
+pub(super) struct Delta {
+    /// Dirty pages by inode.
+    dirty: HashMap<u64, Pages>,
+    /// Pages in `dirty`: each was promised one data block.
+    dirty_pages: u64,
+    /// Dirty-data limit in pages: past it the delta commits.
+    dirty_limit: u64,
+    /// Blocks one delta may log (the log's capacity).
+    log_capacity: u64,
+    /// Sequence number of the last delta handed to the log.
+    seq: u64,
+    /// Counts the events that may rewrite a block on the device (write-backs and commit
+    /// snapshots, each counted before its writes): a read planned under the lock and done
+    /// without it is redone if this changed meanwhile.
+    epoch: u64,
+    /// Charge against the space budget (off only for A/B measurements).
+    accounting: bool,
+}
+
+impl Delta {
+    pub(super) fn new(seq: u64, log_capacity: u64, opts: &OpenOptions) -> Delta {
+        Delta {
+            dirty: HashMap::new(),
+            dirty_pages: 0,
+            dirty_limit: opts.dirty_limit,
+            log_capacity,
+            seq,
+            epoch: 0,
+            accounting: opts.space_accounting,
+        }
+    }
+
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub(super) fn log_capacity(&self) -> u64 {
+        self.log_capacity
+    }
+
+    /// The dirty pages of a file, if it has any.
+    pub(super) fn pages(&self, ino: u64) -> Option<&Pages> {
+        self.dirty.get(&ino)
+    }
+
+    /// Number of dirty pages of a file.
+    pub(super) fn page_count(&self, ino: u64) -> u64 {
+        self.dirty.get(&ino).map_or(0, |m| m.len() as u64)
+    }
+
+    /// Dirty pages of a file among pages `first..=last`.
+    pub(super) fn pages_in(&self, ino: u64, first: u64, last: u64) -> u64 {
+        self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64)
+    }
+
+    pub(super) fn page_mut(&mut self, ino: u64, p: u64) -> Option<&mut Box<[u8; BLOCK_SIZE]>> {
+        self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&p))
+    }
+
+    /// Make page `p` of inode `i` dirty with contents `page`, promising its block and its
+    /// share of the write-back's extent-map changes.
+    pub(super) fn add_page(&mut self, space: &mut Space, i: &Inode, p: u64, page: Box<[u8; BLOCK_SIZE]>) {
+        let before = self.page_count(i.ino);
+        self.dirty.entry(i.ino).or_default().insert(p, page);
+        self.dirty_pages += 1;
+        space.promise(1, Self::writeback_meta(before, before + 1, extent_depth(i)));
+    }
+
+    /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their
+    /// promised blocks go back to the budget.
+    pub(super) fn drop_pages(&mut self, space: &mut Space, ino: u64, which: impl Fn(u64) -> bool) {
+        let Some(pages) = self.dirty.get_mut(&ino) else { return };
+        let before = pages.len();
+        pages.retain(|p, _| !which(*p));
+        let n = (before - pages.len()) as u64;
+        if pages.is_empty() {
+            self.dirty.remove(&ino);
+        }
+        self.dirty_pages -= n;
+        space.settle_pages(n);
+    }
+
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
-    pub(super) fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
-        let used = (self.st.cache.dirty_count() + self.st.space.pending_bitmap_blocks()) as u64;
+    pub(super) fn fits(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
+        let used = (st.cache.dirty_count() + st.space.pending_bitmap_blocks()) as u64;
         if used + OP_LOG_BLOCKS > self.log_capacity
-            || (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.opts.dirty_limit)
+            || (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit)
         {
             return Err(Short::Delta);
         }
-        if self.opts.space_accounting && self.st.space.available(c.deletion) < c.meta + c.pages {
+        if self.accounting && st.space.available(c.deletion) < c.meta + c.pages {
             return Err(Short::Space);
         }
         Ok(())
+    }
+
+    /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
+    /// `after` pages: the first page of a file in a delta charges an extent-map change (a
+    /// removal and an insert, each splitting at most every level, plus the inline-to-tree
+    /// move), and every 64 pages one more block (at least 64 extent records fit in the
+    /// half-full leaf a split leaves).
+    pub(super) fn writeback_meta(before: u64, after: u64, depth: u64) -> u64 {
+        let first = if before == 0 && after > 0 { 2 * depth + 4 } else { 0 };
+        first + after.div_ceil(64) - before.div_ceil(64)
+    }
+
+    /// Write back all dirty data and snapshot the delta for the log. When the log fills
+    /// during write-back, the delta so far is committed synchronously (it is a consistent
+    /// state) and write-back goes on in a new one. Returns None when there is nothing to
+    /// commit.
+    pub(super) fn prepare_commit(
+        &mut self,
+        st: &mut Store,
+        state: &mut State,
+        journal: &mut Journal,
+    ) -> Result<Option<Flight>> {
+        let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
+        inos.sort_unstable();
+        if !inos.is_empty() {
+            self.epoch += 1;
+        }
+        let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
+        for ino in inos {
+            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
+            let mut inode = st.inode(ino)?;
+            loop {
+                let n = file::writeback(st, &mut inode, &mut pages, limit)?;
+                st.put_inode(&inode)?;
+                self.dirty_pages -= n;
+                st.space.settle_pages(n);
+                if pages.is_empty() {
+                    break;
+                }
+                st.space.release_deferred();
+                st.forget_freed();
+                let blocks = self.snapshot(st, state);
+                journal.commit(&*st.dev, &blocks)?;
+                st.cache.landed(&blocks);
+            }
+        }
+        st.space.clear_promises();
+        if st.cache.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
+            return Ok(None);
+        }
+        let held = st.space.begin_hold();
+        st.freed_to_flight();
+        let blocks = self.snapshot(st, state);
+        st.space.keep_held(&held);
+        Ok(Some(Flight { blocks, held }))
+    }
+
+    /// Seal the delta's metadata (bitmap and state block included) for the log.
+    fn snapshot(&mut self, st: &mut Store, state: &mut State) -> Vec<(u64, Box<Block>)> {
+        self.epoch += 1;
+        self.seq += 1;
+        state.commit_seq = self.seq;
+        state.encode_into(st.cache.fresh(STATE_BLOCK));
+        let dev = st.dev.clone();
+        // write_out cannot fail: it only copies words into cached blocks.
+        let _ = st.space.write_out(&*dev, &mut st.cache);
+        st.cache.take_dirty()
+    }
+
+    /// A flight is durable and home: release what it held.
+    pub(super) fn finish_commit(&mut self, st: &mut Store, f: &Flight) {
+        st.space.end_hold(&f.held);
+        st.flight_landed();
+        st.cache.landed(&f.blocks);
+    }
+
+    /// The log committed an empty delta of its own (a checkpoint).
+    pub(super) fn checkpointed(&mut self, seq: u64) {
+        self.seq = seq;
+    }
+}
+
+impl Inner {
+    /// Whether a change of cost `c` fits in the current delta.
+    pub(super) fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
+        self.delta.fits(&self.st, c)
     }
 
     /// Worst-case new blocks of one directory-index insert: a split at every level plus
@@ -73,88 +247,19 @@ impl Inner {
         1
     }
 
-    /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
-    /// `after` pages: the first page of a file in a delta charges an extent-map change (a
-    /// removal and an insert, each splitting at most every level, plus the inline-to-tree
-    /// move), and every 64 pages one more block (at least 64 extent records fit in the
-    /// half-full leaf a split leaves).
-    pub(super) fn writeback_meta(before: u64, after: u64, depth: u64) -> u64 {
-        let first = if before == 0 && after > 0 { 2 * depth + 4 } else { 0 };
-        first + after.div_ceil(64) - before.div_ceil(64)
-    }
-
-    /// Add `n` new dirty pages of inode `i` to the delta's promises.
-    pub(super) fn promise_pages(&mut self, i: &Inode, before: u64, n: u64) {
-        self.dirty_pages += n;
-        self.st.space.promised += n;
-        self.st.space.promised_meta += Self::writeback_meta(before, before + n, extent_depth(i));
-    }
-
     /// The cost of creating an entry in `parent`.
     pub(super) fn create_cost(&mut self, parent: u64) -> Result<Cost> {
         let p = self.dir_inode(parent)?;
         Ok(Cost::new(Self::dir_cost(&p) + self.inode_cost(), 0, false))
     }
 
-    /// Write back all dirty data and snapshot the delta for the journal. When the log
-    /// fills during write-back, the delta so far is committed synchronously (it is a
-    /// consistent state) and write-back goes on in a new one. Returns None when there is
-    /// nothing to commit.
-    pub(super) fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
-        let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
-        inos.sort_unstable();
-        if !inos.is_empty() {
-            self.epoch += 1;
-        }
-        let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
-        for ino in inos {
-            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
-            let mut inode = self.st.inode(ino)?;
-            loop {
-                let n = file::writeback(&mut self.st, &mut inode, &mut pages, limit)?;
-                self.st.put_inode(&inode)?;
-                self.dirty_pages -= n;
-                self.st.space.promised = self.st.space.promised.saturating_sub(n);
-                if pages.is_empty() {
-                    break;
-                }
-                self.st.space.release_deferred();
-                self.st.freed_meta.clear();
-                let blocks = self.snapshot();
-                journal.commit(&*self.st.dev, &blocks)?;
-                self.st.cache.landed(&blocks);
-            }
-        }
-        self.st.space.promised = 0;
-        self.st.space.promised_meta = 0;
-        if self.st.cache.dirty_count() == 0 && self.st.space.pending_bitmap_blocks() == 0 {
-            return Ok(None);
-        }
-        let held = self.st.space.begin_hold();
-        self.st.freed_in_flight = std::mem::take(&mut self.st.freed_meta);
-        let blocks = self.snapshot();
-        self.st.space.keep_held(&held);
-        Ok(Some(Flight { blocks, held }))
+    /// Write back and snapshot the delta (see [`Delta::prepare_commit`]).
+    fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
+        self.delta.prepare_commit(&mut self.st, &mut self.state, journal)
     }
 
-    /// Seal the delta's metadata (bitmap and state block included) for the journal.
-    pub(super) fn snapshot(&mut self) -> Vec<(u64, Box<Block>)> {
-        self.epoch += 1;
-        self.seq += 1;
-        self.state.commit_seq = self.seq;
-        let st = self.state;
-        st.encode_into(self.st.cache.fresh(STATE_BLOCK));
-        let dev = self.st.dev.clone();
-        // write_out cannot fail: it only copies words into cached blocks.
-        let _ = self.st.space.write_out(&*dev, &mut self.st.cache);
-        self.st.cache.take_dirty()
-    }
-
-    /// A flight is durable and home: release what it held.
-    pub(super) fn finish_commit(&mut self, f: &Flight) {
-        self.st.space.end_hold(&f.held);
-        self.st.freed_in_flight.clear();
-        self.st.cache.landed(&f.blocks);
+    fn finish_commit(&mut self, f: &Flight) {
+        self.delta.finish_commit(&mut self.st, f)
     }
 }
 
@@ -261,7 +366,7 @@ impl Volume {
         let dev = g.st.dev.clone();
         dev.flush()?;
         journal.commit(&*dev, &[])?;
-        g.seq = journal.seq;
+        g.delta.checkpointed(journal.seq);
         Ok(())
     }
 }

@@ -20,7 +20,6 @@ use crate::engine::log::Journal;
 use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::fs::file::Pages;
 
 mod attrs;
 mod data;
@@ -30,7 +29,7 @@ mod namespace;
 mod readdir;
 mod types;
 
-use delta::Cost;
+use delta::{Cost, Delta};
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub use types::*;
@@ -67,25 +66,20 @@ const WRITEBACK_HEADROOM: usize = 2 + 2 * 8 + 2;
 /// splits at every level, four inode blocks, bitmap and state blocks).
 const OP_LOG_BLOCKS: u64 = 32;
 
+/// The volume's state behind its lock.
 struct Inner {
     st: Store,
-    /// Blocks one delta may log (the journal's capacity).
-    log_capacity: u64,
-    /// Sequence number of the last delta handed to the journal.
-    seq: u64,
+    /// The delta being built.
+    delta: Delta,
+    /// The state block's contents (counters, orphan list), written with every commit.
     state: State,
-    dirty: HashMap<u64, Pages>,
-    dirty_pages: u64,
+    /// Open handles by inode (an unlinked inode lives until its last release).
     open: HashMap<u64, u32>,
     opts: OpenOptions,
     /// Set when a commit failed half way: memory no longer matches any disk state.
     failed: bool,
     /// Per directory, the readdir position up to which readahead was issued.
     readahead: HashMap<u64, u64>,
-    /// Counts the events that may rewrite a block on the device (write-backs and commit
-    /// snapshots, each counted before its writes): a read planned under the lock and done
-    /// without it is redone if this changed meanwhile.
-    epoch: u64,
 }
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
@@ -148,16 +142,12 @@ impl Volume {
         let read_only = opts.read_only;
         let mut inner = Inner {
             st,
-            log_capacity: journal.capacity() as u64,
-            seq: journal.seq,
+            delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
             state,
-            dirty: HashMap::new(),
-            dirty_pages: 0,
             open: HashMap::new(),
             opts,
             failed: false,
             readahead: HashMap::new(),
-            epoch: 0,
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
@@ -213,7 +203,7 @@ impl Volume {
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,
-            bfree: (s.free() + s.deferred()).saturating_sub(s.promised + s.promised_meta),
+            bfree: (s.free() + s.deferred()).saturating_sub(s.promised()),
             bavail,
             files: g.state.inodes + bavail * per_block,
             ffree: bavail * per_block,

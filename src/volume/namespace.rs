@@ -91,10 +91,7 @@ impl Inner {
     }
 
     pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
-        if let Some(p) = self.dirty.remove(&i.ino) {
-            self.dirty_pages -= p.len() as u64;
-            self.st.space.promised = self.st.space.promised.saturating_sub(p.len() as u64);
-        }
+        self.delta.drop_pages(&mut self.st.space, i.ino, |_| true);
         match i.data {
             InodeData::Dir(d) => {
                 dir::destroy(&mut self.st, &mut i)?;
@@ -197,7 +194,7 @@ impl Volume {
         let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
         let mut g = self.charged(|g| {
             let c = g.create_cost(parent)?;
-            Ok(Cost::new(c.meta + Inner::writeback_meta(0, pages, 0), pages, false))
+            Ok(Cost::new(c.meta + Delta::writeback_meta(0, pages, 0), pages, false))
         })?;
         let (_, mut i) = g.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         if target.len() <= INLINE_DATA {
@@ -224,7 +221,7 @@ impl Volume {
             return Ok(t[..i.size as usize].to_vec());
         }
         let g = &mut *g;
-        file::read(&mut g.st, &i, g.dirty.get(&ino), 0, i.size as usize)
+        file::read(&mut g.st, &i, g.delta.pages(ino), 0, i.size as usize)
     }
 
     /// Add a hard link.

@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-/// Everything that can go wrong in dxfs.
+/// Everything that can go wrong in dxfs. More variants may come: match with a wildcard.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// The device failed a read, write or flush.
     Io(std::io::Error),
@@ -41,6 +42,12 @@ pub enum Error {
     TooBig,
     /// Not supported here, e.g. an unknown xattr namespace (EOPNOTSUPP).
     NotSupported,
+    /// Permission denied by mode bits or ACL (EACCES).
+    AccessDenied,
+    /// The volume stopped accepting changes after an earlier failure (a commit that failed
+    /// half way, or a panic in the volume): memory may no longer match any state on disk,
+    /// which still holds the last committed delta. Reported as EIO; remount to recover.
+    Failed,
 }
 
 impl Error {
@@ -64,6 +71,8 @@ impl Error {
             Error::NotPermitted => libc::EPERM,
             Error::TooBig => libc::E2BIG,
             Error::NotSupported => libc::EOPNOTSUPP,
+            Error::AccessDenied => libc::EACCES,
+            Error::Failed => libc::EIO,
         }
     }
 
@@ -94,6 +103,8 @@ impl fmt::Display for Error {
             Error::NotPermitted => f.write_str("operation not permitted"),
             Error::TooBig => f.write_str("attribute too large"),
             Error::NotSupported => f.write_str("operation not supported"),
+            Error::AccessDenied => f.write_str("permission denied"),
+            Error::Failed => f.write_str("the volume failed earlier and accepts no more changes; remount to recover"),
         }
     }
 }

@@ -294,3 +294,51 @@ fn huge_fallocate_and_write_fit_any_delta() {
     assert_eq!(vol.read(g, 0, data.len()).unwrap(), data);
     close_and_check(dev, vol);
 }
+
+/// The filesystem rules live in the volume, so a library caller gets what the mount
+/// gets: a setgid directory gives its group to new inodes and its setgid bit to new
+/// subdirectories; `make_open` creates and opens in one step.
+#[test]
+fn setgid_directories_pass_on_their_group() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let shared = vol.mkdir(root, b"shared", 0o2775, 0, 50).unwrap();
+    assert_eq!(shared.mode & 0o7777, 0o2775);
+    let f = vol.create(shared.ino, b"f", 0o644, 1000, 1000).unwrap();
+    assert_eq!((f.uid, f.gid, f.mode & 0o7777), (1000, 50, 0o644));
+    let sub = vol.mkdir(shared.ino, b"sub", 0o755, 1000, 1000).unwrap();
+    assert_eq!((sub.gid, sub.mode & 0o7777), (50, 0o2755), "subdirectories inherit the setgid bit");
+    let s = vol.symlink(shared.ino, b"s", b"f", 1000, 1000).unwrap();
+    assert_eq!(s.gid, 50);
+    let plain = vol.mkdir(root, b"plain", 0o755, 0, 0).unwrap();
+    let g = vol.create(plain.ino, b"g", 0o644, 1000, 1000).unwrap();
+    assert_eq!(g.gid, 1000, "no setgid: the caller's group");
+    let n = dxfs::NewNode { mode: libc::S_IFREG | 0o600, uid: 7, gid: 7, rdev: 0, umask: 0 };
+    let o = vol.make_open(plain.ino, b"open", n).unwrap();
+    vol.unlink(plain.ino, b"open").unwrap();
+    assert_eq!(vol.getattr(o.ino).unwrap().nlink, 0, "open handle keeps the unlinked inode");
+    vol.release(o.ino).unwrap();
+    assert!(matches!(vol.getattr(o.ino), Err(Error::NotFound)));
+    close_and_check(dev, vol);
+}
+
+/// `access` decides by mode bits, supplementary groups and POSIX ACLs.
+#[test]
+fn access_decisions() {
+    use dxfs::acl::{encode, Entry, GROUP, GROUP_OBJ, MASK, OTHER, USER_OBJ};
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o640, 1000, 100).unwrap();
+    let who = |uid, gid, groups: &[u32]| dxfs::Caller { uid, gid, groups: groups.to_vec() };
+    assert!(vol.access(f.ino, &who(1000, 1000, &[]), 6).is_ok());
+    assert!(matches!(vol.access(f.ino, &who(2000, 2000, &[]), 4), Err(Error::AccessDenied)));
+    assert!(vol.access(f.ino, &who(2000, 2000, &[100]), 4).is_ok(), "supplementary group");
+    assert!(matches!(vol.access(f.ino, &who(2000, 100, &[]), 2), Err(Error::AccessDenied)));
+    let e = |tag, perm, id| Entry { tag, perm, id };
+    let acl = [e(USER_OBJ, 6, 0), e(GROUP_OBJ, 4, 0), e(GROUP, 6, 7), e(MASK, 6, 0), e(OTHER, 0, 0)];
+    vol.setxattr(f.ino, b"system.posix_acl_access", &encode(&acl), XattrMode::Any).unwrap();
+    assert!(vol.access(f.ino, &who(3000, 3000, &[7]), 6).is_ok(), "named group entry");
+    assert!(matches!(vol.access(f.ino, &who(3000, 3000, &[]), 4), Err(Error::AccessDenied)));
+    assert!(matches!(vol.access(f.ino, &who(0, 0, &[]), 1), Err(Error::AccessDenied)), "no x bit: not even root");
+    close_and_check(dev, vol);
+}

@@ -17,7 +17,7 @@ use fuser::{
 
 use crate::disk::format::FileType;
 use crate::error::{Error, Result};
-use crate::volume::{self, Attr, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
+use crate::volume::{self, Attr, Caller, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
 
 use super::lookups::LookupCounts;
 use super::{FuseOptions, ReaddirPlus};
@@ -169,14 +169,6 @@ impl DxFuse {
         }
     }
 
-    /// Owner of a new node: the caller, with the group of a setgid parent (as the
-    /// kernel's inode_init_owner does for local file systems).
-    fn owner(&self, req: &Request, parent: u64) -> std::result::Result<(u32, u32, bool), Errno> {
-        let p = self.call("getattr", |v| v.getattr(parent))?;
-        let sgid = p.mode & libc::S_ISGID != 0;
-        Ok((req.uid(), if sgid { p.gid } else { req.gid() }, sgid))
-    }
-
     /// Open flags for files: no FLUSH on close (flush has nothing to do), and keep the
     /// page cache across opens (every change goes through this mount).
     fn open_flags() -> FopenFlags {
@@ -302,20 +294,17 @@ impl Filesystem for DxFuse {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let p = self.vol_ino(parent);
-        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
-            self.call("mknod", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: u64::from(rdev), umask }))
-        });
+        let (uid, gid) = (req.uid(), req.gid());
+        let r = self
+            .call("mknod", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: u64::from(rdev), umask }));
         self.reply_entry(reply, r);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let p = self.vol_ino(parent);
-        let r = self.owner(req, p).and_then(|(uid, gid, sgid)| {
-            // Subdirectories of a setgid directory are setgid too.
-            let perm = if sgid { mode | libc::S_ISGID } else { mode };
-            let mode = libc::S_IFDIR | (perm & 0o7777);
-            self.call("mkdir", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask }))
-        });
+        let (uid, gid) = (req.uid(), req.gid());
+        let mode = libc::S_IFDIR | (mode & 0o7777);
+        let r = self.call("mkdir", |v| v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask }));
         self.reply_entry(reply, r);
     }
 
@@ -331,9 +320,8 @@ impl Filesystem for DxFuse {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let p = self.vol_ino(parent);
-        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
-            self.call("symlink", |v| v.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid))
-        });
+        let (uid, gid) = (req.uid(), req.gid());
+        let r = self.call("symlink", |v| v.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid));
         self.reply_entry(reply, r);
     }
 
@@ -562,32 +550,11 @@ impl Filesystem for DxFuse {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        // Only called without default_permissions: a plain owner/group/other check
-        // (no supplementary groups, no ACLs).
+        // Only called without default_permissions; the volume decides.
         let ino = self.vol_ino(ino);
-        let a = match self.call("access", |v| v.getattr(ino)) {
-            Ok(a) => a,
-            Err(e) => return reply.error(e),
-        };
+        let caller = caller_of(req);
         let want = (mask.bits() & 7) as u32;
-        let ok = if req.uid() == 0 {
-            // root may do anything but execute a file no one may execute.
-            want & 1 == 0 || a.kind == FileType::Directory || a.mode & 0o111 != 0
-        } else {
-            let bits = if req.uid() == a.uid {
-                a.mode >> 6
-            } else if req.gid() == a.gid {
-                a.mode >> 3
-            } else {
-                a.mode
-            };
-            bits & want == want
-        };
-        if ok {
-            reply.ok()
-        } else {
-            reply.error(Errno::EACCES)
-        }
+        Self::reply_empty(reply, self.call("access", |v| v.access(ino, &caller, want)));
     }
 
     fn create(
@@ -603,13 +570,9 @@ impl Filesystem for DxFuse {
         // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and sends
         // CREATE only for a missing name, then a SETATTR for a truncate.
         let p = self.vol_ino(parent);
-        let r = self.owner(req, p).and_then(|(uid, gid, _)| {
-            self.call("create", |v| {
-                let mode = libc::S_IFREG | (mode & 0o7777);
-                let a = v.make(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask })?;
-                v.open_file(a.ino)
-            })
-        });
+        let (uid, gid) = (req.uid(), req.gid());
+        let mode = libc::S_IFREG | (mode & 0o7777);
+        let r = self.call("create", |v| v.make_open(p, name.as_bytes(), NewNode { mode, uid, gid, rdev: 0, umask }));
         match r {
             Ok(a) => {
                 self.lookups.add(a.ino);
@@ -646,4 +609,18 @@ impl Filesystem for DxFuse {
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("fallocate", |v| v.fallocate(ino, offset, length, keep, punch)));
     }
+}
+
+/// The identity of a request's caller: its user and group from the request, its
+/// supplementary groups from /proc (the protocol does not carry them).
+fn caller_of(req: &Request) -> Caller {
+    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        })
+        .unwrap_or_default();
+    Caller { uid: req.uid(), gid: req.gid(), groups }
 }

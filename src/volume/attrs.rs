@@ -27,16 +27,16 @@ impl Inner {
         })
     }
 
-    /// The default ACL of a directory, if it has one (the xattr filter usually answers
-    /// without reading anything).
-    pub(super) fn default_acl(&mut self, dir: &Inode) -> Result<Option<Vec<acl::Entry>>> {
-        if self.st.sb.xattr_filter() && xattr::ruled_out(dir, 3, b"", self.st.sb.filter_hashes()) {
+    /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.
+    /// The xattr filter usually answers without reading anything.
+    pub(super) fn acl_of(&mut self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
+        if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, b"", self.st.sb.filter_hashes()) {
             return Ok(None);
         }
-        match xattr::load(&mut self.st, dir)?.into_iter().find(|x| x.idx == 3) {
-            Some(x) => Ok(Some(
-                acl::decode(&x.value).map_err(|_| Error::corrupt(format!("directory {}: bad default ACL", dir.ino)))?,
-            )),
+        match xattr::load(&mut self.st, i)?.into_iter().find(|x| x.idx == idx) {
+            Some(x) => {
+                Ok(Some(acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?))
+            }
             None => Ok(None),
         }
     }
@@ -44,9 +44,8 @@ impl Inner {
     /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
     /// default ACL in the parent, POSIX's inheritance rules (the umask does not apply);
     /// otherwise the umask.
-    pub(super) fn inherited(&mut self, parent: u64, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
-        let p = self.dir_inode(parent)?;
-        let Some(def) = self.default_acl(&p)? else {
+    pub(super) fn inherited(&mut self, p: &Inode, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
+        let Some(def) = self.acl_of(p, 3)? else {
             return Ok((mode & !(umask & 0o777), Vec::new()));
         };
         let (mode, access) = acl::inherit(&def, mode);
@@ -75,6 +74,22 @@ impl Inner {
 }
 
 impl Volume {
+    /// Whether `caller` may access inode `ino` in the ways `want` asks (4 read, 2 write,
+    /// 1 execute/search; 0 only checks that it exists), by its mode and POSIX ACL:
+    /// `Error::AccessDenied` if not. The check `access(2)` and a mount without the
+    /// kernel's own permission checks rely on.
+    pub fn access(&self, ino: u64, caller: &Caller, want: u32) -> Result<()> {
+        let mut g = self.inner.lock();
+        let i = g.st.inode(ino)?;
+        let acl = g.acl_of(&i, 2)?;
+        let in_group = |gid: u32| caller.in_group(gid);
+        if acl::permits(i.mode, (i.uid, i.gid), acl.as_deref(), (caller.uid, &in_group), want) {
+            Ok(())
+        } else {
+            Err(Error::AccessDenied)
+        }
+    }
+
     /// Attributes of an inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let mut g = self.inner.lock();

@@ -247,12 +247,6 @@ impl Inner {
         1
     }
 
-    /// The cost of creating an entry in `parent`.
-    pub(super) fn create_cost(&mut self, parent: u64) -> Result<Cost> {
-        let p = self.dir_inode(parent)?;
-        Ok(Cost::new(Self::dir_cost(&p) + self.inode_cost(), 0, false))
-    }
-
     /// Write back and snapshot the delta (see [`Delta::prepare_commit`]).
     fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
         self.delta.prepare_commit(&mut self.st, &mut self.state, journal)
@@ -270,7 +264,7 @@ impl Volume {
         let flight = {
             let mut g = self.inner.lock();
             if g.failed {
-                return Err(Error::Io(std::io::Error::other("volume failed; remount to recover")));
+                return Err(Error::Failed);
             }
             if g.opts.read_only {
                 return Ok(());
@@ -305,13 +299,22 @@ impl Volume {
     /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
     /// still cannot.
     pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<MutexGuard<'_, Inner>> {
+        self.charged_with(|g| Ok((cost(g)?, ()))).map(|(g, ())| g)
+    }
+
+    /// [`Volume::charged`], also handing back what the cost function read (typically the
+    /// decoded inodes), so the operation does not read them again under the same lock.
+    pub(super) fn charged_with<T>(
+        &self,
+        cost: impl Fn(&mut Inner) -> Result<(Cost, T)>,
+    ) -> Result<(MutexGuard<'_, Inner>, T)> {
         let mut commits = 0;
         loop {
             let mut g = self.inner.lock();
             g.check_writable()?;
-            let c = cost(&mut g)?;
+            let (c, read) = cost(&mut g)?;
             match g.fits(c) {
-                Ok(()) => return Ok(g),
+                Ok(()) => return Ok((g, read)),
                 Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
                     return Err(Error::NoSpace)
                 }

@@ -96,7 +96,7 @@ pub struct Volume {
 impl Inner {
     fn check_writable(&self) -> Result<()> {
         if self.failed {
-            return Err(Error::Io(std::io::Error::other("volume failed; remount to recover")));
+            return Err(Error::Failed);
         }
         if self.opts.read_only {
             return Err(Error::ReadOnly);

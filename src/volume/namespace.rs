@@ -31,7 +31,7 @@ impl Inner {
     /// Common part of every create: check, charge, allocate, link in.
     pub(super) fn create_node(
         &mut self,
-        parent: u64,
+        mut p: Inode,
         name: &[u8],
         mode: u32,
         uid: u32,
@@ -40,7 +40,7 @@ impl Inner {
     ) -> Result<(Inode, Inode)> {
         dir::check_name(name)?;
         let ft = type_of(mode)?;
-        let mut p = self.dir_inode(parent)?;
+        let parent = p.ino;
         if p.nlink == 0 {
             return Err(Error::NotFound);
         }
@@ -157,18 +157,36 @@ impl Volume {
     }
 
     /// Create any inode but a symlink, as FUSE's create, mknod and mkdir do: the parent's
-    /// default ACL, if any, is inherited (and the umask ignored), else the umask applies.
+    /// default ACL, if any, is inherited (and the umask ignored), else the umask applies;
+    /// a setgid parent gives the new inode its group (and a new directory its setgid bit).
     pub fn make(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
+        self.make_node(parent, name, n, false)
+    }
+
+    /// [`Volume::make`], and an open handle on the new inode in the same step (FUSE's
+    /// CREATE: the file is created open).
+    pub fn make_open(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
+        self.make_node(parent, name, n, true)
+    }
+
+    fn make_node(&self, parent: u64, name: &[u8], n: NewNode, open: bool) -> Result<Attr> {
         if type_of(n.mode)? == FileType::Symlink {
             return Err(Error::Invalid("make of a symlink".into()));
         }
         // One block more for inherited ACLs (identical lists share it).
-        let mut g = self.charged(|g| Ok(Cost { meta: g.create_cost(parent)?.meta + 1, ..g.create_cost(parent)? }))?;
-        let (mode, acls) = g.inherited(parent, n.mode, n.umask)?;
-        let (_, mut i) = g.create_node(parent, name, mode, n.uid, n.gid, n.rdev)?;
+        let (mut g, p) = self.charged_with(|g| {
+            let p = g.dir_inode(parent)?;
+            Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + 1, 0, false), p))
+        })?;
+        let (mode, gid) = new_owner(&p, n.mode, n.gid);
+        let (mode, acls) = g.inherited(&p, mode, n.umask)?;
+        let (_, mut i) = g.create_node(p, name, mode, n.uid, gid, n.rdev)?;
         if !acls.is_empty() {
             xattr::store(&mut g.st, &mut i, &acls)?;
             g.st.put_inode(&i)?;
+        }
+        if open {
+            *g.open.entry(i.ino).or_insert(0) += 1;
         }
         g.attr(&i)
     }
@@ -192,11 +210,12 @@ impl Volume {
             return Err(Error::NameTooLong);
         }
         let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
-        let mut g = self.charged(|g| {
-            let c = g.create_cost(parent)?;
-            Ok(Cost::new(c.meta + Delta::writeback_meta(0, pages, 0), pages, false))
+        let (mut g, p) = self.charged_with(|g| {
+            let p = g.dir_inode(parent)?;
+            Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + Delta::writeback_meta(0, pages, 0), pages, false), p))
         })?;
-        let (_, mut i) = g.create_node(parent, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
+        let (_, gid) = new_owner(&p, libc::S_IFLNK, gid);
+        let (_, mut i) = g.create_node(p, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         if target.len() <= INLINE_DATA {
             let mut t = [0u8; INLINE_DATA];
             t[..target.len()].copy_from_slice(target);
@@ -447,4 +466,15 @@ impl Volume {
         }
         Ok(())
     }
+}
+
+/// Mode and group of a new inode created in `parent` by a caller of group `gid`, as the
+/// kernel's `inode_init_owner` does for local filesystems: a setgid directory gives new
+/// inodes its group, and new subdirectories its setgid bit.
+fn new_owner(parent: &Inode, mode: u32, gid: u32) -> (u32, u32) {
+    if parent.mode & libc::S_ISGID == 0 {
+        return (mode, gid);
+    }
+    let dir = mode & libc::S_IFMT == libc::S_IFDIR;
+    (if dir { mode | libc::S_ISGID } else { mode }, parent.gid)
 }

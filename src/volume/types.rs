@@ -133,3 +133,19 @@ impl Default for OpenOptions {
         }
     }
 }
+
+/// Who asks: the user, the primary group and the supplementary groups of a caller, for
+/// the permission decisions the volume makes ([`Volume::access`](crate::Volume::access)).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Caller {
+    /// Whether the caller is in group `gid`.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}

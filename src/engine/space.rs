@@ -315,7 +315,7 @@ impl Space {
     }
 
     /// Copy changed words into their bitmap blocks in the cache.
-    pub fn write_out(&mut self, dev: &dyn BlockDevice, cache: &mut MetaCache) -> Result<()> {
+    pub fn write_out(&mut self, cache: &mut MetaCache) {
         for i in std::mem::take(&mut self.dirty) {
             let blockno = self.layout.bitmap_start + i;
             let b = cache.fresh(blockno);
@@ -325,8 +325,6 @@ impl Space {
                 put_u64(b, BITMAP_HEADER + 8 * w, self.words[base + w]);
             }
         }
-        let _ = dev;
-        Ok(())
     }
 
     /// Bitmap blocks waiting to be written.
@@ -362,14 +360,13 @@ mod tests {
         let l = Layout::for_blocks(40_000).unwrap();
         let mut s = Space::fresh(l);
         let mut cache = MetaCache::new(100);
-        let dev = crate::disk::device::MemDevice::new(1);
         let (a, _) = s.alloc(l.first_free(), 10, 10).unwrap();
-        s.write_out(&dev, &mut cache).unwrap();
+        s.write_out(&mut cache);
         let _ = cache.take_dirty();
         let free0 = s.free();
         s.free_deferred(a, 10);
         let held = s.begin_hold();
-        s.write_out(&dev, &mut cache).unwrap();
+        s.write_out(&mut cache);
         s.keep_held(&held);
         let img = cache.take_dirty();
         let word = get_u64(&img[0].1[..], BITMAP_HEADER + 8 * (a / 64) as usize);

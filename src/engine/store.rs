@@ -18,8 +18,8 @@ use crate::error::{Error, Result};
 
 /// Device + cache + space: everything below the inode layer.
 pub struct Store {
-    pub dev: Arc<dyn BlockDevice>,
-    pub cache: MetaCache,
+    dev: Arc<dyn BlockDevice>,
+    cache: MetaCache,
     pub space: Space,
     pub sb: Superblock,
     /// Use directory inode reservation (A/B switch; on by default).
@@ -99,6 +99,53 @@ impl Store {
         let b = self.space.alloc_one(goal).ok_or(Error::NoSpace)?;
         self.cache.fresh(b);
         Ok(b)
+    }
+
+    /// The device the volume lives on.
+    pub fn dev(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// A metadata block, read and verified (magic `want`, checksum, own address) on a miss.
+    pub fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
+        self.cache.get(&*self.dev, b, want)
+    }
+
+    /// A metadata block to change: it joins the delta's dirty set.
+    pub fn block_mut(&mut self, b: u64, want: Option<u32>) -> Result<&mut Block> {
+        self.cache.get_mut(&*self.dev, b, want)
+    }
+
+    /// A zeroed dirty block for new contents, without reading the device.
+    pub fn fresh_block(&mut self, b: u64) -> &mut Block {
+        self.cache.fresh(b)
+    }
+
+    /// Read the uncached ones of `blocks` in one sorted sweep.
+    pub fn prefetch(&mut self, blocks: &[u64]) -> Result<()> {
+        self.cache.prefetch(&*self.dev, blocks)
+    }
+
+    /// Dirty metadata blocks in the delta.
+    pub fn dirty_count(&self) -> usize {
+        self.cache.dirty_count()
+    }
+
+    /// Seal the delta's metadata: the changed bitmap words go into their blocks, and the
+    /// dirty blocks come out for the log (they stay cached, in flight, until `landed`).
+    pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
+        self.space.write_out(&mut self.cache);
+        self.cache.take_dirty()
+    }
+
+    /// Blocks of a commit are durable and home.
+    pub fn landed(&mut self, blocks: &[(u64, Box<Block>)]) {
+        self.cache.landed(blocks)
+    }
+
+    /// Forget every clean cached block (a cold-cache start).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear()
     }
 
     /// Free a metadata block at the end of the delta; its cached copy is dropped so it

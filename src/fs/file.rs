@@ -206,7 +206,7 @@ pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limi
     let mut written = 0u64;
     let mut buf = Vec::new();
     while let Some((&p0, _)) = pages.first_key_value() {
-        if st.cache.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+        if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
             break;
         }
         let mut n = 1u64;
@@ -219,7 +219,7 @@ pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limi
         for p in p0..p0 + len {
             buf.extend_from_slice(&pages.remove(&p).expect("page of the run")[..]);
         }
-        st.dev.write(phys, &buf)?;
+        st.dev().write(phys, &buf)?;
         unmap(st, inode, p0, p0 + len)?;
         map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;
         written += len;
@@ -257,7 +257,7 @@ pub fn preallocate(
     'holes: for (s, e) in holes {
         let mut done = s;
         while done < e {
-            if budget == 0 || st.cache.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+            if budget == 0 || st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
                 reached = done;
                 break 'holes;
             }
@@ -334,7 +334,7 @@ impl ReadPlan {
 
 /// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
 pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
-    plan_read(st, inode, dirty, offset, len)?.execute(&*st.dev)
+    plan_read(st, inode, dirty, offset, len)?.execute(&**st.dev())
 }
 
 /// The current content of page `p` (for read-modify-write of a partial page).
@@ -342,7 +342,7 @@ pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
     let mut b = Box::new([0u8; BLOCK_SIZE]);
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {
-            st.dev.read(e.phys + (p - e.logical), &mut b[..])?;
+            st.dev().read(e.phys + (p - e.logical), &mut b[..])?;
         }
     }
     Ok(b)

@@ -136,7 +136,7 @@ fn load_bytes(st: &mut Store, inode: &Inode) -> Result<Vec<u8>> {
     }
     st.xattr_block_reads += 1;
     let bad = |m: &str| Error::corrupt(format!("inode {}: xattr block {}: {m}", inode.ino, inode.xattr_block));
-    let blk = st.cache.get(&*st.dev, inode.xattr_block, Some(XATTR_MAGIC))?;
+    let blk = st.block(inode.xattr_block, Some(XATTR_MAGIC))?;
     let total = get_u32(blk, 20) as usize;
     let ncont = get_u16(blk, 24) as usize;
     if ncont > MAX_CONT || total > LIST_MAX {
@@ -150,7 +150,7 @@ fn load_bytes(st: &mut Store, inode: &Inode) -> Result<Vec<u8>> {
     let conts: Vec<u64> = (0..ncont).map(|k| get_u64(blk, HEAD + 8 * k)).collect();
     let mut out = blk[first..first + in_head].to_vec();
     for c in conts {
-        let cb = st.cache.get(&*st.dev, c, Some(XATTR_CONT_MAGIC))?;
+        let cb = st.block(c, Some(XATTR_CONT_MAGIC))?;
         if get_u64(cb, 16) != inode.ino {
             return Err(bad("continuation block owned by another inode"));
         }
@@ -174,7 +174,7 @@ pub fn blocks_of(st: &mut Store, inode: &Inode) -> Result<Vec<u64>> {
     if inode.xattr_block == 0 {
         return Ok(Vec::new());
     }
-    let blk = st.cache.get(&*st.dev, inode.xattr_block, Some(XATTR_MAGIC))?;
+    let blk = st.block(inode.xattr_block, Some(XATTR_MAGIC))?;
     let ncont = (get_u16(blk, 24) as usize).min(MAX_CONT);
     let mut v = vec![inode.xattr_block];
     v.extend((0..ncont).map(|k| get_u64(blk, HEAD + 8 * k)));
@@ -183,7 +183,7 @@ pub fn blocks_of(st: &mut Store, inode: &Inode) -> Result<Vec<u64>> {
 
 /// Reference count of a head block (fsck).
 pub fn refcount(st: &mut Store, block: u64) -> Result<u32> {
-    Ok(get_u32(st.cache.get(&*st.dev, block, Some(XATTR_MAGIC))?, 16))
+    Ok(get_u32(st.block(block, Some(XATTR_MAGIC))?, 16))
 }
 
 /// Drop an inode's reference to its xattr block(s); free them with the last one.
@@ -195,7 +195,7 @@ pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
     let owned = blocks_of(st, inode)?;
     let head = inode.xattr_block;
     inode.xattr_block = 0;
-    let blk = st.cache.get_mut(&*st.dev, head, Some(XATTR_MAGIC))?;
+    let blk = st.block_mut(head, Some(XATTR_MAGIC))?;
     let refs = get_u32(blk, 16);
     if refs > 1 {
         put_u32(blk, 16, refs - 1);
@@ -213,14 +213,14 @@ fn share(st: &mut Store, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<b
     let Some(&b) = st.xattr_shared.get(&hash) else { return Ok(false) };
     // The index is only a hint: the block may have changed or gone since.
     let ok = st.space.is_used(b)
-        && st.cache.get(&*st.dev, b, Some(XATTR_MAGIC)).is_ok_and(|blk| {
+        && st.block(b, Some(XATTR_MAGIC)).is_ok_and(|blk| {
             get_u16(blk, 24) == 0 && get_u32(blk, 20) as usize == bytes.len() && &blk[HEAD..HEAD + bytes.len()] == bytes
         });
     if !ok {
         st.xattr_shared.remove(&hash);
         return Ok(false);
     }
-    let blk = st.cache.get_mut(&*st.dev, b, Some(XATTR_MAGIC))?;
+    let blk = st.block_mut(b, Some(XATTR_MAGIC))?;
     let refs = get_u32(blk, 16);
     if refs == u32::MAX {
         return Ok(false);
@@ -254,7 +254,7 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
             return Ok(());
         }
         let b = st.alloc_meta(near)?;
-        let blk = st.cache.fresh(b);
+        let blk = st.fresh_block(b);
         put_u32(blk, 0, XATTR_MAGIC);
         put_u32(blk, 16, 1);
         put_u32(blk, 20, bytes.len() as u32);
@@ -275,7 +275,7 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         conts.push(st.alloc_meta(head)?);
     }
     let in_head = bytes.len().min(BLOCK_SIZE - first);
-    let blk = st.cache.fresh(head);
+    let blk = st.fresh_block(head);
     put_u32(blk, 0, XATTR_MAGIC);
     put_u32(blk, 16, 1);
     put_u32(blk, 20, bytes.len() as u32);
@@ -287,7 +287,7 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
     let mut at = in_head;
     for c in &conts {
         let take = (bytes.len() - at).min(BLOCK_SIZE - CONT);
-        let cb = st.cache.fresh(*c);
+        let cb = st.fresh_block(*c);
         put_u32(cb, 0, XATTR_CONT_MAGIC);
         put_u64(cb, 16, inode.ino);
         cb[CONT..CONT + take].copy_from_slice(&bytes[at..at + take]);

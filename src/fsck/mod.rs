@@ -368,7 +368,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     }
     let mut slot_fixes = Vec::new();
     for (&b, &mask) in &ib {
-        match w.st.cache.get(&*dev, b, Some(INODE_MAGIC)) {
+        match w.st.block(b, Some(INODE_MAGIC)) {
             Ok(blk) => {
                 let used = get_u16(blk, IB_USED);
                 if used != mask {
@@ -457,7 +457,7 @@ fn repair_volume(
             st.put_inode(&i)?;
         }
         for &(b, _, want) in slots {
-            let blk = st.cache.get_mut(&*st.dev, b, Some(INODE_MAGIC))?;
+            let blk = st.block_mut(b, Some(INODE_MAGIC))?;
             put_u16(blk, IB_USED, want);
         }
         Ok(())

@@ -151,7 +151,7 @@ impl Volume {
             }
             let len = (size as u64).min(i.size - offset) as usize;
             let g = &mut *g;
-            (file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?, g.delta.epoch(), g.st.dev.clone())
+            (file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?, g.delta.epoch(), g.st.dev().clone())
         };
         let out = plan.execute(&*dev)?;
         let mut g = self.inner.lock();

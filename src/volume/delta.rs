@@ -137,7 +137,7 @@ impl Delta {
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
     pub(super) fn fits(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
-        let used = (st.cache.dirty_count() + st.space.pending_bitmap_blocks()) as u64;
+        let used = (st.dirty_count() + st.space.pending_bitmap_blocks()) as u64;
         if used + OP_LOG_BLOCKS > self.log_capacity
             || (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit)
         {
@@ -189,12 +189,12 @@ impl Delta {
                 st.space.release_deferred();
                 st.forget_freed();
                 let blocks = self.snapshot(st, state);
-                journal.commit(&*st.dev, &blocks)?;
-                st.cache.landed(&blocks);
+                journal.commit(&**st.dev(), &blocks)?;
+                st.landed(&blocks);
             }
         }
         st.space.clear_promises();
-        if st.cache.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
+        if st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
             return Ok(None);
         }
         let held = st.space.begin_hold();
@@ -209,18 +209,15 @@ impl Delta {
         self.epoch += 1;
         self.seq += 1;
         state.commit_seq = self.seq;
-        state.encode_into(st.cache.fresh(STATE_BLOCK));
-        let dev = st.dev.clone();
-        // write_out cannot fail: it only copies words into cached blocks.
-        let _ = st.space.write_out(&*dev, &mut st.cache);
-        st.cache.take_dirty()
+        state.encode_into(st.fresh_block(STATE_BLOCK));
+        st.take_dirty()
     }
 
     /// A flight is durable and home: release what it held.
     pub(super) fn finish_commit(&mut self, st: &mut Store, f: &Flight) {
         st.space.end_hold(&f.held);
         st.flight_landed();
-        st.cache.landed(&f.blocks);
+        st.landed(&f.blocks);
     }
 
     /// The log committed an empty delta of its own (a checkpoint).
@@ -280,7 +277,7 @@ impl Volume {
         };
         // The log and home writes run without the volume lock: the front end goes on
         // with the next delta meanwhile.
-        let dev = self.inner.lock().st.dev.clone();
+        let dev = self.inner.lock().st.dev().clone();
         let r = journal.commit(&*dev, &flight.blocks);
         let mut g = self.inner.lock();
         match r {
@@ -363,10 +360,10 @@ impl Volume {
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.journal.lock();
         let mut g = self.inner.lock();
-        if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.cache.dirty_count() > 0 {
+        if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());
         }
-        let dev = g.st.dev.clone();
+        let dev = g.st.dev().clone();
         dev.flush()?;
         journal.commit(&*dev, &[])?;
         g.delta.checkpointed(journal.seq);

@@ -93,13 +93,12 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     ri.crtime = t;
     st.put_inode(&ri)?;
     let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1 };
-    state.encode_into(st.cache.fresh(STATE_BLOCK));
-    st.space.write_out(&*dev, &mut st.cache)?;
+    state.encode_into(st.fresh_block(STATE_BLOCK));
     // Empty log areas: no commit block is valid.
     let zero = vec![0u8; BLOCK_SIZE];
     dev.write(layout.log_area(0), &zero)?;
     dev.write(layout.log_area(1), &zero)?;
-    for (b, img) in st.cache.take_dirty() {
+    for (b, img) in st.take_dirty() {
         dev.write(b, &img[..])?;
     }
     dev.write(SUPERBLOCK, &sb.encode(SUPERBLOCK)[..])?;

@@ -192,7 +192,7 @@ impl Volume {
 
     /// I/O counters of the device.
     pub fn io_stats(&self) -> IoStats {
-        self.inner.lock().st.dev.stats()
+        self.inner.lock().st.dev().stats()
     }
 
     /// Space and inode numbers.
@@ -248,8 +248,8 @@ impl Volume {
         self.commit()?;
         let _j = self.journal.lock();
         let mut g = self.inner.lock();
-        if g.st.cache.dirty_count() == 0 {
-            g.st.cache.clear();
+        if g.st.dirty_count() == 0 {
+            g.st.clear_cache();
         }
         Ok(())
     }

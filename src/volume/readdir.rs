@@ -19,8 +19,7 @@ impl Inner {
         }
         let t = d.dir()?.tree;
         let leaves = btree::leaves_from(&mut self.st, &t, d.ino, next.saturating_sub(2), READAHEAD_LEAVES)?;
-        let dev = self.st.dev.clone();
-        self.st.cache.prefetch(&*dev, &leaves)?;
+        self.st.prefetch(&leaves)?;
         let mut inode_blocks = Vec::new();
         let mut mid = u64::MAX;
         dir::read(&mut self.st, d, next, |e| {

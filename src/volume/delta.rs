@@ -370,3 +370,99 @@ impl Volume {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::disk::device::MemDevice;
+    use crate::engine::cache::MetaCache;
+
+    /// A store over a blank 4096-block memory device (nothing on it is read here).
+    fn store() -> Store {
+        let layout = Layout::for_blocks(4096).unwrap();
+        let sb = Superblock {
+            version: VERSION,
+            compat: 0,
+            incompat: 0,
+            ro_compat: 0,
+            uuid: [0; 16],
+            label: String::new(),
+            layout,
+            root_ino: 0,
+            hash: crate::disk::hash::HashVersion::HalfMd4,
+            region_blocks: 4,
+            hash_seed: [1, 2, 3, 4],
+            mkfs_time: 0,
+            filter_hashes: 0,
+        };
+        Store::new(Arc::new(MemDevice::new(4096)), MetaCache::new(64), Space::fresh(layout), sb, true)
+    }
+
+    fn file(ino: u64) -> Inode {
+        Inode::new(ino, libc::S_IFREG | 0o644)
+    }
+
+    fn page() -> Box<[u8; BLOCK_SIZE]> {
+        Box::new([0u8; BLOCK_SIZE])
+    }
+
+    #[test]
+    fn pages_promise_blocks_and_give_them_back() {
+        let mut st = store();
+        let opts = OpenOptions::default();
+        let mut d = Delta::new(7, 256, &opts);
+        let free = st.space.available(false);
+        let (a, b) = (file(33), file(34));
+        for p in 0..3 {
+            d.add_page(&mut st.space, &a, p, page());
+        }
+        d.add_page(&mut st.space, &b, 9, page());
+        // Three pages of one file and one of another: a data block each, plus the first
+        // page's extent-map change and one block per 64 pages, for each file.
+        let meta = Delta::writeback_meta(0, 3, 0) + Delta::writeback_meta(0, 1, 0);
+        assert_eq!(st.space.promised(), 4 + meta);
+        assert_eq!(free - st.space.available(false), st.space.promised());
+        assert_eq!((d.page_count(33), d.pages_in(33, 1, 5), d.page_count(34)), (3, 2, 1));
+        d.drop_pages(&mut st.space, 33, |p| p >= 1);
+        assert_eq!(d.page_count(33), 1);
+        d.drop_pages(&mut st.space, 34, |_| true);
+        assert!(d.pages(34).is_none(), "a file with no dirty page leaves the delta");
+        assert_eq!(d.dirty_pages, 1);
+        st.space.clear_promises();
+        assert_eq!(st.space.available(false), free);
+    }
+
+    #[test]
+    fn fits_tells_a_full_delta_from_a_full_volume() {
+        let mut st = store();
+        let opts = OpenOptions { dirty_limit: 4, ..OpenOptions::default() };
+        let mut d = Delta::new(0, 256, &opts);
+        assert!(d.fits(&st, Cost::new(3, 2, false)).is_ok());
+        let a = file(33);
+        for p in 0..3 {
+            d.add_page(&mut st.space, &a, p, page());
+        }
+        assert!(d.fits(&st, Cost::new(0, 1, false)).is_ok());
+        assert!(d.fits(&st, Cost::new(0, 2, false)) == Err(Short::Delta), "past the dirty limit: commit first");
+        let avail = st.space.available(false);
+        assert!(d.fits(&st, Cost::new(avail + 1, 0, false)) == Err(Short::Space));
+        assert!(d.fits(&st, Cost::new(avail + 1, 0, true)).is_ok(), "deletions may use the reserve");
+        let small_log = Delta::new(0, OP_LOG_BLOCKS, &opts);
+        assert!(small_log.fits(&st, Cost::new(0, 0, true)) == Err(Short::Delta), "no log room for one operation");
+        let off = Delta::new(0, 256, &OpenOptions { space_accounting: false, ..opts });
+        assert!(off.fits(&st, Cost::new(avail + 1000, 0, false)).is_ok(), "accounting off never says Space");
+    }
+
+    #[test]
+    fn writeback_meta_charges_the_first_page_and_every_64th() {
+        assert_eq!(Delta::writeback_meta(0, 0, 2), 0);
+        assert_eq!(Delta::writeback_meta(0, 1, 2), 2 * 2 + 4 + 1);
+        assert_eq!(Delta::writeback_meta(1, 64, 2), 0);
+        assert_eq!(Delta::writeback_meta(64, 65, 2), 1);
+        // Growing in steps charges what growing at once does.
+        let steps: u64 = (0..200).map(|n| Delta::writeback_meta(n, n + 1, 1)).sum();
+        assert_eq!(steps, Delta::writeback_meta(0, 200, 1));
+    }
+}

@@ -39,6 +39,7 @@ mod volume;
 /// devices, memory, and the fault-injecting device of the crash tests.
 pub mod block {
     pub use crate::disk::device::*;
+    pub use crate::disk::fault::*;
 }
 pub use disk::codec::BLOCK_SIZE;
 pub use disk::format::{FileType, Layout, Superblock, DEFAULT_FILTER_HASHES, MAX_FILE_SIZE};

@@ -4,5 +4,6 @@
 
 pub(crate) mod codec;
 pub mod device;
+pub mod fault;
 pub(crate) mod format;
 pub mod hash;

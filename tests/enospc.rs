@@ -219,3 +219,36 @@ fn hammering_a_nearly_full_volume() {
         }
     }
 }
+
+/// `df` right after `rm`, with no commit between (sync never reaches a FUSE daemon):
+/// the removed file's blocks count as available at once, and can all be written.
+#[test]
+fn statfs_counts_what_the_delta_freed() {
+    let (dev, vol) = mem_volume(16_384);
+    let root = vol.root();
+    let f = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    let chunk = vec![0x11u8; 1 << 20];
+    let (_, err) = write_until_error(&vol, f, 0, &chunk);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    vol.sync().unwrap();
+    let full = vol.statfs().bavail;
+    let size = vol.getattr(f).unwrap().size;
+    vol.unlink(root, b"big").unwrap();
+    let after_rm = vol.statfs();
+    let freed = size / 4096;
+    assert!(
+        after_rm.bavail >= full + freed - 8,
+        "after rm, statfs says {} available, {full} before, {freed} blocks freed",
+        after_rm.bavail
+    );
+    // What it says is true: that much can be written before the next ENOSPC.
+    let g = vol.create(root, b"again", 0o644, 0, 0).unwrap().ino;
+    let (written, err) = write_until_error(&vol, g, 0, &vec![0x22u8; 1 << 16]);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    assert!(
+        written + (64 << 12) >= after_rm.bavail * 4096,
+        "statfs said {} blocks, {written} bytes fit",
+        after_rm.bavail
+    );
+    close_and_check(dev, vol);
+}

@@ -965,3 +965,31 @@ fn lookup_counts_are_balanced_by_forgets() {
     assert!(text.contains("lookup counts balanced"), "daemon log does not report balanced lookup counts:\n{text}");
     s.fsck();
 }
+
+/// `sync(1)` cannot reach a FUSE daemon; `dxfs sync` (an fsync of the mount's root)
+/// can: what it synced survives a SIGKILL of the daemon. And `df` right after `rm` shows
+/// the space, with no commit in between.
+#[test]
+fn dxfs_sync_and_df_after_rm() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    // A long commit interval: nothing but `dxfs sync` commits during the test.
+    let m = s.mount(&["-o", "commit=3600"]);
+    let big = s.path("big");
+    fs::write(&big, pattern(1, 24 << 20)).unwrap();
+    fs::write(s.path("small"), pattern(2, 5000)).unwrap();
+    let st = dxfs().arg("sync").arg(&s.mnt).status().unwrap();
+    assert!(st.success(), "dxfs sync: {st}");
+    let before = nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
+    fs::remove_file(&big).unwrap();
+    let after = nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
+    assert!(after >= before + (24 << 20) / 4096 - 16, "df after rm: {before} -> {after} blocks available");
+    m.kill9();
+    s.fsck();
+    let m = s.mount(&[]);
+    assert!(fs::read(s.path("small")).unwrap() == pattern(2, 5000), "synced file lost");
+    // The rm came after the last commit: the volume is as of `dxfs sync`.
+    assert_eq!(fs::metadata(s.path("big")).unwrap().len(), 24 << 20, "the volume is as of the sync");
+    m.unmount();
+    s.fsck();
+}

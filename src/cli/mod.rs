@@ -11,12 +11,14 @@ mod fsck;
 mod info;
 mod mkfs;
 mod mount;
+mod sync;
 
 use debug::DebugCmd;
 use fsck::FsckArgs;
 use info::InfoArgs;
 use mkfs::MkfsArgs;
 use mount::{mount_helper_args, MountArgs};
+use sync::SyncArgs;
 
 #[derive(Parser)]
 #[command(name = "dxfs", version, about = "dxfs: a POSIX filesystem in user space")]
@@ -35,6 +37,8 @@ enum Cmd {
     Info(InfoArgs),
     /// Serve a volume through FUSE on a directory (also run as `mount -t fuse.dxfs`).
     Mount(MountArgs),
+    /// Commit mounted volumes and wait until durable (`sync(1)` cannot reach FUSE).
+    Sync(SyncArgs),
     /// Debugging aids.
     #[command(subcommand)]
     Debug(DebugCmd),
@@ -89,6 +93,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Fsck(a) => fsck::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Mount(a) => mount::run(a, &raw),
+        Cmd::Sync(a) => sync::run(a),
         Cmd::Debug(c) => debug::run(c),
     }
 }

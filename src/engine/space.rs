@@ -166,6 +166,16 @@ impl Space {
         self.free.saturating_sub(self.promised + self.promised_meta).saturating_sub(r)
     }
 
+    /// What the front end can charge once the deltas now open or in flight have
+    /// committed: `available` plus their frees. An operation that needs those blocks
+    /// commits first (see `could_fit_after_commit`), so `statfs` reports this.
+    pub fn available_after_commit(&self, use_reserve: bool) -> u64 {
+        let r = if use_reserve { 0 } else { self.reserve };
+        (self.free + self.deferred_blocks + self.held_blocks)
+            .saturating_sub(self.promised + self.promised_meta)
+            .saturating_sub(r)
+    }
+
     /// Whether `cost` could fit once the current delta and any commit in flight are
     /// durable: at best every promise turns out unused and every deferred or held free
     /// is released. If not, committing first is pointless and the operation fails with

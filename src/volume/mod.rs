@@ -195,11 +195,13 @@ impl Volume {
         self.inner.lock().st.dev().stats()
     }
 
-    /// Space and inode numbers.
+    /// Space and inode numbers. Blocks freed by the current delta count as free and
+    /// available at once: an operation that needs them commits first. (`sync(1)` never
+    /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
         let g = self.inner.lock();
         let s = &g.st.space;
-        let bavail = s.available(false);
+        let bavail = s.available_after_commit(false);
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,

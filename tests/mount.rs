@@ -993,3 +993,41 @@ fn dxfs_sync_and_df_after_rm() {
     m.unmount();
     s.fsck();
 }
+
+/// `dxfs stats` reads a live mount's request counters: every create shows up, and the
+/// counters cannot be set.
+#[test]
+fn request_counters_of_a_live_mount() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    for i in 0..20 {
+        File::create(s.path(&format!("f{i}"))).unwrap();
+    }
+    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+    assert!(out.status.success(), "dxfs stats: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["ops"]["CREATE"]["count"].as_u64().unwrap() >= 20, "{v}");
+    assert!(v["requests"].as_u64().unwrap() >= 20);
+    let text = dxfs().arg("stats").arg(&s.mnt).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("CREATE"));
+    assert_eq!(errno(setxattr(&s.mnt, "user.dxfs.stats", b"{}", 0)), libc::EPERM);
+    let plain = dxfs().arg("stats").arg(&s.tmp.path()).output().unwrap();
+    assert_eq!(plain.status.code(), Some(8), "not a dxfs mount");
+    // A missing name is asked once, then cached as a negative entry; creating it through
+    // the mount replaces the negative entry.
+    let lookups = || {
+        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["ops"]["LOOKUP"]["count"].as_u64().unwrap_or(0)
+    };
+    let before = lookups();
+    for _ in 0..10 {
+        assert!(fs::metadata(s.path("missing")).is_err());
+    }
+    assert_eq!(lookups() - before, 1, "ten stats of a missing name: one LOOKUP");
+    fs::write(s.path("missing"), b"now here").unwrap();
+    assert_eq!(fs::read(s.path("missing")).unwrap(), b"now here");
+    m.unmount();
+    s.fsck();
+}

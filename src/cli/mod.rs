@@ -11,6 +11,7 @@ mod fsck;
 mod info;
 mod mkfs;
 mod mount;
+mod stats;
 mod sync;
 
 use debug::DebugCmd;
@@ -18,6 +19,7 @@ use fsck::FsckArgs;
 use info::InfoArgs;
 use mkfs::MkfsArgs;
 use mount::{mount_helper_args, MountArgs};
+use stats::StatsArgs;
 use sync::SyncArgs;
 
 #[derive(Parser)]
@@ -37,6 +39,8 @@ enum Cmd {
     Info(InfoArgs),
     /// Serve a volume through FUSE on a directory (also run as `mount -t fuse.dxfs`).
     Mount(MountArgs),
+    /// Requests a live mount has served, per opcode, and the time spent on each.
+    Stats(StatsArgs),
     /// Commit mounted volumes and wait until durable (`sync(1)` cannot reach FUSE).
     Sync(SyncArgs),
     /// Debugging aids.
@@ -93,6 +97,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Fsck(a) => fsck::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Mount(a) => mount::run(a, &raw),
+        Cmd::Stats(a) => stats::run(a),
         Cmd::Sync(a) => sync::run(a),
         Cmd::Debug(c) => debug::run(c),
     }

@@ -22,6 +22,7 @@ pub struct MountArgs {
     dir: PathBuf,
     /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
     /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
+    /// negative_timeout=S (how long a missing name is cached; 0 asks every time),
     /// commit=S (seconds between periodic commits, default 5),
     /// readdirplus=auto|always|never,
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
@@ -99,6 +100,7 @@ fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Re
         "threads" => o.threads = num(val)? as usize,
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
+        "negative_timeout" => o.negative_timeout = seconds(num(val)?)?,
         // As ext4's commit=: seconds between periodic commits.
         "commit" => o.sync_interval = seconds(num(val)?)?.max(std::time::Duration::from_millis(10)),
         "readdirplus" => {

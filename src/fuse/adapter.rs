@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::volume::{self, Attr, Caller, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
 
 use super::lookups::LookupCounts;
+use super::stats::{Op, RequestStats};
 use super::{FuseOptions, ReaddirPlus};
 
 /// The `fuser::Filesystem` over a volume.
@@ -32,7 +33,13 @@ pub struct DxFuse {
     no_opendir: bool,
     /// Lookup counts handed to the kernel and not yet forgotten.
     lookups: LookupCounts,
+    /// Requests served, per opcode.
+    stats: RequestStats,
 }
+
+/// The root directory's virtual xattr that holds the mount's request counters as JSON
+/// (`dxfs stats MOUNTPOINT` reads it). Not stored, not listed; setting it is refused.
+pub const STATS_XATTR: &str = "user.dxfs.stats";
 
 impl Drop for DxFuse {
     fn drop(&mut self) {
@@ -40,6 +47,7 @@ impl Drop for DxFuse {
             (0, _) => tracing::info!("lookup counts balanced: the kernel forgot every inode it was given"),
             (n, refs) => tracing::warn!("lookup counts unbalanced: {n} inodes ({refs} references) never forgotten"),
         }
+        tracing::info!("requests served: {}", self.stats.summary());
     }
 }
 
@@ -98,7 +106,7 @@ impl DxFuse {
     /// An adapter serving `vol`.
     pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
         let root = vol.root();
-        DxFuse { vol, root, opts, no_opendir: false, lookups: LookupCounts::default() }
+        DxFuse { vol, root, opts, no_opendir: false, lookups: LookupCounts::default(), stats: RequestStats::default() }
     }
 
     fn vol_ino(&self, ino: INodeNo) -> u64 {
@@ -232,15 +240,27 @@ impl Filesystem for DxFuse {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.stats.timer(Op::Forget);
         self.lookups.forget(self.vol_ino(ino), nlookup);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.stats.timer(Op::Lookup);
         let p = self.vol_ino(parent);
-        self.reply_entry(reply, self.call("lookup", |v| v.lookup(p, name.as_bytes())));
+        match self.call("lookup", |v| v.lookup(p, name.as_bytes())) {
+            // A miss answered as node 0 with a timeout is a negative entry the kernel
+            // caches: the next lookup of the name (every create's O_EXCL check, a PATH
+            // search) costs no request. Coherent because every change comes through this
+            // mount, and the kernel drops the negative entry when it creates the name.
+            Err(Errno::ENOENT) if !self.opts.negative_timeout.is_zero() => {
+                reply.entry_with_ttls(&Duration::ZERO, &self.opts.negative_timeout, &negative_attr(), Generation(0))
+            }
+            r => self.reply_entry(reply, r),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.stats.timer(Op::Getattr);
         let ino = self.vol_ino(ino);
         match self.call("getattr", |v| v.getattr(ino)) {
             Ok(a) => reply.attr(&self.opts.attr_timeout, &self.attr(&a)),
@@ -266,6 +286,7 @@ impl Filesystem for DxFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.stats.timer(Op::Setattr);
         // The kernel has already applied the setuid/setgid clearing rules to `mode`;
         // an ftruncate's handle names the same inode, which stays alive while open.
         let ino = self.vol_ino(ino);
@@ -285,6 +306,7 @@ impl Filesystem for DxFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _t = self.stats.timer(Op::Readlink);
         let ino = self.vol_ino(ino);
         match self.call("readlink", |v| v.readlink(ino)) {
             Ok(t) => reply.data(&t),
@@ -293,6 +315,7 @@ impl Filesystem for DxFuse {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let _t = self.stats.timer(Op::Mknod);
         let p = self.vol_ino(parent);
         let (uid, gid) = (req.uid(), req.gid());
         let r = self
@@ -301,6 +324,7 @@ impl Filesystem for DxFuse {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let _t = self.stats.timer(Op::Mkdir);
         let p = self.vol_ino(parent);
         let (uid, gid) = (req.uid(), req.gid());
         let mode = libc::S_IFDIR | (mode & 0o7777);
@@ -309,16 +333,19 @@ impl Filesystem for DxFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Unlink);
         let p = self.vol_ino(parent);
         Self::reply_empty(reply, self.call("unlink", |v| v.unlink(p, name.as_bytes())));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Rmdir);
         let p = self.vol_ino(parent);
         Self::reply_empty(reply, self.call("rmdir", |v| v.rmdir(p, name.as_bytes())));
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _t = self.stats.timer(Op::Symlink);
         let p = self.vol_ino(parent);
         let (uid, gid) = (req.uid(), req.gid());
         let r = self.call("symlink", |v| v.symlink(p, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid));
@@ -335,6 +362,7 @@ impl Filesystem for DxFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.timer(Op::Rename);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
@@ -348,11 +376,13 @@ impl Filesystem for DxFuse {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _t = self.stats.timer(Op::Link);
         let (ino, np) = (self.vol_ino(ino), self.vol_ino(newparent));
         self.reply_entry(reply, self.call("link", |v| v.link(ino, np, newname.as_bytes())));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.timer(Op::Open);
         // Counting the handle keeps an unlinked file alive until its release.
         let ino = self.vol_ino(ino);
         match self.call("open", |v| v.open_file(ino)) {
@@ -372,6 +402,7 @@ impl Filesystem for DxFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.stats.timer(Op::Read);
         let ino = self.vol_ino(ino);
         match self.call("read", |v| v.read(ino, offset, size as usize)) {
             Ok(d) => reply.data(&d),
@@ -391,6 +422,7 @@ impl Filesystem for DxFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.stats.timer(Op::Write);
         let ino = self.vol_ino(ino);
         match self.call("write", |v| v.write(ino, offset, data)) {
             Ok(n) => reply.written(n as u32),
@@ -399,6 +431,7 @@ impl Filesystem for DxFuse {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Flush);
         // Writes are never deferred past the volume, so there is nothing to flush.
         // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback cache
         // it ignores FOPEN_NOFLUSH), saving a round trip per close.
@@ -415,16 +448,19 @@ impl Filesystem for DxFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.timer(Op::Release);
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("release", |v| v.release(ino)));
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Fsync);
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("fsync", |v| v.fsync(ino)));
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.timer(Op::Opendir);
         // Directory handles carry nothing (readdir positions are stable cookies), so
         // when the kernel allows, ENOSYS makes it stop sending OPENDIR and RELEASEDIR:
         // two round trips less per directory listed.
@@ -436,6 +472,7 @@ impl Filesystem for DxFuse {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _t = self.stats.timer(Op::Readdir);
         let ino = self.vol_ino(ino);
         let mut pos = offset;
         loop {
@@ -457,6 +494,7 @@ impl Filesystem for DxFuse {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let _t = self.stats.timer(Op::Readdirplus);
         // Every entry but . and .. counts as a lookup.
         let ino = self.vol_ino(ino);
         let mut pos = offset;
@@ -490,11 +528,13 @@ impl Filesystem for DxFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Fsyncdir);
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("fsyncdir", |v| v.fsync(ino)));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.stats.timer(Op::Statfs);
         match self.call("statfs", |v| Ok(v.statfs())) {
             Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(e),
@@ -511,6 +551,10 @@ impl Filesystem for DxFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.timer(Op::Setxattr);
+        if self.vol_ino(ino) == self.root && name.as_bytes() == STATS_XATTR.as_bytes() {
+            return reply.error(Errno::EPERM);
+        }
         let mode = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
@@ -522,7 +566,11 @@ impl Filesystem for DxFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.timer(Op::Getxattr);
         let ino = self.vol_ino(ino);
+        if ino == self.root && name.as_bytes() == STATS_XATTR.as_bytes() {
+            return xattr_reply(reply, size, self.stats.json().as_bytes());
+        }
         match self.call("getxattr", |v| v.getxattr(ino, name.as_bytes())) {
             Ok(val) => xattr_reply(reply, size, &val),
             Err(e) => reply.error(e),
@@ -530,6 +578,7 @@ impl Filesystem for DxFuse {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.timer(Op::Listxattr);
         let ino = self.vol_ino(ino);
         match self.call("listxattr", |v| v.listxattr(ino)) {
             Ok(names) => {
@@ -545,11 +594,13 @@ impl Filesystem for DxFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Removexattr);
         let ino = self.vol_ino(ino);
         Self::reply_empty(reply, self.call("removexattr", |v| v.removexattr(ino, name.as_bytes())));
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Access);
         // Only called without default_permissions; the volume decides.
         let ino = self.vol_ino(ino);
         let caller = caller_of(req);
@@ -567,6 +618,7 @@ impl Filesystem for DxFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.stats.timer(Op::Create);
         // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and sends
         // CREATE only for a missing name, then a SETATTR for a truncate.
         let p = self.vol_ino(parent);
@@ -598,6 +650,7 @@ impl Filesystem for DxFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.timer(Op::Fallocate);
         const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         let (keep, punch) = match mode {
@@ -623,4 +676,25 @@ fn caller_of(req: &Request) -> Caller {
         })
         .unwrap_or_default();
     Caller { uid: req.uid(), gid: req.gid(), groups }
+}
+
+/// The attributes sent with a negative entry (node 0): the kernel looks at none of them.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
 }

@@ -19,8 +19,9 @@ use std::time::Duration;
 mod adapter;
 mod lookups;
 mod session;
+mod stats;
 
-pub use adapter::DxFuse;
+pub use adapter::{DxFuse, STATS_XATTR};
 pub use session::{mount, Mounted, Stopper};
 
 /// How a volume is served.
@@ -35,6 +36,9 @@ pub struct FuseOptions {
     pub attr_timeout: Duration,
     /// How long the kernel may cache names (positive lookups).
     pub entry_timeout: Duration,
+    /// How long the kernel may cache a name's absence (a lookup that missed); zero to
+    /// ask every time.
+    pub negative_timeout: Duration,
     /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
     /// Off by default: it helps small writes, but the kernel then drops the cached
     /// st_blocks at every close (the next `stat` costs a GETATTR) and sends a SETATTR
@@ -73,6 +77,7 @@ impl Default for FuseOptions {
         FuseOptions {
             attr_timeout: Duration::from_secs(60),
             entry_timeout: Duration::from_secs(60),
+            negative_timeout: Duration::from_secs(60),
             writeback_cache: false,
             default_permissions: true,
             allow_other: false,

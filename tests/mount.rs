@@ -1012,7 +1012,7 @@ fn request_counters_of_a_live_mount() {
     let text = dxfs().arg("stats").arg(&s.mnt).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("CREATE"));
     assert_eq!(errno(setxattr(&s.mnt, "user.dxfs.stats", b"{}", 0)), libc::EPERM);
-    let plain = dxfs().arg("stats").arg(&s.tmp.path()).output().unwrap();
+    let plain = dxfs().arg("stats").arg(s.tmp.path()).output().unwrap();
     assert_eq!(plain.status.code(), Some(8), "not a dxfs mount");
     // A missing name is asked once, then cached as a negative entry; creating it through
     // the mount replaces the negative entry.

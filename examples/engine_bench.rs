@@ -2,14 +2,21 @@
 //! each up, unlink them all. Prints µs per operation and device blocks read/written.
 //!
 //! cargo run --release --example engine_bench -- [N] [--file IMAGE] [--hash H] [--name-len L]
+//! cargo run --release --example engine_bench -- [N] --threads T
 //!
 //! By default the volume lives in memory (a `MemDevice`); `--file` puts it in an image
 //! file instead (e.g. on tmpfs), so the numbers include real pread/pwrite calls.
 //! `--hash` picks the directory hash (legacy, half_md4, tea, ...), `--name-len` pads the
 //! names to L bytes (seed 000's lookup cost against name length).
+//!
+//! `--threads T` measures scaling instead (issue 14): for 1..=T threads, in private
+//! directories and in one shared directory, each thread creates, looks up and unlinks
+//! its share of N files. It prints operations per second, the speedup over one thread,
+//! the share of the operations' time spent holding or waiting for the volume-wide lock,
+//! and from the one-thread serial share an Amdahl projection to 16 and 64 cores.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dxfs::block::{BlockDevice, FileDevice, IoStats, MemDevice};
 use dxfs::hash::HashVersion;
@@ -22,6 +29,11 @@ fn main() {
     let file = opt("--file");
     let hash = opt("--hash").map(|h| HashVersion::parse(&h).expect("hash version")).unwrap_or(HashVersion::HalfMd4);
     let name_len: usize = opt("--name-len").and_then(|s| s.parse().ok()).unwrap_or(0);
+    if let Some(t) = opt("--threads") {
+        let t: usize = t.parse().expect("--threads T");
+        let n = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(200_000);
+        return scaling(n, t.max(1), file.as_deref());
+    }
     // Room for the inodes (15 per block), the index and slack.
     // Big enough for the inodes (15 per block), the index and slack, and for the default
     // log to reach its full 256 MiB (1/64 of a 16 GiB volume), as on any real volume.
@@ -112,5 +124,93 @@ fn main() {
     if !r.errors.is_empty() {
         eprintln!("{:#?}", r.errors);
         std::process::exit(1);
+    }
+}
+
+/// What one thread does for its `i`-th name.
+type Step<'a> = &'a (dyn Fn(usize, u64) + Sync);
+
+/// One phase of the scaling run: every thread does `f(thread, i)` for its share of names.
+fn run_phase(vol: &Volume, threads: usize, per: u64, f: Step) -> (Duration, dxfs::LockStats) {
+    let l0 = vol.lock_stats();
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        for th in 0..threads {
+            sc.spawn(move || (0..per).for_each(|i| f(th, i)));
+        }
+    });
+    (t.elapsed(), vol.lock_stats().since(l0))
+}
+
+/// Scaling of creates, lookups and unlinks with 1..=`max_threads` threads (issue 14).
+fn scaling(n: u64, max_threads: usize, file: Option<&str>) {
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    println!("dxfs engine scaling: {n} files per run, {cpus} CPUs here, device {}", file.unwrap_or("memory"));
+    println!(
+        "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>10} {:>10}",
+        "dirs", "threads", "phase", "ops/s", "speedup", "held %", "waited %", "Amdahl 16", "Amdahl 64"
+    );
+    for shared in [false, true] {
+        let mut base: Vec<f64> = Vec::new();
+        let mut serial: Vec<f64> = Vec::new();
+        for threads in 1..=max_threads {
+            let blocks = (n / 15 + n / 40 + 100_000).max(1 << 20);
+            let dev: Arc<dyn BlockDevice> = match file {
+                Some(p) => Arc::new(FileDevice::create(p, blocks * 4096).expect("image file")),
+                None => Arc::new(MemDevice::new(blocks)),
+            };
+            mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+            let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
+            let root = vol.root();
+            let dirs: Vec<u64> = (0..threads)
+                .map(|t| {
+                    if shared && t > 0 {
+                        0
+                    } else {
+                        vol.mkdir(root, format!("d{t}").as_bytes(), 0o755, 0, 0).unwrap().ino
+                    }
+                })
+                .collect();
+            let dir_of = |t: usize| if shared { dirs[0] } else { dirs[t] };
+            let name = |t: usize, i: u64| format!("t{t}-file-{i:08}").into_bytes();
+            let per = n / threads as u64;
+            let phases: [(&str, Step); 3] = [
+                ("create", &|t, i| {
+                    vol.create(dir_of(t), &name(t, i), 0o644, 0, 0).expect("create");
+                }),
+                ("lookup", &|t, i| {
+                    vol.lookup(dir_of(t), &name(t, i)).expect("lookup");
+                }),
+                ("unlink", &|t, i| vol.unlink(dir_of(t), &name(t, i)).expect("unlink")),
+            ];
+            for (k, (label, f)) in phases.iter().enumerate() {
+                let (wall, l) = run_phase(&vol, threads, per, *f);
+                let ops = (per * threads as u64) as f64 / wall.as_secs_f64();
+                // Thread-time spent in operations: every thread was busy for the whole wall time.
+                let busy = wall.as_secs_f64() * threads as f64;
+                let held = l.held.as_secs_f64() / busy;
+                let waited = l.waited.as_secs_f64() / busy;
+                if threads == 1 {
+                    base.push(ops);
+                    serial.push(held);
+                }
+                let amdahl = |cores: f64| 1.0 / (serial[k] + (1.0 - serial[k]) / cores);
+                println!(
+                    "{:<8} {:>7} {:<7} {:>11.0} {:>7.2}x {:>8.1}% {:>8.1}% {:>9.1}x {:>9.1}x",
+                    if shared { "shared" } else { "private" },
+                    threads,
+                    label,
+                    ops,
+                    ops / base[k],
+                    100.0 * held,
+                    100.0 * waited,
+                    amdahl(16.0),
+                    amdahl(64.0)
+                );
+            }
+            vol.close().expect("close");
+            let r = dxfs::fsck::check(dev, false, &mut |_| {}).expect("fsck");
+            assert!(r.errors.is_empty(), "fsck: {:#?}", r.errors);
+        }
     }
 }

@@ -342,3 +342,19 @@ fn access_decisions() {
     assert!(matches!(vol.access(f.ino, &who(0, 0, &[]), 1), Err(Error::AccessDenied)), "no x bit: not even root");
     close_and_check(dev, vol);
 }
+
+/// The volume lock is measured: every operation takes it, and the time it is held is
+/// counted (the serial share engine_bench --threads reports).
+#[test]
+fn lock_use_is_counted() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let before = vol.lock_stats();
+    for i in 0..100 {
+        vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    let d = vol.lock_stats().since(before);
+    assert!(d.acquisitions >= 100, "{d:?}");
+    assert!(d.held > std::time::Duration::ZERO, "{d:?}");
+    close_and_check(dev, vol);
+}

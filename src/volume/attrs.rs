@@ -79,7 +79,7 @@ impl Volume {
     /// `Error::AccessDenied` if not. The check `access(2)` and a mount without the
     /// kernel's own permission checks rely on.
     pub fn access(&self, ino: u64, caller: &Caller, want: u32) -> Result<()> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let i = g.st.inode(ino)?;
         let acl = g.acl_of(&i, 2)?;
         let in_group = |gid: u32| caller.in_group(gid);
@@ -92,7 +92,7 @@ impl Volume {
 
     /// Attributes of an inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let i = g.st.inode(ino)?;
         g.attr(&i)
     }
@@ -147,7 +147,7 @@ impl Volume {
 
     /// Value of an xattr.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let (idx, suffix) = xattr::split_name(name)?;
         let i = g.st.inode(ino)?;
         if g.opts.use_xattr_filter
@@ -162,7 +162,7 @@ impl Volume {
 
     /// Names of all xattrs.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let i = g.st.inode(ino)?;
         Ok(xattr::load(&mut g.st, &i)?.iter().map(|x| xattr::full_name(x.idx, &x.name)).collect())
     }

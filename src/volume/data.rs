@@ -100,7 +100,7 @@ impl Inner {
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let i = g.st.inode(ino)?;
         *g.open.entry(ino).or_insert(0) += 1;
         g.attr(&i)
@@ -109,7 +109,7 @@ impl Volume {
     /// Release an open handle; frees the inode if it was the last reference.
     pub fn release(&self, ino: u64) -> Result<()> {
         {
-            let mut g = self.inner.lock();
+            let mut g = self.lock();
             let n = match g.open.get_mut(&ino) {
                 Some(n) => {
                     *n -= 1;
@@ -139,7 +139,7 @@ impl Volume {
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let (plan, epoch, dev) = {
-            let mut g = self.inner.lock();
+            let mut g = self.lock();
             let i = g.st.inode(ino)?;
             match i.file_type() {
                 Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
@@ -154,7 +154,7 @@ impl Volume {
             (file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?, g.delta.epoch(), g.st.dev().clone())
         };
         let out = plan.execute(&*dev)?;
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if g.delta.epoch() == epoch {
             return Ok(out);
         }

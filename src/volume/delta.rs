@@ -1,8 +1,6 @@
 //! The delta: what the front end changed since the last commit, its budget, and its
 //! commit (write-back, snapshot, log, release).
 
-use parking_lot::MutexGuard;
-
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
@@ -259,7 +257,7 @@ impl Volume {
     pub(super) fn commit(&self) -> Result<()> {
         let mut journal = self.journal.lock();
         let flight = {
-            let mut g = self.inner.lock();
+            let mut g = self.lock();
             if g.failed {
                 return Err(Error::Failed);
             }
@@ -277,9 +275,9 @@ impl Volume {
         };
         // The log and home writes run without the volume lock: the front end goes on
         // with the next delta meanwhile.
-        let dev = self.inner.lock().st.dev().clone();
+        let dev = self.lock().st.dev().clone();
         let r = journal.commit(&*dev, &flight.blocks);
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         match r {
             Ok(()) => {
                 g.finish_commit(&flight);
@@ -295,19 +293,16 @@ impl Volume {
     /// Lock the volume for a change whose cost `cost` computes; if the current delta
     /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
     /// still cannot.
-    pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<MutexGuard<'_, Inner>> {
+    pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
         self.charged_with(|g| Ok((cost(g)?, ()))).map(|(g, ())| g)
     }
 
     /// [`Volume::charged`], also handing back what the cost function read (typically the
     /// decoded inodes), so the operation does not read them again under the same lock.
-    pub(super) fn charged_with<T>(
-        &self,
-        cost: impl Fn(&mut Inner) -> Result<(Cost, T)>,
-    ) -> Result<(MutexGuard<'_, Inner>, T)> {
+    pub(super) fn charged_with<T>(&self, cost: impl Fn(&mut Inner) -> Result<(Cost, T)>) -> Result<(Held<'_>, T)> {
         let mut commits = 0;
         loop {
-            let mut g = self.inner.lock();
+            let mut g = self.lock();
             g.check_writable()?;
             let (c, read) = cost(&mut g)?;
             match g.fits(c) {
@@ -359,7 +354,7 @@ impl Volume {
     /// rewrite the whole last delta).
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.journal.lock();
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());
         }

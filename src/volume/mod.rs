@@ -22,6 +22,7 @@ use crate::engine::store::Store;
 use crate::error::{Error, Result};
 
 mod attrs;
+mod contention;
 mod data;
 mod delta;
 mod mkfs;
@@ -29,6 +30,8 @@ mod namespace;
 mod readdir;
 mod types;
 
+pub use contention::LockStats;
+use contention::{Held, LockCounters};
 use delta::{Cost, Delta};
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
@@ -89,6 +92,8 @@ struct Inner {
 /// finish, so the front end goes on with the next delta while the log is written.
 pub struct Volume {
     inner: Mutex<Inner>,
+    /// How long the volume lock is waited for and held (issue 14's serial share).
+    lock_stats: LockCounters,
     journal: Mutex<Journal>,
     read_only: bool,
 }
@@ -153,7 +158,12 @@ impl Volume {
         let root = inner.st.sb.root_ino;
         inner.dir_inode(root)?;
         let orphans = inner.state.orphan_head != 0;
-        let vol = Volume { inner: Mutex::new(inner), journal: Mutex::new(journal), read_only };
+        let vol = Volume {
+            inner: Mutex::new(inner),
+            lock_stats: LockCounters::default(),
+            journal: Mutex::new(journal),
+            read_only,
+        };
         if !read_only && orphans {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).
@@ -177,7 +187,7 @@ impl Volume {
 
     /// The superblock.
     pub fn superblock(&self) -> Superblock {
-        self.inner.lock().st.sb.clone()
+        self.lock().st.sb.clone()
     }
 
     /// Whether the volume was opened read-only.
@@ -187,19 +197,19 @@ impl Volume {
 
     /// The root directory's inode number.
     pub fn root(&self) -> u64 {
-        self.inner.lock().st.sb.root_ino
+        self.lock().st.sb.root_ino
     }
 
     /// I/O counters of the device.
     pub fn io_stats(&self) -> IoStats {
-        self.inner.lock().st.dev().stats()
+        self.lock().st.dev().stats()
     }
 
     /// Space and inode numbers. Blocks freed by the current delta count as free and
     /// available at once: an operation that needs them commits first. (`sync(1)` never
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
-        let g = self.inner.lock();
+        let g = self.lock();
         let s = &g.st.space;
         let bavail = s.available_after_commit(false);
         let per_block = INODES_PER_BLOCK - 1;
@@ -216,7 +226,7 @@ impl Volume {
 
     /// Number of entries in a directory (without . and ..), and its index depth.
     pub fn dir_stats(&self, ino: u64) -> Result<(u64, u16)> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let di = d.dir()?;
         Ok((di.entries, di.tree.depth))
@@ -224,7 +234,7 @@ impl Volume {
 
     /// Blocks of a directory's index (for readahead experiments and tests).
     pub fn dir_blocks(&self, ino: u64) -> Result<Vec<u64>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let t = d.dir()?.tree;
         btree::blocks(&mut g.st, &t, ino)
@@ -232,7 +242,7 @@ impl Volume {
 
     /// Run a repair on the lower layers inside the current delta (fsck).
     pub(crate) fn repair(&self, f: impl FnOnce(&mut Store) -> Result<()>) -> Result<()> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         g.check_writable()?;
         f(&mut g.st)
     }
@@ -240,7 +250,7 @@ impl Volume {
     /// How many xattr lists were read from xattr blocks so far (the storage reads the
     /// bloom filter exists to avoid).
     pub fn xattr_block_reads(&self) -> u64 {
-        self.inner.lock().st.xattr_block_reads
+        self.lock().st.xattr_block_reads
     }
 
     /// Drop clean cached metadata (a cold-cache start without remounting).
@@ -249,7 +259,7 @@ impl Volume {
         // forgets (an in-flight block's device copy may be stale).
         self.commit()?;
         let _j = self.journal.lock();
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if g.st.dirty_count() == 0 {
             g.st.clear_cache();
         }
@@ -260,7 +270,7 @@ impl Volume {
 impl Drop for Volume {
     fn drop(&mut self) {
         let (ro, failed) = {
-            let g = self.inner.lock();
+            let g = self.lock();
             (g.opts.read_only, g.failed)
         };
         if !ro && !failed {
@@ -276,6 +286,6 @@ impl Volume {
     /// a frontend that caught a panic inside the volume: memory may be half-changed,
     /// while the disk still holds the last committed delta.
     pub fn poison(&self) {
-        self.inner.lock().failed = true;
+        self.lock().failed = true;
     }
 }

@@ -134,7 +134,7 @@ impl Inner {
 impl Volume {
     /// Look a name up in a directory.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
@@ -231,7 +231,7 @@ impl Volume {
 
     /// The target of a symbolic link.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let i = g.st.inode(ino)?;
         if i.file_type() != Some(FileType::Symlink) {
             return Err(Error::Invalid("not a symlink".into()));

@@ -43,7 +43,7 @@ impl Volume {
     /// entry's `next` is the position to continue after it; positions stay valid while
     /// entries come and go.
     pub fn readdir(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let mut out = Vec::new();
         dir::read(&mut g.st, &d, pos, |e| {
@@ -57,7 +57,7 @@ impl Volume {
     /// sorted sweep before the attributes are filled in, and a directory read in order
     /// has its next leaves and their inode blocks read ahead, also in disk order.
     pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let mut ents = Vec::new();
         dir::read(&mut g.st, &d, pos, |e| {

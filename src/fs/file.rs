@@ -195,16 +195,41 @@ fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
     Ok(ino_loc(inode.ino).0 + 1)
 }
 
-/// Write back dirty pages: allocate fresh blocks for each run of consecutive pages,
-/// write the data, remap. The blocks were charged to the delta when the pages were
-/// dirtied. Works one allocated fragment at a time and stops early, leaving the rest in
-/// `pages`, once the delta's dirty metadata reaches `meta_limit` blocks, so the caller can
-/// commit and go on: every intermediate state maps each page either to its old block or
-/// to its new, fully written one. Returns the number of pages written.
-pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limit: usize) -> Result<u64> {
+/// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
+/// Write-back maps the blocks at once and leaves the writing to its caller, which does
+/// it without the volume lock and before the delta that maps them can commit.
+pub struct DataWrite {
+    pub phys: u64,
+    pub pages: Vec<Box<Block>>,
+}
+
+impl DataWrite {
+    /// One device request for the whole run.
+    pub fn write(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<()> {
+        let mut buf = Vec::with_capacity(self.pages.len() * BLOCK_SIZE);
+        for p in &self.pages {
+            buf.extend_from_slice(&p[..]);
+        }
+        dev.write(self.phys, &buf)
+    }
+}
+
+/// Write back dirty pages: allocate fresh blocks for each run of consecutive pages and
+/// remap; the data itself goes to `out`, for the caller to write before the delta commits.
+/// The blocks were charged to the delta when the pages were dirtied. Works one allocated
+/// fragment at a time and stops early, leaving the rest in `pages`, once the delta's dirty
+/// metadata reaches `meta_limit` blocks, so the caller can commit and go on: every
+/// intermediate state maps each page either to its old block or to its new one, whose
+/// data is in `out`. Returns the number of pages written back.
+pub fn writeback(
+    st: &mut Store,
+    inode: &mut Inode,
+    pages: &mut Pages,
+    meta_limit: usize,
+    out: &mut Vec<DataWrite>,
+) -> Result<u64> {
     let mark = usage_mark(st);
     let mut written = 0u64;
-    let mut buf = Vec::new();
     while let Some((&p0, _)) = pages.first_key_value() {
         if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
             break;
@@ -215,11 +240,8 @@ pub fn writeback(st: &mut Store, inode: &mut Inode, pages: &mut Pages, meta_limi
         }
         let goal = goal_for(st, inode, p0)?;
         let (phys, len) = st.space.alloc(goal, n, 1).ok_or(Error::NoSpace)?;
-        buf.clear();
-        for p in p0..p0 + len {
-            buf.extend_from_slice(&pages.remove(&p).expect("page of the run")[..]);
-        }
-        st.dev().write(phys, &buf)?;
+        let run = (p0..p0 + len).map(|p| pages.remove(&p).expect("page of the run")).collect();
+        out.push(DataWrite { phys, pages: run });
         unmap(st, inode, p0, p0 + len)?;
         map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;
         written += len;

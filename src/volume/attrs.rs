@@ -99,7 +99,7 @@ impl Volume {
 
     /// Change attributes (chmod, chown, truncate, utimens).
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
-        let mut g = self.charged(|g| {
+        let cost = |g: &mut Inner| {
             let i = g.st.inode(ino)?;
             if s.size.is_none() {
                 return Ok(Cost::new(0, 0, true));
@@ -111,7 +111,9 @@ impl Volume {
             }
             // Shrinking may split an extent, and rewrites the partial tail page.
             Ok(Cost::new(2 * extent_depth(&i) + 3 + Delta::writeback_meta(0, 1, extent_depth(&i)), 1, true))
-        })?;
+        };
+        // A truncate reads the new last page: its data must have landed.
+        let mut g = if s.size.is_some() { self.charged_on(ino, cost)? } else { self.charged(cost)? };
         let mut i = g.st.inode(ino)?;
         let t = now();
         if let Some(m) = s.mode {

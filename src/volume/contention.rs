@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use parking_lot::{Condvar, MutexGuard};
 
 use super::{Inner, Volume};
 
@@ -57,6 +57,16 @@ impl Deref for Held<'_> {
 impl DerefMut for Held<'_> {
     fn deref_mut(&mut self) -> &mut Inner {
         &mut self.guard
+    }
+}
+
+impl Held<'_> {
+    /// Release the lock until `cv` is notified (the wait is not counted as held).
+    pub(super) fn wait(&mut self, cv: &Condvar) {
+        let ns = self.since.elapsed().as_nanos() as u64;
+        self.counters.held_ns.fetch_add(ns, Ordering::Relaxed);
+        cv.wait(&mut self.guard);
+        self.since = Instant::now();
     }
 }
 

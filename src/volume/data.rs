@@ -140,6 +140,7 @@ impl Volume {
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let (plan, epoch, dev) = {
             let mut g = self.lock();
+            self.wait_landed(&mut g, ino)?;
             let i = g.st.inode(ino)?;
             match i.file_type() {
                 Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
@@ -158,6 +159,7 @@ impl Volume {
         if g.delta.epoch() == epoch {
             return Ok(out);
         }
+        self.wait_landed(&mut g, ino)?;
         let i = g.st.inode(ino)?;
         let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
         let g = &mut *g;
@@ -169,16 +171,19 @@ impl Volume {
         // Large writes go in chunks, each charged on its own; when one fails after others
         // succeeded, the write is short, as POSIX allows.
         let mut done = 0;
+        let bs = BLOCK_SIZE as u64;
         for chunk in data.chunks(WRITE_CHUNK) {
             let off = offset + done as u64;
-            let r = self
-                .charged(|g| {
-                    if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
-                        return Err(Error::Invalid("write to a symlink".into()));
-                    }
-                    g.write_cost(ino, off, chunk.len() as u64)
-                })
-                .and_then(|mut g| g.write(ino, off, chunk));
+            let cost = |g: &mut Inner| {
+                if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+                    return Err(Error::Invalid("write to a symlink".into()));
+                }
+                g.write_cost(ino, off, chunk.len() as u64)
+            };
+            // A partial page is read, modified and written: it must have landed.
+            let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;
+            let g = if partial { self.charged_on(ino, cost) } else { self.charged(cost) };
+            let r = g.and_then(|mut g| g.write(ino, off, chunk));
             match r {
                 Ok(n) => done += n,
                 Err(e) if done == 0 => return Err(e),
@@ -203,7 +208,7 @@ impl Volume {
         }
         let bs = BLOCK_SIZE as u64;
         let (s, e) = (offset / bs, end.div_ceil(bs));
-        let mut g = self.charged(|g| {
+        let mut g = self.charged_on(ino, |g| {
             let i = g.st.inode(ino)?;
             if i.file_type() != Some(FileType::RegularFile) {
                 return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });

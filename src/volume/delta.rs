@@ -8,8 +8,8 @@ use crate::engine::log::Journal;
 use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::{Error, Result};
-use crate::fs::file::{self, Pages};
-use std::collections::HashMap;
+use crate::fs::file::{self, DataWrite, Pages};
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 
@@ -18,6 +18,8 @@ use super::*;
 pub(super) struct Flight {
     pub(super) blocks: Vec<(u64, Box<Block>)>,
     pub(super) held: Vec<(u64, u64)>,
+    /// File data the delta's extent maps point at, written before its log.
+    pub(super) data: Vec<DataWrite>,
 }
 
 /// What an operation may need, charged before it changes anything.
@@ -67,6 +69,10 @@ pub(super) struct Delta {
     epoch: u64,
     /// Charge against the space budget (off only for A/B measurements).
     accounting: bool,
+    /// Files whose written-back pages are being written to the device without the volume
+    /// lock: their extent maps point at blocks not written yet, so reading their data
+    /// waits until the pages have landed.
+    in_flight: HashSet<u64>,
 }
 
 impl Delta {
@@ -79,6 +85,7 @@ impl Delta {
             seq,
             epoch: 0,
             accounting: opts.space_accounting,
+            in_flight: HashSet::new(),
         }
     }
 
@@ -88,6 +95,16 @@ impl Delta {
 
     pub(super) fn log_capacity(&self) -> u64 {
         self.log_capacity
+    }
+
+    /// Whether some of a file's written-back pages have not reached the device yet.
+    pub(super) fn in_flight(&self, ino: u64) -> bool {
+        self.in_flight.contains(&ino)
+    }
+
+    /// The data of the flight has been written: every file's blocks hold their data.
+    pub(super) fn landed(&mut self) {
+        self.in_flight.clear();
     }
 
     /// The dirty pages of a file, if it has any.
@@ -173,16 +190,23 @@ impl Delta {
             self.epoch += 1;
         }
         let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
+        let mut data = Vec::new();
         for ino in inos {
             let mut pages = self.dirty.remove(&ino).unwrap_or_default();
             let mut inode = st.inode(ino)?;
+            self.in_flight.insert(ino);
             loop {
-                let n = file::writeback(st, &mut inode, &mut pages, limit)?;
+                let n = file::writeback(st, &mut inode, &mut pages, limit, &mut data)?;
                 st.put_inode(&inode)?;
                 self.dirty_pages -= n;
                 st.space.settle_pages(n);
                 if pages.is_empty() {
                     break;
+                }
+                // The log is full: commit what is mapped so far, its data first (under
+                // the lock: only write-backs larger than a log area come here).
+                for w in data.drain(..) {
+                    w.write(&**st.dev())?;
                 }
                 st.space.release_deferred();
                 st.forget_freed();
@@ -192,14 +216,15 @@ impl Delta {
             }
         }
         st.space.clear_promises();
-        if st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
+        if data.is_empty() && st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
+            self.in_flight.clear();
             return Ok(None);
         }
         let held = st.space.begin_hold();
         st.freed_to_flight();
         let blocks = self.snapshot(st, state);
         st.space.keep_held(&held);
-        Ok(Some(Flight { blocks, held }))
+        Ok(Some(Flight { blocks, held, data }))
     }
 
     /// Seal the delta's metadata (bitmap and state block included) for the log.
@@ -256,7 +281,7 @@ impl Volume {
     /// Commit the current delta and wait until it is durable.
     pub(super) fn commit(&self) -> Result<()> {
         let mut journal = self.journal.lock();
-        let flight = {
+        let mut flight = {
             let mut g = self.lock();
             if g.failed {
                 return Err(Error::Failed);
@@ -273,9 +298,22 @@ impl Volume {
                 }
             }
         };
-        // The log and home writes run without the volume lock: the front end goes on
-        // with the next delta meanwhile.
+        // File data, then the log and home writes, all without the volume lock: the front
+        // end goes on with the next delta meanwhile. Only reads of the files being written
+        // back wait, and only for their data (`wait_landed`).
         let dev = self.lock().st.dev().clone();
+        let data = std::mem::take(&mut flight.data);
+        let wrote = data.iter().try_for_each(|w| w.write(&*dev));
+        drop(data);
+        {
+            let mut g = self.lock();
+            g.delta.landed();
+            if wrote.is_err() {
+                g.failed = true;
+            }
+            self.landed.notify_all();
+        }
+        wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
         let mut g = self.lock();
         match r {
@@ -290,11 +328,37 @@ impl Volume {
         }
     }
 
+    /// Wait until the data of file `ino` written back by a commit in flight is on the
+    /// device (its extent map may point at blocks not written yet). The lock is released
+    /// while waiting.
+    pub(super) fn wait_landed(&self, g: &mut Held<'_>, ino: u64) -> Result<()> {
+        while g.delta.in_flight(ino) {
+            g.wait(&self.landed);
+        }
+        if g.failed {
+            return Err(Error::Failed);
+        }
+        Ok(())
+    }
+
     /// Lock the volume for a change whose cost `cost` computes; if the current delta
     /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
     /// still cannot.
     pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
         self.charged_with(|g| Ok((cost(g)?, ()))).map(|(g, ())| g)
+    }
+
+    /// [`Volume::charged`] for a change that reads file `ino`'s data (a partial page, a
+    /// truncated tail): it also waits until a commit's write-back of that file has landed.
+    pub(super) fn charged_on(&self, ino: u64, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
+        loop {
+            let mut g = self.charged(&cost)?;
+            if !g.delta.in_flight(ino) {
+                return Ok(g);
+            }
+            // The lock is released while waiting, so the charge is made again.
+            self.wait_landed(&mut g, ino)?;
+        }
     }
 
     /// [`Volume::charged`], also handing back what the cost function read (typically the

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
@@ -94,6 +94,8 @@ pub struct Volume {
     inner: Mutex<Inner>,
     /// How long the volume lock is waited for and held (issue 14's serial share).
     lock_stats: LockCounters,
+    /// Notified when a commit's file data has reached the device (see `wait_landed`).
+    landed: Condvar,
     journal: Mutex<Journal>,
     read_only: bool,
 }
@@ -161,6 +163,7 @@ impl Volume {
         let vol = Volume {
             inner: Mutex::new(inner),
             lock_stats: LockCounters::default(),
+            landed: Condvar::new(),
             journal: Mutex::new(journal),
             read_only,
         };

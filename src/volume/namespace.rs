@@ -239,6 +239,7 @@ impl Volume {
         if let InodeData::InlineSymlink(t) = &i.data {
             return Ok(t[..i.size as usize].to_vec());
         }
+        self.wait_landed(&mut g, ino)?;
         let g = &mut *g;
         file::read(&mut g.st, &i, g.delta.pages(ino), 0, i.size as usize)
     }

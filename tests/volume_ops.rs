@@ -358,3 +358,70 @@ fn lock_use_is_counted() {
     assert!(d.held > std::time::Duration::ZERO, "{d:?}");
     close_and_check(dev, vol);
 }
+
+/// fallocate's ZERO_RANGE, COLLAPSE_RANGE and INSERT_RANGE, and copy_file_range, against
+/// a byte model of the file, with data both committed and still dirty.
+#[test]
+fn range_operations_match_a_model() {
+    let (dev, vol) = mem_volume(16_384);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    let bs = 4096usize;
+    let mut model: Vec<u8> = (0..64 * bs).map(|k| (k / bs * 7 + k % 251) as u8).collect();
+    // Many small extents: write pages in a scattered order across commits.
+    for (n, p) in (0..64).map(|k| (k * 37) % 64).enumerate() {
+        vol.write(f, (p * bs) as u64, &model[p * bs..(p + 1) * bs]).unwrap();
+        if n % 9 == 0 {
+            vol.sync().unwrap();
+        }
+    }
+    let check = |model: &Vec<u8>, what: &str| {
+        assert_eq!(vol.getattr(f).unwrap().size, model.len() as u64, "size after {what}");
+        assert!(vol.read(f, 0, model.len() + 10).unwrap() == *model, "content after {what}");
+    };
+    check(&model, "writes");
+    // Zero a range across page boundaries, keeping the size.
+    vol.zero_range(f, 5000, 20_000, true).unwrap();
+    model[5000..25_000].fill(0);
+    check(&model, "zero_range");
+    // Collapse pages 10..13 (committed data), then 3..4 with dirty pages around it.
+    vol.sync().unwrap();
+    vol.collapse_range(f, (10 * bs) as u64, (3 * bs) as u64).unwrap();
+    model.drain(10 * bs..13 * bs);
+    check(&model, "collapse of committed data");
+    vol.write(f, (2 * bs) as u64, &[0xEE; 4096 * 3]).unwrap();
+    model[2 * bs..5 * bs].fill(0xEE);
+    vol.collapse_range(f, (3 * bs) as u64, bs as u64).unwrap();
+    model.drain(3 * bs..4 * bs);
+    check(&model, "collapse of dirty data");
+    // Insert a hole of two pages at page 7.
+    vol.insert_range(f, (7 * bs) as u64, (2 * bs) as u64).unwrap();
+    model.splice(7 * bs..7 * bs, std::iter::repeat_n(0u8, 2 * bs));
+    check(&model, "insert");
+    vol.sync().unwrap();
+    check(&model, "sync");
+    // The rules: alignment, and ranges that reach the end.
+    assert!(matches!(vol.collapse_range(f, 100, 4096), Err(Error::Invalid(_))));
+    let size = model.len() as u64;
+    assert!(matches!(vol.collapse_range(f, size - 4096, 4096), Err(Error::Invalid(_))));
+    assert!(matches!(vol.insert_range(f, size, 4096), Err(Error::Invalid(_))));
+    // Zero past the end without keep_size grows the file.
+    vol.zero_range(f, size, 3000, false).unwrap();
+    model.resize(size as usize + 3000, 0);
+    check(&model, "zero_range past the end");
+    // Copy within the volume, to another file and back into a gap of the same file.
+    let g = vol.create(root, b"g", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(vol.copy_range(f, 1000, g, 0, 50_000).unwrap(), 50_000);
+    assert!(vol.read(g, 0, 60_000).unwrap() == model[1000..51_000]);
+    let n = vol.copy_range(f, size - 100, g, 0, 1_000_000).unwrap();
+    assert_eq!(n, 100 + 3000, "a copy stops at the end of the source");
+    assert!(matches!(vol.copy_range(f, 0, f, 100, 200), Err(Error::Invalid(_))), "overlap refused");
+    assert_eq!(vol.copy_range(f, 0, f, 200_000, 4096).unwrap(), 4096);
+    if model.len() < 200_000 + 4096 {
+        model.resize(200_000 + 4096, 0);
+    }
+    let head = model[..4096].to_vec();
+    model[200_000..204_096].copy_from_slice(&head);
+    check(&model, "copy within the file");
+    close_and_check(dev, vol);
+}

@@ -184,6 +184,34 @@ fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
     replace(st, inode, &[], &[e])
 }
 
+/// Move every extent at or after logical block `from` by `delta` blocks (collapse and
+/// insert range); an extent that straddles `from` is split there first. The caller makes
+/// sure the blocks the extents move onto are a hole.
+pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
+    let mark = usage_mark(st);
+    if let Some(e) = extents_in(st, inode, from, from + 1)?.first().copied() {
+        if e.logical < from {
+            let left = Extent { len: from - e.logical, ..e };
+            let right = Extent { logical: from, len: e.end() - from, phys: e.phys + (from - e.logical), ..e };
+            replace(st, inode, &[e], &[left, right])?;
+        }
+    }
+    let old = extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?;
+    let mut new = Vec::with_capacity(old.len());
+    for e in &old {
+        let logical = e.logical.checked_add_signed(delta).ok_or(Error::FileTooBig)?;
+        new.push(Extent { logical, ..*e });
+    }
+    replace(st, inode, &old, &new)?;
+    account(st, inode, mark);
+    Ok(())
+}
+
+/// Number of extents that end after logical block `from` (what a shift moves).
+pub fn extents_after(st: &mut Store, inode: &Inode, from: u64) -> Result<u64> {
+    Ok(extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?.len() as u64)
+}
+
 /// Where the data of logical block `lblk` should go: right after the block mapped
 /// just before it, or near the inode.
 fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {

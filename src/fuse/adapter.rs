@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::disk::format::FileType;
@@ -653,14 +654,47 @@ impl Filesystem for DxFuse {
         let _t = self.stats.timer(Op::Fallocate);
         const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let (keep, punch) = match mode {
-            0 => (false, false),
-            KEEP => (true, false),
-            PUNCH => (true, true),
-            _ => return reply.error(Errno::EOPNOTSUPP),
-        };
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        const ZERO_KEEP: i32 = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        const COLLAPSE: i32 = libc::FALLOC_FL_COLLAPSE_RANGE;
+        const INSERT: i32 = libc::FALLOC_FL_INSERT_RANGE;
         let ino = self.vol_ino(ino);
-        Self::reply_empty(reply, self.call("fallocate", |v| v.fallocate(ino, offset, length, keep, punch)));
+        let (o, n) = (offset, length);
+        let r = match mode {
+            0 => self.call("fallocate", |v| v.fallocate(ino, o, n, false, false)),
+            KEEP => self.call("fallocate", |v| v.fallocate(ino, o, n, true, false)),
+            PUNCH => self.call("fallocate", |v| v.fallocate(ino, o, n, true, true)),
+            ZERO => self.call("fallocate", |v| v.zero_range(ino, o, n, false)),
+            ZERO_KEEP => self.call("fallocate", |v| v.zero_range(ino, o, n, true)),
+            COLLAPSE => self.call("fallocate", |v| v.collapse_range(ino, o, n)),
+            INSERT => self.call("fallocate", |v| v.insert_range(ino, o, n)),
+            _ => Err(Errno::EOPNOTSUPP),
+        };
+        Self::reply_empty(reply, r);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let _t = self.stats.timer(Op::CopyFileRange);
+        let (src, dst) = (self.vol_ino(ino_in), self.vol_ino(ino_out));
+        // The reply counts bytes in 32 bits.
+        let len = len.min(u64::from(u32::MAX) & !0xfff);
+        match self.call("copy_file_range", |v| v.copy_range(src, offset_in, dst, offset_out, len)) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
     }
 }
 

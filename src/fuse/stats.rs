@@ -38,9 +38,10 @@ pub(super) enum Op {
     Access,
     Create,
     Fallocate,
+    CopyFileRange,
 }
 
-const OPS: [Op; 30] = [
+const OPS: [Op; 31] = [
     Op::Lookup,
     Op::Forget,
     Op::Getattr,
@@ -71,6 +72,7 @@ const OPS: [Op; 30] = [
     Op::Access,
     Op::Create,
     Op::Fallocate,
+    Op::CopyFileRange,
 ];
 
 impl Op {
@@ -107,6 +109,7 @@ impl Op {
             Op::Access => "ACCESS",
             Op::Create => "CREATE",
             Op::Fallocate => "FALLOCATE",
+            Op::CopyFileRange => "COPY_FILE_RANGE",
         }
     }
 }

@@ -149,6 +149,16 @@ impl Delta {
         space.settle_pages(n);
     }
 
+    /// Move the dirty pages of `ino` at or after page `from` by `delta` pages (collapse
+    /// and insert range); the pages they move onto are not dirty.
+    pub(super) fn shift_pages(&mut self, ino: u64, from: u64, delta: i64) {
+        let Some(pages) = self.dirty.get_mut(&ino) else { return };
+        let moved = pages.split_off(&from);
+        for (p, page) in moved {
+            pages.insert(p.saturating_add_signed(delta), page);
+        }
+    }
+
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
     pub(super) fn fits(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {

@@ -27,6 +27,7 @@ mod data;
 mod delta;
 mod mkfs;
 mod namespace;
+mod ranges;
 mod readdir;
 mod types;
 

@@ -215,12 +215,26 @@ pub fn extents_after(st: &mut Store, inode: &Inode, from: u64) -> Result<u64> {
 /// Where the data of logical block `lblk` should go: right after the block mapped
 /// just before it, or near the inode.
 fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
-    if lblk > 0 {
-        if let Some(e) = extents_in(st, inode, 0, lblk)?.last() {
-            return Ok(e.phys + e.len + lblk.saturating_sub(e.end()).min(64));
-        }
+    if let Some(e) = extent_before(st, inode, lblk)? {
+        return Ok(e.phys + e.len + lblk.saturating_sub(e.end()).min(64));
     }
     Ok(ino_loc(inode.ino).0 + 1)
+}
+
+/// The last extent that starts before logical block `lblk`: one tree descent, not a scan
+/// from the start of the file (write-back asks this once per run of pages).
+fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Extent>> {
+    if lblk == 0 {
+        return Ok(None);
+    }
+    match &inode.data {
+        InodeData::Extents { ext, n } => Ok(ext[..*n as usize].iter().rev().find(|e| e.logical < lblk).copied()),
+        InodeData::ExtentTree { tree, .. } => match btree::floor(st, tree, inode.ino, lblk - 1)? {
+            Some((k, v)) => Ok(Some(Extent::decode_value(k, &v)?)),
+            None => Ok(None),
+        },
+        _ => Ok(None),
+    }
 }
 
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.

@@ -1073,3 +1073,67 @@ fn fallocate_modes_and_copy_file_range() {
     m.unmount();
     s.fsck();
 }
+
+/// Writes cost one request, not two: the daemon drops setuid/setgid bits and file
+/// capabilities itself (HANDLE_KILLPRIV_V2), so the kernel stops asking for
+/// security.capability before every write. The rules still hold: a write or truncate by a
+/// user without CAP_FSETID drops setuid (and setgid with group execute), root's does not,
+/// and chown drops them.
+#[test]
+fn privileges_dropped_by_the_daemon() {
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        eprintln!("skipping privileges_dropped_by_the_daemon: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(32);
+    let m = s.mount(&["--allow-other"]);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let make = |name: &str, perm: u32| {
+        let p = s.path(name);
+        fs::write(&p, b"0123456789").unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(perm)).unwrap();
+        p
+    };
+    let (suid, sgid_x, sgid_nox) = (make("suid", 0o4777), make("sgid-x", 0o2777), make("sgid-nox", 0o2767));
+    for p in [&suid, &sgid_x, &sgid_nox] {
+        let out = as_nobody(&format!("printf abc >> '{}'", p.display()));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(mode(&suid), 0o777, "a write by nobody drops setuid");
+    assert_eq!(mode(&sgid_x), 0o777, "and setgid of a group-executable file");
+    assert_eq!(mode(&sgid_nox), 0o2767, "but not setgid without group execute");
+    // A plain file written by root in ten separate opens: no GETXATTR but the stats
+    // read's own. (Measured: the kernel still asks before each write by a user without
+    // CAP_FSETID, and before each write to a file that keeps a setgid bit.)
+    let plain = make("plain", 0o666);
+    // The first write after a mode change asks once (the kernel then marks it S_NOSEC).
+    fs::OpenOptions::new().append(true).open(&plain).unwrap().write_all(b"abc").unwrap();
+    let before = lookups_and_getxattrs(&s);
+    for _ in 0..10 {
+        fs::OpenOptions::new().append(true).open(&plain).unwrap().write_all(b"abc").unwrap();
+    }
+    let after = lookups_and_getxattrs(&s);
+    assert_eq!(after.1 - before.1, 1, "no GETXATTR per write (the stats read itself is one)");
+    // Root (CAP_FSETID) keeps them; a truncate by nobody drops them; so does chown.
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o4777)).unwrap();
+    fs::OpenOptions::new().append(true).open(&suid).unwrap().write_all(b"root").unwrap();
+    assert_eq!(mode(&suid), 0o4777, "root's write keeps setuid");
+    let out = as_nobody(&format!("truncate -s 2 '{}'", suid.display()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(mode(&suid), 0o777, "a truncate by nobody drops setuid");
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o4755)).unwrap();
+    std::os::unix::fs::chown(&suid, Some(0), None).unwrap();
+    assert_eq!(mode(&suid), 0o755, "chown drops setuid");
+    m.unmount();
+    s.fsck();
+}
+
+/// (LOOKUP, GETXATTR) requests served so far by the mount of `s`.
+fn lookups_and_getxattrs(s: &Scratch) -> (u64, u64) {
+    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = |op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
+    (n("LOOKUP"), n("GETXATTR"))
+}

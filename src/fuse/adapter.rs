@@ -204,7 +204,11 @@ impl Filesystem for DxFuse {
             | InitFlags::FUSE_MAX_PAGES
             // Symlinks never change, so the kernel may keep their targets.
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT
+            // The daemon drops setuid/setgid bits and file capabilities on write,
+            // truncate and chown itself: the kernel then marks inodes S_NOSEC and stops
+            // asking for security.capability (one GETXATTR) before every write.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         match self.opts.readdirplus {
             ReaddirPlus::Auto => want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
             ReaddirPlus::Always => want |= InitFlags::FUSE_DO_READDIRPLUS,
@@ -271,7 +275,7 @@ impl Filesystem for DxFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -288,8 +292,10 @@ impl Filesystem for DxFuse {
         reply: ReplyAttr,
     ) {
         let _t = self.stats.timer(Op::Setattr);
-        // The kernel has already applied the setuid/setgid clearing rules to `mode`;
-        // an ftruncate's handle names the same inode, which stays alive while open.
+        // The kernel applies the setuid/setgid clearing rules of chown to `mode`; with
+        // HANDLE_KILLPRIV_V2 a truncate's are the volume's (fuser does not pass the
+        // kernel's FATTR_KILL_SUIDGID, so CAP_FSETID is taken to mean root). An
+        // ftruncate's handle names the same inode, which stays alive while open.
         let ino = self.vol_ino(ino);
         let s = SetAttr {
             mode: mode.map(|m| m & 0o7777),
@@ -299,6 +305,7 @@ impl Filesystem for DxFuse {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime: ctime.map(vol_time),
+            drop_privileges: req.uid() != 0,
         };
         match self.call("setattr", |v| v.setattr(ino, &s)) {
             Ok(a) => reply.attr(&self.opts.attr_timeout, &self.attr(&a)),
@@ -418,14 +425,20 @@ impl Filesystem for DxFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _t = self.stats.timer(Op::Write);
         let ino = self.vol_ino(ino);
-        match self.call("write", |v| v.write(ino, offset, data)) {
+        // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
+        let r = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.call("write", |v| v.write_unprivileged(ino, offset, data))
+        } else {
+            self.call("write", |v| v.write(ino, offset, data))
+        };
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }

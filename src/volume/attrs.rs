@@ -27,6 +27,30 @@ impl Inner {
         })
     }
 
+    /// Drop the privileges a file grants, as the kernel does when a caller without
+    /// CAP_FSETID writes or truncates it, and on any chown of a non-directory: the setuid
+    /// bit, the setgid bit if the group may execute (without group execute the bit marks
+    /// mandatory locking and stays), and a file capability. Removing an xattr needs no
+    /// new block, like `removexattr`.
+    pub(super) fn drop_privileges(&mut self, i: &mut Inode) -> Result<()> {
+        if i.mode & libc::S_ISUID != 0 {
+            i.mode &= !libc::S_ISUID;
+        }
+        if i.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            i.mode &= !libc::S_ISGID;
+        }
+        let (idx, suffix) = xattr::split_name(b"security.capability")?;
+        if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, suffix, self.st.sb.filter_hashes()) {
+            return Ok(());
+        }
+        let mut list = xattr::load(&mut self.st, i)?;
+        if let Some(p) = list.iter().position(|x| x.idx == idx && x.name == suffix) {
+            list.remove(p);
+            xattr::store(&mut self.st, i, &list)?;
+        }
+        Ok(())
+    }
+
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.
     /// The xattr filter usually answers without reading anything.
     pub(super) fn acl_of(&mut self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
@@ -120,11 +144,19 @@ impl Volume {
             i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
             g.chmod_acl(&mut i)?;
         }
+        let chown = s.uid.is_some_and(|u| u != i.uid) || s.gid.is_some_and(|gid| gid != i.gid);
         if let Some(u) = s.uid {
             i.uid = u;
         }
         if let Some(gid) = s.gid {
             i.gid = gid;
+        }
+        // A chown of a non-directory drops what the file grants, as the kernel's
+        // chown_common does; so does a truncate by a caller without CAP_FSETID. A mode
+        // given in the same call is applied as given.
+        let truncating = s.size.is_some_and(|n| n != i.size);
+        if s.mode.is_none() && ((chown && !i.is_dir()) || (truncating && s.drop_privileges)) {
+            g.drop_privileges(&mut i)?;
         }
         if let Some(size) = s.size {
             if size != i.size {

@@ -53,7 +53,7 @@ impl Inner {
     }
 
     /// Write into dirty pages (charged by the caller).
-    pub(super) fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    pub(super) fn write(&mut self, ino: u64, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
         let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
@@ -87,6 +87,9 @@ impl Inner {
                 page[(from - ps) as usize..(to - ps) as usize]
                     .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             }
+        }
+        if drop_privileges {
+            self.drop_privileges(&mut i)?;
         }
         i.size = i.size.max(end);
         let t = now();
@@ -166,8 +169,20 @@ impl Volume {
         file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)
     }
 
-    /// Write `data` at `offset`; returns the bytes written.
+    /// Write `data` at `offset`; returns the bytes written. The file keeps its setuid
+    /// and setgid bits, as a write by a caller with CAP_FSETID does.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_as(ino, offset, data, false)
+    }
+
+    /// [`Volume::write`] by a caller without CAP_FSETID: the setuid bit, the setgid bit
+    /// of a group-executable file and a file capability (`security.capability`) are
+    /// dropped, as the kernel does for local filesystems.
+    pub fn write_unprivileged(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_as(ino, offset, data, true)
+    }
+
+    fn write_as(&self, ino: u64, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
         // Large writes go in chunks, each charged on its own; when one fails after others
         // succeeded, the write is short, as POSIX allows.
         let mut done = 0;
@@ -183,7 +198,7 @@ impl Volume {
             // A partial page is read, modified and written: it must have landed.
             let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;
             let g = if partial { self.charged_on(ino, cost) } else { self.charged(cost) };
-            let r = g.and_then(|mut g| g.write(ino, off, chunk));
+            let r = g.and_then(|mut g| g.write(ino, off, chunk, drop_privileges));
             match r {
                 Ok(n) => done += n,
                 Err(e) if done == 0 => return Err(e),
@@ -240,7 +255,7 @@ impl Volume {
             for (s, e) in zero_ranges {
                 if e > s {
                     let zeros = vec![0u8; (e - s) as usize];
-                    g.write(ino, s, &zeros)?;
+                    g.write(ino, s, &zeros, false)?;
                 }
             }
             i = g.st.inode(ino)?;

@@ -223,7 +223,7 @@ impl Volume {
             i.size = target.len() as u64;
             g.st.put_inode(&i)?;
         } else {
-            g.write(i.ino, 0, target)?;
+            g.write(i.ino, 0, target, false)?;
             i = g.st.inode(i.ino)?;
         }
         g.attr(&i)

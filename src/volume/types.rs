@@ -50,6 +50,9 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<Time>,
+    /// The caller lacks CAP_FSETID: a truncate drops the setuid and setgid bits and the
+    /// file capability (see [`Volume::write_unprivileged`](crate::Volume::write_unprivileged)).
+    pub drop_privileges: bool,
 }
 
 /// What `Volume::make` creates.

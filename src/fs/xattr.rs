@@ -8,10 +8,12 @@
 //! continuation blocks, owned by one inode. The namespace prefix is stored as an index
 //! (ext4's numbering).
 //!
-//! Filter: 32 bits in every inode; a name sets bit `xxh32(suffix, FILTER_SEED + index) & 31`
-//! (one hash function; docs/DESIGN.md says why). A clear bit proves the name is absent,
-//! so such a getxattr is answered without touching xattr storage. The filter is exact,
-//! recomputed on every change; an all-zero filter means "no xattrs at all".
+//! Filter: 32 bits in every inode; a name sets k bits (k chosen at mkfs, 11 by default;
+//! 1 on volumes with the older XATTR_FILTER flag), positions drawn from 5-bit fields of
+//! xxh32 hashes of the name (`filter_mask`; docs/FORMAT.md §9 specifies it, docs/DESIGN.md
+//! says why). A clear bit proves the name is absent, so such a getxattr is answered
+//! without touching xattr storage. The filter is exact, recomputed on every change; an
+//! all-zero filter means "no xattrs at all".
 
 use crate::disk::codec::*;
 use crate::disk::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
@@ -328,6 +330,12 @@ pub fn blocks_for(bytes: usize) -> u64 {
 }
 
 #[cfg(test)]
+/// The worked examples of docs/FORMAT.md §9 for k = 11 (`user.foo`, `system.posix_acl_access`).
+const FORMAT_MD_USER_FOO_K11: u32 = 0x806b_3400;
+#[cfg(test)]
+const FORMAT_MD_ACL_ACCESS_K11: u32 = 0x4169_4930;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -362,6 +370,24 @@ mod tests {
         // k = 1 is erofs's bit; the documented examples of docs/FORMAT.md.
         assert_eq!(filter_mask(1, b"foo", 1), 1 << 12);
         assert_eq!(filter_mask(2, b"", 1), 1 << 30);
+        // k = 11 (the mkfs default), computed from FORMAT.md's words, not from filter_mask:
+        // position i is the 5-bit field i mod 6 (from bit 0) of
+        // xxh32(suffix, 0x25BBE08F + index + (i div 6) * 0x9E3779B9).
+        let spec = |idx: u32, suffix: &[u8], k: u32| -> u32 {
+            (0..k).fold(0u32, |m, i| {
+                let seed = 0x25BB_E08Fu32.wrapping_add(idx).wrapping_add((i / 6).wrapping_mul(0x9E37_79B9));
+                let h = xxhash_rust::xxh32::xxh32(suffix, seed);
+                m | 1 << ((h >> (5 * (i % 6))) & 31)
+            })
+        };
+        for (idx, name) in [(1u8, &b"foo"[..]), (2, b""), (3, b""), (1, b"mime_type"), (4, b"selinux"), (5, b"x")] {
+            for k in [1, 2, 6, 7, 11, 12, 32] {
+                assert_eq!(filter_mask(idx, name, k), spec(u32::from(idx), name, k), "{idx} {name:?} k={k}");
+            }
+        }
+        // The k = 11 examples printed in FORMAT.md.
+        assert_eq!(filter_mask(1, b"foo", 11), FORMAT_MD_USER_FOO_K11);
+        assert_eq!(filter_mask(2, b"", 11), FORMAT_MD_ACL_ACCESS_K11);
         assert!(decode(1, &[1, 5, 0, 0, 0, 0, b'x']).is_err(), "overrun must be an error");
     }
 }

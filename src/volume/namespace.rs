@@ -131,6 +131,26 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Whether directory `dir` is `ancestor` or lies below it, walking `parent` fields up
+    /// to the root. A chain cannot be longer than the number of inodes: a longer walk is
+    /// a loop in corrupt metadata, reported instead of followed forever.
+    pub(super) fn is_within(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
+        let root = self.st.sb.root_ino;
+        let mut cur = dir;
+        for _ in 0..=self.state.inodes + 1 {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == root {
+                return Ok(false);
+            }
+            cur = self.st.inode(cur)?.parent;
+        }
+        Err(Error::corrupt(format!("directory {dir}: parent chain loops")))
+    }
+}
+
 impl Volume {
     /// Look a name up in a directory.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
@@ -351,34 +371,15 @@ impl Volume {
         }
         let mut si = g.st.inode(src.ino)?;
         // A directory may not move below itself.
-        if si.is_dir() && parent != newparent {
-            let mut cur = newparent;
-            let root = g.st.sb.root_ino;
-            let mut guard = 0u64;
-            while cur != root {
-                if cur == src.ino {
-                    return Err(Error::Invalid("cannot move a directory into itself".into()));
-                }
-                cur = g.st.inode(cur)?.parent;
-                guard += 1;
-                if guard > 1 << 20 {
-                    return Err(Error::corrupt("directory parent chain loops"));
-                }
-            }
+        if si.is_dir() && parent != newparent && g.is_within(newparent, src.ino)? {
+            return Err(Error::Invalid("cannot move a directory into itself".into()));
         }
         let t = now();
         if flags.exchange {
             let d = dst.unwrap();
             let mut di = g.st.inode(d.ino)?;
-            if di.is_dir() && parent != newparent {
-                let mut cur = parent;
-                let root = g.st.sb.root_ino;
-                while cur != root {
-                    if cur == d.ino {
-                        return Err(Error::Invalid("cannot move a directory into itself".into()));
-                    }
-                    cur = g.st.inode(cur)?.parent;
-                }
+            if di.is_dir() && parent != newparent && g.is_within(parent, d.ino)? {
+                return Err(Error::Invalid("cannot move a directory into itself".into()));
             }
             dir::replace(&mut g.st, &mut p, src.key, name, d.ino, d.ft)?;
             g.st.put_inode(&p)?;
@@ -478,4 +479,47 @@ fn new_owner(parent: &Inode, mode: u32, gid: u32) -> (u32, u32) {
     }
     let dir = mode & libc::S_IFMT == libc::S_IFDIR;
     (if dir { mode | libc::S_ISGID } else { mode }, parent.gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::disk::device::MemDevice;
+
+    /// A corrupt parent cycle under RENAME_EXCHANGE is reported as corruption, not walked
+    /// forever with the volume lock held (the exchange's walk once had no bound).
+    #[test]
+    fn exchange_over_a_parent_cycle_is_corruption() {
+        let dev = Arc::new(MemDevice::new(4096));
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Arc::new(Volume::open(dev, OpenOptions::default()).unwrap());
+        let root = vol.root();
+        let a = vol.mkdir(root, b"a", 0o755, 0, 0).unwrap().ino;
+        let b = vol.mkdir(a, b"b", 0o755, 0, 0).unwrap().ino;
+        vol.create(b, b"f", 0o644, 0, 0).unwrap();
+        let x = vol.mkdir(root, b"x", 0o755, 0, 0).unwrap().ino;
+        vol.mkdir(x, b"d", 0o755, 0, 0).unwrap();
+        {
+            // Damage: a's parent becomes b, so walking up from b never reaches the root.
+            let mut g = vol.lock();
+            let mut ai = g.st.inode(a).unwrap();
+            ai.parent = b;
+            g.st.put_inode(&ai).unwrap();
+        }
+        let (tx, rx) = mpsc::channel();
+        let v = vol.clone();
+        std::thread::spawn(move || {
+            let exchange = RenameFlags { noreplace: false, exchange: true };
+            let _ = tx.send(v.rename(b, b"f", x, b"d", exchange));
+        });
+        let r = rx.recv_timeout(Duration::from_secs(20)).expect("RENAME_EXCHANGE over a parent cycle never returned");
+        assert!(matches!(r, Err(Error::Corrupt(_))), "{r:?}");
+        // The plain rename's check reports it the same way.
+        let r = vol.rename(x, b"d", b, b"d2", RenameFlags::default());
+        assert!(matches!(r, Err(Error::Corrupt(_))), "{r:?}");
+        vol.poison();
+    }
 }

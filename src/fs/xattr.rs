@@ -203,7 +203,7 @@ pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
         put_u32(blk, 16, refs - 1);
         return Ok(1);
     }
-    st.xattr_shared.retain(|_, b| *b != head);
+    st.xattr_shared.forget_block(head);
     for b in &owned {
         st.free_meta(*b);
     }
@@ -212,14 +212,14 @@ pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
 
 /// Point the inode at an existing block holding exactly `bytes`, if one is known.
 fn share(st: &mut Store, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool> {
-    let Some(&b) = st.xattr_shared.get(&hash) else { return Ok(false) };
+    let Some(b) = st.xattr_shared.get(hash) else { return Ok(false) };
     // The index is only a hint: the block may have changed or gone since.
     let ok = st.space.is_used(b)
         && st.block(b, Some(XATTR_MAGIC)).is_ok_and(|blk| {
             get_u16(blk, 24) == 0 && get_u32(blk, 20) as usize == bytes.len() && &blk[HEAD..HEAD + bytes.len()] == bytes
         });
     if !ok {
-        st.xattr_shared.remove(&hash);
+        st.xattr_shared.forget_hash(hash);
         return Ok(false);
     }
     let blk = st.block_mut(b, Some(XATTR_MAGIC))?;

@@ -262,3 +262,38 @@ impl Volume {
         g.st.put_inode(&i)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::disk::device::MemDevice;
+    use crate::engine::store::XATTR_SHARE_HINTS;
+
+    /// The index of shareable xattr blocks stays bounded however many distinct lists
+    /// there are, and a freed block's hint goes with it (the release once scanned the whole
+    /// index: unlink cost grew with the number of files).
+    #[test]
+    fn shared_xattr_index_is_bounded() {
+        let dev = Arc::new(MemDevice::new(32_768));
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let root = vol.root();
+        let n = XATTR_SHARE_HINTS as u64 + 1000;
+        for i in 0..n {
+            let f = vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            // Too long for the inode: each list gets a block of its own.
+            let value = format!("{i:0>100}");
+            vol.setxattr(f, b"user.v", value.as_bytes(), XattrMode::Any).unwrap();
+        }
+        assert_eq!(vol.lock().st.xattr_shared.len(), XATTR_SHARE_HINTS, "bounded");
+        for i in 0..n {
+            vol.unlink(root, format!("f{i}").as_bytes()).unwrap();
+        }
+        assert!(vol.lock().st.xattr_shared.is_empty(), "freed blocks' hints are gone");
+        vol.close().unwrap();
+        let r = crate::fsck::check(dev, false, &mut |_| {}).unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+    }
+}

@@ -27,7 +27,8 @@ pub struct MkfsOptions {
     pub xattr_filter: bool,
     /// Bits each xattr name sets in the filter, 1..=32.
     pub filter_hashes: u8,
-    /// Blocks in each of the two log areas (default: 1/64 of the volume, 64..=8192).
+    /// Blocks in each of the two log areas, 64..=65536 (default: 1/64 of the volume,
+    /// within that range).
     pub log_blocks: Option<u32>,
 }
 

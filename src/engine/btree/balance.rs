@@ -204,7 +204,7 @@ pub(super) fn live_of(s: &mut impl NodeStore, blk: u64, owner: u64, level: u16) 
 
 /// Whether two siblings with these live bytes may become one node.
 pub(super) fn mergeable(a: usize, b: usize) -> bool {
-    // Merging an empty node moves nothing, so it never needs the 75% margin.
+    // Merging an empty node moves nothing, so it never needs the MERGE_MAX margin.
     a + b <= MERGE_MAX || a == 0 || b == 0
 }
 

@@ -37,22 +37,26 @@
 //! record bodies are zeroed when removed, so deleted names do not linger on disk;
 //! the heap is compacted only when an insert needs the dead space.
 //!
-//! # Balancing
+//! # Balancing (`balance.rs`)
 //!
-//! A node that cannot take a record splits at the byte midpoint into two halves
-//! of about 50%; the parent gains a separator, which may split it in turn, and a
-//! root split adds a level. All blocks a split chain needs are allocated before
-//! anything changes, so an insert that fails with `NoSpace` leaves the tree as it
-//! was. After a removal a node whose live bytes (slots + bodies) fall below 25% of
-//! the 4064 usable bytes merges with its left sibling, else its right one, under
-//! the same parent when the two fit in 75% of a node (an empty node always goes);
-//! the parent loses a separator and may merge in turn. The gap between splitting
-//! at 100% and merging at 25%/75% keeps churn at a boundary from splitting and
-//! merging the same nodes again and again. When two internal nodes merge, the two
-//! children that meet in the middle are merged too if one of them is underfull;
-//! so no two underfull siblings ever sit side by side, which is what lets a tree
-//! that empties shrink all the way: an internal root with one child is replaced
-//! by that child, and a leaf root without records is freed.
+//! A full leaf first tries to shift records into a sibling under the same parent that
+//! has at least 1/8 of a node free (a B*-tree's overflow: the parent's separator moves,
+//! nothing is allocated). Only when neither sibling has room does it split, at the byte
+//! midpoint of its records into two halves of about 50%; the parent gains a separator,
+//! which may split it in turn, and a root split adds a level. All blocks a split chain
+//! needs are allocated before anything changes, so an insert that fails with `NoSpace`
+//! leaves the tree as it was. After a removal a node whose live bytes (slots + bodies)
+//! fall below 45% of the 4064 usable bytes (`UNDERFULL`) merges with its left sibling,
+//! else its right one, under the same parent when the two fit in 90% of a node
+//! (`MERGE_MAX`; an empty node always goes); the parent loses a separator and may merge
+//! in turn. A leaf below 2/3 (`SPREAD_BELOW`) that cannot merge spreads its records over
+//! both siblings when the three fit in two at 90%, and is freed. The gap between
+//! splitting at 100% and merging at 45%/90% keeps churn at a boundary from splitting
+//! and merging the same nodes again and again. When two internal nodes merge, the two
+//! children that meet in the middle are merged too if one of them is underfull; so no
+//! two underfull siblings ever sit side by side, which is what lets a tree that empties
+//! shrink all the way: an internal root with one child is replaced by that child, and a
+//! leaf root without records is freed.
 
 use crate::disk::codec::Block;
 use crate::disk::format::TreeRoot;

@@ -175,6 +175,18 @@ impl Store {
         Ok(b)
     }
 
+    /// A mark for counting the blocks an operation allocates and frees: net blocks in
+    /// use (free + deferred frees fall when something is allocated).
+    pub fn usage_mark(&self) -> u64 {
+        self.space.free() + self.space.deferred()
+    }
+
+    /// Adjust an owner's block count (`inode.blocks`) by what was allocated and freed
+    /// since `mark`.
+    pub fn account(&self, blocks: &mut u64, mark: u64) {
+        *blocks = (*blocks + mark).saturating_sub(self.usage_mark());
+    }
+
     /// The device the volume lives on.
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         &self.dev

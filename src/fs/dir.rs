@@ -83,7 +83,7 @@ pub fn lookup(st: &mut Store, dir: &Inode, name: &[u8]) -> Result<Option<Found>>
 pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
     let h = name_key(st, name);
     let dir_ino = dir.ino;
-    let mark = crate::fs::file::usage_mark(st);
+    let mark = st.usage_mark();
     let limit = h + dir.dir()?.max_disp as u64;
     let mut key = h;
     let mut gap = false;
@@ -110,7 +110,7 @@ pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileTy
     btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), false)?;
     d.max_disp = d.max_disp.max(disp as u32);
     d.entries += 1;
-    crate::fs::file::account(st, dir, mark);
+    st.account(&mut dir.blocks, mark);
     dir.size = dir.blocks * 4096;
     Ok(key)
 }
@@ -118,7 +118,7 @@ pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileTy
 /// Remove the entry with `key` (found by `lookup`).
 pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
     let dir_ino = dir.ino;
-    let mark = crate::fs::file::usage_mark(st);
+    let mark = st.usage_mark();
     let d = dir.dir_mut()?;
     btree::remove(st, &mut d.tree, dir_ino, key)?.ok_or_else(|| Error::corrupt("directory entry vanished"))?;
     d.entries = d.entries.saturating_sub(1);
@@ -126,7 +126,7 @@ pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
         // An empty directory forgets its collision history too.
         d.max_disp = 0;
     }
-    crate::fs::file::account(st, dir, mark);
+    st.account(&mut dir.blocks, mark);
     dir.size = dir.blocks * 4096;
     Ok(())
 }
@@ -134,10 +134,10 @@ pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
 /// Point an existing entry at another inode (rename over an existing name).
 pub fn replace(st: &mut Store, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
     let dir_ino = dir.ino;
-    let mark = crate::fs::file::usage_mark(st);
+    let mark = st.usage_mark();
     let d = dir.dir_mut()?;
     btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), true)?;
-    crate::fs::file::account(st, dir, mark);
+    st.account(&mut dir.blocks, mark);
     dir.size = dir.blocks * 4096;
     Ok(())
 }

@@ -17,17 +17,6 @@ use crate::error::{Error, Result};
 /// Dirty pages of one file, by page index.
 pub type Pages = BTreeMap<u64, Box<Block>>;
 
-/// Net blocks in use (free + deferred frees fall when something is allocated).
-pub fn usage_mark(st: &Store) -> u64 {
-    st.space.free() + st.space.deferred()
-}
-
-/// Adjust `inode.blocks` by what happened since `mark`.
-pub fn account(st: &Store, inode: &mut Inode, mark: u64) {
-    let now = usage_mark(st);
-    inode.blocks = (inode.blocks + mark).saturating_sub(now);
-}
-
 /// Extents overlapping logical blocks `[start, end)`, in order.
 pub fn extents_in(st: &mut Store, inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
     let mut out = Vec::new();
@@ -134,9 +123,9 @@ fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) ->
 
 /// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
 pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
-    let mark = usage_mark(st);
+    let mark = st.usage_mark();
     unmap(st, inode, start, end)?;
-    account(st, inode, mark);
+    st.account(&mut inode.blocks, mark);
     Ok(())
 }
 
@@ -188,7 +177,7 @@ fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
 /// insert range); an extent that straddles `from` is split there first. The caller makes
 /// sure the blocks the extents move onto are a hole.
 pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
-    let mark = usage_mark(st);
+    let mark = st.usage_mark();
     if let Some(e) = extents_in(st, inode, from, from + 1)?.first().copied() {
         if e.logical < from {
             let left = Extent { len: from - e.logical, ..e };
@@ -203,7 +192,7 @@ pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result
         new.push(Extent { logical, ..*e });
     }
     replace(st, inode, &old, &new)?;
-    account(st, inode, mark);
+    st.account(&mut inode.blocks, mark);
     Ok(())
 }
 
@@ -270,7 +259,7 @@ pub fn writeback(
     meta_limit: usize,
     out: &mut Vec<DataWrite>,
 ) -> Result<u64> {
-    let mark = usage_mark(st);
+    let mark = st.usage_mark();
     let mut written = 0u64;
     while let Some((&p0, _)) = pages.first_key_value() {
         if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
@@ -288,7 +277,7 @@ pub fn writeback(
         map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;
         written += len;
     }
-    account(st, inode, mark);
+    st.account(&mut inode.blocks, mark);
     Ok(written)
 }
 
@@ -303,7 +292,7 @@ pub fn preallocate(
     max_blocks: u64,
     meta_limit: usize,
 ) -> Result<u64> {
-    let mark = usage_mark(st);
+    let mark = st.usage_mark();
     let mut at = start;
     let mut budget = max_blocks;
     let existing = extents_in(st, inode, start, end)?;
@@ -332,7 +321,7 @@ pub fn preallocate(
             budget -= len;
         }
     }
-    account(st, inode, mark);
+    st.account(&mut inode.blocks, mark);
     Ok(reached)
 }
 

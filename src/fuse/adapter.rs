@@ -16,9 +16,8 @@ use fuser::{
     WriteFlags,
 };
 
-use crate::disk::format::FileType;
-use crate::error::{Error, Result};
-use crate::volume::{self, Attr, Caller, NewNode, SetAttr, SetTime, Time, Volume, XattrMode};
+// The frontend sees only the library's public API.
+use crate::{Attr, Caller, Error, FileType, NewNode, Result, SetAttr, SetTime, Time, Volume, XattrMode};
 
 use super::lookups::LookupCounts;
 use super::stats::{Op, RequestStats};
@@ -374,7 +373,7 @@ impl Filesystem for DxFuse {
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
-        let f = volume::RenameFlags {
+        let f = crate::RenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };

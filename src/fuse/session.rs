@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-use crate::volume::Volume;
+use crate::Volume;
 
 use super::adapter::DxFuse;
 use super::FuseOptions;

@@ -161,3 +161,98 @@ impl Journal {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::device::MemDevice;
+
+    fn setup() -> (MemDevice, Layout, Journal) {
+        let layout = Layout::new(4096, 64).unwrap();
+        let dev = MemDevice::new(4096);
+        let (j, replay) = Journal::recover(&dev, layout, true).unwrap();
+        assert!(replay.is_empty() && j.seq == 0, "a blank device has nothing to replay");
+        (dev, layout, j)
+    }
+
+    /// A sealed metadata-like block for home `at`, filled with `fill`.
+    fn image(at: u64, fill: u8) -> (u64, Box<Block>) {
+        let mut b = Box::new([fill; BLOCK_SIZE]);
+        put_u32(&mut b[..], 0, 0x1234_5678);
+        seal(&mut b, at);
+        (at, b)
+    }
+
+    fn read(dev: &MemDevice, at: u64) -> Box<Block> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        dev.read(at, &mut b[..]).unwrap();
+        b
+    }
+
+    #[test]
+    fn the_newest_valid_commit_is_replayed() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 2), image(home + 1, 2)]).unwrap();
+        assert_eq!(j.seq, 2);
+        // Home writes lost (no flush after them): recovery puts the newest delta back.
+        dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
+        dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
+        let (j2, replay) = Journal::recover(&dev, layout, false).unwrap();
+        assert_eq!((j2.seq, j2.last_blocks, replay.len()), (2, 2, 2), "both areas valid: the higher sequence wins");
+        assert_eq!(read(&dev, home)[100], 0, "a read-only recovery writes nothing home");
+        Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!(read(&dev, home)[100], 2);
+        assert_eq!(read(&dev, home + 1)[100], 2);
+    }
+
+    #[test]
+    fn a_torn_commit_block_falls_back_to_the_older_delta() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 2)]).unwrap();
+        // Delta 2's commit block never fully reached the device (torn): not committed.
+        let at = layout.log_area(0);
+        let mut cb = read(&dev, at);
+        cb[2000..].fill(0xFF);
+        dev.write(at, &cb[..]).unwrap();
+        let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!((j2.seq, replay.len()), (1, 1));
+        assert_eq!(read(&dev, home)[100], 1, "delta 1's image is home");
+    }
+
+    #[test]
+    fn a_body_that_fails_its_checksum_is_corruption() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        // The commit block is valid but the body it vouches for is not what was flushed.
+        let body = layout.log_area(1) + 1;
+        let mut b = read(&dev, body);
+        b[0] ^= 1;
+        dev.write(body, &b[..]).unwrap();
+        assert!(matches!(Journal::recover(&dev, layout, true), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn bad_target_lists_are_corruption() {
+        let (dev, layout, _) = setup();
+        // Targets a commit may never name: block 0, the log itself, the backup superblock.
+        for bad in [0, layout.log_area(0) + 3, layout.backup_superblock()] {
+            let mut j = Journal { layout, seq: 0, last_blocks: 0 };
+            j.commit(&dev, &[image(bad, 9)]).unwrap();
+            let r = Journal::recover(&dev, layout, false);
+            assert!(matches!(r, Err(Error::Corrupt(_))), "target {bad}: {:?}", r.map(|(j, _)| j.seq));
+        }
+        // A count beyond what the area holds.
+        let at = layout.log_area(1);
+        let mut cb = read(&dev, at);
+        put_u64(&mut cb[..], 16, 7);
+        put_u32(&mut cb[..], 24, 10_000);
+        seal(&mut cb, at);
+        dev.write(at, &cb[..]).unwrap();
+        assert!(matches!(Journal::recover(&dev, layout, false), Err(Error::Corrupt(_))));
+    }
+}

@@ -13,6 +13,7 @@ use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::btree::NodeStore;
 use crate::engine::cache::{MetaCache, Windows};
+use crate::engine::log::Journal;
 use crate::engine::space::Space;
 use crate::error::{Error, Result};
 
@@ -42,6 +43,48 @@ pub struct Store {
     inode_density: f64,
     /// Prefetch sweeps so far (block mode samples windows again now and then).
     inode_sweeps: u64,
+}
+
+/// The engine of an opened volume: its log (recovered), the store (cache and free
+/// space) and the state block.
+pub struct Opened {
+    pub journal: Journal,
+    pub store: Store,
+    pub state: State,
+}
+
+/// The engine's one open sequence, shared by `Volume::open` and fsck: recover the log —
+/// replaying its newest delta on the device when `apply`, else overlaying it in the cache
+/// (pinned: a read-only open never writes) — then load free space and read the state
+/// block.
+pub fn open(
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    apply: bool,
+    cache_blocks: usize,
+    reserve_regions: bool,
+) -> Result<Opened> {
+    let (journal, replay) = Journal::recover(&*dev, sb.layout, apply)?;
+    let mut cache = MetaCache::new(cache_blocks);
+    if !apply {
+        for (b, img) in replay {
+            cache.pin(b, img)?;
+        }
+    }
+    let space = Space::load(&*dev, &mut cache, sb.layout).map_err(|e| context("free-space map", e))?;
+    let state = State::decode(cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)).map_err(|e| context("state block", e))?);
+    if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
+        return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
+    }
+    Ok(Opened { journal, store: Store::new(dev, cache, space, sb, reserve_regions), state })
+}
+
+/// Say which structure a corruption was found in.
+fn context(what: &str, e: Error) -> Error {
+    match e {
+        Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
+        e => e,
+    }
 }
 
 /// Xattr blocks remembered for sharing: enough for the distinct lists of a working set

@@ -11,9 +11,6 @@ use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::cache::MetaCache;
-use crate::engine::log::Journal;
-use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::Result;
 use crate::fs::dir;
@@ -184,13 +181,6 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     let sb = read_usable_superblock(&*dev)?;
     // A volume with features this fsck does not know may be checked but not changed.
     let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
-    let (_, replay) = Journal::recover(&*dev, sb.layout, repair)?;
-    let mut cache = MetaCache::new(1 << 16);
-    if !repair {
-        for (b, img) in replay {
-            cache.pin(b, img)?;
-        }
-    }
     let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
     // Both superblock copies must be intact and agree.
     let mut sb_fixes = Vec::new();
@@ -203,23 +193,16 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             Err(e) => sb_fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
         }
     }
-    let space = match Space::load(&*dev, &mut cache, sb.layout) {
-        Ok(s) => s,
-        Err(e) => {
-            r.errors.push(format!("free-space map unreadable: {e}"));
+    let (st, state) = match crate::engine::store::open(dev.clone(), sb.clone(), repair, 1 << 16, true) {
+        Ok(o) => (o.store, o.state),
+        Err(crate::error::Error::Corrupt(m)) => {
+            r.errors.push(format!("cannot open the volume: {m}"));
             return Ok(r);
         }
-    };
-    let state = match cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)) {
-        Ok(b) => State::decode(b),
-        Err(e) => {
-            r.errors.push(format!("state block unreadable: {e}"));
-            return Ok(r);
-        }
+        Err(e) => return Err(e),
     };
     let root = sb.root_ino;
     let w_sb = sb.clone();
-    let st = Store::new(dev.clone(), cache, space, sb, true);
     let mut w = Walk {
         st,
         r,

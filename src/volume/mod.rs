@@ -16,9 +16,7 @@ use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::cache::MetaCache;
 use crate::engine::log::Journal;
-use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::{Error, Result};
 
@@ -131,22 +129,8 @@ impl Volume {
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
             opts.read_only = true;
         }
-        // Read-only opens do not replay the log on the device: the newest delta's blocks
-        // are overlaid in the cache instead (pinned, as they are never written).
-        let (journal, replay) = Journal::recover(&*dev, sb.layout, !opts.read_only)?;
-        let mut cache = MetaCache::new(opts.cache_blocks);
-        if opts.read_only {
-            for (b, img) in replay {
-                cache.pin(b, img)?;
-            }
-        }
-        let space = Space::load(&*dev, &mut cache, sb.layout)?;
-        let state_blk = cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC))?;
-        let state = State::decode(state_blk);
-        if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
-            return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
-        }
-        let mut st = Store::new(dev, cache, space, sb, opts.reserve_regions);
+        let opened = crate::engine::store::open(dev, sb, !opts.read_only, opts.cache_blocks, opts.reserve_regions)?;
+        let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;
         let read_only = opts.read_only;
         let mut inner = Inner {

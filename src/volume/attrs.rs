@@ -126,7 +126,7 @@ impl Volume {
         let cost = |g: &mut Inner| {
             let i = g.st.inode(ino)?;
             if s.size.is_none() {
-                return Ok(Cost::new(0, 0, true));
+                return Ok((Cost::new(0, 0, true), i));
             }
             match i.file_type() {
                 Some(FileType::RegularFile) => {}
@@ -134,11 +134,11 @@ impl Volume {
                 _ => return Err(Error::Invalid("truncate of a special file".into())),
             }
             // Shrinking may split an extent, and rewrites the partial tail page.
-            Ok(Cost::new(2 * extent_depth(&i) + 3 + Delta::writeback_meta(0, 1, extent_depth(&i)), 1, true))
+            let depth = extent_depth(&i);
+            Ok((Cost::new(2 * depth + 3 + Delta::writeback_meta(0, 1, depth), 1, true), i))
         };
         // A truncate reads the new last page: its data must have landed.
-        let mut g = if s.size.is_some() { self.charged_on(ino, cost)? } else { self.charged(cost)? };
-        let mut i = g.st.inode(ino)?;
+        let (mut g, mut i) = if s.size.is_some() { self.charged_on_with(ino, cost)? } else { self.charged_with(cost)? };
         let t = now();
         if let Some(m) = s.mode {
             i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);

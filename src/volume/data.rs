@@ -35,12 +35,12 @@ impl Inner {
 
     /// The cost of writing `len` bytes at `offset`: one block per page not yet dirty, and
     /// the extent-map changes of its write-back.
-    pub(super) fn write_cost(&mut self, ino: u64, offset: u64, len: u64) -> Result<Cost> {
+    pub(super) fn write_cost(&mut self, i: &Inode, offset: u64, len: u64) -> Result<Cost> {
         let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        let i = self.st.inode(ino)?;
+        let ino = i.ino;
         if len == 0 {
             return Ok(Cost::new(0, 0, false));
         }
@@ -49,16 +49,17 @@ impl Inner {
         let have = self.delta.pages_in(ino, first, last);
         let before = self.delta.page_count(ino);
         let new = (last - first + 1) - have;
-        Ok(Cost::new(Delta::writeback_meta(before, before + new, extent_depth(&i)), new, false))
+        Ok(Cost::new(Delta::writeback_meta(before, before + new, extent_depth(i)), new, false))
     }
 
-    /// Write into dirty pages (charged by the caller).
-    pub(super) fn write(&mut self, ino: u64, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
+    /// Write into dirty pages (charged by the caller); `i` is the file's inode, decoded
+    /// under the same lock, and is stored with its new size and times.
+    pub(super) fn write(&mut self, i: &mut Inode, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
         let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        let mut i = self.st.inode(ino)?;
+        let ino = i.ino;
         // Regular files, and long symlink targets (written once at creation).
         match i.file_type() {
             Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
@@ -79,9 +80,9 @@ impl Inner {
                 let page = if full || ps >= i.size {
                     Box::new([0u8; BLOCK_SIZE])
                 } else {
-                    file::read_page(&mut self.st, &i, p)?
+                    file::read_page(&mut self.st, i, p)?
                 };
-                self.delta.add_page(&mut self.st.space, &i, p, page);
+                self.delta.add_page(&mut self.st.space, i, p, page);
             }
             if let Some(page) = self.delta.page_mut(ino, p) {
                 page[(from - ps) as usize..(to - ps) as usize]
@@ -89,13 +90,13 @@ impl Inner {
             }
         }
         if drop_privileges {
-            self.drop_privileges(&mut i)?;
+            self.drop_privileges(i)?;
         }
         i.size = i.size.max(end);
         let t = now();
         i.mtime = t;
         i.ctime = t;
-        self.st.put_inode(&i)?;
+        self.st.put_inode(i)?;
         Ok(data.len())
     }
 }
@@ -190,15 +191,16 @@ impl Volume {
         for chunk in data.chunks(WRITE_CHUNK) {
             let off = offset + done as u64;
             let cost = |g: &mut Inner| {
-                if g.st.inode(ino)?.file_type() == Some(FileType::Symlink) {
+                let i = g.st.inode(ino)?;
+                if i.file_type() == Some(FileType::Symlink) {
                     return Err(Error::Invalid("write to a symlink".into()));
                 }
-                g.write_cost(ino, off, chunk.len() as u64)
+                Ok((g.write_cost(&i, off, chunk.len() as u64)?, i))
             };
             // A partial page is read, modified and written: it must have landed.
             let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;
-            let g = if partial { self.charged_on(ino, cost) } else { self.charged(cost) };
-            let r = g.and_then(|mut g| g.write(ino, off, chunk, drop_privileges));
+            let g = if partial { self.charged_on_with(ino, cost) } else { self.charged_with(cost) };
+            let r = g.and_then(|(mut g, mut i)| g.write(&mut i, off, chunk, drop_privileges));
             match r {
                 Ok(n) => done += n,
                 Err(e) if done == 0 => return Err(e),
@@ -255,10 +257,9 @@ impl Volume {
             for (s, e) in zero_ranges {
                 if e > s {
                     let zeros = vec![0u8; (e - s) as usize];
-                    g.write(ino, s, &zeros, false)?;
+                    g.write(&mut i, s, &zeros, false)?;
                 }
             }
-            i = g.st.inode(ino)?;
             if first_full < last_full {
                 let g = &mut *g;
                 g.delta.drop_pages(&mut g.st.space, ino, |p| (first_full..last_full).contains(&p));

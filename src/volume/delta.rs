@@ -361,10 +361,19 @@ impl Volume {
     /// [`Volume::charged`] for a change that reads file `ino`'s data (a partial page, a
     /// truncated tail): it also waits until a commit's write-back of that file has landed.
     pub(super) fn charged_on(&self, ino: u64, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
+        self.charged_on_with(ino, |g| Ok((cost(g)?, ()))).map(|(g, ())| g)
+    }
+
+    /// [`Volume::charged_on`], also handing back what the cost function read.
+    pub(super) fn charged_on_with<T>(
+        &self,
+        ino: u64,
+        cost: impl Fn(&mut Inner) -> Result<(Cost, T)>,
+    ) -> Result<(Held<'_>, T)> {
         loop {
-            let mut g = self.charged(&cost)?;
+            let (mut g, read) = self.charged_with(&cost)?;
             if !g.delta.in_flight(ino) {
-                return Ok(g);
+                return Ok((g, read));
             }
             // The lock is released while waiting, so the charge is made again.
             self.wait_landed(&mut g, ino)?;

@@ -243,8 +243,7 @@ impl Volume {
             i.size = target.len() as u64;
             g.st.put_inode(&i)?;
         } else {
-            g.write(i.ino, 0, target, false)?;
-            i = g.st.inode(i.ino)?;
+            g.write(&mut i, 0, target, false)?;
         }
         g.attr(&i)
     }
@@ -267,18 +266,17 @@ impl Volume {
     /// Add a hard link.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         dir::check_name(newname)?;
-        let mut g = self.charged(|g| {
+        let (mut g, (mut p, mut i)) = self.charged_with(|g| {
             let p = g.dir_inode(newparent)?;
-            Ok(Cost::new(Inner::dir_cost(&p), 0, false))
+            let i = g.st.inode(ino)?;
+            Ok((Cost::new(Inner::dir_cost(&p), 0, false), (p, i)))
         })?;
-        let mut i = g.st.inode(ino)?;
         if i.is_dir() {
             return Err(Error::NotPermitted);
         }
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
-        let mut p = g.dir_inode(newparent)?;
         dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
         let t = now();
         i.nlink += 1;
@@ -348,15 +346,13 @@ impl Volume {
         if flags.noreplace && flags.exchange {
             return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
         }
-        let mut g = self.charged(|g| {
+        let (mut g, (mut p, np0)) = self.charged_with(|g| {
             let p = g.dir_inode(parent)?;
             let np = g.dir_inode(newparent)?;
-            Ok(Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true))
+            Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true), (p, np)))
         })?;
         let g = &mut *g;
-        let mut p = g.dir_inode(parent)?;
         let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
-        let np0 = g.dir_inode(newparent)?;
         let dst = dir::lookup(&mut g.st, &np0, newname)?;
         if flags.noreplace && dst.is_some() {
             return Err(Error::Exists);

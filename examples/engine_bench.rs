@@ -160,7 +160,8 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>) {
                 None => Arc::new(MemDevice::new(blocks)),
             };
             mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
-            let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
+            let vol =
+                Volume::open(dev.clone(), OpenOptions { measure_lock: true, ..Default::default() }).expect("open");
             let root = vol.root();
             let dirs: Vec<u64> = (0..threads)
                 .map(|t| {

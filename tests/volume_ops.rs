@@ -347,7 +347,9 @@ fn access_decisions() {
 /// counted (the serial share engine_bench --threads reports).
 #[test]
 fn lock_use_is_counted() {
-    let (dev, vol) = mem_volume(4096);
+    let dev = std::sync::Arc::new(MemDevice::new(4096));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions { measure_lock: true, ..Default::default() }).unwrap();
     let root = vol.root();
     let before = vol.lock_stats();
     for i in 0..100 {
@@ -356,6 +358,10 @@ fn lock_use_is_counted() {
     let d = vol.lock_stats().since(before);
     assert!(d.acquisitions >= 100, "{d:?}");
     assert!(d.held > std::time::Duration::ZERO, "{d:?}");
+    close_and_check(dev, vol);
+    let (dev, vol) = mem_volume(4096);
+    vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap();
+    assert_eq!(vol.lock_stats(), dxfs::LockStats::default(), "not measured unless asked");
     close_and_check(dev, vol);
 }
 

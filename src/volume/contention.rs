@@ -35,6 +35,8 @@ impl LockStats {
 
 #[derive(Default)]
 pub(super) struct LockCounters {
+    /// Whether to time at all (`OpenOptions::measure_lock`).
+    pub(super) enabled: bool,
     acquisitions: AtomicU64,
     waited_ns: AtomicU64,
     held_ns: AtomicU64,
@@ -43,8 +45,15 @@ pub(super) struct LockCounters {
 /// The volume lock, held; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
     guard: MutexGuard<'a, Inner>,
-    since: Instant,
+    /// When the lock was taken, if it is being measured.
+    since: Option<Instant>,
     counters: &'a LockCounters,
+}
+
+impl LockCounters {
+    pub(super) fn new(enabled: bool) -> LockCounters {
+        LockCounters { enabled, ..Default::default() }
+    }
 }
 
 impl Deref for Held<'_> {
@@ -63,33 +72,41 @@ impl DerefMut for Held<'_> {
 impl Held<'_> {
     /// Release the lock until `cv` is notified (the wait is not counted as held).
     pub(super) fn wait(&mut self, cv: &Condvar) {
-        let ns = self.since.elapsed().as_nanos() as u64;
-        self.counters.held_ns.fetch_add(ns, Ordering::Relaxed);
+        self.record();
         cv.wait(&mut self.guard);
-        self.since = Instant::now();
+        self.since = self.since.map(|_| Instant::now());
+    }
+
+    fn record(&self) {
+        if let Some(since) = self.since {
+            self.counters.held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let ns = self.since.elapsed().as_nanos() as u64;
-        self.counters.held_ns.fetch_add(ns, Ordering::Relaxed);
+        self.record();
     }
 }
 
 impl Volume {
     /// Take the volume lock (the only way the volume's state is reached).
     pub(super) fn lock(&self) -> Held<'_> {
+        let c = &self.lock_stats;
+        if !c.enabled {
+            return Held { guard: self.inner.lock(), since: None, counters: c };
+        }
         let t = Instant::now();
         let guard = self.inner.lock();
         let since = Instant::now();
-        let c = &self.lock_stats;
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
-        Held { guard, since, counters: c }
+        Held { guard, since: Some(since), counters: c }
     }
 
-    /// How the volume lock has been used since the volume was opened.
+    /// How the volume lock has been used since the volume was opened (all zero unless
+    /// opened with `OpenOptions::measure_lock`).
     pub fn lock_stats(&self) -> LockStats {
         let c = &self.lock_stats;
         LockStats {

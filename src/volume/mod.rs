@@ -133,6 +133,7 @@ impl Volume {
         let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;
         let read_only = opts.read_only;
+        let measure_lock = opts.measure_lock;
         let mut inner = Inner {
             st,
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
@@ -148,7 +149,7 @@ impl Volume {
         let orphans = inner.state.orphan_head != 0;
         let vol = Volume {
             inner: Mutex::new(inner),
-            lock_stats: LockCounters::default(),
+            lock_stats: LockCounters::new(measure_lock),
             landed: Condvar::new(),
             journal: Mutex::new(journal),
             read_only,

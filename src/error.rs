@@ -44,6 +44,8 @@ pub enum Error {
     NotSupported,
     /// Permission denied by mode bits or ACL (EACCES).
     AccessDenied,
+    /// The volume is in use: another process holds it open read-write (EBUSY).
+    Busy(String),
     /// The volume stopped accepting changes after an earlier failure (a commit that failed
     /// half way, or a panic in the volume): memory may no longer match any state on disk,
     /// which still holds the last committed delta. Reported as EIO; remount to recover.
@@ -72,6 +74,7 @@ impl Error {
             Error::TooBig => libc::E2BIG,
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::AccessDenied => libc::EACCES,
+            Error::Busy(_) => libc::EBUSY,
             Error::Failed => libc::EIO,
         }
     }
@@ -104,6 +107,7 @@ impl fmt::Display for Error {
             Error::TooBig => f.write_str("attribute too large"),
             Error::NotSupported => f.write_str("operation not supported"),
             Error::AccessDenied => f.write_str("permission denied"),
+            Error::Busy(m) => write!(f, "volume busy: {m}"),
             Error::Failed => f.write_str("the volume failed earlier and accepts no more changes; remount to recover"),
         }
     }

@@ -150,6 +150,14 @@ impl Mounted {
         assert_eq!(st.code(), Some(0), "dxfs mount exit status");
     }
 
+    /// The daemon, to be waited for later (after an unmount that did not wait for it).
+    fn detach_child(mut self) -> Child {
+        let child = self.child.take().expect("a foreground child");
+        // Not the Drop below: it would kill the daemon in the middle of its last commit.
+        std::mem::forget(self);
+        child
+    }
+
     /// SIGKILL the daemon mid-flight and detach the dead mount.
     fn kill9(mut self) {
         let mut child = self.child.take().unwrap();
@@ -1136,4 +1144,115 @@ fn lookups_and_getxattrs(s: &Scratch) -> (u64, u64) {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let n = |op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
     (n("LOOKUP"), n("GETXATTR"))
+}
+
+/// One writer per volume: a second read-write mount, a repairing fsck and mkfs of a
+/// mounted image are refused with a clear message; `fsck -n` runs but warns.
+#[test]
+fn one_writer_per_volume() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    fs::write(s.path("f"), b"kept").unwrap();
+    let other = s.tmp.path().join("mnt2");
+    fs::create_dir(&other).unwrap();
+    let second = dxfs().arg("mount").arg(&s.image).arg(&other).args(["-o", "lock_wait=0"]).output().unwrap();
+    assert_eq!(second.status.code(), Some(8), "a second read-write mount must be refused");
+    let msg = String::from_utf8_lossy(&second.stderr);
+    assert!(msg.contains("in use"), "the refusal says why: {msg}");
+    assert!(!is_mounted(&other));
+    let fsck = dxfs().arg("fsck").arg(&s.image).output().unwrap();
+    assert_eq!(fsck.status.code(), Some(8), "a repairing fsck of a mounted volume is refused");
+    assert!(String::from_utf8_lossy(&fsck.stderr).contains("unmount it first"));
+    let look = dxfs().arg("fsck").arg("-n").arg(&s.image).output().unwrap();
+    assert!(String::from_utf8_lossy(&look.stderr).contains("warning"), "fsck -n warns");
+    let mkfs = dxfs().arg("mkfs").arg("-f").arg(&s.image).output().unwrap();
+    assert_ne!(mkfs.status.code(), Some(0), "mkfs over a mounted volume is refused");
+    // The library refuses the same way.
+    let lib = dxfs::block::FileDevice::open(&s.image, false);
+    assert!(matches!(lib, Err(dxfs::Error::Busy(_))), "{:?}", lib.map(|_| ()));
+    m.unmount();
+    assert_eq!(fs::read(s.path("f")).unwrap_or_default(), b"", "unmounted");
+    s.fsck();
+    let m = s.mount(&[]);
+    assert_eq!(fs::read(s.path("f")).unwrap(), b"kept");
+    m.unmount();
+}
+
+/// Unmount and mount again at once, many times, on one directory, alternating two
+/// images: the exiting daemon never unmounts the next mount (of the other image, whose
+/// lock it does not hold), and a remount of the same image waits for the old daemon to
+/// let go of it. Every file written survives, and both volumes are clean.
+#[test]
+fn rapid_unmount_and_remount() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let other = s.tmp.path().join("image2");
+    mkfs(Arc::new(FileDevice::create(&other, 32 << 20).unwrap()), &MkfsOptions::default()).unwrap();
+    let images = [s.image.clone(), other.clone()];
+    let rounds = 30;
+    let mut daemons = Vec::new();
+    for round in 0..rounds {
+        let image = &images[round % 2];
+        let log = File::create(s.tmp.path().join(format!("daemon{round}.log"))).unwrap();
+        let child = dxfs().arg("mount").arg(image).arg(&s.mnt).stderr(log).spawn().unwrap();
+        let mut m = Mounted { child: Some(child), mnt: s.mnt.clone(), image: image.clone(), log: None };
+        m.wait_mounted();
+        if round > 0 {
+            // The previous daemon, of the other image, exits while this mount is live:
+            // this mount must still be there afterwards.
+            let st = wait_timeout(&mut daemons[round - 1], Duration::from_secs(20));
+            assert_eq!(st.code(), Some(0), "daemon of round {}", round - 1);
+            assert!(is_mounted(&s.mnt), "round {round}: the previous daemon unmounted this mount");
+        }
+        for earlier in (round % 2..round).step_by(2) {
+            let got =
+                fs::read(s.path(&format!("r{earlier}"))).unwrap_or_else(|e| panic!("round {round}: r{earlier}: {e}"));
+            assert_eq!(got, pattern(earlier as u64, 3000), "round {round}: r{earlier}");
+        }
+        fs::write(s.path(&format!("r{round}")), pattern(round as u64, 3000)).unwrap();
+        // Unmount with umount(8) and do not wait for the daemon: the next mount starts
+        // while the old daemon may still be committing (and exiting).
+        let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+        assert!(st.success(), "round {round}: umount");
+        daemons.push(m.detach_child());
+    }
+    for (i, mut d) in daemons.into_iter().enumerate() {
+        let st = wait_timeout(&mut d, Duration::from_secs(20));
+        assert_eq!(st.code(), Some(0), "daemon of round {i}");
+    }
+    for image in &images {
+        let out = dxfs().arg("fsck").arg("-n").arg(image).output().unwrap();
+        assert!(out.status.success(), "fsck {}: {}", image.display(), String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+/// `dxfs mount --daemon` lets go of its caller's output once the mount is live, so a
+/// caller capturing it (`out=$(dxfs mount … --daemon)`) returns at once.
+#[test]
+fn daemon_detaches_from_captured_output() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let t = Instant::now();
+    let script = format!(
+        "out=$('{}' mount '{}' '{}' --daemon 2>&1); echo \"[$out]\"",
+        env!("CARGO_BIN_EXE_dxfs"),
+        s.image.display(),
+        s.mnt.display()
+    );
+    let mut sh = Command::new("sh").arg("-c").arg(&script).stdout(Stdio::piped()).spawn().unwrap();
+    let st = wait_timeout(&mut sh, Duration::from_secs(15));
+    assert!(st.success());
+    let mut out = String::new();
+    sh.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "the caller waited {:?}", t.elapsed());
+    assert_eq!(out.trim(), "[]", "the daemon printed into its caller's output: {out}");
+    assert!(is_mounted(&s.mnt));
+    fs::write(s.path("x"), b"y").unwrap();
+    let m = Mounted { child: None, mnt: s.mnt.clone(), image: s.image.clone(), log: None };
+    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    assert!(st.success());
+    wait_unused(&s.image);
+    drop(m);
+    s.fsck();
 }

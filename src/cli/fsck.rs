@@ -22,8 +22,19 @@ pub struct FsckArgs {
 }
 
 pub fn run(a: FsckArgs) -> i32 {
+    // A repairing fsck opens read-write, which a mounted volume's lock refuses; a
+    // read-only check runs, but what it reads may be behind the mount's memory.
+    if a.no_change && FileDevice::in_use(&a.image) {
+        eprintln!(
+            "dxfs: warning: {} is in use (mounted?): checking what is on disk, which may lag behind",
+            a.image.display()
+        );
+    }
     let dev = match FileDevice::open(&a.image, a.no_change) {
         Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+        Err(e @ dxfs::Error::Busy(_)) => {
+            return fail(format!("{e}; unmount it first (or check it read-only with -n)"), 8)
+        }
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
     let bar = indicatif::ProgressBar::new_spinner();

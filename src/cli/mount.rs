@@ -23,7 +23,8 @@ pub struct MountArgs {
     /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
     /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
     /// negative_timeout=S (how long a missing name is cached; 0 asks every time),
-    /// commit=S (seconds between periodic commits, default 5),
+    /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
+    /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
     /// readdirplus=auto|always|never,
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
     /// as dev, nosuid, noauto, _netdev, defaults are ignored).
@@ -82,7 +83,12 @@ fn seconds(s: f64) -> Result<std::time::Duration, String> {
 }
 
 /// Apply one `-o` option.
-fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Result<(), String> {
+fn mount_option(
+    o: &mut FuseOptions,
+    v: &mut dxfs::OpenOptions,
+    lock_wait: &mut std::time::Duration,
+    opt: &str,
+) -> Result<(), String> {
     let (key, val) = match opt.split_once('=') {
         Some((k, v)) => (k, Some(v)),
         None => (opt, None),
@@ -101,6 +107,8 @@ fn mount_option(o: &mut FuseOptions, v: &mut dxfs::OpenOptions, opt: &str) -> Re
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
         "negative_timeout" => o.negative_timeout = seconds(num(val)?)?,
+        // Seconds a mount waits for the image's previous user (0: refuse at once).
+        "lock_wait" => *lock_wait = seconds(num(val)?)?,
         // As ext4's commit=: seconds between periodic commits.
         "commit" => o.sync_interval = seconds(num(val)?)?.max(std::time::Duration::from_millis(10)),
         "readdirplus" => {
@@ -133,8 +141,9 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     }
     let mut o = FuseOptions::default();
     let mut vol_opts = dxfs::OpenOptions::default();
+    let mut lock_wait = std::time::Duration::from_secs(10);
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
-        if let Err(e) = mount_option(&mut o, &mut vol_opts, opt) {
+        if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, opt) {
             return fail(e, 8);
         }
     }
@@ -199,7 +208,7 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
             }
         }
     }
-    let opened = FileDevice::open(&image, o.read_only)
+    let opened = open_waiting(&image, o.read_only, lock_wait)
         .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
     let vol = match opened {
         Ok(v) => Arc::new(v),
@@ -213,6 +222,11 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         // The parent waits for this line; it exits 0 once the mount is live.
         let mut out = std::io::stdout();
         let _ = writeln!(out, "ready").and_then(|_| out.flush());
+        // Then let go of the caller's terminal or pipes: `$(dxfs mount --daemon …)` and
+        // mount(8) must not wait for the daemon, nor get its log lines.
+        if let Err(e) = detach_stdio() {
+            tracing::warn!("cannot detach from the caller's output: {e}");
+        }
     }
     let mut stopper = mounted.stopper();
     let spawned = std::thread::Builder::new().name("dxfs-signals".into()).spawn(move || {
@@ -230,6 +244,39 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         Ok(()) => 0,
         Err(e) => fail(e, 8),
     }
+}
+
+/// Open the image read-write, waiting up to `wait` for a previous user to let go of it:
+/// after `umount` the old daemon may still be writing its last commit, and a remount
+/// right away must wait for it rather than fail (or, worse, write beside it).
+fn open_waiting(image: &Path, read_only: bool, wait: std::time::Duration) -> dxfs::Result<FileDevice> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut told = false;
+    loop {
+        match FileDevice::open(image, read_only) {
+            Err(dxfs::Error::Busy(m)) if std::time::Instant::now() < deadline => {
+                if !told {
+                    tracing::info!("{m}; waiting up to {wait:?} for it to be released");
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Point stdin, stdout and stderr at /dev/null, or stderr at the log file named by
+/// `DXFS_LOG` (the tracing writer follows fd 2).
+fn detach_stdio() -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    nix::unistd::dup2_stdin(&null)?;
+    nix::unistd::dup2_stdout(&null)?;
+    match std::env::var_os("DXFS_LOG") {
+        Some(path) => nix::unistd::dup2_stderr(std::fs::OpenOptions::new().create(true).append(true).open(path)?)?,
+        None => nix::unistd::dup2_stderr(&null)?,
+    }
+    Ok(())
 }
 
 /// Start `dxfs mount` again in the background and exit 0 once it reports the mount

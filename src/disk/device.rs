@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use nix::fcntl::{Flock, FlockArg};
 use parking_lot::RwLock;
 
 use crate::disk::codec::BLOCK_SIZE;
@@ -173,6 +174,9 @@ pub struct FileDevice {
     blocks: u64,
     read_only: bool,
     counters: Counters,
+    /// A read-write device holds an exclusive lock on the image or device (on a second
+    /// descriptor of the same open file) for as long as it is open: one writer per volume.
+    _lock: Option<Flock<File>>,
 }
 
 impl FileDevice {
@@ -231,7 +235,31 @@ impl FileDevice {
         // readahead on the image or device would fetch neighbours it did not ask for and
         // make "cold" reads warm. Advisory: failure changes nothing but speed.
         let _ = nix::fcntl::posix_fadvise(&file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM);
-        Ok(FileDevice { file, path: path.to_path_buf(), blocks, read_only, counters: Counters::default() })
+        let lock = if read_only { None } else { Some(Self::lock(&file, path)?) };
+        Ok(FileDevice { file, path: path.to_path_buf(), blocks, read_only, counters: Counters::default(), _lock: lock })
+    }
+
+    /// Take the exclusive lock of a read-write open, or say who is in the way. The lock
+    /// is advisory (flock): it keeps dxfs from opening one volume twice for writing (two
+    /// mounts, a mount and mkfs or a repairing fsck), which would silently lose one
+    /// side's deltas.
+    fn lock(file: &File, path: &Path) -> Result<Flock<File>> {
+        let dup = file.try_clone().map_err(|e| path_error(path, e))?;
+        match Flock::lock(dup, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => Ok(l),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(Error::Busy(format!(
+                "{} is in use by another process (mounted, or open read-write elsewhere)",
+                path.display()
+            ))),
+            Err((_, e)) => Err(path_error(path, e.into())),
+        }
+    }
+
+    /// Whether another process holds `path` open read-write through dxfs (a mount, mkfs or
+    /// a repairing fsck): what a read-only look such as `fsck -n` should warn about.
+    pub fn in_use(path: impl AsRef<Path>) -> bool {
+        let Ok(file) = File::open(path.as_ref()) else { return false };
+        matches!(Flock::lock(file, FlockArg::LockSharedNonblock), Err((_, nix::errno::Errno::EWOULDBLOCK)))
     }
 
     /// The path the device was opened with.

@@ -2,6 +2,9 @@
 //! adapter. This is the transport seam: the classic `/dev/fuse` loop of `fuser` today.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -20,9 +23,18 @@ pub struct Mounted {
     vol: Arc<Volume>,
     mountpoint: PathBuf,
     sync_interval: Duration,
+    /// Our mount's id in /proc/self/mountinfo, when dxfs mounted it itself (as root):
+    /// only that mount is ever unmounted, never a later one on the same path.
+    mount_id: Option<u64>,
 }
 
 /// Mount `vol` on `mountpoint` and return once the mount is live.
+///
+/// As root dxfs mounts the kernel side itself (mount(2) on a /dev/fuse descriptor), so
+/// it knows its mount's id and unmounts nothing else: after `umount` and a quick
+/// remount on the same directory, the exiting daemon leaves the new mount alone.
+/// Other users mount through fusermount3 (fuser's own mount, which may unmount the
+/// path at exit).
 pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
@@ -41,8 +53,83 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     // Each thread gets its own /dev/fuse descriptor, so they do not contend on one.
     cfg.clone_fd = opts.threads > 1;
     let fs = DxFuse::new(vol.clone(), opts.clone());
-    let session = Session::new(fs, mountpoint, &cfg)?;
-    Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval })
+    let (session, mount_id) = if nix::unistd::geteuid().is_root() {
+        let fd = kernel_mount(mountpoint, opts)?;
+        // The kernel answers nothing on the mount until INIT: find our mount's id in the
+        // mount table (which does not ask the file system) before the handshake.
+        let id = mount_id_of(mountpoint);
+        match Session::from_fd(fs, fd, cfg.acl, cfg) {
+            Ok(s) => (s, id),
+            Err(e) => {
+                let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                return Err(e);
+            }
+        }
+    } else {
+        (Session::new(fs, mountpoint, &cfg)?, None)
+    };
+    Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval, mount_id })
+}
+
+/// mount(2) a FUSE file system of type fuse.dxfs on `mountpoint`, served through a new
+/// /dev/fuse descriptor, which is returned.
+fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
+    use nix::mount::MsFlags;
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
+    let fd = OwnedFd::from(dev);
+    let root_mode = std::fs::metadata(mountpoint)?.permissions().mode() & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={},group_id={}",
+        fd.as_raw_fd(),
+        root_mode,
+        nix::unistd::geteuid(),
+        nix::unistd::getegid()
+    );
+    if opts.default_permissions {
+        data.push_str(",default_permissions");
+    }
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if opts.read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(Some(opts.fsname.as_str()), mountpoint, Some("fuse.dxfs"), flags, Some(data.as_str()))
+        .map_err(io::Error::from)?;
+    Ok(fd)
+}
+
+/// The id (first field of /proc/self/mountinfo) of the mount on `path`, the topmost if
+/// several are stacked there.
+fn mount_id_of(path: &Path) -> Option<u64> {
+    let want = path.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .rev()
+        .find_map(|l| {
+            let mut f = l.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let point = f.nth(3)?;
+            (unescape_mountinfo(point) == want).then_some(id)
+        })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 impl Mounted {
@@ -52,6 +139,7 @@ impl Mounted {
             unmounter: self.session.unmount_callable(),
             mountpoint: self.mountpoint.clone(),
             vol: self.vol.clone(),
+            mount_id: self.mount_id,
         }
     }
 
@@ -81,6 +169,7 @@ pub struct Stopper {
     unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     vol: Arc<Volume>,
+    mount_id: Option<u64>,
 }
 
 impl Stopper {
@@ -89,6 +178,21 @@ impl Stopper {
     pub fn stop(&mut self) -> io::Result<()> {
         if let Err(e) = self.vol.sync() {
             tracing::error!("commit failed: {e}");
+        }
+        if let Some(id) = self.mount_id {
+            // Our own mount: unmount it only if it is still the one on the path.
+            if mount_id_of(&self.mountpoint) != Some(id) {
+                tracing::info!("{} no longer holds this mount; nothing to unmount", self.mountpoint.display());
+                return Ok(());
+            }
+            return match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::empty()) {
+                Ok(()) => Ok(()),
+                Err(nix::errno::Errno::EBUSY) => {
+                    tracing::info!("{} is busy; detaching it", self.mountpoint.display());
+                    nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+                }
+                Err(e) => Err(e.into()),
+            };
         }
         // fuser's unmount gives up its claim on the mount even when it fails, so it
         // never unmounts the same path again (which might by then be another mount).

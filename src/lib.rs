@@ -40,6 +40,7 @@ mod volume;
 pub mod block {
     pub use crate::disk::device::*;
     pub use crate::disk::fault::*;
+    pub use crate::disk::probe::probe;
 }
 pub use disk::codec::BLOCK_SIZE;
 pub use disk::format::{FileType, Layout, Superblock, DEFAULT_FILTER_HASHES, MAX_FILE_SIZE};

@@ -107,3 +107,97 @@ fn debug_hash_matches_debugfs() {
         assert_eq!(got.trim(), want.trim(), "version {v} name {name}");
     }
 }
+
+/// mkfs refuses whatever an image or device already holds — another filesystem or any
+/// data — without --force, and leaves it untouched; it refuses a --size larger than a
+/// device; the root directory belongs to whoever runs mkfs unless -E root_owner says.
+#[test]
+fn mkfs_refuses_filesystems_and_data() {
+    let dir = tempfile::tempdir().unwrap();
+    // A real ext4 image (e2fsprogs).
+    let ext4 = dir.path().join("ext4.img");
+    std::fs::write(&ext4, vec![0u8; 8 << 20]).unwrap();
+    let made = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&ext4).status();
+    if made.is_ok_and(|s| s.success()) {
+        let before = std::fs::read(&ext4).unwrap();
+        let (code, _, err) = dxfs(&["mkfs", ext4.to_str().unwrap()]);
+        assert_eq!(code, 8, "{err}");
+        assert!(err.contains("ext2/ext3/ext4") && err.contains("--force"), "{err}");
+        assert!(std::fs::read(&ext4).unwrap() == before, "the ext4 image was changed");
+    } else {
+        eprintln!("mkfs.ext4 not found: the ext4 case is skipped");
+    }
+    // An XFS image, when xfsprogs is installed.
+    let xfs = dir.path().join("xfs.img");
+    std::fs::write(&xfs, vec![0u8; 300 << 20]).unwrap();
+    if Command::new("mkfs.xfs").args(["-q", "-f"]).arg(&xfs).status().is_ok_and(|s| s.success()) {
+        let (code, _, err) = dxfs(&["mkfs", xfs.to_str().unwrap()]);
+        assert_eq!(code, 8, "{err}");
+        assert!(err.contains("XFS"), "{err}");
+    }
+    std::fs::remove_file(&xfs).unwrap();
+    // A plain data file.
+    let data = dir.path().join("data.bin");
+    let bytes: Vec<u8> = (0..10u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let (code, _, err) = dxfs(&["mkfs", data.to_str().unwrap()]);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("holds data"), "{err}");
+    assert!(std::fs::read(&data).unwrap() == bytes, "the data file was changed");
+    // With --force it goes ahead; an empty (sparse) file needs no force.
+    let (code, out, err) = dxfs(&["mkfs", "-f", data.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let empty = dir.path().join("empty.img");
+    std::fs::File::create(&empty).unwrap().set_len(16 << 20).unwrap();
+    let (code, out, err) = dxfs(&["mkfs", empty.to_str().unwrap(), "-E", "root_owner=1234:5678"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let dev = std::sync::Arc::new(dxfs::block::FileDevice::open(&empty, true).unwrap());
+    let vol = dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let root = vol.getattr(vol.root()).unwrap();
+    assert_eq!((root.uid, root.gid), (1234, 5678));
+    drop(vol);
+    let (code, _, err) = dxfs(&["mkfs", "-f", empty.to_str().unwrap(), "-E", "root_owner=oops"]);
+    assert_eq!(code, 8, "{err}");
+    let (code, out, err) = dxfs(&["mkfs", "-f", empty.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let dev = std::sync::Arc::new(dxfs::block::FileDevice::open(&empty, true).unwrap());
+    let vol = dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+    let root = vol.getattr(vol.root()).unwrap();
+    assert_eq!((root.uid, root.gid), me, "the caller owns the root by default");
+    drop(vol);
+    for img in [&data, &empty] {
+        let (code, out, _) = dxfs(&["fsck", "-n", img.to_str().unwrap()]);
+        assert_eq!(code, 0, "{out}");
+    }
+    // --size larger than a block device is an error, not a smaller volume.
+    let backing = dir.path().join("loop.img");
+    std::fs::File::create(&backing).unwrap().set_len(32 << 20).unwrap();
+    let Ok(out) = Command::new("losetup").args(["-f", "--show"]).arg(&backing).output() else { return };
+    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || loopdev.is_empty() {
+        eprintln!("losetup failed: the block device case is skipped");
+        return;
+    }
+    let (code, _, err) = dxfs(&["mkfs", "-f", &loopdev, "--size", "64M"]);
+    let _ = Command::new("losetup").arg("-d").arg(&loopdev).status();
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("larger than the device"), "{err}");
+}
+
+/// A mount that other users can reach must keep the kernel's permission checks.
+#[test]
+fn allow_other_without_permission_checks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let (code, _, _) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "16M"]);
+    assert_eq!(code, 0);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let args = ["mount", img.to_str().unwrap(), mnt.to_str().unwrap(), "--allow-other", "--no-default-permissions"];
+    let (code, _, err) = dxfs(&args);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("allow_other needs the kernel's permission checks"), "{err}");
+    let (code, out, _) = dxfs(&["fsck", "-n", img.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+}

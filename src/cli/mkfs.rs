@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, FileDevice};
 use dxfs::hash::{format_seed, parse_seed, HashVersion};
-use dxfs::{mkfs, read_superblock, MkfsOptions};
+use dxfs::{mkfs, MkfsOptions};
 
 use super::{fail, parse_size};
 
@@ -36,9 +36,31 @@ pub struct MkfsArgs {
     #[arg(long, default_value_t = dxfs::DEFAULT_FILTER_HASHES,
           value_parser = clap::value_parser!(u8).range(1..=32))]
     xattr_filter_hashes: u8,
-    /// Overwrite an existing filesystem.
+    /// Overwrite whatever the image or device holds (a filesystem, or any data).
     #[arg(long, short = 'f')]
     force: bool,
+    /// Extended options, as mke2fs's: root_owner=UID:GID (the root directory's owner;
+    /// by default whoever runs mkfs).
+    #[arg(short = 'E', value_name = "OPTS")]
+    extended: Vec<String>,
+}
+
+/// The root directory's owner from `-E root_owner=UID:GID`, else the caller.
+fn root_owner(ext: &[String]) -> Result<(u32, u32), String> {
+    let mut owner = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+    for opt in ext.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        match opt.split_once('=') {
+            Some(("root_owner", v)) => {
+                let (u, g) = v.split_once(':').ok_or(format!("root_owner wants UID:GID, not {v:?}"))?;
+                owner = (
+                    u.parse().map_err(|_| format!("bad uid {u:?}"))?,
+                    g.parse().map_err(|_| format!("bad gid {g:?}"))?,
+                );
+            }
+            _ => return Err(format!("unknown extended option {opt:?}")),
+        }
+    }
+    Ok(owner)
 }
 
 pub fn run(a: MkfsArgs) -> i32 {
@@ -52,6 +74,10 @@ pub fn run(a: MkfsArgs) -> i32 {
         },
         None => None,
     };
+    let root_owner = match root_owner(&a.extended) {
+        Ok(o) => o,
+        Err(e) => return fail(e, 8),
+    };
     let exists = a.image.exists();
     let dev: Arc<dyn BlockDevice> = if exists {
         let d = match FileDevice::open(&a.image, false) {
@@ -60,7 +86,18 @@ pub fn run(a: MkfsArgs) -> i32 {
         };
         if let Some(sz) = &a.size {
             let Some(bytes) = parse_size(sz) else { return fail(format!("bad size {sz:?}"), 8) };
-            if bytes / 4096 > d.block_count() && std::fs::metadata(&a.image).map(|m| m.is_file()).unwrap_or(false) {
+            let is_file = std::fs::metadata(&a.image).map(|m| m.is_file()).unwrap_or(false);
+            if bytes / 4096 > d.block_count() && !is_file {
+                return fail(
+                    format!(
+                        "{}: --size {sz} is larger than the device ({} MiB)",
+                        a.image.display(),
+                        d.block_count() / 256
+                    ),
+                    8,
+                );
+            }
+            if bytes / 4096 > d.block_count() {
                 drop(d);
                 match FileDevice::create(&a.image, bytes / 4096 * 4096) {
                     Ok(d) => Arc::new(d),
@@ -85,8 +122,14 @@ pub fn run(a: MkfsArgs) -> i32 {
             Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
         }
     };
-    if exists && !a.force && read_superblock(&*dev).is_ok() {
-        return fail(format!("{} already holds a dxfs volume; use --force to overwrite it", a.image.display()), 8);
+    if exists && !a.force {
+        match dxfs::block::probe(&*dev) {
+            Ok(None) => {}
+            Ok(Some(what)) => {
+                return fail(format!("{} holds {what}; use --force to overwrite it", a.image.display()), 8)
+            }
+            Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
+        }
     }
     let o = MkfsOptions {
         label: a.label,
@@ -97,6 +140,7 @@ pub fn run(a: MkfsArgs) -> i32 {
         xattr_filter: !a.no_xattr_filter,
         filter_hashes: a.xattr_filter_hashes,
         log_blocks: None,
+        root_owner,
     };
     match mkfs(dev.clone(), &o) {
         Ok(sb) => {

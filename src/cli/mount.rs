@@ -45,7 +45,8 @@ pub struct MountArgs {
     /// Let other users use the mount.
     #[arg(long)]
     allow_other: bool,
-    /// Do not let the kernel check permissions (the daemon then allows everything).
+    /// Do not let the kernel check permissions: only for a mount no other user can reach
+    /// (refused together with --allow-other; the volume checks only access(2) itself).
     #[arg(long)]
     no_default_permissions: bool,
     /// Kernel write-back caching of file data (default off).
@@ -150,6 +151,15 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     o.read_only |= a.ro;
     o.allow_other |= a.allow_other;
     o.default_permissions &= !a.no_default_permissions;
+    if o.allow_other && !o.default_permissions {
+        // The volume decides `access(2)` itself, but not every open, read, chmod or
+        // chown: without the kernel's checks, other users could do all of them.
+        return fail(
+            "allow_other needs the kernel's permission checks: drop --no-default-permissions \
+             (without allow_other only the mounting user can reach the mount)",
+            8,
+        );
+    }
     if let Some(n) = a.threads {
         o.threads = n;
     }

@@ -7,3 +7,4 @@ pub mod device;
 pub mod fault;
 pub(crate) mod format;
 pub mod hash;
+pub mod probe;

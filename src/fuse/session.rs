@@ -105,14 +105,12 @@ fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
 fn mount_id_of(path: &Path) -> Option<u64> {
     let want = path.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .rev()
-        .find_map(|l| {
-            let mut f = l.split(' ');
-            let id = f.next()?.parse().ok()?;
-            let point = f.nth(3)?;
-            (unescape_mountinfo(point) == want).then_some(id)
-        })
+    info.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let id = f.next()?.parse().ok()?;
+        let point = f.nth(3)?;
+        (unescape_mountinfo(point) == want).then_some(id)
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

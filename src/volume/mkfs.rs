@@ -30,6 +30,8 @@ pub struct MkfsOptions {
     /// Blocks in each of the two log areas, 64..=65536 (default: 1/64 of the volume,
     /// within that range).
     pub log_blocks: Option<u32>,
+    /// Owner (uid, gid) of the root directory (mke2fs's `-E root_owner`).
+    pub root_owner: (u32, u32),
 }
 
 impl Default for MkfsOptions {
@@ -43,6 +45,7 @@ impl Default for MkfsOptions {
             xattr_filter: true,
             filter_hashes: DEFAULT_FILTER_HASHES,
             log_blocks: None,
+            root_owner: (0, 0),
         }
     }
 }
@@ -86,6 +89,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     st.sb.root_ino = root;
     let t = now();
     let mut ri = Inode::new(root, libc::S_IFDIR | 0o755);
+    (ri.uid, ri.gid) = o.root_owner;
     ri.nlink = 2;
     ri.parent = root;
     ri.atime = t;

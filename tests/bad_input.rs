@@ -206,3 +206,50 @@ fn device_size_is_respected() {
     let mut buf = vec![0u8; BLOCK_SIZE];
     assert!(dev.read(8, &mut buf).is_err());
 }
+
+/// One damaged inode block costs only its own entries: readdirplus lists every name of a
+/// 3,000-entry directory, the damaged entries without attributes (and failing on access),
+/// every other entry with its attributes.
+#[test]
+fn one_bad_inode_block_costs_only_its_entries() {
+    let (dev, vol) = mem_volume(16_384);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let files: Vec<u64> =
+        (0..3000).map(|i| vol.create(d, format!("f{i:04}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
+    vol.close().unwrap();
+    // Damage the inode block of file 1500 (and so its neighbours in that block).
+    let victim = dxfs::internals::ino_loc(files[1500]).0;
+    dev.write(victim, &[0xA5u8; BLOCK_SIZE]).unwrap();
+    let damaged: Vec<u64> = files.iter().copied().filter(|&i| dxfs::internals::ino_loc(i).0 == victim).collect();
+    assert!(damaged.len() >= 2, "{damaged:?}");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let mut pos = 0;
+    let (mut named, mut without) = (0, Vec::new());
+    loop {
+        let batch = vol.readdir_plus(d, pos, 256).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for (e, a) in &batch {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            named += 1;
+            match a {
+                Some(a) => assert_eq!(a.ino, e.ino),
+                None => without.push(e.ino),
+            }
+        }
+        pos = batch.last().unwrap().0.next;
+    }
+    assert_eq!(named, 3000, "every name is listed");
+    without.sort_unstable();
+    assert_eq!(without, damaged, "exactly the damaged block's entries come without attributes");
+    assert!(matches!(vol.getattr(damaged[0]), Err(Error::Corrupt(_))));
+    assert!(vol.getattr(files[0]).is_ok());
+    drop(vol);
+    // fsck reports the damage.
+    let r = dxfs::fsck::check(dev, false, &mut |_| {}).unwrap();
+    assert!(!r.errors.is_empty(), "fsck must see the damaged inode block");
+}

@@ -1256,3 +1256,33 @@ fn daemon_detaches_from_captured_output() {
     drop(m);
     s.fsck();
 }
+
+/// `ls` of a directory with one damaged inode block lists every name (READDIRPLUS sends
+/// the damaged entries without attributes); only those entries fail, with EIO.
+#[test]
+fn damaged_inode_block_lists_the_rest() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    fs::create_dir(s.path("d")).unwrap();
+    let mut inos = Vec::new();
+    for i in 0..3000 {
+        let p = s.path(&format!("d/f{i:04}"));
+        File::create(&p).unwrap();
+        inos.push(fs::metadata(&p).unwrap().ino());
+    }
+    m.unmount();
+    let victim = dxfs::internals::ino_loc(inos[1500]).0;
+    let mut img = OpenOptions::new().write(true).open(&s.image).unwrap();
+    img.seek(SeekFrom::Start(victim * 4096)).unwrap();
+    img.write_all(&[0xA5u8; 4096]).unwrap();
+    drop(img);
+    let damaged = inos.iter().filter(|&&i| dxfs::internals::ino_loc(i).0 == victim).count();
+    let m = s.mount(&[]);
+    let names = fs::read_dir(s.path("d")).unwrap().map(|e| e.unwrap().file_name()).count();
+    assert_eq!(names, 3000, "every name is listed");
+    assert_eq!(errno(fs::metadata(s.path("d/f1500"))), libc::EIO);
+    let failing = (0..3000).filter(|i| fs::metadata(s.path(&format!("d/f{i:04}"))).is_err()).count();
+    assert_eq!(failing, damaged, "only the damaged block's entries fail");
+    m.unmount();
+}

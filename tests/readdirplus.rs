@@ -48,7 +48,7 @@ proptest! {
         prop_assert_eq!(plus.len(), plain.len());
         for ((e, a), p) in plus.iter().zip(&plain) {
             prop_assert_eq!(e, p);
-            prop_assert_eq!(*a, vol.getattr(p.ino).unwrap());
+            prop_assert_eq!(*a, Some(vol.getattr(p.ino).unwrap()));
         }
         drop(vol);
         assert_clean(dev);

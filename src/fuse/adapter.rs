@@ -155,6 +155,11 @@ impl DxFuse {
         }
     }
 
+    /// Attributes for an entry whose inode cannot be read: its number and type only.
+    fn placeholder_attr(&self, ino: u64, ft: FileType) -> FileAttr {
+        FileAttr { ino: self.fuse_ino(ino), kind: kind(ft), nlink: 1, ..negative_attr() }
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, r: std::result::Result<Attr, Errno>) {
         match r {
             Ok(a) => {
@@ -517,20 +522,28 @@ impl Filesystem for DxFuse {
                 Err(e) => return reply.error(e),
             };
             for (e, a) in &batch {
-                let attr = self.attr(a);
+                // An entry whose inode could not be read goes out with placeholder
+                // attributes valid for no time: the name lists, and any access asks again
+                // (LOOKUP, GETATTR), which fails with EIO. (Node 0 would be the protocol's
+                // "no attributes", but fuser sends it as d_ino 0 too, which readdir(3)
+                // skips as a deleted entry.)
+                let (attr, generation, ttl) = match a {
+                    Some(a) => (self.attr(a), a.generation, self.opts.entry_timeout),
+                    None => (self.placeholder_attr(e.ino, e.ft), 0, Duration::ZERO),
+                };
                 let full = reply.add(
                     attr.ino,
                     e.next,
                     OsStr::from_bytes(&e.name),
-                    &self.opts.entry_timeout,
+                    &ttl,
                     &attr,
-                    Generation(u64::from(a.generation)),
+                    Generation(u64::from(generation)),
                 );
                 if full {
                     return reply.ok();
                 }
                 if e.name != b"." && e.name != b".." {
-                    self.lookups.add(a.ino);
+                    self.lookups.add(e.ino);
                 }
                 pos = e.next;
             }

@@ -56,7 +56,11 @@ impl Volume {
     /// readdir with attributes (seed 004): the batch's inode blocks are read in one
     /// sorted sweep before the attributes are filled in, and a directory read in order
     /// has its next leaves and their inode blocks read ahead, also in disk order.
-    pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+    ///
+    /// An entry whose inode cannot be read (a damaged inode block) comes without
+    /// attributes (`None`) rather than failing the batch: one bad block costs only its
+    /// own entries, which then fail on access, and the rest of the directory lists.
+    pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let mut ents = Vec::new();
@@ -73,12 +77,21 @@ impl Volume {
                 g.readahead.remove(&ino);
             }
             let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
-            g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS)?;
+            // Only a speed-up: a block the sweep cannot read is tried again one by one.
+            if let Err(e) = g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS) {
+                tracing::debug!("readdirplus sweep of directory {ino}: {e}");
+            }
         }
         let mut out = Vec::with_capacity(ents.len());
         for e in ents {
-            let i = g.st.inode(e.ino)?;
-            let a = g.attr(&i)?;
+            let a = match g.st.inode(e.ino).and_then(|i| g.attr(&i)) {
+                Ok(a) => Some(a),
+                Err(err @ (Error::Corrupt(_) | Error::Io(_))) => {
+                    tracing::error!("directory {ino}: entry {:?}: {err}", String::from_utf8_lossy(&e.name));
+                    None
+                }
+                Err(err) => return Err(err),
+            };
             out.push((e, a));
         }
         Ok(out)

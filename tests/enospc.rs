@@ -112,6 +112,10 @@ fn hammering_a_nearly_full_volume() {
     let dev = Arc::new(FaultDevice::new(base.to_bytes()));
     let vol = Arc::new(Volume::open(dev.clone(), OpenOptions::default()).unwrap());
     let root = vol.root();
+    // The threads' directories first: ENOSPC is a legal answer to a mkdir, but these
+    // must exist for the test to run whatever the other threads have filled meanwhile.
+    let dirs: Vec<u64> =
+        (0..4u64).map(|t| vol.mkdir(root, format!("t{t}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
     // Pre-fill to about 85%.
     let filler = vol.create(root, b"filler", 0o644, 0, 0).unwrap().ino;
     let fill = vol.statfs().bavail * 4096 * 85 / 100;
@@ -120,9 +124,9 @@ fn hammering_a_nearly_full_volume() {
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let vol = vol.clone();
+            let d = dirs[t as usize];
             std::thread::spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t);
-                let d = vol.mkdir(root, format!("t{t}").as_bytes(), 0o755, 0, 0).unwrap().ino;
                 // Model: what each file must contain, from acknowledged operations only.
                 let mut model: HashMap<String, (u64, Vec<u8>)> = HashMap::new();
                 let mut enospc = 0;

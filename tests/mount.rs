@@ -1279,7 +1279,7 @@ fn damaged_inode_block_lists_the_rest() {
     drop(img);
     let damaged = inos.iter().filter(|&&i| dxfs::internals::ino_loc(i).0 == victim).count();
     let m = s.mount(&[]);
-    let names = fs::read_dir(s.path("d")).unwrap().map(|e| e.unwrap().file_name()).count();
+    let names = fs::read_dir(s.path("d")).unwrap().filter(|e| e.is_ok()).count();
     assert_eq!(names, 3000, "every name is listed");
     assert_eq!(errno(fs::metadata(s.path("d/f1500"))), libc::EIO);
     let failing = (0..3000).filter(|i| fs::metadata(s.path(&format!("d/f{i:04}"))).is_err()).count();

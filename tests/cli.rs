@@ -201,3 +201,18 @@ fn allow_other_without_permission_checks_is_refused() {
     let (code, out, _) = dxfs(&["fsck", "-n", img.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
 }
+
+/// Mounting on a regular file is a clear error, before anything is mounted.
+#[test]
+fn mount_on_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    assert_eq!(dxfs(&["mkfs", img.to_str().unwrap(), "--size", "16M"]).0, 0);
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, _, err) = dxfs(&["mount", img.to_str().unwrap(), file.to_str().unwrap()]);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("not a directory"), "{err}");
+    let (code, out, _) = dxfs(&["fsck", "-n", img.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+}

@@ -431,3 +431,22 @@ fn range_operations_match_a_model() {
     check(&model, "copy within the file");
     close_and_check(dev, vol);
 }
+
+/// Names and targets with a NUL byte are refused with a message that says so (listxattr
+/// returns NUL-separated names; a symlink target is a C string).
+#[test]
+fn nul_bytes_are_refused() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    match vol.setxattr(f, b"user.a\0b", b"v", XattrMode::Any) {
+        Err(Error::Invalid(m)) => assert!(m.contains("NUL"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(vol.listxattr(f).unwrap(), Vec::<Vec<u8>>::new());
+    match vol.symlink(root, b"s", b"a\0b", 0, 0) {
+        Err(Error::Invalid(m)) => assert!(m.contains("NUL"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    close_and_check(dev, vol);
+}

@@ -218,6 +218,11 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
             }
         }
     }
+    // Checked before the volume is opened: the kernel would mount on a file too, and
+    // every access would then fail.
+    if !dir.is_dir() {
+        return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
+    }
     let opened = open_waiting(&image, o.read_only, lock_wait)
         .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
     let vol = match opened {

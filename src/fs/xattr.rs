@@ -54,6 +54,10 @@ pub fn split_name(name: &[u8]) -> Result<(u8, &[u8])> {
     if name.len() > 255 {
         return Err(Error::Range);
     }
+    // listxattr returns NUL-separated names: a NUL inside one would break the list.
+    if name.contains(&0) {
+        return Err(Error::Invalid("xattr name contains a NUL byte".into()));
+    }
     for (idx, p) in PREFIXES {
         if let Some(rest) = name.strip_prefix(*p) {
             // The ACL names are whole names, not prefixes.

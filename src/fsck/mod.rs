@@ -162,11 +162,21 @@ impl Walk<'_> {
                 if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
                     self.err(format!("inode {ino}: xattr filter {:#x} does not match its names", i.xattr_filter));
                 }
+                for x in list.iter().filter(|x| x.name.contains(&0)) {
+                    let name = xattr::full_name(x.idx, &x.name);
+                    self.err(format!(
+                        "inode {ino}: xattr name {:?} contains a NUL byte",
+                        String::from_utf8_lossy(&name)
+                    ));
+                }
             }
             Err(e) => self.err(format!("inode {ino}: xattrs unreadable: {e}")),
         }
         if owned != i.blocks {
             self.err(format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks));
+        }
+        if i.size > MAX_FILE_SIZE {
+            self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
         }
         if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
             self.err(format!("symlink {ino}: bad target length {}", i.size));

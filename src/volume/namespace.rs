@@ -223,8 +223,11 @@ impl Volume {
 
     /// Create a symbolic link.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
-        if target.is_empty() || target.contains(&0) {
+        if target.is_empty() {
             return Err(Error::Invalid("empty symlink target".into()));
+        }
+        if target.contains(&0) {
+            return Err(Error::Invalid("symlink target contains a NUL byte".into()));
         }
         if target.len() > SYMLINK_MAX {
             return Err(Error::NameTooLong);

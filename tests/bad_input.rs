@@ -253,3 +253,49 @@ fn one_bad_inode_block_costs_only_its_entries() {
     let r = dxfs::fsck::check(dev, false, &mut |_| {}).unwrap();
     assert!(!r.errors.is_empty(), "fsck must see the damaged inode block");
 }
+
+/// A damaged free-space map or state block: a read-write open refuses (it would allocate
+/// from a map it cannot read), a read-only open still reads everything, and fsck rebuilds
+/// both from the tree, after which the volume is clean, whole and writable.
+#[test]
+fn bitmap_and_state_are_rebuilt_from_the_tree() {
+    for what in ["bitmap", "state", "both"] {
+        let (dev, vol) = mem_volume(8192);
+        let root = vol.root();
+        let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+        let mut files = Vec::new();
+        for i in 0..200u64 {
+            let f = vol.create(d, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            vol.write(f, 0, &vec![i as u8; 5000 + i as usize * 100]).unwrap();
+            files.push(f);
+        }
+        vol.close().unwrap();
+        let sb = dxfs::read_superblock(&*dev).unwrap();
+        let garbage = [0x5Au8; BLOCK_SIZE];
+        if what != "state" {
+            dev.write(sb.layout.bitmap_start, &garbage).unwrap();
+        }
+        if what != "bitmap" {
+            dev.write(dxfs::internals::STATE_BLOCK, &garbage).unwrap();
+        }
+        assert!(matches!(Volume::open(dev.clone(), OpenOptions::default()), Err(Error::Corrupt(_))), "{what}");
+        let ro = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        for (i, f) in files.iter().enumerate() {
+            assert_eq!(ro.read(*f, 0, 1 << 20).unwrap(), vec![i as u8; 5000 + i * 100], "{what}: read-only read");
+        }
+        drop(ro);
+        let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+        assert_eq!(r.exit_code(), 4, "{what}: fsck -n reports the damage: {r:?}");
+        let r = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).unwrap();
+        assert!(r.errors.is_empty(), "{what}: {:?}", r.errors);
+        assert!(r.fixed.iter().any(|f| f.contains("rebuilt from the tree")), "{what}: {:?}", r.fixed);
+        assert_clean(dev.clone());
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        for (i, f) in files.iter().enumerate() {
+            assert_eq!(vol.read(*f, 0, 1 << 20).unwrap(), vec![i as u8; 5000 + i * 100], "{what}: after repair");
+        }
+        let g = vol.create(root, b"after", 0o644, 0, 0).unwrap().ino;
+        vol.write(g, 0, &[7u8; 100_000]).unwrap();
+        close_and_check(dev, vol);
+    }
+}

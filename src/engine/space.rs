@@ -74,6 +74,25 @@ impl Space {
         s
     }
 
+    /// A map with every block in use: for a read-only open whose bitmap cannot be read
+    /// (nothing is allocated from it, and statfs shows no free space).
+    pub fn all_used(layout: Layout) -> Space {
+        let mut s = Space::fresh(layout);
+        for w in s.words.iter_mut() {
+            *w = u64::MAX;
+        }
+        s.free = 0;
+        s
+    }
+
+    /// Mark block `b` in use (fsck rebuilding the map from the tree).
+    pub fn mark_used(&mut self, b: u64) {
+        if !self.is_used(b) {
+            self.set(b);
+            self.free -= 1;
+        }
+    }
+
     /// Tux3's reserve: 1/128 of the volume, between 32 and 128 blocks (but never more
     /// than a sixteenth of a tiny volume).
     pub fn reserve_for(block_count: u64) -> u64 {

@@ -64,6 +64,35 @@ pub fn open(
     cache_blocks: usize,
     reserve_regions: bool,
 ) -> Result<Opened> {
+    let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions)?;
+    if let Some(e) = o.damage.into_iter().next() {
+        return Err(e);
+    }
+    Ok(o.opened)
+}
+
+/// What a lenient open found damaged besides what it opened.
+pub struct LenientOpen {
+    pub opened: Opened,
+    /// The free-space map could not be read: `opened.store` holds a map with every block
+    /// in use (nothing can be allocated from it). The tree can rebuild it (fsck).
+    pub bitmap_damaged: bool,
+    /// The state block could not be read: `opened.state` holds a state with no orphans
+    /// and no inode count. The tree can rebuild it (fsck).
+    pub state_damaged: bool,
+    /// The errors behind the damage, in the order found.
+    pub damage: Vec<Error>,
+}
+
+/// [`open`] that gets past a damaged free-space map or state block, both derivable from
+/// the tree: fsck rebuilds them, and a read-only open still reads the namespace.
+pub fn open_lenient(
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    apply: bool,
+    cache_blocks: usize,
+    reserve_regions: bool,
+) -> Result<LenientOpen> {
     let (journal, replay) = Journal::recover(&*dev, sb.layout, apply)?;
     let mut cache = MetaCache::new(cache_blocks);
     if !apply {
@@ -71,12 +100,34 @@ pub fn open(
             cache.pin(b, img)?;
         }
     }
-    let space = Space::load(&*dev, &mut cache, sb.layout).map_err(|e| context("free-space map", e))?;
-    let state = State::decode(cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)).map_err(|e| context("state block", e))?);
+    let mut damage = Vec::new();
+    let space = match Space::load(&*dev, &mut cache, sb.layout) {
+        Ok(s) => s,
+        Err(e @ Error::Corrupt(_)) => {
+            damage.push(context("free-space map", e));
+            Space::all_used(sb.layout)
+        }
+        Err(e) => return Err(e),
+    };
+    let bitmap_damaged = !damage.is_empty();
+    let state = match cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)) {
+        Ok(b) => State::decode(b),
+        Err(e @ Error::Corrupt(_)) => {
+            damage.push(context("state block", e));
+            State { orphan_head: 0, next_generation: 1, commit_seq: journal.seq, inodes: 0 }
+        }
+        Err(e) => return Err(e),
+    };
+    let state_damaged = damage.len() > usize::from(bitmap_damaged);
     if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
         return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
     }
-    Ok(Opened { journal, store: Store::new(dev, cache, space, sb, reserve_regions), state })
+    Ok(LenientOpen {
+        opened: Opened { journal, store: Store::new(dev, cache, space, sb, reserve_regions), state },
+        bitmap_damaged,
+        state_damaged,
+        damage,
+    })
 }
 
 /// Say which structure a corruption was found in.

@@ -11,6 +11,8 @@ use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::btree;
+use crate::engine::cache::MetaCache;
+use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::Result;
 use crate::fs::dir;
@@ -33,6 +35,9 @@ pub struct Report {
     /// Directory index statistics: leaves and bytes used in them.
     pub dir_leaves: u64,
     pub dir_leaf_bytes: u64,
+    /// Damaged structures that follow from the tree (free-space map, state block), found
+    /// while opening: rebuilt by a repair (and listed in `fixed`), else errors.
+    pub rebuilt: Vec<String>,
 }
 
 impl Report {
@@ -203,14 +208,25 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             Err(e) => sb_fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
         }
     }
-    let (st, state) = match crate::engine::store::open(dev.clone(), sb.clone(), repair, 1 << 16, true) {
-        Ok(o) => (o.store, o.state),
-        Err(crate::error::Error::Corrupt(m)) => {
-            r.errors.push(format!("cannot open the volume: {m}"));
-            return Ok(r);
-        }
-        Err(e) => return Err(e),
-    };
+    // A damaged free-space map or state block does not stop the check: both follow from
+    // the tree, and are rebuilt from what the walk finds.
+    let (st, state, rebuild_bitmap, rebuild_state, journal_seq) =
+        match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true) {
+            Ok(o) => {
+                let damage: Vec<String> = o.damage.iter().map(|e| e.to_string()).collect();
+                let seq = o.opened.journal.seq;
+                let (b, s) = (o.bitmap_damaged, o.state_damaged);
+                for d in damage {
+                    r.rebuilt.push(d);
+                }
+                (o.opened.store, o.opened.state, b, s, seq)
+            }
+            Err(crate::error::Error::Corrupt(m)) => {
+                r.errors.push(format!("cannot open the volume: {m}"));
+                return Ok(r);
+            }
+            Err(e) => return Err(e),
+        };
     let root = sb.root_ino;
     let w_sb = sb.clone();
     let mut w = Walk {
@@ -387,6 +403,9 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         if owned {
             used += 1;
         }
+        if rebuild_bitmap {
+            continue; // the map is rebuilt from `owner` below
+        }
         if owned && !marked {
             w.err(format!("block {b} is in use but marked free"));
         } else if marked && !owned {
@@ -394,7 +413,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         }
     }
     w.r.blocks_used = used;
-    if state.inodes != w.r.inodes {
+    if state.inodes != w.r.inodes && !rebuild_state {
         w.err(format!("state block counts {} inodes, found {}", state.inodes, w.r.inodes));
     }
     let mut r = w.r;
@@ -422,6 +441,18 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     } else {
         r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
+    if !r.rebuilt.is_empty() {
+        if repair && r.errors.is_empty() {
+            // Written in place, outside any delta: a crash half way leaves them damaged
+            // again, and the next fsck rebuilds them again.
+            let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
+            let state = State { orphan_head: 0, next_generation, commit_seq: journal_seq, inodes: r.inodes };
+            rebuild(&*dev, layout, rebuild_bitmap.then_some(&w.owner), rebuild_state.then_some(state))?;
+            r.fixed.extend(r.rebuilt.iter().map(|d| format!("{d}: rebuilt from the tree")));
+        } else {
+            r.errors.extend(r.rebuilt.iter().map(|d| format!("{d} (a repair rebuilds it from the tree)")));
+        }
+    }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);
         repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes)?;
@@ -430,6 +461,31 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         r.errors.extend(msgs);
     }
     Ok(r)
+}
+
+/// Write a free-space map rebuilt from `owner` (every block the walk found owned, plus
+/// the fixed structures) and a rebuilt state block, in place, then flush.
+fn rebuild(
+    dev: &dyn BlockDevice,
+    layout: Layout,
+    owner: Option<&HashMap<u64, u64>>,
+    state: Option<State>,
+) -> Result<()> {
+    let mut cache = MetaCache::new(1024);
+    if let Some(owner) = owner {
+        let mut space = Space::fresh(layout);
+        for &b in owner.keys() {
+            space.mark_used(b);
+        }
+        space.write_out(&mut cache);
+    }
+    if let Some(state) = state {
+        state.encode_into(cache.fresh(STATE_BLOCK));
+    }
+    for (b, img) in cache.take_dirty() {
+        dev.write(b, &img[..])?;
+    }
+    dev.flush()
 }
 
 /// Apply the safe repairs inside one delta of an opened volume.

@@ -129,7 +129,17 @@ impl Volume {
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
             opts.read_only = true;
         }
-        let opened = crate::engine::store::open(dev, sb, !opts.read_only, opts.cache_blocks, opts.reserve_regions)?;
+        let opened = if opts.read_only {
+            // A damaged free-space map or state block does not keep a read-only open from
+            // reading the namespace (fsck rebuilds both from the tree).
+            let o = crate::engine::store::open_lenient(dev, sb, false, opts.cache_blocks, opts.reserve_regions)?;
+            for e in &o.damage {
+                tracing::warn!("{e}; read-only, without it (dxfs fsck rebuilds it)");
+            }
+            o.opened
+        } else {
+            crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions)?
+        };
         let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;
         let read_only = opts.read_only;

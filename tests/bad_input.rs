@@ -299,3 +299,49 @@ fn bitmap_and_state_are_rebuilt_from_the_tree() {
         close_and_check(dev, vol);
     }
 }
+
+/// A commit record damaged after it was durable must not silently roll the volume back
+/// past a completed sync: the home state block shows a newer delta than the newest
+/// readable commit, so the open is refused, unless rollback is explicitly allowed.
+/// (A commit record torn by a crash before its flush completed cannot look like this:
+/// home writes only start after it is durable — the crash tests cover that case.)
+#[test]
+fn a_damaged_newest_commit_is_not_a_silent_rollback() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let a = vol.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    vol.write(a, 0, b"first").unwrap();
+    vol.sync().unwrap();
+    let b = vol.create(root, b"b", 0o644, 0, 0).unwrap().ino;
+    vol.write(b, 0, b"second, synced").unwrap();
+    vol.sync().unwrap();
+    // Stop as a crash would: no clean close, so the newest commit is b's delta.
+    vol.poison();
+    drop(vol);
+    let sb = dxfs::read_superblock(&*dev).unwrap();
+    // Damage the newest valid commit block (the one with the higher sequence number).
+    let seq_of = |area: u64| {
+        let mut blk = [0u8; BLOCK_SIZE];
+        dev.read(area, &mut blk).unwrap();
+        u64::from_le_bytes(blk[16..24].try_into().unwrap())
+    };
+    let (a0, a1) = (
+        sb.layout.bitmap_start - 2 * u64::from(sb.layout.log_blocks),
+        sb.layout.bitmap_start - u64::from(sb.layout.log_blocks),
+    );
+    let newest = if seq_of(a0) > seq_of(a1) { a0 } else { a1 };
+    let mut blk = [0u8; BLOCK_SIZE];
+    dev.read(newest, &mut blk).unwrap();
+    blk[100] ^= 0xFF;
+    dev.write(newest, &blk).unwrap();
+    match Volume::open(dev.clone(), OpenOptions::default()) {
+        Err(Error::Corrupt(m)) => assert!(m.contains("damaged") && m.contains("rollback"), "{m}"),
+        r => panic!("a silent rollback: {:?}", r.map(|_| ())),
+    }
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert_eq!(r.exit_code(), 4, "fsck reports it: {r:?}");
+    // Allowed explicitly, the volume opens as of the older delta: `a` is there.
+    let vol = Volume::open(dev.clone(), OpenOptions { allow_rollback: true, ..Default::default() }).unwrap();
+    assert_eq!(vol.read(vol.lookup(root, b"a").unwrap().ino, 0, 100).unwrap(), b"first");
+    close_and_check(dev, vol);
+}

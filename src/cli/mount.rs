@@ -23,6 +23,8 @@ pub struct MountArgs {
     /// Mount options, comma-separated: ro, rw, default_permissions, allow_other,
     /// threads=N, writeback_cache, no_writeback_cache, attr_timeout=S, entry_timeout=S,
     /// negative_timeout=S (how long a missing name is cached; 0 asks every time),
+    /// recovery=rollback (open although the newest commit record is damaged, losing the
+    /// deltas after the newest readable one),
     /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
     /// readdirplus=auto|always|never,
@@ -125,6 +127,7 @@ fn mount_option(
         "noprefetch" => v.sorted_prefetch = false,
         "noxattrfilter" => v.use_xattr_filter = false,
         "noaccounting" => v.space_accounting = false,
+        "recovery" if val == Some("rollback") => v.allow_rollback = true,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
         "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
         | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"

@@ -97,13 +97,18 @@ impl Journal {
             out.push((t, img));
         }
         if apply {
-            for (t, img) in &out {
-                dev.write(*t, &img[..])?;
-            }
-            dev.flush()?;
+            Self::apply(dev, &out)?;
         }
         let last_blocks = out.len();
         Ok((Journal { layout, seq, last_blocks }, out))
+    }
+
+    /// Write a recovered delta's blocks home, and make them durable.
+    pub fn apply(dev: &dyn BlockDevice, blocks: &BlockImages) -> Result<()> {
+        for (t, img) in blocks {
+            dev.write(*t, &img[..])?;
+        }
+        dev.flush()
     }
 
     /// Blocks one delta may log.

@@ -63,8 +63,9 @@ pub fn open(
     apply: bool,
     cache_blocks: usize,
     reserve_regions: bool,
+    allow_rollback: bool,
 ) -> Result<Opened> {
-    let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions)?;
+    let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions, allow_rollback)?;
     if let Some(e) = o.damage.into_iter().next() {
         return Err(e);
     }
@@ -92,10 +93,34 @@ pub fn open_lenient(
     apply: bool,
     cache_blocks: usize,
     reserve_regions: bool,
+    allow_rollback: bool,
 ) -> Result<LenientOpen> {
-    let (journal, replay) = Journal::recover(&*dev, sb.layout, apply)?;
+    // The state block at home names the last delta whose home writes began; those begin
+    // only after its commit block is durable. A newest valid commit older than that means
+    // a committed commit block was damaged since: recovering would silently roll the
+    // volume back past a completed sync (a torn commit block of a delta that never
+    // completed cannot look like this). Read before any replay overwrites it.
+    let home_seq = {
+        let mut b = [0u8; BLOCK_SIZE];
+        dev.read(STATE_BLOCK, &mut b)?;
+        verify(&b, STATE_BLOCK, Some(STATE_MAGIC)).ok().map(|_| State::decode(&b).commit_seq)
+    };
+    let (journal, replay) = Journal::recover(&*dev, sb.layout, false)?;
+    if let Some(home) = home_seq.filter(|&h| h > journal.seq) {
+        if !allow_rollback {
+            return Err(Error::corrupt(format!(
+                "the commit record of delta {home} is damaged: the newest readable one is delta {}, and \
+                 recovering from it would lose what was committed after it (open with rollback \
+                 allowed, `-o recovery=rollback`, to accept that)",
+                journal.seq
+            )));
+        }
+        tracing::warn!("rolling back from delta {home}, whose commit record is damaged, to delta {}", journal.seq);
+    }
     let mut cache = MetaCache::new(cache_blocks);
-    if !apply {
+    if apply {
+        Journal::apply(&*dev, &replay)?;
+    } else {
         for (b, img) in replay {
             cache.pin(b, img)?;
         }

@@ -211,7 +211,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
     let (st, state, rebuild_bitmap, rebuild_state, journal_seq) =
-        match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true) {
+        match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true, false) {
             Ok(o) => {
                 let damage: Vec<String> = o.damage.iter().map(|e| e.to_string()).collect();
                 let seq = o.opened.journal.seq;

@@ -132,13 +132,20 @@ impl Volume {
         let opened = if opts.read_only {
             // A damaged free-space map or state block does not keep a read-only open from
             // reading the namespace (fsck rebuilds both from the tree).
-            let o = crate::engine::store::open_lenient(dev, sb, false, opts.cache_blocks, opts.reserve_regions)?;
+            let o = crate::engine::store::open_lenient(
+                dev,
+                sb,
+                false,
+                opts.cache_blocks,
+                opts.reserve_regions,
+                opts.allow_rollback,
+            )?;
             for e in &o.damage {
                 tracing::warn!("{e}; read-only, without it (dxfs fsck rebuilds it)");
             }
             o.opened
         } else {
-            crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions)?
+            crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions, opts.allow_rollback)?
         };
         let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;

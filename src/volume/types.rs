@@ -124,6 +124,10 @@ pub struct OpenOptions {
     /// Time how long the volume lock is waited for and held (`Volume::lock_stats`).
     /// Off by default: reading the clock three times per operation costs ~0.1 µs here.
     pub measure_lock: bool,
+    /// Open even when the newest commit record is damaged and recovering means losing
+    /// deltas committed after the newest readable one (`-o recovery=rollback`). Off: such
+    /// a volume is refused with a corruption error.
+    pub allow_rollback: bool,
 }
 
 impl Default for OpenOptions {
@@ -137,6 +141,7 @@ impl Default for OpenOptions {
             sorted_prefetch: true,
             space_accounting: true,
             measure_lock: false,
+            allow_rollback: false,
         }
     }
 }

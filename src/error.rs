@@ -56,6 +56,13 @@ impl Error {
     /// The errno this error is reported as through FUSE.
     pub fn errno(&self) -> i32 {
         match self {
+            // The storage under the volume ran out (a sparse image's host file system):
+            // the caller's write failed for want of space, whatever happens after.
+            Error::Io(e)
+                if e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded =>
+            {
+                libc::ENOSPC
+            }
             Error::Io(_) | Error::Corrupt(_) => libc::EIO,
             Error::NoSpace => libc::ENOSPC,
             Error::NotFound => libc::ENOENT,

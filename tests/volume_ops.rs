@@ -450,3 +450,58 @@ fn nul_bytes_are_refused() {
     }
     close_and_check(dev, vol);
 }
+
+/// The file system holding a sparse image runs full: the write that needed the space
+/// fails with ENOSPC and a message that says where the space ran out, the volume refuses
+/// further changes, and what was committed before is intact (fsck clean) once reopened.
+#[test]
+fn host_file_system_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
+        .arg(&host)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping host_file_system_full: cannot mount a small tmpfs (not root?)");
+        return;
+    }
+    let run = || {
+        let img = host.join("v.img");
+        let dev = Arc::new(dxfs::block::FileDevice::create(&img, 64 << 20).unwrap());
+        dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let root = vol.root();
+        let kept = vol.create(root, b"kept", 0o644, 0, 0).unwrap().ino;
+        vol.write(kept, 0, b"committed before the host filled").unwrap();
+        vol.sync().unwrap();
+        let f = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+        let mut failure = None;
+        for i in 0..40u64 {
+            let r = vol.write(f, i << 20, &[1u8; 1 << 20]).and_then(|_| vol.sync());
+            if let Err(e) = r {
+                failure = Some(e);
+                break;
+            }
+        }
+        let e = failure.expect("a 6 MiB host cannot take 40 MiB");
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+        assert!(e.to_string().contains("holding the image is full"), "{e}");
+        assert!(matches!(vol.create(root, b"more", 0o644, 0, 0), Err(Error::Failed)));
+        drop(vol);
+        drop(dev);
+        let dev = Arc::new(dxfs::block::FileDevice::open(&img, false).unwrap());
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let k = vol.lookup(root, b"kept").unwrap().ino;
+        assert_eq!(vol.read(k, 0, 100).unwrap(), b"committed before the host filled");
+        vol.close().unwrap();
+        assert_clean(dev);
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+    let _ = std::process::Command::new("umount").arg(&host).status();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+}

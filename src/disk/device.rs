@@ -262,6 +262,22 @@ impl FileDevice {
         matches!(Flock::lock(file, FlockArg::LockSharedNonblock), Err((_, nix::errno::Errno::EWOULDBLOCK)))
     }
 
+    /// A failed write, said plainly when the file system holding a sparse image is full
+    /// (the volume cannot go on: the delta being written is lost, the last committed one
+    /// is intact).
+    fn write_error(&self, e: io::Error) -> Error {
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+            return Error::Io(io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: the file system holding the image is full ({e}); free space there, then remount",
+                    self.path.display()
+                ),
+            ));
+        }
+        path_error(&self.path, e)
+    }
+
     /// The path the device was opened with.
     pub fn path(&self) -> &Path {
         &self.path
@@ -300,7 +316,7 @@ impl BlockDevice for FileDevice {
             return Err(Error::ReadOnly);
         }
         let n = check_request("write", block, buf.len(), self.blocks)?;
-        self.file.write_all_at(buf, block * BS)?;
+        self.file.write_all_at(buf, block * BS).map_err(|e| self.write_error(e))?;
         self.counters.write(n);
         Ok(())
     }

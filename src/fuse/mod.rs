@@ -18,10 +18,12 @@ use std::time::Duration;
 
 mod adapter;
 mod lookups;
+mod mountinfo;
 mod session;
 mod stats;
 
 pub use adapter::{DxFuse, STATS_XATTR};
+pub use mountinfo::dxfs_mounts;
 pub use session::{mount, Mounted, Stopper};
 
 /// How a volume is served.

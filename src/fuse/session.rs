@@ -3,7 +3,6 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -15,6 +14,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::Volume;
 
 use super::adapter::DxFuse;
+use super::mountinfo::mount_id_of;
 use super::FuseOptions;
 
 /// A live mount: the kernel has completed INIT, so the file system is usable.
@@ -98,36 +98,6 @@ fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
     nix::mount::mount(Some(opts.fsname.as_str()), mountpoint, Some("fuse.dxfs"), flags, Some(data.as_str()))
         .map_err(io::Error::from)?;
     Ok(fd)
-}
-
-/// The id (first field of /proc/self/mountinfo) of the mount on `path`, the topmost if
-/// several are stacked there.
-fn mount_id_of(path: &Path) -> Option<u64> {
-    let want = path.canonicalize().ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let id = f.next()?.parse().ok()?;
-        let point = f.nth(3)?;
-        (unescape_mountinfo(point) == want).then_some(id)
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 impl Mounted {

@@ -1,0 +1,61 @@
+//! Reading /proc/self/mountinfo: which mount is on a path, and where dxfs is mounted.
+//! Reading it asks no file system anything, so it is safe while a mount is half set up.
+
+use std::path::{Path, PathBuf};
+
+/// (mount id, mount point, file system type) of each line, in mount order.
+fn entries() -> Vec<(u64, PathBuf, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mut f = left.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let point = unescape(f.nth(3)?);
+            Some((id, point, right.split(' ').next()?.to_string()))
+        })
+        .collect()
+}
+
+/// The id of the mount on `path`, the topmost if several are stacked there.
+pub(super) fn mount_id_of(path: &Path) -> Option<u64> {
+    let want = path.canonicalize().ok()?;
+    entries().into_iter().rev().find(|(_, p, _)| *p == want).map(|(id, _, _)| id)
+}
+
+/// Where volumes are mounted through FUSE as type `fuse.dxfs`.
+pub fn dxfs_mounts() -> Vec<PathBuf> {
+    entries().into_iter().filter(|(_, _, t)| t == "fuse.dxfs").map(|(_, p, _)| p).collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(super::unescape("/mnt/a\\040b"), std::path::PathBuf::from("/mnt/a b"));
+        assert_eq!(super::unescape("/plain"), std::path::PathBuf::from("/plain"));
+        assert_eq!(super::unescape("/x\\134y"), std::path::PathBuf::from("/x\\y"));
+    }
+
+    #[test]
+    fn the_root_mount_is_found() {
+        assert!(super::mount_id_of(std::path::Path::new("/")).is_some());
+    }
+}

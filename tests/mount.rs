@@ -1286,3 +1286,40 @@ fn damaged_inode_block_lists_the_rest() {
     assert_eq!(failing, damaged, "only the damaged block's entries fail");
     m.unmount();
 }
+
+/// `mount -o remount,ro` and back to rw through the mount helper (mount(8) runs
+/// mount.fuse3, which runs `dxfs IMAGE DIR -o remount,ro`): the live mount turns
+/// read-only (EROFS) and writable again, its daemon serving throughout.
+#[test]
+fn remount_read_only_and_back() {
+    require_fuse!();
+    let Some(helper) = ["/sbin/mount.fuse3", "/usr/sbin/mount.fuse3"].into_iter().find(|p| Path::new(p).exists())
+    else {
+        eprintln!("skipping remount_read_only_and_back: no mount.fuse3");
+        return;
+    };
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    fs::write(s.path("a"), b"before").unwrap();
+    let bin = s.tmp.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dxfs"), bin.join("dxfs")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let remount = |how: &str| {
+        let st = Command::new(helper)
+            .arg(&s.image)
+            .arg(&s.mnt)
+            .args(["-t", "dxfs", "-o", &format!("remount,{how}")])
+            .env("PATH", &path)
+            .status()
+            .unwrap();
+        assert!(st.success(), "remount,{how}: {st}");
+    };
+    remount("ro");
+    assert_eq!(errno(fs::write(s.path("b"), b"x")), libc::EROFS);
+    assert_eq!(fs::read(s.path("a")).unwrap(), b"before");
+    remount("rw");
+    fs::write(s.path("b"), b"after").unwrap();
+    m.unmount();
+    s.fsck();
+}

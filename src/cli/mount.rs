@@ -139,6 +139,10 @@ fn mount_option(
 }
 
 pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
+    let opts: Vec<&str> = a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).collect();
+    if opts.contains(&"remount") {
+        return remount(&a.dir, &opts);
+    }
     let child = std::env::var_os(DAEMON_CHILD_ENV).is_some();
     if a.daemon && !child {
         return spawn_daemon(raw);
@@ -261,6 +265,21 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     match mounted.run() {
         Ok(()) => 0,
         Err(e) => fail(e, 8),
+    }
+}
+
+/// `mount -o remount,ro|rw DIR` (mount(8) passes it to the helper): change the live
+/// mount's flags in the kernel; the daemon keeps serving. Read-only is then the kernel's
+/// to enforce (EROFS), as for any file system.
+fn remount(dir: &Path, opts: &[&str]) -> i32 {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if opts.iter().rev().find(|o| **o == "ro" || **o == "rw") == Some(&"ro") {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    match nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>) {
+        Ok(()) => 0,
+        Err(e) => fail(format!("remount of {}: {e}", dir.display()), 8),
     }
 }
 

@@ -309,7 +309,7 @@ fn step(vol: &Volume, m: &mut Model, op: &Op) -> (R, R) {
         Op::Rename { d1, n1, d2, n2, flags } => {
             let (d1, d2) = (pick(&dirs, *d1), pick(&dirs, *d2));
             let (nm1, nm2) = (name(*n1), name(*n2));
-            let fl = RenameFlags { noreplace: *flags == 1, exchange: *flags == 2 };
+            let fl = RenameFlags { noreplace: *flags == 1, exchange: *flags == 2, whiteout: false };
             let r = vol.rename(m.ino[&d1], nm1.as_bytes(), m.ino[&d2], nm2.as_bytes(), fl);
             let src = m.entries(d1).get(&nm1).copied();
             let dst = m.entries(d2).get(&nm2).copied();

@@ -10,7 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -1320,6 +1320,21 @@ fn remount_read_only_and_back() {
     assert_eq!(fs::read(s.path("a")).unwrap(), b"before");
     remount("rw");
     fs::write(s.path("b"), b"after").unwrap();
+    m.unmount();
+    s.fsck();
+}
+
+/// renameat2(RENAME_WHITEOUT) through the mount leaves a whiteout device.
+#[test]
+fn rename_whiteout_through_the_mount() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    fs::write(s.path("a"), b"x").unwrap();
+    renameat2(AT_FDCWD, &s.path("a"), AT_FDCWD, &s.path("b"), RenameFlags::RENAME_WHITEOUT).unwrap();
+    assert_eq!(fs::read(s.path("b")).unwrap(), b"x");
+    let w = fs::symlink_metadata(s.path("a")).unwrap();
+    assert!(w.file_type().is_char_device() && w.rdev() == 0, "{w:?}");
     m.unmount();
     s.fsck();
 }

@@ -53,8 +53,8 @@ fn rename_replace_noreplace_exchange() {
     vol.write(b.ino, 0, b"bee").unwrap();
     let d1 = vol.mkdir(root, b"d1", 0o755, 0, 0).unwrap();
     let d2 = vol.mkdir(root, b"d2", 0o755, 0, 0).unwrap();
-    let noreplace = RenameFlags { noreplace: true, exchange: false };
-    let exchange = RenameFlags { noreplace: false, exchange: true };
+    let noreplace = RenameFlags { noreplace: true, ..Default::default() };
+    let exchange = RenameFlags { exchange: true, ..Default::default() };
     assert!(matches!(vol.rename(root, b"a", root, b"b", noreplace), Err(Error::Exists)));
     vol.rename(root, b"a", root, b"b", exchange).unwrap();
     assert_eq!(vol.lookup(root, b"a").unwrap().ino, b.ino);
@@ -504,4 +504,21 @@ fn host_file_system_full() {
     if let Err(p) = r {
         std::panic::resume_unwind(p);
     }
+}
+
+/// RENAME_WHITEOUT leaves a character device 0:0 at the old name, owned as the moved
+/// inode, in the same step (what overlayfs needs of an upper layer).
+#[test]
+fn rename_whiteout() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 1000, 100).unwrap().ino;
+    let wo = RenameFlags { whiteout: true, ..Default::default() };
+    vol.rename(root, b"f", root, b"g", wo).unwrap();
+    assert_eq!(vol.lookup(root, b"g").unwrap().ino, f);
+    let w = vol.lookup(root, b"f").unwrap();
+    assert_eq!((w.mode & libc::S_IFMT, w.rdev, w.uid, w.gid), (libc::S_IFCHR, 0, 1000, 100));
+    let both = RenameFlags { whiteout: true, exchange: true, ..Default::default() };
+    assert!(matches!(vol.rename(root, b"g", root, b"f", both), Err(Error::Invalid(_))));
+    close_and_check(dev, vol);
 }

@@ -375,12 +375,10 @@ impl Filesystem for DxFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.timer(Op::Rename);
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::EINVAL);
-        }
         let f = crate::RenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            whiteout: flags.contains(RenameFlags::RENAME_WHITEOUT),
         };
         let (p, np) = (self.vol_ino(parent), self.vol_ino(newparent));
         let r = self.call("rename", |v| v.rename(p, name.as_bytes(), np, newname.as_bytes(), f));

@@ -346,13 +346,15 @@ impl Volume {
             }
         })?;
         dir::check_name(newname)?;
-        if flags.noreplace && flags.exchange {
-            return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+        if flags.exchange && (flags.noreplace || flags.whiteout) {
+            return Err(Error::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into()));
         }
         let (mut g, (mut p, np0)) = self.charged_with(|g| {
             let p = g.dir_inode(parent)?;
             let np = g.dir_inode(newparent)?;
-            Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np), 0, true), (p, np)))
+            // A whiteout is a new entry and inode where the old name was.
+            let whiteout = if flags.whiteout { Inner::dir_cost(&p) + g.inode_cost() } else { 0 };
+            Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout, 0, !flags.whiteout), (p, np)))
         })?;
         let g = &mut *g;
         let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
@@ -459,6 +461,11 @@ impl Volume {
                 g.drop_link(di)?;
             }
         }
+        if flags.whiteout {
+            let p = g.dir_inode(parent)?;
+            let owner = g.st.inode(src.ino)?;
+            g.create_node(p, name, libc::S_IFCHR, owner.uid, owner.gid, 0)?;
+        }
         for d in [parent, newparent] {
             let mut x = g.dir_inode(d)?;
             x.mtime = t;
@@ -511,7 +518,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let v = vol.clone();
         std::thread::spawn(move || {
-            let exchange = RenameFlags { noreplace: false, exchange: true };
+            let exchange = RenameFlags { exchange: true, ..Default::default() };
             let _ = tx.send(v.rename(b, b"f", x, b"d", exchange));
         });
         let r = rx.recv_timeout(Duration::from_secs(20)).expect("RENAME_EXCHANGE over a parent cycle never returned");

@@ -75,6 +75,9 @@ pub struct RenameFlags {
     pub noreplace: bool,
     /// Swap the two entries, both of which must exist (RENAME_EXCHANGE).
     pub exchange: bool,
+    /// Leave a whiteout (a character device 0:0, owned as the moved inode) at the old
+    /// name, in the same step (RENAME_WHITEOUT, for overlayfs upper layers).
+    pub whiteout: bool,
 }
 
 /// `setxattr` modes.

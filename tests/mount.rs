@@ -1338,3 +1338,27 @@ fn rename_whiteout_through_the_mount() {
     m.unmount();
     s.fsck();
 }
+
+/// An open directory outlives its last link, as a file does: fstat on a directory fd
+/// still works after the directory was renamed over (or removed), and the volume frees it
+/// at the last close.
+#[test]
+fn open_directory_outlives_its_name() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    fs::create_dir(s.path("old")).unwrap();
+    fs::create_dir(s.path("new")).unwrap();
+    let fd = File::open(s.path("old")).unwrap();
+    let ino = fd.metadata().unwrap().ino();
+    fs::rename(s.path("new"), s.path("old")).unwrap();
+    let st = nix::sys::stat::fstat(&fd).expect("fstat of a directory replaced while open");
+    assert_eq!(st.st_ino, ino);
+    fs::create_dir(s.path("gone")).unwrap();
+    let fd2 = File::open(s.path("gone")).unwrap();
+    fs::remove_dir(s.path("gone")).unwrap();
+    assert!(nix::sys::stat::fstat(&fd2).is_ok(), "fstat of a removed directory");
+    drop((fd, fd2));
+    m.unmount();
+    s.fsck();
+}

@@ -29,8 +29,6 @@ pub struct DxFuse {
     /// The volume's root inode, which FUSE calls 1.
     root: u64,
     opts: FuseOptions,
-    /// The kernel may skip OPENDIR/RELEASEDIR (FUSE_NO_OPENDIR_SUPPORT).
-    no_opendir: bool,
     /// Lookup counts handed to the kernel and not yet forgotten.
     lookups: LookupCounts,
     /// Requests served, per opcode.
@@ -106,7 +104,7 @@ impl DxFuse {
     /// An adapter serving `vol`.
     pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
         let root = vol.root();
-        DxFuse { vol, root, opts, no_opendir: false, lookups: LookupCounts::default(), stats: RequestStats::default() }
+        DxFuse { vol, root, opts, lookups: LookupCounts::default(), stats: RequestStats::default() }
     }
 
     fn vol_ino(&self, ino: INodeNo) -> u64 {
@@ -208,7 +206,7 @@ impl Filesystem for DxFuse {
             | InitFlags::FUSE_MAX_PAGES
             // Symlinks never change, so the kernel may keep their targets.
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT
+
             // The daemon drops setuid/setgid bits and file capabilities on write,
             // truncate and chown itself: the kernel then marks inodes S_NOSEC and stops
             // asking for security.capability (one GETXATTR) before every write.
@@ -234,7 +232,6 @@ impl Filesystem for DxFuse {
                 tracing::info!("kernel lacks FUSE capability {f:?}");
             }
         }
-        self.no_opendir = cfg.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         // max_write stays at fuser's 16 MiB: the kernel clamps requests to
         // fs.fuse.max_pages_limit pages (256, 1 MiB, by default). More background
         // requests keep readahead and async writes flowing.
@@ -475,16 +472,23 @@ impl Filesystem for DxFuse {
         Self::reply_empty(reply, self.call("fsync", |v| v.fsync(ino)));
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.stats.timer(Op::Opendir);
-        // Directory handles carry nothing (readdir positions are stable cookies), so
-        // when the kernel allows, ENOSYS makes it stop sending OPENDIR and RELEASEDIR:
-        // two round trips less per directory listed.
-        if self.no_opendir {
-            reply.error(Errno::ENOSYS)
-        } else {
-            reply.opened(FileHandle(0), FopenFlags::empty())
+        // Directory handles carry no state (readdir positions are stable cookies), but an
+        // open directory must outlive its last link, as a file does: fstat on a directory
+        // removed or renamed over while open still works. So OPENDIR and RELEASEDIR are
+        // not switched off (FUSE_NO_OPENDIR_SUPPORT would save their round trips).
+        let ino = self.vol_ino(ino);
+        match self.call("opendir", |v| v.open_file(ino)) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
         }
+    }
+
+    fn releasedir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        let _t = self.stats.timer(Op::Releasedir);
+        let ino = self.vol_ino(ino);
+        Self::reply_empty(reply, self.call("releasedir", |v| v.release(ino)));
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {

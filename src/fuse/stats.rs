@@ -27,6 +27,7 @@ pub(super) enum Op {
     Release,
     Fsync,
     Opendir,
+    Releasedir,
     Readdir,
     Readdirplus,
     Fsyncdir,
@@ -41,7 +42,7 @@ pub(super) enum Op {
     CopyFileRange,
 }
 
-const OPS: [Op; 31] = [
+const OPS: [Op; 32] = [
     Op::Lookup,
     Op::Forget,
     Op::Getattr,
@@ -61,6 +62,7 @@ const OPS: [Op; 31] = [
     Op::Release,
     Op::Fsync,
     Op::Opendir,
+    Op::Releasedir,
     Op::Readdir,
     Op::Readdirplus,
     Op::Fsyncdir,
@@ -98,6 +100,7 @@ impl Op {
             Op::Release => "RELEASE",
             Op::Fsync => "FSYNC",
             Op::Opendir => "OPENDIR",
+            Op::Releasedir => "RELEASEDIR",
             Op::Readdir => "READDIR",
             Op::Readdirplus => "READDIRPLUS",
             Op::Fsyncdir => "FSYNCDIR",

@@ -16,7 +16,8 @@ use super::{fail, parse_size};
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// Image file or block device.
+    /// Image file, block device, or NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH).
     image: PathBuf,
     /// Directory to mount on.
     dir: PathBuf,
@@ -194,7 +195,9 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
+    let nbd = dxfs::block::is_nbd_uri(&a.image.to_string_lossy());
     let image = match std::path::absolute(&a.image) {
+        Ok(_) if nbd => a.image.clone(),
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
@@ -216,6 +219,9 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         let _ = std::env::set_current_dir("/");
     }
     if let Some(size) = &a.create {
+        if nbd {
+            return fail("--create makes image files; run dxfs mkfs on an NBD export first", 8);
+        }
         if !image.exists() {
             let Some(bytes) = parse_size(size) else { return fail(format!("bad size {size:?}"), 8) };
             let made = FileDevice::create(&image, bytes / 4096 * 4096)
@@ -230,8 +236,12 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     if !dir.is_dir() {
         return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
     }
-    let opened = open_waiting(&image, o.read_only, lock_wait)
-        .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
+    let opened = if nbd {
+        dxfs::block::open_device(&image.to_string_lossy(), o.read_only)
+    } else {
+        open_waiting(&image, o.read_only, lock_wait).map(|d| Arc::new(d) as Arc<dyn dxfs::block::BlockDevice>)
+    }
+    .and_then(|d| dxfs::Volume::open(d, dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
     let vol = match opened {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),

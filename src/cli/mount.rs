@@ -28,7 +28,7 @@ pub struct MountArgs {
     /// deltas after the newest readable one),
     /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
-    /// readdirplus=auto|always|never,
+    /// readdirplus=auto|always|never, discard (trim blocks as deltas free them),
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
     /// as dev, nosuid, noauto, _netdev, defaults are ignored).
     #[arg(short = 'o', value_name = "OPTS")]
@@ -129,6 +129,9 @@ fn mount_option(
         "noxattrfilter" => v.use_xattr_filter = false,
         "noaccounting" => v.space_accounting = false,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
+        // Trim the blocks each committed delta frees.
+        "discard" => v.discard = true,
+        "nodiscard" => v.discard = false,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
         "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
         | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"

@@ -325,6 +325,11 @@ impl Volume {
         }
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
+        if r.is_ok() && self.discard {
+            // Durable: the freed runs are unreferenced, and still held, so nothing can
+            // reuse them before the trim is done.
+            Self::discard(&*dev, &flight.held);
+        }
         let mut g = self.lock();
         match r {
             Ok(()) => {

@@ -412,3 +412,87 @@ fn trim_gives_space_back() {
     );
     assert_clean(dev);
 }
+
+fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_string_lossy();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(&*want))
+}
+
+/// `dxfs mount URI DIR -o discard` in the foreground; returns the child once mounted.
+fn mount_nbd(uri: &str, mnt: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dxfs"))
+        .args(["mount", uri])
+        .arg(mnt)
+        .args(["-o", "discard"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !is_mounted(mnt) {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("dxfs mount exited before mounting: {st}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "not mounted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+fn unmount(mut child: Child, mnt: &Path) {
+    let st = Command::new("fusermount3").arg("-u").arg(mnt).status().unwrap();
+    assert!(st.success(), "fusermount3 -u: {st}");
+    assert!(child.wait().unwrap().success(), "dxfs mount did not exit cleanly");
+}
+
+/// The binary on an NBD export: mkfs, mount with `-o discard`, write, delete, unmount,
+/// fsck; the deleted data's space comes back to the sparse image behind the server.
+#[test]
+fn mount_smoke_with_discard() {
+    need!("nbdkit");
+    need!("fusermount3");
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_err() {
+        eprintln!("SKIP: no /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 256 << 20);
+    let img_arg = format!("file={}", img.display());
+    let srv = nbdkit(&dir.path().join("s"), &["file", &img_arg]);
+    let uri = srv.uri("", 10);
+    let dxfs = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().unwrap();
+        assert!(out.status.success(), "dxfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    dxfs(&["mkfs", &uri]);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let allocated = || std::fs::metadata(&img).unwrap().blocks() * 512;
+    let before = allocated();
+
+    let m = mount_nbd(&uri, &mnt);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    let data: Vec<u8> = (0..(32usize << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(mnt.join("d/big"), &data).unwrap();
+    for i in 0..100 {
+        std::fs::write(mnt.join(format!("d/s{i}")), format!("small {i}")).unwrap();
+    }
+    unmount(m, &mnt);
+    let full = allocated();
+    assert!(full > before + (30 << 20), "32 MiB written, image grew from {before} to {full}");
+
+    let m = mount_nbd(&uri, &mnt);
+    assert!(std::fs::read(mnt.join("d/big")).unwrap() == data);
+    assert_eq!(std::fs::read_to_string(mnt.join("d/s7")).unwrap(), "small 7");
+    std::fs::remove_file(mnt.join("d/big")).unwrap();
+    unmount(m, &mnt);
+    let after = allocated();
+    assert!(
+        after <= before + (full - before) / 20,
+        "discard: {after} bytes after delete ({before} before, {full} full)"
+    );
+    let out = dxfs(&["fsck", "-n", &uri]);
+    assert!(out.contains("clean"), "{out}");
+}

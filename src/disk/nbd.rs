@@ -82,6 +82,8 @@ const MAX_TRIM: u64 = 1 << 30;
 const MAX_OPTION_REPLY: u32 = 64 << 10;
 /// Writes acknowledged since the last flush kept for replay after a reconnection.
 const REPLAY_LIMIT: usize = 256 << 20;
+/// Requests in flight at once unless the address says otherwise.
+const DEFAULT_IN_FLIGHT: usize = 128;
 /// How often the reader wakes up to look for a stalled connection.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -95,8 +97,9 @@ pub enum NbdEndpoint {
 }
 
 /// An NBD export and how to talk to it: parsed from `nbd://HOST[:PORT]/EXPORT` or
-/// `nbd+unix:///EXPORT?socket=PATH` (the forms qemu and nbdkit use); both take an
-/// optional `timeout=SECONDS` query parameter (default 30).
+/// `nbd+unix:///EXPORT?socket=PATH` (the forms qemu and nbdkit use); both take the
+/// optional query parameters `timeout=SECONDS` (default 30) and `inflight=N` (most
+/// requests in flight at once, default 128; 1 makes every request a round trip).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdTarget {
     /// The server's address.
@@ -106,6 +109,8 @@ pub struct NbdTarget {
     /// How long a lost connection is retried, and how long a request may go unanswered,
     /// before requests fail with EIO.
     pub timeout: Duration,
+    /// Most requests in flight on the connection at once.
+    pub max_in_flight: usize,
 }
 
 /// Whether `spec` is an NBD address rather than a path.
@@ -157,6 +162,7 @@ impl NbdTarget {
         let export = percent_decode(uri, path)?;
         let mut socket = None;
         let mut timeout = Duration::from_secs(30);
+        let mut max_in_flight = DEFAULT_IN_FLIGHT;
         for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
@@ -167,6 +173,12 @@ impl NbdTarget {
                         return Err(bad_uri(uri, "timeout must be a positive number of seconds"));
                     }
                     timeout = Duration::from_secs_f64(secs);
+                }
+                "inflight" => {
+                    max_in_flight = match v.parse::<usize>() {
+                        Ok(n) if (1..=65_536).contains(&n) => n,
+                        _ => return Err(bad_uri(uri, "inflight must be a number from 1 to 65536")),
+                    }
                 }
                 _ => return Err(bad_uri(uri, &format!("unknown parameter {k:?}"))),
             }
@@ -195,7 +207,7 @@ impl NbdTarget {
             };
             NbdEndpoint::Tcp { host: host.to_string(), port }
         };
-        Ok(NbdTarget { endpoint, export, timeout })
+        Ok(NbdTarget { endpoint, export, timeout, max_in_flight })
     }
 }
 
@@ -519,6 +531,8 @@ struct Shared {
     info: ExportInfo,
     state: Mutex<State>,
     drained: Condvar,
+    /// Signalled when a request completes (room under `max_in_flight`).
+    room: Condvar,
     send: Mutex<Sender>,
     closing: AtomicBool,
 }
@@ -568,6 +582,7 @@ impl NbdDevice {
                 lost: false,
             }),
             drained: Condvar::new(),
+            room: Condvar::new(),
             send: Mutex::new(Sender { gen: 1, stream: Some(stream) }),
             closing: AtomicBool::new(false),
         });
@@ -605,6 +620,9 @@ impl NbdDevice {
         let sh = &*self.shared;
         let (tx, rx) = mpsc::channel();
         let mut st = sh.state.lock();
+        while st.pending.len() >= sh.target.max_in_flight && !st.failed {
+            sh.room.wait(&mut st);
+        }
         if st.failed {
             return Err(eio(format!("{}: server unreachable", sh.target)));
         }
@@ -918,6 +936,7 @@ fn reply_loop(sh: &Shared, stream: Stream) -> Stop {
         }
         let mut st = sh.state.lock();
         let Some(p) = st.pending.remove(&cookie) else { continue };
+        sh.room.notify_one();
         if st.writes_in_flight.remove(&cookie) {
             if error == 0 && p.cmd == CMD_WRITE {
                 let d = p.data.clone().expect("writes carry data");
@@ -1043,6 +1062,7 @@ fn supervise(sh: Arc<Shared>, first: Stream) {
                             st.lost = true;
                         }
                         sh.drained.notify_all();
+                        sh.room.notify_all();
                         drop(st);
                         tracing::error!(
                             "{}: no connection for {:?} ({e}); {n} request(s) failed with EIO, new ones fail until the server is back",
@@ -1068,6 +1088,7 @@ mod tests {
         assert_eq!(t.endpoint, NbdEndpoint::Tcp { host: "example.org".into(), port: 10809 });
         assert_eq!(t.export, "disk");
         assert_eq!(t.timeout, Duration::from_secs(30));
+        assert_eq!(t.max_in_flight, 128);
         let t = NbdTarget::parse("nbd://127.0.0.1:1234").unwrap();
         assert_eq!(t.endpoint, NbdEndpoint::Tcp { host: "127.0.0.1".into(), port: 1234 });
         assert_eq!(t.export, "");
@@ -1076,6 +1097,8 @@ mod tests {
         assert_eq!(t.export, "a b");
         assert_eq!(t.timeout, Duration::from_millis(2500));
         assert_eq!(t.to_string(), "nbd://[::1]:99/a b");
+        let t = NbdTarget::parse("nbd://h/x?inflight=1&timeout=5").unwrap();
+        assert_eq!((t.max_in_flight, t.timeout), (1, Duration::from_secs(5)));
         let t = NbdTarget::parse("nbd+unix:///vol?socket=/tmp/s.sock").unwrap();
         assert_eq!(t.endpoint, NbdEndpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(t.export, "vol");
@@ -1092,6 +1115,8 @@ mod tests {
             "nbd://h/x?foo=1",
             "nbd://h/x?timeout=0",
             "nbd://h/x?timeout=-3",
+            "nbd://h/x?inflight=0",
+            "nbd://h/x?inflight=x",
             "nbd://h/%zz",
             "nbd://[::1/x",
             "http://h/x",

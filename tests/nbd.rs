@@ -496,3 +496,42 @@ fn mount_smoke_with_discard() {
     let out = dxfs(&["fsck", "-n", &uri]);
     assert!(out.contains("clean"), "{out}");
 }
+
+/// Sequential large reads are served by readahead; a write (or trim) between them is
+/// seen by the next read of its blocks, never the stale prefetched copy.
+#[test]
+fn readahead_sees_writes() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = nbdkit(&dir.path().join("s"), &["memory", "64M"]);
+    let dev = NbdDevice::open(&srv.uri("", 5), false).unwrap();
+    let piece = 32usize; // 128 KiB reads, as FUSE sends them
+    let total = 4096usize;
+    let fill = |b: usize, gen: u8| -> Vec<u8> { vec![(b as u8).wrapping_mul(3).wrapping_add(gen); BLOCK_SIZE] };
+    let mut all = Vec::with_capacity(total * BLOCK_SIZE);
+    for b in 0..total {
+        all.extend_from_slice(&fill(b, 0));
+    }
+    dev.write(0, &all).unwrap();
+    let mut rewritten = std::collections::HashSet::new();
+    let mut buf = vec![0u8; piece * BLOCK_SIZE];
+    for (step, start) in (0..total).step_by(piece).enumerate() {
+        dev.read(start as u64, &mut buf).unwrap();
+        for k in 0..piece {
+            let b = start + k;
+            let want = fill(b, if rewritten.contains(&b) { 1 } else { 0 });
+            assert!(buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE] == want[..], "block {b} stale at step {step}");
+        }
+        // Every few steps, rewrite a block a little ahead of the reader (inside the
+        // readahead window).
+        if step % 3 == 1 {
+            let b = start + piece * 4 + step % piece;
+            if b < total {
+                dev.write(b as u64, &fill(b, 1)).unwrap();
+                rewritten.insert(b);
+            }
+        }
+    }
+    assert!(rewritten.len() > 20);
+    assert_eq!(dev.stats().reads, (total / piece) as u64, "one counted read per call");
+}

@@ -544,6 +544,48 @@ pub struct NbdDevice {
     read_only: bool,
     counters: Counters,
     reader: Option<JoinHandle<()>>,
+    ahead: Mutex<Ahead>,
+}
+
+/// Reads of at least this many bytes are candidates for sequential readahead (file data
+/// comes through FUSE in 128 KiB reads; metadata in single blocks and prefetch batches).
+const RA_MIN_READ: usize = 64 << 10;
+/// How far ahead of a sequential reader the readahead keeps requests in flight.
+const RA_WINDOW: u64 = (8 << 20) / BS;
+
+/// Sequential readahead of large reads: once a large read starts where the previous one
+/// ended, the next [`RA_WINDOW`] blocks are requested ahead, in pieces of the reader's
+/// size, so a single-threaded sequential reader has many requests in flight instead of
+/// one. Chunks overlapping a write or trim are dropped (when it is issued and when it
+/// completes), so a chunk never holds data older than a completed write.
+#[derive(Default)]
+struct Ahead {
+    /// Where the next read of a sequential stream would start.
+    next: u64,
+    /// Contiguous, ascending chunks.
+    chunks: std::collections::VecDeque<Chunk>,
+}
+
+struct Chunk {
+    start: u64,
+    blocks: u64,
+    rx: Option<mpsc::Receiver<Result<Vec<u8>>>>,
+    data: Option<Vec<u8>>,
+}
+
+impl Ahead {
+    fn invalidate(&mut self, block: u64, count: u64) {
+        self.chunks.retain(|c| c.start + c.blocks <= block || block + count <= c.start);
+        // What is left may no longer be contiguous: keep only the leading run.
+        let mut keep = 0;
+        for i in 0..self.chunks.len() {
+            if i > 0 && self.chunks[i - 1].start + self.chunks[i - 1].blocks != self.chunks[i].start {
+                break;
+            }
+            keep = i + 1;
+        }
+        self.chunks.truncate(keep);
+    }
 }
 
 fn eio(msg: impl fmt::Display) -> Error {
@@ -591,7 +633,14 @@ impl NbdDevice {
             .name("dxfs-nbd".into())
             .spawn(move || supervise(sh, reader))
             .map_err(Error::Io)?;
-        Ok(NbdDevice { shared, blocks: info.size / BS, read_only, counters: Counters::default(), reader: Some(handle) })
+        Ok(NbdDevice {
+            shared,
+            blocks: info.size / BS,
+            read_only,
+            counters: Counters::default(),
+            reader: Some(handle),
+            ahead: Mutex::new(Ahead::default()),
+        })
     }
 
     /// The export this device talks to.
@@ -684,6 +733,95 @@ impl NbdDevice {
     }
 }
 
+/// Drops readahead chunks over a range being written, now and again when dropped (once
+/// the write completed).
+struct Fresh<'a> {
+    ahead: &'a Mutex<Ahead>,
+    block: u64,
+    count: u64,
+}
+
+impl<'a> Fresh<'a> {
+    fn new(ahead: &'a Mutex<Ahead>, block: u64, count: u64) -> Fresh<'a> {
+        ahead.lock().invalidate(block, count);
+        Fresh { ahead, block, count }
+    }
+}
+
+impl Drop for Fresh<'_> {
+    fn drop(&mut self) {
+        self.ahead.lock().invalidate(self.block, self.count);
+    }
+}
+
+impl NbdDevice {
+    /// A large read, served from readahead chunks when a sequential stream has them in
+    /// flight; keeps the window ahead of a sequential reader full.
+    fn read_ahead(&self, block: u64, n: u64, buf: &mut [u8]) -> Result<()> {
+        let mut ra = self.ahead.lock();
+        let covered = ra.chunks.front().is_some_and(|c| c.start <= block)
+            && ra.chunks.back().is_some_and(|c| c.start + c.blocks >= block + n);
+        let sequential = block == ra.next;
+        if covered {
+            let mut failed = None;
+            for c in ra.chunks.iter_mut() {
+                if c.start + c.blocks <= block || c.start >= block + n {
+                    continue;
+                }
+                if c.data.is_none() {
+                    match c.rx.take().map(Self::wait) {
+                        Some(Ok(d)) if d.len() as u64 == c.blocks * BS => c.data = Some(d),
+                        Some(Err(e)) => {
+                            failed = Some(e);
+                            break;
+                        }
+                        _ => {
+                            failed = Some(eio("nbd: readahead reply of the wrong length"));
+                            break;
+                        }
+                    }
+                }
+                let d = c.data.as_ref().expect("filled above");
+                let from = block.max(c.start);
+                let to = (block + n).min(c.start + c.blocks);
+                buf[((from - block) * BS) as usize..((to - block) * BS) as usize]
+                    .copy_from_slice(&d[((from - c.start) * BS) as usize..((to - c.start) * BS) as usize]);
+            }
+            if let Some(e) = failed {
+                // Readahead is a guess: forget it and read directly, which reports a
+                // real error if there is one.
+                ra.chunks.clear();
+                drop(ra);
+                tracing::debug!("readahead failed ({e}); reading directly");
+                let rxs = self.submit_read(block, buf.len())?;
+                return Self::finish_read(rxs, buf);
+            }
+            while ra.chunks.front().is_some_and(|c| c.start + c.blocks <= block + n) {
+                ra.chunks.pop_front();
+            }
+        } else {
+            ra.chunks.clear();
+            let rxs = self.submit_read(block, buf.len())?;
+            Self::finish_read(rxs, buf)?;
+        }
+        ra.next = block + n;
+        if covered || sequential {
+            // Top the window up, in pieces the size of this read.
+            let piece = n.min(u64::from(self.shared.info.max_payload) / BS).max(1);
+            let mut at = ra.chunks.back().map_or(block + n, |c| c.start + c.blocks);
+            while at < (block + n + RA_WINDOW).min(self.blocks) {
+                let k = piece.min(self.blocks - at);
+                match self.submit(CMD_READ, at * BS, (k * BS) as u32, None) {
+                    Ok(rx) => ra.chunks.push_back(Chunk { start: at, blocks: k, rx: Some(rx), data: None }),
+                    Err(_) => break,
+                }
+                at += k;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn send_request(s: &mut Stream, cmd: u16, cookie: u64, offset: u64, len: u32, data: Option<&[u8]>) -> io::Result<()> {
     s.write_all(&request_header(cmd, cookie, offset, len))?;
     if let Some(d) = data {
@@ -729,8 +867,12 @@ impl BlockDevice for NbdDevice {
 
     fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         let n = check_request("read", block, buf.len(), self.blocks)?;
-        let rxs = self.submit_read(block, buf.len())?;
-        Self::finish_read(rxs, buf)?;
+        if buf.len() >= RA_MIN_READ {
+            self.read_ahead(block, n, buf)?;
+        } else {
+            let rxs = self.submit_read(block, buf.len())?;
+            Self::finish_read(rxs, buf)?;
+        }
         self.counters.read(n);
         Ok(())
     }
@@ -771,6 +913,7 @@ impl BlockDevice for NbdDevice {
             return Err(Error::ReadOnly);
         }
         let n = check_request("write", block, buf.len(), self.blocks)?;
+        let _fresh = Fresh::new(&self.ahead, block, n);
         let max = self.shared.info.max_payload as usize;
         let mut rxs = Vec::new();
         for (i, chunk) in buf.chunks(max).enumerate() {
@@ -833,6 +976,7 @@ impl BlockDevice for NbdDevice {
             return Err(Error::ReadOnly);
         }
         check_trim(block, count, self.blocks)?;
+        let _fresh = Fresh::new(&self.ahead, block, count);
         if count == 0 || !self.can_trim() {
             return Ok(());
         }

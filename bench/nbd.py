@@ -9,6 +9,7 @@ filter on a Unix socket, and measures through a real `dxfs mount` of the NBD add
   ls       cold `ls -l` of those N entries (fresh mount: dxfs's cache is empty), with the
            readdirplus sweep on (default), off (-o noprefetch), and on with one request in
            flight (?inflight=1)
+  scan     os.scandir + lstat of the N entries, cold (no sorting, formatting or xattr calls)
   rm       `rm -rf` of the directory, then unmount (commit included)
   write    sequential write of S MiB (dd bs=1M conv=fsync), then unmount
   read     cold sequential read of it (dd bs=1M), default and ?inflight=1
@@ -139,6 +140,12 @@ class Bench:
             dd = os.path.join(self.mnt, "d")
             r[name] = self.timed(lambda: run(["ls", "-l", dd], stdout=subprocess.DEVNULL))
             self.unmount()
+        # readdir + lstat of every entry without GNU ls's sorting, formatting and xattr
+        # queries (what docs/BENCHMARKS.md's scans measure as `ls -l`).
+        self.mount()
+        dd = os.path.join(self.mnt, "d")
+        r["scan_lstat_s"] = self.timed(lambda: [os.lstat(e.path) for e in os.scandir(dd)])
+        self.unmount()
 
         def rm():
             self.mount()
@@ -201,7 +208,7 @@ def main():
             results.append(r)
     finally:
         b.cleanup()
-    keys = ["delay_ms", "create_s", "ls_prefetch_s", "ls_noprefetch_s", "ls_inflight1_s", "rm_rf_s",
+    keys = ["delay_ms", "create_s", "ls_prefetch_s", "ls_noprefetch_s", "ls_inflight1_s", "scan_lstat_s", "rm_rf_s",
             "write_mib_s", "read_mib_s", "read_inflight1_s", "nbdcopy_mib_s"]
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

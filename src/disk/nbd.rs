@@ -551,11 +551,14 @@ pub struct NbdDevice {
 /// comes through FUSE in 128 KiB reads; metadata in single blocks and prefetch batches).
 const RA_MIN_READ: usize = 64 << 10;
 /// How far ahead of a sequential reader the readahead keeps requests in flight.
-const RA_WINDOW: u64 = (8 << 20) / BS;
+const RA_WINDOW: u64 = (16 << 20) / BS;
+/// Size of one readahead request (servers serve a bounded number of requests at once,
+/// nbdkit 16 per connection: large pieces keep their bandwidth up).
+const RA_PIECE: u64 = (1 << 20) / BS;
 
 /// Sequential readahead of large reads: once a large read starts where the previous one
-/// ended, the next [`RA_WINDOW`] blocks are requested ahead, in pieces of the reader's
-/// size, so a single-threaded sequential reader has many requests in flight instead of
+/// ended, the next [`RA_WINDOW`] blocks are requested ahead, in pieces of [`RA_PIECE`]
+/// blocks, so a single-threaded sequential reader has many requests in flight instead of
 /// one. Chunks overlapping a write or trim are dropped (when it is issued and when it
 /// completes), so a chunk never holds data older than a completed write.
 #[derive(Default)]
@@ -806,8 +809,8 @@ impl NbdDevice {
         }
         ra.next = block + n;
         if covered || sequential {
-            // Top the window up, in pieces the size of this read.
-            let piece = n.min(u64::from(self.shared.info.max_payload) / BS).max(1);
+            // Top the window up.
+            let piece = RA_PIECE.min(u64::from(self.shared.info.max_payload) / BS).max(1);
             let mut at = ra.chunks.back().map_or(block + n, |c| c.start + c.blocks);
             while at < (block + n + RA_WINDOW).min(self.blocks) {
                 let k = piece.min(self.blocks - at);
@@ -844,6 +847,16 @@ impl fmt::Debug for NbdDevice {
 impl Drop for NbdDevice {
     fn drop(&mut self) {
         let sh = &*self.shared;
+        // The protocol asks a client to let its requests finish before a soft
+        // disconnect (readahead may still have some out).
+        self.ahead.lock().chunks.clear();
+        {
+            let deadline = Instant::now() + sh.target.timeout.min(Duration::from_secs(5));
+            let mut st = sh.state.lock();
+            while !st.pending.is_empty() && !st.failed && Instant::now() < deadline {
+                sh.room.wait_for(&mut st, Duration::from_millis(50));
+            }
+        }
         sh.closing.store(true, Ordering::SeqCst);
         {
             let mut s = sh.send.lock();

@@ -47,6 +47,7 @@ class Bench:
         self.mnt = os.path.join(self.tmp, "mnt")
         os.mkdir(self.mnt)
         self.server = None
+        self.server_log = None
         self.mount_proc = None
 
     def uri(self, inflight=None):
@@ -65,7 +66,9 @@ class Bench:
         cmd += ["file", f"file={self.img}"]
         if delay_ms > 0:
             cmd += [f"delay-read={delay_ms}ms", f"delay-write={delay_ms}ms"]
-        self.server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        self.server_log = os.path.join(self.tmp, f"nbdkit-{delay_ms}ms.log")
+        cmd.insert(1, "-v")
+        self.server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=open(self.server_log, "w"))
         t0 = time.time()
         while not os.path.exists(self.sock):
             if self.server.poll() is not None:
@@ -92,10 +95,17 @@ class Bench:
         t0 = time.time()
         while not os.path.ismount(self.mnt):
             if self.mount_proc.poll() is not None:
-                sys.exit(f"dxfs mount exited: {self.mount_proc.returncode}")
+                self.fail(f"dxfs mount exited: {self.mount_proc.returncode}")
             if time.time() - t0 > 30:
                 sys.exit("not mounted")
             time.sleep(0.01)
+
+    def fail(self, msg):
+        if self.server_log:
+            keep = os.path.join(self.a.dir, "dxfs-nbd-bench-nbdkit.log")
+            shutil.copy(self.server_log, keep)
+            msg += f" (nbdkit's log: {keep})"
+        sys.exit(msg)
 
     def unmount(self):
         run(["fusermount3", "-u", self.mnt])

@@ -81,6 +81,16 @@ pub trait BlockDevice: Send + Sync {
         }
         Ok(())
     }
+    /// Write several runs, each as [`BlockDevice::write`] would (one request per run), in
+    /// no particular order: the caller must not need one to land before another. A
+    /// device that can have many requests in flight sends them all before waiting; the
+    /// default writes them one after another.
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
+        for (block, buf) in reqs {
+            self.write(*block, buf)?;
+        }
+        Ok(())
+    }
     /// Tell the device that `count` blocks from `block` hold nothing worth keeping, so
     /// thin storage can take them back; afterwards they read as zeros or as anything.
     /// The default does nothing.
@@ -112,6 +122,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
     }
     fn trim(&self, block: u64, count: u64) -> Result<()> {
         (**self).trim(block, count)
+    }
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
+        (**self).write_many(reqs)
     }
 }
 

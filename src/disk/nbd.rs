@@ -946,7 +946,55 @@ impl BlockDevice for NbdDevice {
         Ok(())
     }
 
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let mut counts = Vec::with_capacity(reqs.len());
+        for (block, buf) in reqs {
+            counts.push(check_request("write", *block, buf.len(), self.blocks)?);
+        }
+        let _fresh: Vec<Fresh<'_>> =
+            reqs.iter().zip(&counts).map(|((b, _), n)| Fresh::new(&self.ahead, *b, *n)).collect();
+        let max = self.shared.info.max_payload as usize;
+        let mut rxs = Vec::new();
+        let mut first_err = None;
+        'submit: for (block, buf) in reqs {
+            for (i, chunk) in buf.chunks(max).enumerate() {
+                let off = block * BS + (i * max) as u64;
+                match self.submit(CMD_WRITE, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec()))) {
+                    Ok(rx) => rxs.push(rx),
+                    Err(e) => {
+                        first_err = Some(e);
+                        break 'submit;
+                    }
+                }
+            }
+        }
+        for rx in rxs {
+            if let Err(e) = Self::wait(rx) {
+                first_err = first_err.or(Some(e));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for n in counts {
+            self.counters.write(n);
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
+        // Readahead still out is waited for, so that a flush leaves nothing in flight
+        // (a close follows many flushes; some servers mishandle a client that leaves
+        // with requests out).
+        let chunks = std::mem::take(&mut self.ahead.lock().chunks);
+        for c in chunks {
+            if let Some(rx) = c.rx {
+                let _ = rx.recv();
+            }
+        }
         if self.read_only {
             self.counters.flush();
             return Ok(());

@@ -434,7 +434,11 @@ impl Volume {
     /// volume stays usable (a later change simply starts a new delta).
     pub fn shutdown(&self) -> Result<()> {
         self.sync()?;
-        self.checkpoint()
+        self.checkpoint()?;
+        // A last flush even when nothing was written: the device is left with nothing of
+        // ours in flight (an NBD device's readahead), whatever holds the volume after.
+        let dev = self.lock().st.dev().clone();
+        dev.flush()
     }
 
     /// After the last commit: make its home writes durable and commit an empty delta, so

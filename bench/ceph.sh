@@ -90,16 +90,14 @@ ID=$("${C[@]}" osd new "$OSD_UUID")
 ceph-osd -c "$CONF" -i "$ID" --mkfs --osd-uuid "$OSD_UUID" 2>/dev/null
 ceph-osd -c "$CONF" -i "$ID" -f & PIDS+=($!)
 for _ in $(seq 120); do
-  "${C[@]}" osd stat 2>/dev/null | grep -q "1 up" && break
+  timeout 10 "${C[@]}" osd stat 2>/dev/null | grep -q "1 up" && break
   sleep 0.5
 done
 "${C[@]}" osd pool create rbd 32 32 >/dev/null
 "${C[@]}" osd pool application enable rbd rbd >/dev/null
-for _ in $(seq 120); do
-  "${C[@]}" pg stat 2>/dev/null | grep -q "32 active+clean" && break
-  sleep 0.5
-done
-rbd -c "$CONF" create rbd/dxfs --size "$IMAGE_MB"
+# Without a manager, PG states cannot be listed; making the image waits until its PGs
+# are active.
+timeout 300 rbd -c "$CONF" create rbd/dxfs --size "$IMAGE_MB"
 echo "ceph.sh: cluster up and image made in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 
 SOCK=$DIR/nbd.sock

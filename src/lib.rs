@@ -36,10 +36,12 @@ pub mod fuse;
 mod volume;
 
 /// Block devices: the trait the volume stores its blocks through, image files and block
-/// devices, memory, and the fault-injecting device of the crash tests.
+/// devices, memory, NBD servers, and the fault-injecting device of the crash tests.
 pub mod block {
     pub use crate::disk::device::*;
     pub use crate::disk::fault::*;
+    pub use crate::disk::nbd::{is_nbd_uri, NbdDevice, NbdEndpoint, NbdTarget};
+    pub use crate::disk::open_device;
     pub use crate::disk::probe::probe;
 }
 pub use disk::codec::BLOCK_SIZE;

@@ -1,14 +1,14 @@
 //! `dxfs fsck` (also `fsck.dxfs`): check and repair a volume.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use dxfs::block::{BlockDevice, FileDevice};
+use dxfs::block::{is_nbd_uri, open_device, FileDevice};
 
 use super::fail;
 
 #[derive(clap::Args)]
 pub struct FsckArgs {
+    /// Image file, block device, or NBD export (nbd://..., nbd+unix://...).
     image: PathBuf,
     /// Check only: change nothing.
     #[arg(short = 'n')]
@@ -24,14 +24,15 @@ pub struct FsckArgs {
 pub fn run(a: FsckArgs) -> i32 {
     // A repairing fsck opens read-write, which a mounted volume's lock refuses; a
     // read-only check runs, but what it reads may be behind the mount's memory.
-    if a.no_change && FileDevice::in_use(&a.image) {
+    let spec = a.image.to_string_lossy();
+    if a.no_change && !is_nbd_uri(&spec) && FileDevice::in_use(&a.image) {
         eprintln!(
             "dxfs: warning: {} is in use (mounted?): checking what is on disk, which may lag behind",
             a.image.display()
         );
     }
-    let dev = match FileDevice::open(&a.image, a.no_change) {
-        Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+    let dev = match open_device(&spec, a.no_change) {
+        Ok(d) => d,
         Err(e @ dxfs::Error::Busy(_)) => {
             return fail(format!("{e}; unmount it first (or check it read-only with -n)"), 8)
         }

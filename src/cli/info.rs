@@ -1,9 +1,8 @@
 //! `dxfs info`: the superblock and usage, like `dumpe2fs -h`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use dxfs::block::{BlockDevice, FileDevice};
+use dxfs::block::open_device;
 use dxfs::hash::format_seed;
 use dxfs::read_superblock;
 
@@ -11,6 +10,7 @@ use super::fail;
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
+    /// Image file, block device, or NBD export (nbd://..., nbd+unix://...).
     image: PathBuf,
     /// Machine-readable output.
     #[arg(long)]
@@ -18,8 +18,8 @@ pub struct InfoArgs {
 }
 
 pub fn run(a: InfoArgs) -> i32 {
-    let dev = match FileDevice::open(&a.image, true) {
-        Ok(d) => Arc::new(d) as Arc<dyn BlockDevice>,
+    let dev = match open_device(&a.image.to_string_lossy(), true) {
+        Ok(d) => d,
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
     let sb = match read_superblock(&*dev) {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dxfs::block::{BlockDevice, FileDevice};
+use dxfs::block::{is_nbd_uri, open_device, BlockDevice, FileDevice};
 use dxfs::hash::{format_seed, parse_seed, HashVersion};
 use dxfs::{mkfs, MkfsOptions};
 
@@ -11,7 +11,8 @@ use super::{fail, parse_size};
 
 #[derive(clap::Args)]
 pub struct MkfsArgs {
-    /// Image file or block device.
+    /// Image file, block device, or NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH; its size is the server's).
     image: PathBuf,
     /// Size of the image file to create, e.g. 512M, 4G (default: 1G for a new file).
     #[arg(long, short = 's')]
@@ -78,8 +79,17 @@ pub fn run(a: MkfsArgs) -> i32 {
         Ok(o) => o,
         Err(e) => return fail(e, 8),
     };
-    let exists = a.image.exists();
-    let dev: Arc<dyn BlockDevice> = if exists {
+    let nbd = is_nbd_uri(&a.image.to_string_lossy());
+    let exists = nbd || a.image.exists();
+    let dev: Arc<dyn BlockDevice> = if nbd {
+        if a.size.is_some() {
+            return fail("--size cannot resize an NBD export: its size is the server's", 8);
+        }
+        match open_device(&a.image.to_string_lossy(), false) {
+            Ok(d) => d,
+            Err(e) => return fail(e, 8),
+        }
+    } else if exists {
         let d = match FileDevice::open(&a.image, false) {
             Ok(d) => d,
             Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),

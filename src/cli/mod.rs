@@ -13,6 +13,7 @@ mod mkfs;
 mod mount;
 mod stats;
 mod sync;
+mod trim;
 
 use debug::DebugCmd;
 use fsck::FsckArgs;
@@ -21,6 +22,7 @@ use mkfs::MkfsArgs;
 use mount::{mount_helper_args, MountArgs};
 use stats::StatsArgs;
 use sync::SyncArgs;
+use trim::TrimArgs;
 
 #[derive(Parser)]
 #[command(name = "dxfs", version, about = "dxfs: a POSIX filesystem in user space")]
@@ -43,6 +45,8 @@ enum Cmd {
     Stats(StatsArgs),
     /// Commit mounted volumes and wait until durable (`sync(1)` cannot reach FUSE).
     Sync(SyncArgs),
+    /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
+    Trim(TrimArgs),
     /// Debugging aids.
     #[command(subcommand)]
     Debug(DebugCmd),
@@ -99,6 +103,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Mount(a) => mount::run(a, &raw),
         Cmd::Stats(a) => stats::run(a),
         Cmd::Sync(a) => sync::run(a),
+        Cmd::Trim(a) => trim::run(a),
         Cmd::Debug(c) => debug::run(c),
     }
 }

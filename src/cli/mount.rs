@@ -16,7 +16,8 @@ use super::{fail, parse_size};
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// Image file or block device.
+    /// Image file, block device, or NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH).
     image: PathBuf,
     /// Directory to mount on.
     dir: PathBuf,
@@ -27,7 +28,7 @@ pub struct MountArgs {
     /// deltas after the newest readable one),
     /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
-    /// readdirplus=auto|always|never,
+    /// readdirplus=auto|always|never, discard (trim blocks as deltas free them),
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
     /// as dev, nosuid, noauto, _netdev, defaults are ignored).
     #[arg(short = 'o', value_name = "OPTS")]
@@ -128,6 +129,9 @@ fn mount_option(
         "noxattrfilter" => v.use_xattr_filter = false,
         "noaccounting" => v.space_accounting = false,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
+        // Trim the blocks each committed delta frees.
+        "discard" => v.discard = true,
+        "nodiscard" => v.discard = false,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
         "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
         | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"
@@ -194,7 +198,9 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
+    let nbd = dxfs::block::is_nbd_uri(&a.image.to_string_lossy());
     let image = match std::path::absolute(&a.image) {
+        Ok(_) if nbd => a.image.clone(),
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
@@ -216,6 +222,9 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         let _ = std::env::set_current_dir("/");
     }
     if let Some(size) = &a.create {
+        if nbd {
+            return fail("--create makes image files; run dxfs mkfs on an NBD export first", 8);
+        }
         if !image.exists() {
             let Some(bytes) = parse_size(size) else { return fail(format!("bad size {size:?}"), 8) };
             let made = FileDevice::create(&image, bytes / 4096 * 4096)
@@ -230,8 +239,12 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     if !dir.is_dir() {
         return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
     }
-    let opened = open_waiting(&image, o.read_only, lock_wait)
-        .and_then(|d| dxfs::Volume::open(Arc::new(d), dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
+    let opened = if nbd {
+        dxfs::block::open_device(&image.to_string_lossy(), o.read_only)
+    } else {
+        open_waiting(&image, o.read_only, lock_wait).map(|d| Arc::new(d) as Arc<dyn dxfs::block::BlockDevice>)
+    }
+    .and_then(|d| dxfs::Volume::open(d, dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
     let vol = match opened {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),

@@ -71,6 +71,33 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// The I/O counted so far.
     fn stats(&self) -> IoStats;
+    /// Read several runs, each as [`BlockDevice::read`] would (one request per run). A
+    /// device that can have many requests in flight (NBD) sends them all before waiting;
+    /// the default reads them one after another. On error the buffers' contents are
+    /// unspecified.
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (block, buf) in reqs.iter_mut() {
+            self.read(*block, buf)?;
+        }
+        Ok(())
+    }
+    /// Write several runs, each as [`BlockDevice::write`] would (one request per run), in
+    /// no particular order: the caller must not need one to land before another. A
+    /// device that can have many requests in flight sends them all before waiting; the
+    /// default writes them one after another.
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
+        for (block, buf) in reqs {
+            self.write(*block, buf)?;
+        }
+        Ok(())
+    }
+    /// Tell the device that `count` blocks from `block` hold nothing worth keeping, so
+    /// thin storage can take them back; afterwards they read as zeros or as anything.
+    /// The default does nothing.
+    fn trim(&self, block: u64, count: u64) -> Result<()> {
+        let _ = (block, count);
+        Ok(())
+    }
 }
 
 /// Lets `Arc<dyn BlockDevice>` (or `Arc<FileDevice>`, ...) go wherever a device is expected.
@@ -89,6 +116,25 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
     }
     fn stats(&self) -> IoStats {
         (**self).stats()
+    }
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        (**self).read_many(reqs)
+    }
+    fn trim(&self, block: u64, count: u64) -> Result<()> {
+        (**self).trim(block, count)
+    }
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
+        (**self).write_many(reqs)
+    }
+}
+
+/// Check a trim against the device size.
+pub(super) fn check_trim(block: u64, count: u64, blocks: u64) -> Result<()> {
+    match block.checked_add(count) {
+        Some(end) if end <= blocks => Ok(()),
+        _ => Err(Error::Invalid(format!(
+            "trim of {count} block(s) at block {block} is beyond the end of the device ({blocks} blocks)"
+        ))),
     }
 }
 
@@ -332,6 +378,26 @@ impl BlockDevice for FileDevice {
 
     fn stats(&self) -> IoStats {
         self.counters.snapshot()
+    }
+
+    /// Punches a hole (`fallocate(PUNCH_HOLE | KEEP_SIZE)`): an image file gives the
+    /// blocks back to its filesystem; on a block device the kernel zeroes the range with
+    /// unmap (a discard on devices that guarantee zeros after one, e.g. loop and thin
+    /// devices). A file system or device that cannot punch makes this a no-op.
+    fn trim(&self, block: u64, count: u64) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        check_trim(block, count, self.blocks)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let mode = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        match nix::fcntl::fallocate(&self.file, mode, (block * BS) as i64, (count * BS) as i64) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::ENOTTY | nix::errno::Errno::ENODEV) => Ok(()),
+            Err(e) => Err(path_error(&self.path, io::Error::from(e))),
+        }
     }
 }
 

@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 const MAX_BATCH: usize = 64;
 /// Widest gap of unwanted blocks a coalesced read bridges.
 const MAX_GAP: u64 = 8;
+/// Bytes of coalesced reads handed to the device as one batch ([`BlockDevice::read_many`]:
+/// concurrent on a device that can have many requests in flight).
+const BATCH_BYTES: usize = 8 << 20;
 
 struct Cached {
     data: Box<Block>,
@@ -160,27 +163,49 @@ impl MetaCache {
             wanted.iter().copied().filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b)).collect();
         want.sort_unstable();
         want.dedup();
+        // Runs (first index, end index into `want`): a run ends at a gap wider than
+        // MAX_GAP blocks, since reading a few blocks that are not wanted (or already
+        // cached) costs less than another request.
+        let mut runs = Vec::new();
         let mut i = 0;
-        let mut buf = vec![0u8; BLOCK_SIZE * MAX_BATCH];
         while i < want.len() {
-            // A run ends at a gap wider than MAX_GAP blocks: reading a few blocks that are
-            // not wanted (or already cached) costs less than another request.
             let start = want[i];
             let mut j = i + 1;
             while j < want.len() && want[j] - want[j - 1] <= MAX_GAP && want[j] - start < MAX_BATCH as u64 {
                 j += 1;
             }
-            let n = (want[j - 1] - start + 1) as usize;
-            dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
-            for &b in &want[i..j] {
-                let k = (b - start) as usize;
-                let mut blk = Box::new([0u8; BLOCK_SIZE]);
-                blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
-                if verify(&blk, b, None).is_ok() {
-                    self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
+            runs.push((i, j));
+            i = j;
+        }
+        // Up to BATCH_BYTES of runs go to the device at once (concurrently where it can).
+        let mut r = 0;
+        while r < runs.len() {
+            let mut end = r;
+            let mut bytes = 0;
+            while end < runs.len() && (end == r || bytes < BATCH_BYTES) {
+                let (a, b) = runs[end];
+                bytes += (want[b - 1] - want[a] + 1) as usize * BLOCK_SIZE;
+                end += 1;
+            }
+            let mut bufs: Vec<Vec<u8>> = runs[r..end]
+                .iter()
+                .map(|&(a, b)| vec![0u8; (want[b - 1] - want[a] + 1) as usize * BLOCK_SIZE])
+                .collect();
+            let mut reqs: Vec<(u64, &mut [u8])> =
+                runs[r..end].iter().zip(bufs.iter_mut()).map(|(&(a, _), buf)| (want[a], &mut buf[..])).collect();
+            dev.read_many(&mut reqs)?;
+            for (&(a, b), buf) in runs[r..end].iter().zip(&bufs) {
+                let start = want[a];
+                for &blockno in &want[a..b] {
+                    let k = (blockno - start) as usize;
+                    let mut blk = Box::new([0u8; BLOCK_SIZE]);
+                    blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
+                    if verify(&blk, blockno, None).is_ok() {
+                        self.blocks.insert(blockno, Cached { data: blk, dirty: false, in_flight: false });
+                    }
                 }
             }
-            i = j;
+            r = end;
         }
         self.trim();
         Ok(())
@@ -218,22 +243,28 @@ impl MetaCache {
         starts.sort_unstable();
         starts.dedup();
         starts.truncate(limit.div_ceil(window as usize).max(1));
-        let mut buf = vec![0u8; BLOCK_SIZE * window as usize];
         let (mut read, mut alive) = (0u64, 0u64);
-        for start in starts {
-            let n = window.min(dev.block_count() - start) as usize;
-            dev.read(start, &mut buf[..n * BLOCK_SIZE])?;
-            read += n as u64;
-            for k in 0..n {
-                let b = start + k as u64;
-                if self.blocks.contains_key(&b) || !allocated(b) {
-                    continue;
-                }
-                let mut blk = Box::new([0u8; BLOCK_SIZE]);
-                blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
-                if verify(&blk, b, Some(magic)).is_ok() {
-                    alive += u64::from(live(&blk));
-                    self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
+        let per_batch = (BATCH_BYTES / (BLOCK_SIZE * window as usize)).max(1);
+        for batch in starts.chunks(per_batch) {
+            let mut bufs: Vec<Vec<u8>> =
+                batch.iter().map(|&s| vec![0u8; window.min(dev.block_count() - s) as usize * BLOCK_SIZE]).collect();
+            let mut reqs: Vec<(u64, &mut [u8])> =
+                batch.iter().zip(bufs.iter_mut()).map(|(&s, b)| (s, &mut b[..])).collect();
+            dev.read_many(&mut reqs)?;
+            for (&start, buf) in batch.iter().zip(&bufs) {
+                let n = buf.len() / BLOCK_SIZE;
+                read += n as u64;
+                for k in 0..n {
+                    let b = start + k as u64;
+                    if self.blocks.contains_key(&b) || !allocated(b) {
+                        continue;
+                    }
+                    let mut blk = Box::new([0u8; BLOCK_SIZE]);
+                    blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
+                    if verify(&blk, b, Some(magic)).is_ok() {
+                        alive += u64::from(live(&blk));
+                        self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
+                    }
                 }
             }
         }

@@ -145,24 +145,24 @@ impl Journal {
         dev.flush()?;
         self.seq = seq;
         self.last_blocks = n;
-        // Home writes, coalesced into runs of adjacent blocks.
+        // Home writes, coalesced into runs of adjacent blocks, handed to the device as
+        // one batch (no order among them is needed: the next flush covers them all).
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut i = 0;
         while i < n {
             let mut j = i + 1;
             while j < n && blocks[j].0 == blocks[j - 1].0 + 1 && j - i < 256 {
                 j += 1;
             }
-            if j - i == 1 {
-                dev.write(blocks[i].0, &blocks[i].1[..])?;
-            } else {
-                let mut run = Vec::with_capacity((j - i) * BLOCK_SIZE);
-                for (_, img) in &blocks[i..j] {
-                    run.extend_from_slice(&img[..]);
-                }
-                dev.write(blocks[i].0, &run)?;
+            let mut run = Vec::with_capacity((j - i) * BLOCK_SIZE);
+            for (_, img) in &blocks[i..j] {
+                run.extend_from_slice(&img[..]);
             }
+            runs.push((blocks[i].0, run));
             i = j;
         }
+        let reqs: Vec<(u64, &[u8])> = runs.iter().map(|(b, r)| (*b, &r[..])).collect();
+        dev.write_many(&reqs)?;
         Ok(())
     }
 }

@@ -325,6 +325,11 @@ impl Volume {
         }
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
+        if r.is_ok() && self.discard {
+            // Durable: the freed runs are unreferenced, and still held, so nothing can
+            // reuse them before the trim is done.
+            Self::discard(&*dev, &flight.held);
+        }
         let mut g = self.lock();
         match r {
             Ok(()) => {
@@ -429,7 +434,11 @@ impl Volume {
     /// volume stays usable (a later change simply starts a new delta).
     pub fn shutdown(&self) -> Result<()> {
         self.sync()?;
-        self.checkpoint()
+        self.checkpoint()?;
+        // A last flush even when nothing was written: the device is left with nothing of
+        // ours in flight (an NBD device's readahead), whatever holds the volume after.
+        let dev = self.lock().st.dev().clone();
+        dev.flush()
     }
 
     /// After the last commit: make its home writes durable and commit an empty delta, so

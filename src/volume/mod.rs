@@ -28,6 +28,7 @@ mod mkfs;
 mod namespace;
 mod ranges;
 mod readdir;
+mod trim;
 mod types;
 
 pub use contention::LockStats;
@@ -98,6 +99,7 @@ pub struct Volume {
     landed: Condvar,
     journal: Mutex<Journal>,
     read_only: bool,
+    discard: bool,
 }
 
 impl Inner {
@@ -151,6 +153,7 @@ impl Volume {
         st.inode_readahead = opts.sorted_prefetch;
         let read_only = opts.read_only;
         let measure_lock = opts.measure_lock;
+        let discard = opts.discard && !read_only;
         let mut inner = Inner {
             st,
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
@@ -170,6 +173,7 @@ impl Volume {
             landed: Condvar::new(),
             journal: Mutex::new(journal),
             read_only,
+            discard,
         };
         if !read_only && orphans {
             // Unlinked files that were open at the crash: free them, one delta each if

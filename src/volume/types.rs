@@ -131,6 +131,10 @@ pub struct OpenOptions {
     /// deltas committed after the newest readable one (`-o recovery=rollback`). Off: such
     /// a volume is refused with a corruption error.
     pub allow_rollback: bool,
+    /// Trim ([`BlockDevice::trim`](crate::block::BlockDevice::trim)) the blocks a
+    /// delta frees once it is durable, so thin storage and sparse images shrink
+    /// (`-o discard`). Off by default.
+    pub discard: bool,
 }
 
 impl Default for OpenOptions {
@@ -145,6 +149,7 @@ impl Default for OpenOptions {
             space_accounting: true,
             measure_lock: false,
             allow_rollback: false,
+            discard: false,
         }
     }
 }

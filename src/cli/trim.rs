@@ -1,0 +1,34 @@
+//! `dxfs trim`: hand every free block of an unmounted volume back to its device.
+
+use std::path::PathBuf;
+
+use dxfs::block::open_device;
+
+use super::fail;
+
+#[derive(clap::Args)]
+pub struct TrimArgs {
+    /// Image file, block device, or NBD export (nbd://..., nbd+unix://...).
+    image: PathBuf,
+}
+
+pub fn run(a: TrimArgs) -> i32 {
+    let spec = a.image.to_string_lossy();
+    let dev = match open_device(&spec, false) {
+        Ok(d) => d,
+        Err(e) => return fail(format!("{spec}: {e}"), 8),
+    };
+    let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions::default()) {
+        Ok(v) => v,
+        Err(e) => return fail(format!("{spec}: {e}"), 8),
+    };
+    let trimmed = match vol.trim_free() {
+        Ok(n) => n,
+        Err(e) => return fail(format!("{spec}: trim failed: {e}"), 8),
+    };
+    if let Err(e) = vol.close() {
+        return fail(format!("{spec}: {e}"), 8);
+    }
+    println!("{spec}: trimmed {trimmed} free blocks ({} MiB)", trimmed / 256);
+    0
+}

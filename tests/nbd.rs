@@ -1,0 +1,539 @@
+//! Volumes on NBD servers: nbdkit (memory, file, error and delay filters) and qemu-nbd,
+//! started by the tests on Unix sockets in temporary directories, plus tiny fake servers
+//! for broken handshakes. A test whose server binary is missing says so and passes (CI
+//! installs nbdkit and qemu-utils, so there they run).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dxfs::block::{open_device, BlockDevice, FileDevice, NbdDevice};
+use dxfs::{mkfs, Error, MkfsOptions, OpenOptions, Volume, BLOCK_SIZE};
+
+use common::{assert_clean, dump};
+
+fn have(bin: &str) -> bool {
+    Command::new(bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+macro_rules! need {
+    ($bin:expr) => {
+        if !have($bin) {
+            eprintln!("SKIP: {} is not installed (apt-get install nbdkit qemu-utils)", $bin);
+            return;
+        }
+    };
+}
+
+/// A server process we started; stopped (by its pid) when dropped.
+struct Server {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Server {
+    /// Start `bin args...` (which must listen on `sock`) and wait for the socket.
+    fn start(bin: &str, args: &[String], sock: &Path) -> Server {
+        let _ = std::fs::remove_file(sock);
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let mut s = Server { child, sock: sock.to_path_buf() };
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                panic!("{bin} exited before listening: {st}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{bin} did not create {}", sock.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s
+    }
+
+    fn uri(&self, export: &str, timeout_s: u32) -> String {
+        format!("nbd+unix:///{export}?socket={}&timeout={timeout_s}", self.sock.display())
+    }
+
+    /// Kill the server at once (SIGKILL): a crash.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn nbdkit(sock: &Path, args: &[&str]) -> Server {
+    let mut a: Vec<String> = vec!["-f".into(), "-U".into(), sock.display().to_string()];
+    a.extend(args.iter().map(|s| s.to_string()));
+    Server::start("nbdkit", &a, sock)
+}
+
+fn qemu_nbd(sock: &Path, export: &str, image: &Path) -> Server {
+    let a: Vec<String> = vec![
+        "-k".into(),
+        sock.display().to_string(),
+        "-x".into(),
+        export.into(),
+        "-f".into(),
+        "raw".into(),
+        "-t".into(),
+        "--cache=writeback".into(),
+        image.display().to_string(),
+    ];
+    Server::start("qemu-nbd", &a, sock)
+}
+
+fn sparse_image(path: &Path, bytes: u64) {
+    drop(FileDevice::create(path, bytes).unwrap());
+}
+
+/// Files `f0..fn` in `/d` with distinct contents; returns the directory's inode.
+fn populate(vol: &Volume, n: usize, len: usize) -> u64 {
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    for i in 0..n {
+        let f = vol.create(d, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        vol.write(f.ino, 0, &content(i, len)).unwrap();
+    }
+    d
+}
+
+fn content(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (k * 7 + i * 13) as u8).collect()
+}
+
+fn check_files(vol: &Volume, d: u64, n: usize, len: usize) {
+    for i in 0..n {
+        let f = vol.lookup(d, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(vol.read(f.ino, 0, len + 10).unwrap(), content(i, len), "f{i}");
+    }
+}
+
+#[test]
+fn nbdkit_memory_device_and_volume() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = nbdkit(&dir.path().join("s"), &["memory", "64M"]);
+    let dev: Arc<dyn BlockDevice> = Arc::new(NbdDevice::open(&srv.uri("", 5), false).unwrap());
+    assert_eq!(dev.block_count(), 16384);
+
+    // Raw device behaviour: round trips, a batch of reads, a multi-chunk write.
+    let pat =
+        |n: usize, seed: u8| -> Vec<u8> { (0..n).flat_map(|i| [seed.wrapping_add(i as u8); BLOCK_SIZE]).collect() };
+    dev.write(10, &pat(3, 1)).unwrap();
+    dev.write(100, &pat(1, 50)).unwrap();
+    let big = pat(2048, 7); // 8 MiB
+    dev.write(1000, &big).unwrap();
+    dev.flush().unwrap();
+    let (mut a, mut b, mut c) = (vec![0u8; 3 * BLOCK_SIZE], vec![0u8; BLOCK_SIZE], vec![0u8; big.len()]);
+    dev.read_many(&mut [(10, &mut a[..]), (100, &mut b[..]), (1000, &mut c[..])]).unwrap();
+    assert_eq!(a, pat(3, 1));
+    assert_eq!(b, pat(1, 50));
+    assert!(c == big);
+    assert!(matches!(dev.read(16384, &mut b), Err(Error::Invalid(_))));
+    assert!(matches!(dev.write(0, &b[..100]), Err(Error::Invalid(_))));
+    let st = dev.stats();
+    assert_eq!((st.reads, st.writes, st.flushes), (3, 3, 1));
+
+    // Many threads, many requests in flight on the one connection.
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                for i in 0..64u64 {
+                    let blk = 2000 + t * 64 + i;
+                    dev.write(blk, &[(blk % 251) as u8; BLOCK_SIZE]).unwrap();
+                    let mut back = vec![0u8; BLOCK_SIZE];
+                    dev.read(blk, &mut back).unwrap();
+                    assert!(back.iter().all(|&x| x == (blk % 251) as u8));
+                }
+            });
+        }
+    });
+
+    // A volume on it.
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let d = populate(&vol, 200, 5000);
+    vol.sync().unwrap();
+    let before = dump(&vol);
+    vol.close().unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    check_files(&vol, d, 200, 5000);
+    assert_eq!(dump(&vol), before);
+    for i in 0..100 {
+        vol.unlink(d, format!("f{i}").as_bytes()).unwrap();
+    }
+    vol.close().unwrap();
+    assert_clean(dev);
+}
+
+#[test]
+fn qemu_nbd_serves_an_image_file() {
+    need!("qemu-nbd");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 128 << 20);
+    let mut srv = qemu_nbd(&dir.path().join("s"), "vol", &img);
+    let uri = srv.uri("vol", 5);
+    let dev = open_device(&uri, false).unwrap();
+    assert_eq!(dev.block_count(), 32768);
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let d = populate(&vol, 300, 20_000);
+    vol.close().unwrap();
+    assert_clean(dev.clone());
+    drop(dev);
+
+    // An export that does not exist: a clear error, at once.
+    let e = open_device(&srv.uri("nope", 5), false).err().expect("no such export");
+    assert!(e.to_string().contains("no such export"), "{e}");
+
+    // The bytes are in the image: open it directly.
+    srv.kill();
+    let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+    let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+    check_files(&vol, d, 300, 20_000);
+    vol.close().unwrap();
+    assert_clean(file);
+}
+
+#[test]
+fn handshake_failures_are_clear_errors() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+
+    // Size not a multiple of 4096.
+    {
+        let srv = nbdkit(&dir.path().join("odd"), &["memory", "1000000"]);
+        let e = NbdDevice::open(&srv.uri("", 5), false).unwrap_err();
+        assert!(matches!(e, Error::Invalid(ref m) if m.contains("not a non-zero multiple")), "{e}");
+    }
+    // A read-only export opened for writing.
+    {
+        let srv = nbdkit(&dir.path().join("ro"), &["-r", "memory", "1M"]);
+        assert!(matches!(NbdDevice::open(&srv.uri("", 5), false), Err(Error::ReadOnly)));
+        let dev = NbdDevice::open(&srv.uri("", 5), true).unwrap();
+        assert!(matches!(dev.write(0, &[0u8; BLOCK_SIZE]), Err(Error::ReadOnly)));
+    }
+    // Nothing listening.
+    let e = NbdDevice::open(&format!("nbd+unix:///x?socket={}", dir.path().join("none").display()), false).unwrap_err();
+    assert!(matches!(e, Error::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound), "{e}");
+
+    // Fake servers: one hangs up after half a greeting, one goes silent.
+    for (name, behaviour) in [("close", 0u8), ("silent", 1)] {
+        let sock = dir.path().join(name);
+        let l = UnixListener::bind(&sock).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            c.write_all(b"NBDMAGIC").unwrap();
+            if behaviour == 1 {
+                let mut buf = [0u8; 64];
+                let _ = c.read(&mut buf); // until the client gives up
+            }
+        });
+        let t0 = Instant::now();
+        let e = NbdDevice::open(&format!("nbd+unix:///x?socket={}&timeout=1", sock.display()), false).unwrap_err();
+        let want = if behaviour == 0 { "closed the connection during the handshake" } else { "stopped answering" };
+        assert!(e.to_string().contains(want), "{name}: {e}");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{name}: the client hung");
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn error_filter_eio_surfaces_and_fsck_is_clean() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 64 << 20);
+    {
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        mkfs(file, &MkfsOptions::default()).unwrap();
+    }
+    let sock = dir.path().join("s");
+    let img_arg = format!("file={}", img.display());
+    let mut synced = Vec::new();
+    let mut eio = 0;
+    {
+        let srv = nbdkit(&sock, &["--filter=error", "file", &img_arg, "error=EIO", "error-rate=3%"]);
+        let dev = open_device(&srv.uri("", 5), false).unwrap();
+        // Opening may itself fail on an injected error: retry a few times.
+        let vol = (0..20).find_map(|_| Volume::open(dev.clone(), OpenOptions::default()).ok());
+        let Some(vol) = vol else { panic!("volume never opened through the error filter") };
+        let root = vol.root();
+        for i in 0..200 {
+            let name = format!("g{i}");
+            let r = vol
+                .create(root, name.as_bytes(), 0o644, 0, 0)
+                .and_then(|f| vol.write(f.ino, 0, &content(i, 9000)).map(|_| f))
+                .and_then(|f| vol.fsync(f.ino).map(|_| f));
+            match r {
+                Ok(_) => synced.push(i),
+                Err(Error::Io(_)) | Err(Error::Failed) => eio += 1,
+                Err(e) => panic!("an injected EIO came back as {e:?}"),
+            }
+        }
+        drop(vol);
+    }
+    assert!(eio > 0, "no error surfaced through a 3% error rate");
+    // Without the filter: fsck clean, and everything whose fsync returned is there.
+    let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+    assert_clean(file.clone());
+    let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+    for &i in &synced {
+        let f = vol.lookup(vol.root(), format!("g{i}").as_bytes()).unwrap();
+        assert_eq!(vol.read(f.ino, 0, 10_000).unwrap(), content(i, 9000), "g{i} was fsynced");
+    }
+    vol.close().unwrap();
+    assert_clean(file);
+}
+
+/// Kill the server mid-workload. Restarted within the timeout, the client reconnects
+/// and the workload goes on; left down, requests fail with EIO after the timeout. Either
+/// way the image is clean and every file fsynced before the kill is intact.
+#[test]
+fn server_killed_mid_workload() {
+    need!("nbdkit");
+    for restart in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        sparse_image(&img, 64 << 20);
+        let sock = dir.path().join("s");
+        let img_arg = format!("file={}", img.display());
+        let mut srv = nbdkit(&sock, &["file", &img_arg]);
+        let dev = open_device(&srv.uri("", if restart { 20 } else { 2 }), false).unwrap();
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let root = vol.root();
+        let mut synced = Vec::new();
+        let mut failed = None;
+        for i in 0..120 {
+            if i == 40 {
+                srv.kill();
+                if restart {
+                    // Restarted from this thread. Started from a helper thread, the new
+                    // nbdkit was seen to stop listening soon after; nbdkit 1.32.5 also
+                    // aborts on an assertion when a client leaves with a request out
+                    // (see bench/nbd.py runs), which may be the same thing.
+                    std::thread::sleep(Duration::from_millis(300));
+                    srv = nbdkit(&sock, &["file", &img_arg]);
+                }
+            }
+            let r = vol
+                .create(root, format!("k{i}").as_bytes(), 0o644, 0, 0)
+                .and_then(|f| vol.write(f.ino, 0, &content(i, 30_000)).map(|_| f))
+                .and_then(|f| vol.fsync(f.ino));
+            match r {
+                Ok(()) => synced.push(i),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if restart {
+            assert!(failed.is_none(), "the client did not ride out a restart: {failed:?}");
+            assert_eq!(synced.len(), 120);
+            vol.close().unwrap();
+        } else {
+            let e = failed.expect("a dead server must fail the workload");
+            assert!(matches!(e, Error::Io(_) | Error::Failed), "{e:?}");
+            assert_eq!(synced.len(), 40, "writes after the kill cannot succeed");
+            drop(vol);
+        }
+        drop(dev);
+        srv.kill();
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+        for &i in &synced {
+            let f = vol.lookup(vol.root(), format!("k{i}").as_bytes()).unwrap();
+            assert_eq!(vol.read(f.ino, 0, 40_000).unwrap(), content(i, 30_000), "k{i} was fsynced");
+        }
+        vol.close().unwrap();
+        assert_clean(file);
+    }
+}
+
+/// Trim: a sparse image over NBD and as a file grows with written data and shrinks back
+/// once the data is deleted and the free space trimmed.
+#[test]
+fn trim_gives_space_back() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 256 << 20);
+    let allocated = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    let sock = dir.path().join("s");
+    let img_arg = format!("file={}", img.display());
+    let srv = nbdkit(&sock, &["file", &img_arg]);
+    let dev = open_device(&srv.uri("", 5), false).unwrap();
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    vol.close().unwrap();
+    let before = allocated(&img);
+
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let f = vol.create(vol.root(), b"big", 0o644, 0, 0).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..64u64 {
+        vol.write(f.ino, i << 20, &chunk).unwrap();
+    }
+    vol.close().unwrap();
+    let full = allocated(&img);
+    assert!(full >= before + (60 << 20), "64 MiB written, image grew from {before} to {full}");
+
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    vol.unlink(vol.root(), b"big").unwrap();
+    vol.close().unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let trimmed = vol.trim_free().unwrap();
+    vol.close().unwrap();
+    assert!(trimmed > 16384, "trimmed only {trimmed} blocks");
+    let after = allocated(&img);
+    // The space the data took comes back: at most 5% of the growth remains (the few
+    // metadata blocks the delete rewrote elsewhere).
+    assert!(
+        after <= before + (full - before) / 20,
+        "image holds {after} bytes after trim: {before} before the write, {full} with the data"
+    );
+    assert_clean(dev);
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_string_lossy();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(&*want))
+}
+
+/// `dxfs mount URI DIR -o discard` in the foreground; returns the child once mounted.
+fn mount_nbd(uri: &str, mnt: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dxfs"))
+        .args(["mount", uri])
+        .arg(mnt)
+        .args(["-o", "discard"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !is_mounted(mnt) {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("dxfs mount exited before mounting: {st}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "not mounted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+fn unmount(mut child: Child, mnt: &Path) {
+    let st = Command::new("fusermount3").arg("-u").arg(mnt).status().unwrap();
+    assert!(st.success(), "fusermount3 -u: {st}");
+    assert!(child.wait().unwrap().success(), "dxfs mount did not exit cleanly");
+}
+
+/// The binary on an NBD export: mkfs, mount with `-o discard`, write, delete, unmount,
+/// fsck; the deleted data's space comes back to the sparse image behind the server.
+#[test]
+fn mount_smoke_with_discard() {
+    need!("nbdkit");
+    need!("fusermount3");
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_err() {
+        eprintln!("SKIP: no /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 256 << 20);
+    let img_arg = format!("file={}", img.display());
+    let srv = nbdkit(&dir.path().join("s"), &["file", &img_arg]);
+    let uri = srv.uri("", 10);
+    let dxfs = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().unwrap();
+        assert!(out.status.success(), "dxfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    dxfs(&["mkfs", &uri]);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let allocated = || std::fs::metadata(&img).unwrap().blocks() * 512;
+    let before = allocated();
+
+    let m = mount_nbd(&uri, &mnt);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    let data: Vec<u8> = (0..(32usize << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(mnt.join("d/big"), &data).unwrap();
+    for i in 0..100 {
+        std::fs::write(mnt.join(format!("d/s{i}")), format!("small {i}")).unwrap();
+    }
+    unmount(m, &mnt);
+    let full = allocated();
+    assert!(full > before + (30 << 20), "32 MiB written, image grew from {before} to {full}");
+
+    let m = mount_nbd(&uri, &mnt);
+    assert!(std::fs::read(mnt.join("d/big")).unwrap() == data);
+    assert_eq!(std::fs::read_to_string(mnt.join("d/s7")).unwrap(), "small 7");
+    std::fs::remove_file(mnt.join("d/big")).unwrap();
+    unmount(m, &mnt);
+    let after = allocated();
+    assert!(
+        after <= before + (full - before) / 20,
+        "discard: {after} bytes after delete ({before} before, {full} full)"
+    );
+    let out = dxfs(&["fsck", "-n", &uri]);
+    assert!(out.contains("clean"), "{out}");
+}
+
+/// Sequential large reads are served by readahead; a write (or trim) between them is
+/// seen by the next read of its blocks, never the stale prefetched copy.
+#[test]
+fn readahead_sees_writes() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = nbdkit(&dir.path().join("s"), &["memory", "64M"]);
+    let dev = NbdDevice::open(&srv.uri("", 5), false).unwrap();
+    let piece = 32usize; // 128 KiB reads, as FUSE sends them
+    let total = 4096usize;
+    let fill = |b: usize, gen: u8| -> Vec<u8> { vec![(b as u8).wrapping_mul(3).wrapping_add(gen); BLOCK_SIZE] };
+    let mut all = Vec::with_capacity(total * BLOCK_SIZE);
+    for b in 0..total {
+        all.extend_from_slice(&fill(b, 0));
+    }
+    dev.write(0, &all).unwrap();
+    let mut rewritten = std::collections::HashSet::new();
+    let mut buf = vec![0u8; piece * BLOCK_SIZE];
+    for (step, start) in (0..total).step_by(piece).enumerate() {
+        dev.read(start as u64, &mut buf).unwrap();
+        for k in 0..piece {
+            let b = start + k;
+            let want = fill(b, if rewritten.contains(&b) { 1 } else { 0 });
+            assert!(buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE] == want[..], "block {b} stale at step {step}");
+        }
+        // Every few steps, rewrite a block a little ahead of the reader (inside the
+        // readahead window).
+        if step % 3 == 1 {
+            let b = start + piece * 4 + step % piece;
+            if b < total {
+                dev.write(b as u64, &fill(b, 1)).unwrap();
+                rewritten.insert(b);
+            }
+        }
+    }
+    assert!(rewritten.len() > 20);
+    assert_eq!(dev.stats().reads, (total / piece) as u64, "one counted read per call");
+}

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod debug;
 mod fsck;
 mod info;
+mod inspect;
 mod mkfs;
 mod mount;
 mod stats;

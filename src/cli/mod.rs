@@ -7,6 +7,7 @@ use std::path::Path;
 use clap::{Parser, Subcommand};
 
 mod debug;
+mod export;
 mod fsck;
 mod info;
 mod inspect;
@@ -16,6 +17,7 @@ mod stats;
 mod sync;
 
 use debug::DebugCmd;
+use export::ExportArgs;
 use fsck::FsckArgs;
 use info::InfoArgs;
 use mkfs::MkfsArgs;
@@ -44,6 +46,8 @@ enum Cmd {
     Stats(StatsArgs),
     /// Commit mounted volumes and wait until durable (`sync(1)` cannot reach FUSE).
     Sync(SyncArgs),
+    /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
+    Export(ExportArgs),
     /// Debugging aids.
     #[command(subcommand)]
     Debug(DebugCmd),
@@ -101,6 +105,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Stats(a) => stats::run(a),
         Cmd::Sync(a) => sync::run(a),
         Cmd::Debug(c) => debug::run(c),
+        Cmd::Export(a) => export::run(a),
     }
 }
 

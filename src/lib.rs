@@ -33,6 +33,7 @@ mod fs;
 pub mod fsck;
 #[cfg(feature = "fuse")]
 pub mod fuse;
+pub mod tools;
 mod volume;
 
 /// Block devices: the trait the volume stores its blocks through, image files and block

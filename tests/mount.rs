@@ -1339,6 +1339,32 @@ fn rename_whiteout_through_the_mount() {
     s.fsck();
 }
 
+/// The daemon's stderr redirected to a file holds plain text (no ANSI escape codes), and a
+/// clean mount/unmount session logs no warning: the references the kernel drops without
+/// FORGETs at unmount are not one. `-v` turns on the info lines, so the log is not empty.
+#[test]
+fn daemon_log_is_plain_and_quiet() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&["-v"]);
+    fs::create_dir(s.path("d")).unwrap();
+    for i in 0..50 {
+        fs::write(s.path(&format!("d/f{i}")), b"data").unwrap();
+    }
+    // Lookups the kernel still holds at unmount.
+    for e in fs::read_dir(s.path("d")).unwrap() {
+        fs::metadata(e.unwrap().path()).unwrap();
+    }
+    let log = s.tmp.path().join("daemon.log");
+    m.unmount();
+    let bytes = fs::read(&log).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("requests served"), "-v did not turn on the info lines:\n{text}");
+    assert!(!bytes.contains(&0x1b), "escape codes in the daemon's log:\n{text:?}");
+    assert!(!text.contains("WARN"), "a clean session logged a warning:\n{text}");
+    s.fsck();
+}
+
 /// An open directory outlives its last link, as a file does: fstat on a directory fd
 /// still works after the directory was renamed over (or removed), and the volume frees it
 /// at the last close.

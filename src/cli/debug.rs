@@ -4,6 +4,19 @@ use clap::Subcommand;
 use dxfs::hash::{ext4_hash, parse_seed, HashVersion};
 
 use super::fail;
+use super::inspect::{self, What};
+
+/// IMAGE PATH and --json, shared by the inspector subcommands.
+#[derive(clap::Args)]
+pub struct PathArgs {
+    /// Image file or block device (opened read-only).
+    image: std::path::PathBuf,
+    /// Absolute path inside the volume ("/" is the root).
+    path: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
 
 #[derive(Subcommand)]
 pub enum DebugCmd {
@@ -22,10 +35,35 @@ pub enum DebugCmd {
         help: Option<bool>,
         name: String,
     },
+    /// A directory's entries: name, inode, type.
+    Ls(PathArgs),
+    /// An inode's fields.
+    Stat(PathArgs),
+    /// A directory's index: depth, leaves, fill per leaf, hash range per leaf.
+    Htree(PathArgs),
+    /// A file's extent map: logical, physical, length, unwritten.
+    Extents(PathArgs),
+    /// An inode's xattr names, value lengths, its filter word and each name's bits.
+    Xattrs(PathArgs),
+    /// Both log areas' commit blocks: valid or not, sequence, blocks logged.
+    Log {
+        /// Image file or block device (opened read-only).
+        image: std::path::PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(cmd: DebugCmd) -> i32 {
+    let with = |a: PathArgs, w| inspect::run(&a.image, &a.path, w, a.json);
     match cmd {
+        DebugCmd::Ls(a) => with(a, What::Ls),
+        DebugCmd::Stat(a) => with(a, What::Stat),
+        DebugCmd::Htree(a) => with(a, What::Htree),
+        DebugCmd::Extents(a) => with(a, What::Extents),
+        DebugCmd::Xattrs(a) => with(a, What::Xattrs),
+        DebugCmd::Log { image, json } => inspect::run(&image, "/", What::Log, json),
         DebugCmd::Hash { version, seed, name, .. } => {
             let Some(v) = HashVersion::parse(&version) else {
                 return fail(format!("unknown hash version {version:?}"), 8);

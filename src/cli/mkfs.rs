@@ -44,6 +44,10 @@ pub struct MkfsArgs {
     /// by default whoever runs mkfs).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
+    /// Populate the new volume from this directory tree (as mke2fs -d); the root takes
+    /// the directory's mode, owner, times and xattrs.
+    #[arg(short = 'd', value_name = "DIR")]
+    root_dir: Option<PathBuf>,
 }
 
 /// The root directory's owner from `-E root_owner=UID:GID`, else the caller.
@@ -163,7 +167,10 @@ pub fn run(a: MkfsArgs) -> i32 {
                 format_seed(sb.hash_seed),
                 uuid::Uuid::from_bytes(sb.uuid)
             );
-            0
+            match &a.root_dir {
+                Some(d) => super::export::populate(dev, d),
+                None => 0,
+            }
         }
         Err(e) => fail(format!("mkfs failed: {e}"), 8),
     }

@@ -7,8 +7,10 @@ use std::path::Path;
 use clap::{Parser, Subcommand};
 
 mod debug;
+mod export;
 mod fsck;
 mod info;
+mod inspect;
 mod mkfs;
 mod mount;
 mod stats;
@@ -16,6 +18,7 @@ mod sync;
 mod trim;
 
 use debug::DebugCmd;
+use export::ExportArgs;
 use fsck::FsckArgs;
 use info::InfoArgs;
 use mkfs::MkfsArgs;
@@ -47,6 +50,8 @@ enum Cmd {
     Sync(SyncArgs),
     /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
     Trim(TrimArgs),
+    /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
+    Export(ExportArgs),
     /// Debugging aids.
     #[command(subcommand)]
     Debug(DebugCmd),
@@ -105,6 +110,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Sync(a) => sync::run(a),
         Cmd::Trim(a) => trim::run(a),
         Cmd::Debug(c) => debug::run(c),
+        Cmd::Export(a) => export::run(a),
     }
 }
 

@@ -61,6 +61,10 @@ pub struct MountArgs {
     /// Seconds the kernel may cache names.
     #[arg(long, value_name = "S")]
     entry_timeout: Option<f64>,
+    /// Log more to stderr: -v for info (mount, unmount, lookup balance, request summary),
+    /// -vv for debug, -vvv for trace. RUST_LOG, when set, takes precedence.
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 /// Set by `dxfs mount --daemon` in the environment of the background copy it starts.
@@ -194,9 +198,18 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     if let Err(e) = sigs.thread_block() {
         return fail(format!("cannot block signals: {e}"), 8);
     }
+    let level = match a.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},fuser=error")));
+    // Colours only for a terminal: a log file or a pipe gets plain text. The background
+    // copy started by --daemon points its stderr at a file or /dev/null later.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os(DAEMON_CHILD_ENV).is_none();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 
     let nbd = dxfs::block::is_nbd_uri(&a.image.to_string_lossy());
     let image = match std::path::absolute(&a.image) {

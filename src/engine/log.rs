@@ -54,6 +54,15 @@ fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
     Ok(Some((get_u64(&b, 16), get_u32(&b, 24) as usize)))
 }
 
+/// A log area's first block, and (sequence, blocks logged) when its commit block is valid.
+pub type AreaCommit = (u64, Option<(u64, usize)>);
+
+/// Each log area's commit block (inspector).
+pub fn commit_blocks(dev: &dyn BlockDevice, layout: Layout) -> Result<[AreaCommit; 2]> {
+    let (a, b) = (layout.log_area(0), layout.log_area(1));
+    Ok([(a, read_commit(dev, a)?), (b, read_commit(dev, b)?)])
+}
+
 impl Journal {
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.

@@ -64,10 +64,12 @@ use crate::error::{Error, Result};
 
 mod balance;
 mod check;
+mod dump;
 mod node;
 
 use balance::*;
 pub use check::{blocks, check};
+pub use dump::leaves;
 use node::*;
 
 /// Magic number of a B+tree node: the bytes "DXTN" on disk.

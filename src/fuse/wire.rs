@@ -664,9 +664,7 @@ impl<'a> Request<'a> {
                 need("fuse_batch_forget_in", arg, 8)?;
                 let count = u32_at(arg, 0) as usize;
                 need("fuse_forget_one[]", rest, count.saturating_mul(16))?;
-                Request::BatchForget(
-                    (0..count).map(|i| (u64_at(rest, i * 16), u64_at(rest, i * 16 + 8))).collect(),
-                )
+                Request::BatchForget((0..count).map(|i| (u64_at(rest, i * 16), u64_at(rest, i * 16 + 8))).collect())
             }
             opcode::GETATTR => {
                 need("fuse_getattr_in", arg, 16)?;
@@ -1001,10 +999,10 @@ mod tests {
             &[16, 0, 12, 0],
             &[0, 0, 2, 0],
             &[1, 0, 0, 0],
-            &[32, 0, 0, 0],       // max_pages, map_alignment
-            &[0, 2, 0, 0],        // flags2: OVER_IO_URING >> 32 = 1 << 9
-            &[0; 4],              // max_stack_depth
-            &[0; 24],             // request_timeout, unused
+            &[32, 0, 0, 0], // max_pages, map_alignment
+            &[0, 2, 0, 0],  // flags2: OVER_IO_URING >> 32 = 1 << 9
+            &[0; 4],        // max_stack_depth
+            &[0; 24],       // request_timeout, unused
         ]
         .concat();
         assert_eq!(v, want);

@@ -1,0 +1,723 @@
+//! What FUSE over io_uring buys on this machine: an in-memory file system served through
+//! the classic `/dev/fuse` read/write loop or through io_uring queues, timed from a
+//! client thread. Needs root (it mounts with mount(2)) and /dev/fuse.
+//!
+//! cargo run --release --example fuse_transport_probe -- [--files N] [--runs R]
+//!     [--modes classic1,classic2,pinned,uring,uring-defer] [--depth D]
+//!
+//! Each mode mounts a fresh file system (type `fuse.probe`, `default_permissions`, all
+//! entry and attribute timeouts zero) on a directory under /tmp, and runs R rounds of,
+//! on N files in its root: create (open O_CREAT|O_EXCL + close), stat, lgetxattr of a
+//! missing `user.missing`, unlink. It prints µs per operation (median of the rounds) and
+//! the FUSE requests each operation cost, with how many came through the ring.
+//!
+//! Modes: `classic1` / `classic2`: 1 or 2 threads reading /dev/fuse; `pinned`: one
+//! thread on /dev/fuse pinned to CPU 0 and the client pinned to CPU 0 too (the
+//! reference: no cross-CPU wake-up); `uring`: one io_uring queue per possible CPU, each
+//! served by a thread pinned to that CPU (plus the /dev/fuse thread the kernel still
+//! needs for FORGET and INTERRUPT); `uring-defer`: the same with
+//! IORING_SETUP_DEFER_TASKRUN. When the kernel does not offer FUSE_OVER_IO_URING
+//! (`/sys/module/fuse/parameters/enable_uring` is N) or registration fails, the uring
+//! modes say so and measure the classic fallback instead.
+//!
+//! Every exit path unmounts: errors and panics through a guard, SIGINT/SIGTERM through a
+//! signal thread that detaches the mount.
+#![deny(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dxfs::fuse::uring::{Queue, QueueConfig};
+use dxfs::fuse::wire::{
+    self, init, opcode, split_classic, Attr, AttrOut, EntryOut, InHeader, InitIn, InitOut, OpenOut, Request, StatfsOut,
+    Valid,
+};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::unistd::Pid;
+
+const MAX_WRITE: u32 = 128 * 1024;
+const MAX_PAGES: u16 = 32;
+
+/// The one unsafe call: lgetxattr(2), which neither std nor nix wraps.
+mod sys {
+    #![allow(unsafe_code)]
+    use std::ffi::CString;
+    use std::io;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    /// lgetxattr(path, name, NULL, 0): the value's size, or the error.
+    pub fn lgetxattr_size(path: &Path, name: &str) -> io::Result<usize> {
+        let p = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+        let n = CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: both pointers are NUL-terminated strings that outlive the call; a null
+        // value buffer of size 0 asks only for the size, so the kernel writes nothing.
+        let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The in-memory file system, shared by both transports.
+
+struct Node {
+    attr: Attr,
+    lookups: u64,
+    data: Vec<u8>,
+}
+
+struct Inner {
+    names: HashMap<Vec<u8>, u64>,
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
+    next_fh: u64,
+}
+
+struct Fs {
+    inner: Mutex<Inner>,
+    /// Requests per opcode, and how many of them came through a ring.
+    by_op: Vec<AtomicU64>,
+    via_ring: AtomicU64,
+    forgets: AtomicU64,
+}
+
+fn now() -> (u64, u32) {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (d.as_secs(), d.subsec_nanos())
+}
+
+const ZERO: Valid = Valid { secs: 0, nsecs: 0 };
+
+impl Fs {
+    fn new() -> Fs {
+        let (s, ns) = now();
+        let root = Attr {
+            ino: 1,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            blksize: 4096,
+            atime: s,
+            mtime: s,
+            ctime: s,
+            atimensec: ns,
+            mtimensec: ns,
+            ctimensec: ns,
+            ..Attr::default()
+        };
+        let mut nodes = HashMap::new();
+        nodes.insert(1, Node { attr: root, lookups: 1, data: Vec::new() });
+        Fs {
+            inner: Mutex::new(Inner { names: HashMap::new(), nodes, next_ino: 2, next_fh: 1 }),
+            by_op: (0..64).map(|_| AtomicU64::new(0)).collect(),
+            via_ring: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
+        }
+    }
+
+    fn requests(&self) -> (u64, u64) {
+        (self.by_op.iter().map(|c| c.load(Ordering::Relaxed)).sum(), self.via_ring.load(Ordering::Relaxed))
+    }
+
+    fn live_inodes(&self) -> usize {
+        self.inner.lock().unwrap().nodes.len() - 1
+    }
+
+    fn forget(inner: &mut Inner, ino: u64, n: u64) {
+        if ino == wire::ROOT_ID {
+            return;
+        }
+        if let Some(node) = inner.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(n);
+            if node.lookups == 0 && node.attr.nlink == 0 {
+                inner.nodes.remove(&ino);
+            }
+        }
+    }
+
+    /// Serve one request: Ok(body) or Err(errno). Requests without a reply return
+    /// Ok(None).
+    fn handle(&self, h: &InHeader, req: &Request<'_>, ring: bool) -> Result<Option<Vec<u8>>, i32> {
+        if let Some(c) = self.by_op.get(h.opcode as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if ring {
+            self.via_ring.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut out = Vec::new();
+        let mut g = self.inner.lock().unwrap();
+        let inner = &mut *g;
+        match *req {
+            Request::Lookup { name } => {
+                if h.nodeid != wire::ROOT_ID {
+                    return Err(libc::ENOENT);
+                }
+                let ino = *inner.names.get(name).ok_or(libc::ENOENT)?;
+                let node = inner.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+                node.lookups += 1;
+                EntryOut { nodeid: ino, generation: 1, entry_valid: ZERO, attr_valid: ZERO, attr: node.attr }
+                    .encode(&mut out);
+            }
+            Request::Getattr { .. } => {
+                let node = inner.nodes.get(&h.nodeid).ok_or(libc::ENOENT)?;
+                AttrOut { attr_valid: ZERO, attr: node.attr }.encode(&mut out);
+            }
+            Request::Create { mode, umask, name, .. } => {
+                if h.nodeid != wire::ROOT_ID {
+                    return Err(libc::ENOENT);
+                }
+                if inner.names.contains_key(name) {
+                    return Err(libc::EEXIST);
+                }
+                let ino = inner.next_ino;
+                inner.next_ino += 1;
+                let (s, ns) = now();
+                let attr = Attr {
+                    ino,
+                    mode: libc::S_IFREG | (mode & 0o7777 & !umask),
+                    nlink: 1,
+                    uid: h.uid,
+                    gid: h.gid,
+                    blksize: 4096,
+                    atime: s,
+                    mtime: s,
+                    ctime: s,
+                    atimensec: ns,
+                    mtimensec: ns,
+                    ctimensec: ns,
+                    ..Attr::default()
+                };
+                inner.names.insert(name.to_vec(), ino);
+                inner.nodes.insert(ino, Node { attr, lookups: 1, data: Vec::new() });
+                let fh = inner.next_fh;
+                inner.next_fh += 1;
+                EntryOut { nodeid: ino, generation: 1, entry_valid: ZERO, attr_valid: ZERO, attr }.encode(&mut out);
+                OpenOut { fh, open_flags: 0 }.encode(&mut out);
+            }
+            Request::Open { .. } => {
+                let fh = inner.next_fh;
+                inner.next_fh += 1;
+                OpenOut { fh, open_flags: 0 }.encode(&mut out);
+            }
+            Request::Write { offset, data, .. } => {
+                let node = inner.nodes.get_mut(&h.nodeid).ok_or(libc::ENOENT)?;
+                let end = offset as usize + data.len();
+                if node.data.len() < end {
+                    node.data.resize(end, 0);
+                }
+                node.data[offset as usize..end].copy_from_slice(data);
+                node.attr.size = node.data.len() as u64;
+                wire::encode_size_out(data.len() as u32, &mut out);
+            }
+            Request::Read { offset, size, .. } => {
+                let node = inner.nodes.get(&h.nodeid).ok_or(libc::ENOENT)?;
+                let start = (offset as usize).min(node.data.len());
+                let end = (start + size as usize).min(node.data.len());
+                out.extend_from_slice(&node.data[start..end]);
+            }
+            Request::Flush { .. } | Request::Release { .. } | Request::Destroy => {}
+            Request::Unlink { name } => {
+                let ino = inner.names.remove(name).ok_or(libc::ENOENT)?;
+                if let Some(node) = inner.nodes.get_mut(&ino) {
+                    node.attr.nlink = 0;
+                }
+                Fs::forget(inner, ino, 0);
+            }
+            Request::Getxattr { .. } => return Err(libc::ENODATA),
+            Request::Forget { nlookup } => {
+                self.forgets.fetch_add(1, Ordering::Relaxed);
+                Fs::forget(inner, h.nodeid, nlookup);
+                return Ok(None);
+            }
+            Request::BatchForget(ref list) => {
+                for &(ino, n) in list {
+                    self.forgets.fetch_add(1, Ordering::Relaxed);
+                    Fs::forget(inner, ino, n);
+                }
+                return Ok(None);
+            }
+            Request::Interrupt { .. } => return Ok(None),
+            Request::Statfs => StatfsOut {
+                blocks: 1 << 20,
+                bfree: 1 << 19,
+                bavail: 1 << 19,
+                files: 1 << 20,
+                ffree: 1 << 19,
+                bsize: 4096,
+                namelen: 255,
+                frsize: 4096,
+            }
+            .encode(&mut out),
+            Request::Other(opcode::OPENDIR) => OpenOut { fh: 0, open_flags: 0 }.encode(&mut out),
+            Request::Other(opcode::RELEASEDIR) | Request::Other(opcode::ACCESS) => {}
+            Request::Init(_) | Request::Other(_) => return Err(libc::ENOSYS),
+        }
+        Ok(Some(out))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Mounting, INIT, the transports.
+
+/// The mount and its directory; unmounted and removed on drop.
+struct MountGuard {
+    dir: PathBuf,
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        match umount2(&self.dir, MntFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+            Err(e) => {
+                eprintln!("umount {}: {e}; detaching", self.dir.display());
+                let _ = umount2(&self.dir, MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+static STOPPING: AtomicBool = AtomicBool::new(false);
+static CURRENT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+fn mount_probe(dev: &File) -> io::Result<MountGuard> {
+    let dir = std::env::temp_dir().join(format!("fuse-probe-{}-{}", std::process::id(), now().1));
+    std::fs::create_dir(&dir)?;
+    let opts = format!("fd={},rootmode=40000,user_id=0,group_id=0,default_permissions", dev.as_raw_fd());
+    if let Err(e) =
+        mount(Some("probe"), &dir, Some("fuse.probe"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str()))
+    {
+        let _ = std::fs::remove_dir(&dir);
+        return Err(io::Error::other(format!("mount(2) of fuse.probe on {}: {e}", dir.display())));
+    }
+    *CURRENT.lock().unwrap() = Some(dir.clone());
+    Ok(MountGuard { dir })
+}
+
+/// Read INIT from /dev/fuse and answer it, asking for io_uring when `want_uring` and
+/// offered. Returns whether the kernel offered FUSE_OVER_IO_URING.
+fn do_init(dev: &File, want_uring: bool) -> io::Result<bool> {
+    let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
+    let n = (&*dev).read(&mut buf)?;
+    let (h, arg, _) = split_classic(&buf[..n]).map_err(io::Error::other)?;
+    if h.opcode != opcode::INIT {
+        return Err(io::Error::other(format!("first request is opcode {}, not INIT", h.opcode)));
+    }
+    let i = InitIn::parse(arg).map_err(io::Error::other)?;
+    if i.major != wire::KERNEL_VERSION {
+        return Err(io::Error::other(format!("kernel speaks FUSE {}.{}", i.major, i.minor)));
+    }
+    let offered = i.flags & init::OVER_IO_URING != 0;
+    let mut flags =
+        i.flags & (init::ASYNC_READ | init::BIG_WRITES | init::PARALLEL_DIROPS | init::MAX_PAGES | init::INIT_EXT);
+    if want_uring && offered {
+        flags |= init::OVER_IO_URING;
+    }
+    let mut body = Vec::new();
+    InitOut {
+        major: wire::KERNEL_VERSION,
+        minor: wire::KERNEL_MINOR_VERSION.min(i.minor),
+        max_readahead: i.max_readahead,
+        flags,
+        max_background: 16,
+        congestion_threshold: 12,
+        max_write: MAX_WRITE,
+        time_gran: 1,
+        max_pages: MAX_PAGES,
+    }
+    .encode(&mut body);
+    (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
+    Ok(offered)
+}
+
+/// The classic loop: read a request from /dev/fuse, answer it, until the connection ends.
+fn serve_classic(dev: Arc<File>, fs: Arc<Fs>) {
+    let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
+    loop {
+        let n = match (&*dev).read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                Some(libc::ENODEV) => return, // unmounted
+                _ => {
+                    eprintln!("/dev/fuse read: {e}");
+                    return;
+                }
+            },
+        };
+        let reply = match split_classic(&buf[..n]) {
+            Ok((h, arg, rest)) => match Request::parse(h.opcode, arg, rest) {
+                Ok(req) => match fs.handle(&h, &req, false) {
+                    Ok(Some(body)) => Some(wire::reply(h.unique, 0, &body)),
+                    Ok(None) => None,
+                    Err(errno) => Some(wire::reply(h.unique, errno, &[])),
+                },
+                Err(e) => {
+                    eprintln!("bad request (opcode {}): {e}", h.opcode);
+                    Some(wire::reply(h.unique, libc::EIO, &[]))
+                }
+            },
+            Err(e) => {
+                eprintln!("bad request: {e}");
+                None
+            }
+        };
+        if let Some(r) = reply {
+            // ENOENT: the request was interrupted and is gone; nothing to do.
+            if let Err(e) = (&*dev).write_all(&r) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    eprintln!("/dev/fuse write: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn pin_to(cpu: usize) -> io::Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(io::Error::other)?;
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(io::Error::other)
+}
+
+/// One io_uring queue: register, then answer requests until the connection ends.
+/// Reports registration's outcome on `registered`.
+fn serve_queue(dev: Arc<File>, fs: Arc<Fs>, qid: u16, cfg: QueueConfig, registered: mpsc::Sender<io::Result<()>>) {
+    if let Err(e) = pin_to(qid as usize) {
+        let _ = registered.send(Err(io::Error::other(format!("pinning queue {qid}: {e}"))));
+        return;
+    }
+    let mut q = match Queue::new(dev, qid, cfg) {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = registered.send(Err(io::Error::other(format!("io_uring setup for queue {qid}: {e}"))));
+            return;
+        }
+    };
+    if let Err(e) = q.register() {
+        let _ = registered.send(Err(io::Error::other(format!("FUSE_IO_URING_CMD_REGISTER on queue {qid}: {e}"))));
+        return;
+    }
+    let _ = registered.send(Ok(()));
+    drop(registered);
+    loop {
+        let c = match q.wait() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // all entries back
+            Err(e) => {
+                eprintln!("queue {qid}: {e}");
+                return;
+            }
+        };
+        if c.res != 0 {
+            if c.res != -libc::ENOTCONN && !STOPPING.load(Ordering::Relaxed) {
+                eprintln!("queue {qid} entry {}: {}", c.ent, io::Error::from_raw_os_error(-c.res));
+            }
+            continue;
+        }
+        let (commit_id, errno, body) = match q.request(c.ent) {
+            Ok(inc) => match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
+                Ok(req) => match fs.handle(&inc.header, &req, true) {
+                    Ok(b) => (inc.commit_id, 0, b.unwrap_or_default()),
+                    Err(errno) => (inc.commit_id, errno, Vec::new()),
+                },
+                Err(e) => {
+                    eprintln!("queue {qid}: bad request (opcode {}): {e}", inc.header.opcode);
+                    (inc.commit_id, libc::EIO, Vec::new())
+                }
+            },
+            Err(e) => {
+                eprintln!("queue {qid}: unreadable entry: {e}");
+                return;
+            }
+        };
+        if let Err(e) = q.commit(c.ent, commit_id, errno, &body) {
+            eprintln!("queue {qid}: commit: {e}");
+            return;
+        }
+    }
+}
+
+/// Queues the kernel expects: one per possible CPU (`num_possible_cpus()`).
+fn possible_cpus() -> usize {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let max = s.trim().split(',').filter_map(|r| r.rsplit('-').next().and_then(|n| n.parse::<usize>().ok())).max();
+    max.map(|m| m + 1).unwrap_or_else(|| thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Classic1,
+    Classic2,
+    Pinned,
+    Uring,
+    UringDefer,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Option<Mode> {
+        Some(match s {
+            "classic1" => Mode::Classic1,
+            "classic2" => Mode::Classic2,
+            "pinned" => Mode::Pinned,
+            "uring" => Mode::Uring,
+            "uring-defer" => Mode::UringDefer,
+            _ => return None,
+        })
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Classic1 => "classic, 1 thread",
+            Mode::Classic2 => "classic, 2 threads",
+            Mode::Pinned => "classic, 1 thread, caller on its CPU",
+            Mode::Uring => "io_uring, 1 queue/CPU, pinned",
+            Mode::UringDefer => "io_uring + DEFER_TASKRUN",
+        }
+    }
+}
+
+struct Row {
+    label: String,
+    us: [f64; 4],
+    reqs: [f64; 4],
+    ring_share: f64,
+    note: String,
+}
+
+const OPS: [&str; 4] = ["create", "stat", "getxattr-miss", "unlink"];
+
+/// Mount, serve in `mode`, run the client, unmount.
+fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<Row> {
+    let dev = Arc::new(OpenOptions::new().read(true).write(true).open("/dev/fuse")?);
+    let guard = mount_probe(&dev)?;
+    let want_uring = matches!(mode, Mode::Uring | Mode::UringDefer);
+    let offered = do_init(&dev, want_uring)?;
+    let fs = Arc::new(Fs::new());
+    let mut note = String::new();
+    let mut servers = Vec::new();
+    let classic_threads = if mode == Mode::Classic2 { 2 } else { 1 };
+    for _ in 0..classic_threads {
+        let (d, f) = (dev.clone(), fs.clone());
+        let pinned = mode == Mode::Pinned;
+        servers.push(thread::spawn(move || {
+            if pinned {
+                if let Err(e) = pin_to(0) {
+                    eprintln!("pinning the /dev/fuse thread: {e}");
+                }
+            }
+            serve_classic(d, f)
+        }));
+    }
+    if want_uring && !offered {
+        note = "kernel did not offer FUSE_OVER_IO_URING (enable_uring=N?): classic fallback".into();
+        eprintln!("{}: {note}", mode.label());
+    } else if want_uring {
+        let payload_size = wire::uring::payload_size(MAX_WRITE, MAX_PAGES, 4096);
+        let cfg = QueueConfig { depth, payload_size, defer_taskrun: mode == Mode::UringDefer };
+        let (tx, rx) = mpsc::channel();
+        for qid in 0..possible_cpus() {
+            let (d, f, tx) = (dev.clone(), fs.clone(), tx.clone());
+            servers.push(thread::spawn(move || serve_queue(d, f, qid as u16, cfg, tx)));
+        }
+        drop(tx);
+        // One message per queue; a queue thread that died without one ends the iteration.
+        let failures: Vec<String> =
+            rx.iter().take(possible_cpus()).filter_map(|r| r.err().map(|e| e.to_string())).collect();
+        if !failures.is_empty() {
+            note = format!("uring registration failed ({}): classic fallback", failures.join("; "));
+            eprintln!("{}: {note}", mode.label());
+        }
+    }
+    let dir = guard.dir.clone();
+    let client_cpu = if mode == Mode::Pinned { Some(0) } else { None };
+    let fs2 = fs.clone();
+    let client = thread::spawn(move || -> io::Result<Vec<([f64; 4], [f64; 4])>> {
+        if let Some(cpu) = client_cpu {
+            pin_to(cpu)?;
+        }
+        let mut rounds = Vec::new();
+        for _ in 0..runs {
+            rounds.push(client_round(&dir, files, &fs2)?);
+        }
+        Ok(rounds)
+    });
+    let result = client.join().map_err(|_| io::Error::other("client thread panicked"))?;
+    let (total, ring) = fs.requests();
+    // Give the kernel's FORGETs of the unlinked files a moment (they are batched).
+    thread::sleep(Duration::from_millis(200));
+    let live = fs.live_inodes();
+    let forgets = fs.forgets.load(Ordering::Relaxed);
+    STOPPING.store(true, Ordering::Relaxed);
+    drop(guard);
+    for s in servers {
+        let _ = s.join();
+    }
+    STOPPING.store(false, Ordering::Relaxed);
+    *CURRENT.lock().unwrap() = None;
+    let rounds = result?;
+    let mut us = [0.0; 4];
+    let mut reqs = [0.0; 4];
+    for k in 0..4 {
+        us[k] = median(rounds.iter().map(|r| r.0[k]).collect());
+        reqs[k] = median(rounds.iter().map(|r| r.1[k]).collect());
+    }
+    if !note.is_empty() {
+        note.push_str("; ");
+    }
+    note.push_str(&format!("forgets {forgets}, inodes left {live}"));
+    Ok(Row {
+        label: mode.label().into(),
+        us,
+        reqs,
+        ring_share: if total == 0 { 0.0 } else { ring as f64 / total as f64 },
+        note,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// One round on `files` files: µs per op and requests per op, for each of [`OPS`].
+fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64; 4])> {
+    let paths: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i}"))).collect();
+    let mut us = [0.0; 4];
+    let mut reqs = [0.0; 4];
+    for (k, us_k) in us.iter_mut().enumerate() {
+        let before = fs.requests().0;
+        let t = Instant::now();
+        for p in &paths {
+            if STOPPING.load(Ordering::Relaxed) {
+                return Err(io::Error::other("interrupted"));
+            }
+            match k {
+                0 => drop(OpenOptions::new().write(true).create_new(true).open(p)?),
+                1 => drop(std::fs::metadata(p)?),
+                2 => match sys::lgetxattr_size(p, "user.missing") {
+                    Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                    Ok(_) => return Err(io::Error::other("user.missing exists")),
+                    Err(e) => return Err(e),
+                },
+                _ => std::fs::remove_file(p)?,
+            }
+        }
+        *us_k = t.elapsed().as_secs_f64() * 1e6 / files as f64;
+        reqs[k] = (fs.requests().0 - before) as f64 / files as f64;
+    }
+    Ok((us, reqs))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let mut files = 2000usize;
+    let mut runs = 5usize;
+    let mut depth = 4usize;
+    let mut modes = vec![Mode::Classic1, Mode::Classic2, Mode::Pinned, Mode::Uring, Mode::UringDefer];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        match a.as_str() {
+            "--files" => files = val().parse().unwrap_or_else(|_| usage("--files N")),
+            "--runs" => runs = val().parse().unwrap_or_else(|_| usage("--runs R")),
+            "--depth" => depth = val().parse().unwrap_or_else(|_| usage("--depth D")),
+            "--modes" => {
+                modes = val().split(',').map(|m| Mode::parse(m).unwrap_or_else(|| usage(m))).collect();
+            }
+            _ => usage(&a),
+        }
+    }
+    if files == 0 || runs == 0 {
+        usage("--files and --runs must be at least 1");
+    }
+
+    // SIGINT/SIGTERM: detach the current mount so the client stops, then exit.
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None) {
+        eprintln!("blocking signals: {e}");
+    }
+    thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            eprintln!("{sig}: unmounting");
+            STOPPING.store(true, Ordering::Relaxed);
+            if let Some(dir) = CURRENT.lock().unwrap().take() {
+                let _ = umount2(&dir, MntFlags::MNT_DETACH);
+                let _ = std::fs::remove_dir(&dir);
+            }
+            std::process::exit(130);
+        }
+    });
+
+    let enable = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("unreadable ({e})"));
+    println!(
+        "fuse_transport_probe: {files} files x {runs} rounds, queue depth {depth}, {} possible CPUs, enable_uring={enable}, load {}",
+        possible_cpus(),
+        loadavg()
+    );
+    let mut rows = Vec::new();
+    for m in modes {
+        match run_mode(m, files, runs, depth) {
+            Ok(r) => rows.push(r),
+            Err(e) => {
+                eprintln!("{}: {e}", m.label());
+                std::process::exit(1);
+            }
+        }
+    }
+    println!();
+    println!(
+        "| transport | create µs | stat µs | getxattr miss µs | unlink µs | requests/op (c/s/g/u) | via ring | notes |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}/{:.1}/{:.1}/{:.1} | {:.0}% | {} |",
+            r.label,
+            r.us[0],
+            r.us[1],
+            r.us[2],
+            r.us[3],
+            r.reqs[0],
+            r.reqs[1],
+            r.reqs[2],
+            r.reqs[3],
+            r.ring_share * 100.0,
+            r.note
+        );
+    }
+    println!();
+    println!("(medians of {runs} rounds of {files} ops; {}; load after: {})", OPS.join(", "), loadavg());
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("fuse_transport_probe: {msg}");
+    eprintln!(
+        "usage: fuse_transport_probe [--files N] [--runs R] [--depth D] [--modes classic1,classic2,pinned,uring,uring-defer]"
+    );
+    std::process::exit(2)
+}

@@ -3,7 +3,7 @@
 //! client thread. Needs root (it mounts with mount(2)) and /dev/fuse.
 //!
 //! cargo run --release --example fuse_transport_probe -- [--files N] [--runs R]
-//!     [--modes classic1,classic2,pinned,uring,uring-defer] [--depth D]
+//!     [--modes classic1,classic2,pinned,uring,uring-defer] [--depth D] [--payload BYTES]
 //!
 //! Each mode mounts a fresh file system (type `fuse.probe`, `default_permissions`, all
 //! entry and attribute timeouts zero) on a directory under /tmp, and runs R rounds of,
@@ -490,6 +490,7 @@ impl Mode {
 
 struct Row {
     label: String,
+    mix: [String; 4],
     us: [f64; 4],
     reqs: [f64; 4],
     ring_share: f64,
@@ -499,7 +500,7 @@ struct Row {
 const OPS: [&str; 4] = ["create", "stat", "getxattr-miss", "unlink"];
 
 /// Mount, serve in `mode`, run the client, unmount.
-fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<Row> {
+fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option<usize>) -> io::Result<Row> {
     let dev = Arc::new(OpenOptions::new().read(true).write(true).open("/dev/fuse")?);
     let guard = mount_probe(&dev)?;
     let want_uring = matches!(mode, Mode::Uring | Mode::UringDefer);
@@ -524,7 +525,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<R
         note = "kernel did not offer FUSE_OVER_IO_URING (enable_uring=N?): classic fallback".into();
         eprintln!("{}: {note}", mode.label());
     } else if want_uring {
-        let payload_size = wire::uring::payload_size(MAX_WRITE, MAX_PAGES, 4096);
+        let payload_size = payload.unwrap_or_else(|| wire::uring::payload_size(MAX_WRITE, MAX_PAGES, 4096));
         let cfg = QueueConfig { depth, payload_size, defer_taskrun: mode == Mode::UringDefer };
         let (tx, rx) = mpsc::channel();
         for qid in 0..possible_cpus() {
@@ -543,7 +544,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<R
     let dir = guard.dir.clone();
     let client_cpu = if mode == Mode::Pinned { Some(0) } else { None };
     let fs2 = fs.clone();
-    let client = thread::spawn(move || -> io::Result<Vec<([f64; 4], [f64; 4])>> {
+    let client = thread::spawn(move || -> io::Result<Vec<([f64; 4], [f64; 4], [String; 4])>> {
         if let Some(cpu) = client_cpu {
             pin_to(cpu)?;
         }
@@ -567,6 +568,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<R
     STOPPING.store(false, Ordering::Relaxed);
     *CURRENT.lock().unwrap() = None;
     let rounds = result?;
+    let mix = rounds.last().map(|r| r.2.clone()).unwrap_or_default();
     let mut us = [0.0; 4];
     let mut reqs = [0.0; 4];
     for k in 0..4 {
@@ -579,6 +581,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize) -> io::Result<R
     note.push_str(&format!("forgets {forgets}, inodes left {live}"));
     Ok(Row {
         label: mode.label().into(),
+        mix,
         us,
         reqs,
         ring_share: if total == 0 { 0.0 } else { ring as f64 / total as f64 },
@@ -596,12 +599,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One round on `files` files: µs per op and requests per op, for each of [`OPS`].
-fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64; 4])> {
+fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64; 4], [String; 4])> {
     let paths: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i}"))).collect();
     let mut us = [0.0; 4];
     let mut reqs = [0.0; 4];
+    let mut mix: [String; 4] = Default::default();
     for (k, us_k) in us.iter_mut().enumerate() {
         let before = fs.requests().0;
+        let ops_before: Vec<u64> = fs.by_op.iter().map(|c| c.load(Ordering::Relaxed)).collect();
         let t = Instant::now();
         for p in &paths {
             if STOPPING.load(Ordering::Relaxed) {
@@ -620,8 +625,36 @@ fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64
         }
         *us_k = t.elapsed().as_secs_f64() * 1e6 / files as f64;
         reqs[k] = (fs.requests().0 - before) as f64 / files as f64;
+        mix[k] = fs
+            .by_op
+            .iter()
+            .enumerate()
+            .filter_map(|(op, c)| {
+                let n = c.load(Ordering::Relaxed) - ops_before[op];
+                (n > 0).then(|| format!("{} {:.2}", opcode_name(op), n as f64 / files as f64))
+            })
+            .collect::<Vec<_>>()
+            .join(" + ");
     }
-    Ok((us, reqs))
+    Ok((us, reqs, mix))
+}
+
+fn opcode_name(op: usize) -> String {
+    match op as u32 {
+        opcode::LOOKUP => "LOOKUP".into(),
+        opcode::GETATTR => "GETATTR".into(),
+        opcode::CREATE => "CREATE".into(),
+        opcode::FLUSH => "FLUSH".into(),
+        opcode::RELEASE => "RELEASE".into(),
+        opcode::UNLINK => "UNLINK".into(),
+        opcode::GETXATTR => "GETXATTR".into(),
+        opcode::FORGET => "FORGET".into(),
+        opcode::BATCH_FORGET => "BATCH_FORGET".into(),
+        opcode::OPEN => "OPEN".into(),
+        opcode::ACCESS => "ACCESS".into(),
+        52 => "STATX (ENOSYS)".into(),
+        other => format!("op{other}"),
+    }
 }
 
 fn loadavg() -> String {
@@ -634,6 +667,7 @@ fn main() {
     let mut files = 2000usize;
     let mut runs = 5usize;
     let mut depth = 4usize;
+    let mut payload = None;
     let mut modes = vec![Mode::Classic1, Mode::Classic2, Mode::Pinned, Mode::Uring, Mode::UringDefer];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -642,6 +676,9 @@ fn main() {
             "--files" => files = val().parse().unwrap_or_else(|_| usage("--files N")),
             "--runs" => runs = val().parse().unwrap_or_else(|_| usage("--runs R")),
             "--depth" => depth = val().parse().unwrap_or_else(|_| usage("--depth D")),
+            // Payload buffer size per entry; a size below the kernel's minimum shows the
+            // fallback when registration fails.
+            "--payload" => payload = Some(val().parse().unwrap_or_else(|_| usage("--payload BYTES"))),
             "--modes" => {
                 modes = val().split(',').map(|m| Mode::parse(m).unwrap_or_else(|| usage(m))).collect();
             }
@@ -681,7 +718,7 @@ fn main() {
     );
     let mut rows = Vec::new();
     for m in modes {
-        match run_mode(m, files, runs, depth) {
+        match run_mode(m, files, runs, depth, payload) {
             Ok(r) => rows.push(r),
             Err(e) => {
                 eprintln!("{}: {e}", m.label());
@@ -711,13 +748,20 @@ fn main() {
         );
     }
     println!();
+    if let Some(r) = rows.first() {
+        println!("Requests per operation ({}, last round):", r.label);
+        for (k, op) in OPS.iter().enumerate() {
+            println!("  {op}: {}", r.mix[k]);
+        }
+    }
+    println!();
     println!("(medians of {runs} rounds of {files} ops; {}; load after: {})", OPS.join(", "), loadavg());
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("fuse_transport_probe: {msg}");
     eprintln!(
-        "usage: fuse_transport_probe [--files N] [--runs R] [--depth D] [--modes classic1,classic2,pinned,uring,uring-defer]"
+        "usage: fuse_transport_probe [--files N] [--runs R] [--depth D] [--payload BYTES] [--modes classic1,classic2,pinned,uring,uring-defer]"
     );
     std::process::exit(2)
 }

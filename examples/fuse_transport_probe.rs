@@ -34,10 +34,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use dxfs::fuse::transport::{self, Handler, Reply, TransportChoice};
 use dxfs::fuse::uring::{Queue, QueueConfig};
 use dxfs::fuse::wire::{
-    self, init, opcode, split_classic, Attr, AttrOut, EntryOut, InHeader, InitIn, InitOut, OpenOut, Request, StatfsOut,
-    Valid,
+    self, init, opcode, split_classic, Attr, AttrOut, EntryOut, InHeader, InitIn, OpenOut, Request, StatfsOut, Valid,
 };
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{sched_setaffinity, CpuSet};
@@ -268,6 +268,16 @@ impl Fs {
     }
 }
 
+impl Handler for Fs {
+    fn handle(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply {
+        match Fs::handle(self, h, req, via_ring) {
+            Ok(Some(body)) => Reply::Data(body),
+            Ok(None) => Reply::None,
+            Err(errno) => Reply::Error(errno),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Mounting, INIT, the transports.
 
@@ -306,9 +316,9 @@ fn mount_probe(dev: &File) -> io::Result<MountGuard> {
     Ok(MountGuard { dir })
 }
 
-/// Read INIT from /dev/fuse and answer it, asking for io_uring when `want_uring` and
-/// offered. Returns whether the kernel offered FUSE_OVER_IO_URING.
-fn do_init(dev: &File, want_uring: bool) -> io::Result<bool> {
+/// Read INIT from /dev/fuse and answer it ([`transport::negotiate`]). Returns whether
+/// to start io_uring queues, and why (or why not).
+fn do_init(dev: &File, want_uring: bool) -> io::Result<(bool, String)> {
     let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
     let n = (&*dev).read(&mut buf)?;
     let (h, arg, _) = split_classic(&buf[..n]).map_err(io::Error::other)?;
@@ -316,72 +326,19 @@ fn do_init(dev: &File, want_uring: bool) -> io::Result<bool> {
         return Err(io::Error::other(format!("first request is opcode {}, not INIT", h.opcode)));
     }
     let i = InitIn::parse(arg).map_err(io::Error::other)?;
-    if i.major != wire::KERNEL_VERSION {
-        return Err(io::Error::other(format!("kernel speaks FUSE {}.{}", i.major, i.minor)));
-    }
-    let offered = i.flags & init::OVER_IO_URING != 0;
-    let mut flags =
-        i.flags & (init::ASYNC_READ | init::BIG_WRITES | init::PARALLEL_DIROPS | init::MAX_PAGES | init::INIT_EXT);
-    if want_uring && offered {
-        flags |= init::OVER_IO_URING;
-    }
+    let choice = if want_uring { TransportChoice::Uring } else { TransportChoice::Classic };
+    let wanted = init::ASYNC_READ | init::BIG_WRITES | init::PARALLEL_DIROPS;
+    let n = transport::negotiate(&i, choice, wanted, MAX_WRITE, MAX_PAGES).map_err(io::Error::other)?;
     let mut body = Vec::new();
-    InitOut {
-        major: wire::KERNEL_VERSION,
-        minor: wire::KERNEL_MINOR_VERSION.min(i.minor),
-        max_readahead: i.max_readahead,
-        flags,
-        max_background: 16,
-        congestion_threshold: 12,
-        max_write: MAX_WRITE,
-        time_gran: 1,
-        max_pages: MAX_PAGES,
-    }
-    .encode(&mut body);
+    n.out.encode(&mut body);
     (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
-    Ok(offered)
+    Ok((n.uring, n.why))
 }
 
-/// The classic loop: read a request from /dev/fuse, answer it, until the connection ends.
+/// The classic loop on this thread.
 fn serve_classic(dev: Arc<File>, fs: Arc<Fs>) {
-    let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
-    loop {
-        let n = match (&*dev).read(&mut buf) {
-            Ok(n) => n,
-            Err(e) => match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
-                Some(libc::ENODEV) => return, // unmounted
-                _ => {
-                    eprintln!("/dev/fuse read: {e}");
-                    return;
-                }
-            },
-        };
-        let reply = match split_classic(&buf[..n]) {
-            Ok((h, arg, rest)) => match Request::parse(h.opcode, arg, rest) {
-                Ok(req) => match fs.handle(&h, &req, false) {
-                    Ok(Some(body)) => Some(wire::reply(h.unique, 0, &body)),
-                    Ok(None) => None,
-                    Err(errno) => Some(wire::reply(h.unique, errno, &[])),
-                },
-                Err(e) => {
-                    eprintln!("bad request (opcode {}): {e}", h.opcode);
-                    Some(wire::reply(h.unique, libc::EIO, &[]))
-                }
-            },
-            Err(e) => {
-                eprintln!("bad request: {e}");
-                None
-            }
-        };
-        if let Some(r) = reply {
-            // ENOENT: the request was interrupted and is gone; nothing to do.
-            if let Err(e) = (&*dev).write_all(&r) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    eprintln!("/dev/fuse write: {e}");
-                }
-            }
-        }
+    if let Err(e) = transport::serve_classic(&*dev, &*fs, MAX_WRITE as usize + 4096) {
+        eprintln!("/dev/fuse: {e}");
     }
 }
 
@@ -411,49 +368,17 @@ fn serve_queue(dev: Arc<File>, fs: Arc<Fs>, qid: u16, cfg: QueueConfig, register
     }
     let _ = registered.send(Ok(()));
     drop(registered);
-    loop {
-        let c = match q.wait() {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // all entries back
-            Err(e) => {
-                eprintln!("queue {qid}: {e}");
-                return;
-            }
-        };
-        if c.res != 0 {
-            if c.res != -libc::ENOTCONN && !STOPPING.load(Ordering::Relaxed) {
-                eprintln!("queue {qid} entry {}: {}", c.ent, io::Error::from_raw_os_error(-c.res));
-            }
-            continue;
-        }
-        let (commit_id, errno, body) = match q.request(c.ent) {
-            Ok(inc) => match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
-                Ok(req) => match fs.handle(&inc.header, &req, true) {
-                    Ok(b) => (inc.commit_id, 0, b.unwrap_or_default()),
-                    Err(errno) => (inc.commit_id, errno, Vec::new()),
-                },
-                Err(e) => {
-                    eprintln!("queue {qid}: bad request (opcode {}): {e}", inc.header.opcode);
-                    (inc.commit_id, libc::EIO, Vec::new())
-                }
-            },
-            Err(e) => {
-                eprintln!("queue {qid}: unreadable entry: {e}");
-                return;
-            }
-        };
-        if let Err(e) = q.commit(c.ent, commit_id, errno, &body) {
-            eprintln!("queue {qid}: commit: {e}");
-            return;
-        }
+    if let Err(e) = transport::serve_queue(&mut q, &*fs) {
+        eprintln!("queue {qid}: {e}");
     }
 }
 
-/// Queues the kernel expects: one per possible CPU (`num_possible_cpus()`).
+/// Queues the kernel expects: one per possible CPU.
 fn possible_cpus() -> usize {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
-    let max = s.trim().split(',').filter_map(|r| r.rsplit('-').next().and_then(|n| n.parse::<usize>().ok())).max();
-    max.map(|m| m + 1).unwrap_or_else(|| thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| transport::parse_possible_cpus(&s))
+        .unwrap_or_else(|| thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -504,7 +429,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
     let dev = Arc::new(OpenOptions::new().read(true).write(true).open("/dev/fuse")?);
     let guard = mount_probe(&dev)?;
     let want_uring = matches!(mode, Mode::Uring | Mode::UringDefer);
-    let offered = do_init(&dev, want_uring)?;
+    let (uring, why) = do_init(&dev, want_uring)?;
     let fs = Arc::new(Fs::new());
     let mut note = String::new();
     let mut servers = Vec::new();
@@ -521,10 +446,10 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
             serve_classic(d, f)
         }));
     }
-    if want_uring && !offered {
-        note = "kernel did not offer FUSE_OVER_IO_URING (enable_uring=N?): classic fallback".into();
+    if want_uring && !uring {
+        note = why;
         eprintln!("{}: {note}", mode.label());
-    } else if want_uring {
+    } else if uring {
         let payload_size = payload.unwrap_or_else(|| wire::uring::payload_size(MAX_WRITE, MAX_PAGES, 4096));
         let cfg = QueueConfig { depth, payload_size, defer_taskrun: mode == Mode::UringDefer };
         let (tx, rx) = mpsc::channel();
@@ -544,7 +469,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
     let dir = guard.dir.clone();
     let client_cpu = if mode == Mode::Pinned { Some(0) } else { None };
     let fs2 = fs.clone();
-    let client = thread::spawn(move || -> io::Result<Vec<([f64; 4], [f64; 4], [String; 4])>> {
+    let client = thread::spawn(move || -> io::Result<Vec<Round>> {
         if let Some(cpu) = client_cpu {
             pin_to(cpu)?;
         }
@@ -599,7 +524,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One round on `files` files: µs per op and requests per op, for each of [`OPS`].
-fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64; 4], [String; 4])> {
+/// One round's µs per op, requests per op, and the opcodes behind them.
+type Round = ([f64; 4], [f64; 4], [String; 4]);
+
+fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<Round> {
     let paths: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i}"))).collect();
     let mut us = [0.0; 4];
     let mut reqs = [0.0; 4];
@@ -614,7 +542,9 @@ fn client_round(dir: &Path, files: usize, fs: &Fs) -> io::Result<([f64; 4], [f64
             }
             match k {
                 0 => drop(OpenOptions::new().write(true).create_new(true).open(p)?),
-                1 => drop(std::fs::metadata(p)?),
+                1 => {
+                    std::fs::metadata(p)?;
+                }
                 2 => match sys::lgetxattr_size(p, "user.missing") {
                     Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
                     Ok(_) => return Err(io::Error::other("user.missing exists")),

@@ -23,6 +23,8 @@ mod stats;
 // The kernel's wire format and FUSE over io_uring queues: the pieces of a session that
 // dxfs owns itself (not yet used by `mount`; see docs/DESIGN.md "FUSE over io_uring").
 #[doc(hidden)]
+pub mod transport;
+#[doc(hidden)]
 pub mod uring;
 #[doc(hidden)]
 pub mod wire;

@@ -2,18 +2,20 @@
 //! the classic `/dev/fuse` read/write loop or through io_uring queues, timed from a
 //! client thread. Needs root (it mounts with mount(2)) and /dev/fuse.
 //!
-//! cargo run --release --example fuse_transport_probe -- [--files N] [--runs R]
-//!     [--modes classic1,classic2,pinned,uring,uring-defer] [--depth D] [--payload BYTES]
+//! cargo run --release --example fuse_transport_probe -- [--files N] [--runs R] [--repeat K]
+//!     [--modes classic1,classic2,pinned,cross,uring,uring-defer] [--depth D] [--payload BYTES]
 //!
 //! Each mode mounts a fresh file system (type `fuse.probe`, `default_permissions`, all
 //! entry and attribute timeouts zero) on a directory under /tmp, and runs R rounds of,
 //! on N files in its root: create (open O_CREAT|O_EXCL + close), stat, lgetxattr of a
-//! missing `user.missing`, unlink. It prints µs per operation (median of the rounds) and
+//! missing `user.missing`, unlink; `--repeat K` does it all K times on fresh mounts. It
+//! prints µs per operation (median over mounts of the median of rounds, with the range) and
 //! the FUSE requests each operation cost, with how many came through the ring.
 //!
 //! Modes: `classic1` / `classic2`: 1 or 2 threads reading /dev/fuse; `pinned`: one
 //! thread on /dev/fuse pinned to CPU 0 and the client pinned to CPU 0 too (the
-//! reference: no cross-CPU wake-up); `uring`: one io_uring queue per possible CPU, each
+//! reference: no cross-CPU wake-up); `cross`: the same thread on CPU 0 and the client on
+//! CPU 1 (every request wakes the other CPU); `uring`: one io_uring queue per possible CPU, each
 //! served by a thread pinned to that CPU (plus the /dev/fuse thread the kernel still
 //! needs for FORGET and INTERRUPT); `uring-defer`: the same with
 //! IORING_SETUP_DEFER_TASKRUN. When the kernel does not offer FUSE_OVER_IO_URING
@@ -386,6 +388,7 @@ enum Mode {
     Classic1,
     Classic2,
     Pinned,
+    Cross,
     Uring,
     UringDefer,
 }
@@ -396,6 +399,7 @@ impl Mode {
             "classic1" => Mode::Classic1,
             "classic2" => Mode::Classic2,
             "pinned" => Mode::Pinned,
+            "cross" => Mode::Cross,
             "uring" => Mode::Uring,
             "uring-defer" => Mode::UringDefer,
             _ => return None,
@@ -407,6 +411,7 @@ impl Mode {
             Mode::Classic1 => "classic, 1 thread",
             Mode::Classic2 => "classic, 2 threads",
             Mode::Pinned => "classic, 1 thread, caller on its CPU",
+            Mode::Cross => "classic, 1 thread, caller on the other CPU",
             Mode::Uring => "io_uring, 1 queue/CPU, pinned",
             Mode::UringDefer => "io_uring + DEFER_TASKRUN",
         }
@@ -415,6 +420,8 @@ impl Mode {
 
 struct Row {
     label: String,
+    /// Printed µs: the median over mounts, with the range when there were several.
+    cells: [String; 4],
     mix: [String; 4],
     us: [f64; 4],
     reqs: [f64; 4],
@@ -436,7 +443,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
     let classic_threads = if mode == Mode::Classic2 { 2 } else { 1 };
     for _ in 0..classic_threads {
         let (d, f) = (dev.clone(), fs.clone());
-        let pinned = mode == Mode::Pinned;
+        let pinned = matches!(mode, Mode::Pinned | Mode::Cross);
         servers.push(thread::spawn(move || {
             if pinned {
                 if let Err(e) = pin_to(0) {
@@ -467,7 +474,11 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
         }
     }
     let dir = guard.dir.clone();
-    let client_cpu = if mode == Mode::Pinned { Some(0) } else { None };
+    let client_cpu = match mode {
+        Mode::Pinned => Some(0),
+        Mode::Cross => Some(1.min(possible_cpus() - 1)),
+        _ => None,
+    };
     let fs2 = fs.clone();
     let client = thread::spawn(move || -> io::Result<Vec<Round>> {
         if let Some(cpu) = client_cpu {
@@ -505,6 +516,7 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
     }
     note.push_str(&format!("forgets {forgets}, inodes left {live}"));
     Ok(Row {
+        cells: us.map(|u| format!("{u:.1}")),
         label: mode.label().into(),
         mix,
         us,
@@ -512,6 +524,26 @@ fn run_mode(mode: Mode, files: usize, runs: usize, depth: usize, payload: Option
         ring_share: if total == 0 { 0.0 } else { ring as f64 / total as f64 },
         note,
     })
+}
+
+/// One row from the same mode's rows of several mounts: median µs (min–max).
+fn summarize(mut rows: Vec<Row>) -> Row {
+    let n = rows.len();
+    let mut us = [0.0; 4];
+    let mut cells: [String; 4] = Default::default();
+    for k in 0..4 {
+        let v: Vec<f64> = rows.iter().map(|r| r.us[k]).collect();
+        us[k] = median(v.clone());
+        let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().cloned().fold(0.0, f64::max);
+        cells[k] = if n > 1 { format!("{:.1} ({lo:.0}–{hi:.0})", us[k]) } else { format!("{:.1}", us[k]) };
+    }
+    let notes: Vec<String> = rows.iter().map(|r| r.note.clone()).collect();
+    let mut r = rows.pop().expect("at least one mount");
+    r.us = us;
+    r.cells = cells;
+    r.note = if notes.iter().all(|x| *x == notes[0]) { notes[0].clone() } else { notes.join(" / ") };
+    r
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -598,13 +630,15 @@ fn main() {
     let mut runs = 5usize;
     let mut depth = 4usize;
     let mut payload = None;
-    let mut modes = vec![Mode::Classic1, Mode::Classic2, Mode::Pinned, Mode::Uring, Mode::UringDefer];
+    let mut repeat = 1usize;
+    let mut modes = vec![Mode::Classic1, Mode::Classic2, Mode::Pinned, Mode::Cross, Mode::Uring, Mode::UringDefer];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
         match a.as_str() {
             "--files" => files = val().parse().unwrap_or_else(|_| usage("--files N")),
             "--runs" => runs = val().parse().unwrap_or_else(|_| usage("--runs R")),
+            "--repeat" => repeat = val().parse().unwrap_or_else(|_| usage("--repeat K")),
             "--depth" => depth = val().parse().unwrap_or_else(|_| usage("--depth D")),
             // Payload buffer size per entry; a size below the kernel's minimum shows the
             // fallback when registration fails.
@@ -615,8 +649,8 @@ fn main() {
             _ => usage(&a),
         }
     }
-    if files == 0 || runs == 0 {
-        usage("--files and --runs must be at least 1");
+    if files == 0 || runs == 0 || repeat == 0 {
+        usage("--files, --runs and --repeat must be at least 1");
     }
 
     // SIGINT/SIGTERM: detach the current mount so the client stops, then exit.
@@ -646,16 +680,22 @@ fn main() {
         possible_cpus(),
         loadavg()
     );
-    let mut rows = Vec::new();
-    for m in modes {
-        match run_mode(m, files, runs, depth, payload) {
-            Ok(r) => rows.push(r),
-            Err(e) => {
-                eprintln!("{}: {e}", m.label());
-                std::process::exit(1);
+    // Each repeat mounts every mode afresh, in turn: where the scheduler puts an unpinned
+    // daemon thread relative to the caller is decided per mount and sticks, so the spread
+    // between mounts is the number to look at, not just the rounds within one.
+    let mut by_mode: Vec<Vec<Row>> = modes.iter().map(|_| Vec::new()).collect();
+    for _ in 0..repeat {
+        for (i, &m) in modes.iter().enumerate() {
+            match run_mode(m, files, runs, depth, payload) {
+                Ok(r) => by_mode[i].push(r),
+                Err(e) => {
+                    eprintln!("{}: {e}", m.label());
+                    std::process::exit(1);
+                }
             }
         }
     }
+    let rows: Vec<Row> = by_mode.into_iter().map(summarize).collect();
     println!();
     println!(
         "| transport | create µs | stat µs | getxattr miss µs | unlink µs | requests/op (c/s/g/u) | via ring | notes |"
@@ -663,12 +703,12 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}/{:.1}/{:.1}/{:.1} | {:.0}% | {} |",
+            "| {} | {} | {} | {} | {} | {:.1}/{:.1}/{:.1}/{:.1} | {:.0}% | {} |",
             r.label,
-            r.us[0],
-            r.us[1],
-            r.us[2],
-            r.us[3],
+            r.cells[0],
+            r.cells[1],
+            r.cells[2],
+            r.cells[3],
             r.reqs[0],
             r.reqs[1],
             r.reqs[2],
@@ -685,13 +725,13 @@ fn main() {
         }
     }
     println!();
-    println!("(medians of {runs} rounds of {files} ops; {}; load after: {})", OPS.join(", "), loadavg());
+    println!("(µs: median over {repeat} mounts (min–max), each the median of {runs} rounds of {files} ops; {}; load after: {})", OPS.join(", "), loadavg());
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("fuse_transport_probe: {msg}");
     eprintln!(
-        "usage: fuse_transport_probe [--files N] [--runs R] [--depth D] [--payload BYTES] [--modes classic1,classic2,pinned,uring,uring-defer]"
+        "usage: fuse_transport_probe [--files N] [--runs R] [--repeat K] [--depth D] [--payload BYTES] [--modes classic1,classic2,pinned,cross,uring,uring-defer]"
     );
     std::process::exit(2)
 }

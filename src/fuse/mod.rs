@@ -1,8 +1,8 @@
-//! FUSE frontend: serves a [`Volume`] to the kernel through `fuser`.
+//! FUSE frontend: serves a [`Volume`](crate::Volume) to the kernel through `fuser`.
 //!
 //! This layer only translates: FUSE inode numbers to volume inode numbers (FUSE's root is
-//! always 1, the volume's root is not), requests to [`Volume`] calls, [`Error`]s to
-//! errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
+//! always 1, the volume's root is not), requests to [`Volume`](crate::Volume) calls,
+//! [`Error`](crate::Error)s to errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
 //! kernel enforces permissions (`default_permissions`) and keeps the page, entry and
 //! attribute caches.
 //!

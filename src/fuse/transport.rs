@@ -169,15 +169,26 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
                 _ => return Err(e),
             },
         };
-        let (h, arg, rest) = match split_classic(&buf[..n]) {
-            Ok(parts) => parts,
+        let (h, reply) = match split_classic(&buf[..n]) {
+            Ok((h, arg, rest)) => (h, dispatch(handler, &h, arg, rest, false)),
             Err(e) => {
-                // Without a readable header there is no `unique` to answer.
                 tracing::warn!("malformed request from /dev/fuse: {e}");
-                continue;
+                match InHeader::parse(&buf[..n]) {
+                    // The kernel waits for an answer to anything but these: give it EIO.
+                    Ok(h)
+                        if !matches!(
+                            h.opcode,
+                            wire::opcode::FORGET | wire::opcode::BATCH_FORGET | wire::opcode::INTERRUPT
+                        ) =>
+                    {
+                        (h, Reply::Error(libc::EIO))
+                    }
+                    // No readable header: no `unique` to answer.
+                    _ => continue,
+                }
             }
         };
-        let msg = match dispatch(handler, &h, arg, rest, false) {
+        let msg = match reply {
             Reply::None => continue,
             Reply::Data(body) => wire::reply(h.unique, 0, &body),
             Reply::Error(errno) => wire::reply(h.unique, errno, &[]),
@@ -208,12 +219,17 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
             }
             continue;
         }
-        let (commit_id, errno, body) = {
-            let inc = q.request(c.ent).map_err(io::Error::other)?;
-            match dispatch(handler, &inc.header, inc.op_in, inc.payload, true) {
+        let (commit_id, errno, body) = match q.request(c.ent) {
+            Ok(inc) => match dispatch(handler, &inc.header, inc.op_in, inc.payload, true) {
                 Reply::Data(b) => (inc.commit_id, 0, b),
                 Reply::None => (inc.commit_id, 0, Vec::new()),
                 Reply::Error(errno) => (inc.commit_id, errno, Vec::new()),
+            },
+            // Answer what cannot be read with EIO: a request left unanswered would hang
+            // its caller, and the entry with it.
+            Err(e) => {
+                tracing::warn!("queue {}: malformed request: {e}", q.qid());
+                (q.commit_id(c.ent), libc::EIO, Vec::new())
             }
         };
         q.commit(c.ent, commit_id, errno, &body)?;
@@ -277,6 +293,16 @@ mod tests {
                 Ok(request(wire::opcode::LOOKUP, 12, 1, b"b\0")),
                 Ok(request(wire::opcode::LOOKUP, 13, 1, b"no-nul")), // malformed: EIO
                 Ok(vec![1, 2, 3]),                                   // no header: dropped
+                Ok({
+                    let mut r = request(wire::opcode::GETATTR, 14, 1, &[0; 16]);
+                    r[0] = 99; // a length that disagrees with the read: EIO
+                    r
+                }),
+                Ok({
+                    let mut r = request(wire::opcode::FORGET, 15, 1, &[0; 8]);
+                    r[0] = 99; // malformed, but FORGET gets no reply anyway
+                    r
+                }),
             ])),
             replies: Mutex::new(Vec::new()),
         };
@@ -287,7 +313,8 @@ mod tests {
             vec![
                 wire::reply(10, 0, &[1, 1, 1, 1]),
                 wire::reply(12, libc::ENOENT, &[]),
-                wire::reply(13, libc::EIO, &[])
+                wire::reply(13, libc::EIO, &[]),
+                wire::reply(14, libc::EIO, &[]),
             ]
         );
     }

@@ -274,6 +274,15 @@ impl Queue {
         Ok(Incoming { header, op_in, payload: &p[..sz], commit_id: io.commit_id })
     }
 
+    /// The commit id of the request entry `ent` holds (it must be [`EntState::User`]),
+    /// for answering a request [`Queue::request`] could not parse.
+    pub fn commit_id(&self, ent: usize) -> u64 {
+        let e = &self.ents[ent];
+        assert_eq!(e.state, EntState::User, "entry {ent} holds no request");
+        let h = e.header.bytes();
+        wu::EntInOut::parse(&h[wu::ENT_IN_OUT_OFFSET..]).map(|io| io.commit_id).unwrap_or(0)
+    }
+
     /// Answer the request in entry `ent` (an error when `errno` > 0, else `body`) and
     /// queue the commit, which also fetches the entry's next request.
     pub fn commit(&mut self, ent: usize, commit_id: u64, errno: i32, body: &[u8]) -> io::Result<()> {

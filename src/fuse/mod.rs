@@ -21,6 +21,14 @@ mod lookups;
 mod mountinfo;
 mod session;
 mod stats;
+// The kernel's wire format and FUSE over io_uring queues: the pieces of a session that
+// dxfs owns itself (not yet used by `mount`; see docs/DESIGN.md "FUSE over io_uring").
+#[doc(hidden)]
+pub mod transport;
+#[doc(hidden)]
+pub mod uring;
+#[doc(hidden)]
+pub mod wire;
 
 pub use adapter::{DxFuse, STATS_XATTR};
 pub use mountinfo::dxfs_mounts;

@@ -1,0 +1,377 @@
+//! The transport seam: how requests travel between the kernel and a request handler,
+//! once dxfs owns its FUSE session (a sketch; `dxfs mount` still serves through `fuser`).
+//!
+//! A [`Handler`] answers parsed requests ([`Request`]) with a [`Reply`]; it does not know
+//! how they came. Two transports carry them:
+//!
+//! - classic ([`serve_classic`]): threads that `read(2)` one request at a time from
+//!   `/dev/fuse` and `write(2)` the reply. Any thread may get any request, so a request
+//!   usually wakes a thread on another CPU.
+//! - FUSE over io_uring ([`serve_queue`]): one [`Queue`] per possible CPU, each on a
+//!   thread pinned to that CPU; the kernel puts a request on the queue of the CPU that
+//!   made it. The classic loop keeps running beside it on one thread: FORGET,
+//!   BATCH_FORGET and INTERRUPT still come through `/dev/fuse`, and so does everything
+//!   until every queue has registered.
+//!
+//! [`negotiate`] answers INIT and decides which of the two runs, with the reason to log.
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::str::FromStr;
+
+use super::uring::Queue;
+use super::wire::{self, init, split_classic, InHeader, InitIn, InitOut, Request};
+
+/// `-o transport=`: which transport to serve with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportChoice {
+    /// io_uring when the kernel offers it, else classic.
+    #[default]
+    Auto,
+    /// io_uring; falls back to classic (with a warning) when it cannot be had.
+    Uring,
+    /// The `/dev/fuse` read/write loop only.
+    Classic,
+}
+
+impl FromStr for TransportChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(TransportChoice::Auto),
+            "uring" => Ok(TransportChoice::Uring),
+            "classic" => Ok(TransportChoice::Classic),
+            other => Err(format!("transport={other}: expected auto, uring or classic")),
+        }
+    }
+}
+
+/// A handler's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// No reply (FORGET, BATCH_FORGET, INTERRUPT).
+    None,
+    /// Success, with the reply struct(s) encoded.
+    Data(Vec<u8>),
+    /// A positive errno.
+    Error(i32),
+}
+
+/// Answers requests; called from every serving thread at once.
+pub trait Handler: Send + Sync {
+    /// Answer `req`; `via_ring` says which transport brought it (for counters).
+    fn handle(&self, header: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply;
+}
+
+/// A FUSE device as the classic loop uses it: one message per read and per write.
+pub trait Device: Send + Sync {
+    /// Read one request into `buf` (its length).
+    fn receive(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Write one reply.
+    fn send(&self, msg: &[u8]) -> io::Result<()>;
+}
+
+impl Device for File {
+    fn receive(&self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        (&*self).write_all(msg)
+    }
+}
+
+/// What [`negotiate`] settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The INIT reply to send.
+    pub out: InitOut,
+    /// Whether to start io_uring queues.
+    pub uring: bool,
+    /// Which transport and why, for the log.
+    pub why: String,
+}
+
+/// Answer INIT: accept the `wanted` flags the kernel offers, and FUSE over io_uring when
+/// `choice` allows it and the kernel offers it (it does only with the `fuse` module's
+/// `enable_uring` parameter set). An unsupported major version is an error.
+pub fn negotiate(
+    i: &InitIn,
+    choice: TransportChoice,
+    wanted: u64,
+    max_write: u32,
+    max_pages: u16,
+) -> Result<Negotiated, String> {
+    if i.major != wire::KERNEL_VERSION {
+        return Err(format!("the kernel speaks FUSE {}.{}; this daemon speaks 7.x", i.major, i.minor));
+    }
+    let offered = i.flags & init::OVER_IO_URING != 0;
+    let mut flags = i.flags & (wanted | init::INIT_EXT | init::MAX_PAGES);
+    let (uring, why) = match choice {
+        TransportChoice::Classic => (false, "classic: transport=classic".to_string()),
+        _ if i.minor < 42 => (false, format!("classic: the kernel speaks FUSE 7.{} (io_uring needs 7.42)", i.minor)),
+        _ if !offered => (
+            false,
+            "classic: the kernel does not offer FUSE_OVER_IO_URING (is /sys/module/fuse/parameters/enable_uring Y?)"
+                .to_string(),
+        ),
+        _ => (true, "io_uring: one queue per CPU".to_string()),
+    };
+    if uring {
+        flags |= init::OVER_IO_URING;
+    }
+    let out = InitOut {
+        major: wire::KERNEL_VERSION,
+        minor: wire::KERNEL_MINOR_VERSION.min(i.minor),
+        max_readahead: i.max_readahead,
+        flags,
+        max_background: 16,
+        congestion_threshold: 12,
+        max_write,
+        time_gran: 1,
+        max_pages,
+    };
+    Ok(Negotiated { out, uring, why })
+}
+
+/// The queues the kernel waits for before it uses the ring: one per possible CPU
+/// (`num_possible_cpus()`), read from `/sys/devices/system/cpu/possible` ("0-1", "0",
+/// "0-3,8-11").
+pub fn parse_possible_cpus(s: &str) -> Option<usize> {
+    s.trim().split(',').map(|r| r.rsplit('-').next().and_then(|n| n.trim().parse::<usize>().ok())).max()?.map(|m| m + 1)
+}
+
+/// Answer one parsed request through `reply`.
+fn dispatch(handler: &dyn Handler, h: &InHeader, arg: &[u8], rest: &[u8], ring: bool) -> Reply {
+    match Request::parse(h.opcode, arg, rest) {
+        Ok(req) => handler.handle(h, &req, ring),
+        Err(e) => {
+            tracing::warn!("malformed request (opcode {}): {e}", h.opcode);
+            Reply::Error(libc::EIO)
+        }
+    }
+}
+
+/// The classic loop on one thread: read a request, answer it, until the connection ends
+/// (ENODEV after unmount: `Ok`). `buf_size` must hold the largest request (`max_write`
+/// plus a page for the headers).
+pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -> io::Result<()> {
+    let mut buf = vec![0u8; buf_size.max(wire::MIN_READ_BUFFER)];
+    loop {
+        let n = match dev.receive(&mut buf) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                // ENOENT: the request was interrupted before we read it.
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(e),
+            },
+        };
+        let (h, reply) = match split_classic(&buf[..n]) {
+            Ok((h, arg, rest)) => (h, dispatch(handler, &h, arg, rest, false)),
+            Err(e) => {
+                tracing::warn!("malformed request from /dev/fuse: {e}");
+                match InHeader::parse(&buf[..n]) {
+                    // The kernel waits for an answer to anything but these: give it EIO.
+                    Ok(h)
+                        if !matches!(
+                            h.opcode,
+                            wire::opcode::FORGET | wire::opcode::BATCH_FORGET | wire::opcode::INTERRUPT
+                        ) =>
+                    {
+                        (h, Reply::Error(libc::EIO))
+                    }
+                    // No readable header: no `unique` to answer.
+                    _ => continue,
+                }
+            }
+        };
+        let msg = match reply {
+            Reply::None => continue,
+            Reply::Data(body) => wire::reply(h.unique, 0, &body),
+            Reply::Error(errno) => wire::reply(h.unique, errno, &[]),
+        };
+        if let Err(e) = dev.send(&msg) {
+            match e.raw_os_error() {
+                Some(libc::ENOENT) => {} // interrupted meanwhile: the kernel dropped it
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(e),
+            }
+        }
+    }
+}
+
+/// Serve one registered io_uring queue until the connection ends (every entry given
+/// back by the kernel: `Ok`).
+pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
+    loop {
+        let c = match q.wait() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if c.res != 0 {
+            // ENOTCONN: teardown; anything else is worth a line, then the entry is idle.
+            if c.res != -libc::ENOTCONN {
+                tracing::warn!("queue {} entry {}: {}", q.qid(), c.ent, io::Error::from_raw_os_error(-c.res));
+            }
+            continue;
+        }
+        let (commit_id, errno, body) = match q.request(c.ent) {
+            Ok(inc) => match dispatch(handler, &inc.header, inc.op_in, inc.payload, true) {
+                Reply::Data(b) => (inc.commit_id, 0, b),
+                Reply::None => (inc.commit_id, 0, Vec::new()),
+                Reply::Error(errno) => (inc.commit_id, errno, Vec::new()),
+            },
+            // Answer what cannot be read with EIO: a request left unanswered would hang
+            // its caller, and the entry with it.
+            Err(e) => {
+                tracing::warn!("queue {}: malformed request: {e}", q.qid());
+                (q.commit_id(c.ent), libc::EIO, Vec::new())
+            }
+        };
+        q.commit(c.ent, commit_id, errno, &body)?;
+    }
+}
+
+#[cfg(all(test, target_endian = "little"))]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    /// A device that hands out canned requests, then a final error, and keeps replies.
+    struct Fake {
+        requests: Mutex<VecDeque<io::Result<Vec<u8>>>>,
+        replies: Mutex<Vec<Vec<u8>>>,
+    }
+
+    impl Device for Fake {
+        fn receive(&self, buf: &mut [u8]) -> io::Result<usize> {
+            let next = self.requests.lock().unwrap().pop_front();
+            let r = next.unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ENODEV)))?;
+            buf[..r.len()].copy_from_slice(&r);
+            Ok(r.len())
+        }
+
+        fn send(&self, msg: &[u8]) -> io::Result<()> {
+            self.replies.lock().unwrap().push(msg.to_vec());
+            Ok(())
+        }
+    }
+
+    /// Knows one name; everything else is ENOENT.
+    struct OneName;
+
+    impl Handler for OneName {
+        fn handle(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply {
+            assert!(!via_ring);
+            match req {
+                Request::Lookup { name } if *name == b"a" => Reply::Data(vec![h.nodeid as u8; 4]),
+                Request::Forget { .. } => Reply::None,
+                _ => Reply::Error(libc::ENOENT),
+            }
+        }
+    }
+
+    fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        InHeader { len: (40 + body.len()) as u32, opcode, unique, nodeid, ..InHeader::default() }.encode(&mut v);
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn classic_loop_answers_skips_and_ends() {
+        let dev = Fake {
+            requests: Mutex::new(VecDeque::from(vec![
+                Ok(request(wire::opcode::LOOKUP, 10, 1, b"a\0")),
+                Err(io::Error::from_raw_os_error(libc::ENOENT)), // interrupted: skipped
+                Ok(request(wire::opcode::FORGET, 11, 5, &[1, 0, 0, 0, 0, 0, 0, 0])), // no reply
+                Ok(request(wire::opcode::LOOKUP, 12, 1, b"b\0")),
+                Ok(request(wire::opcode::LOOKUP, 13, 1, b"no-nul")), // malformed: EIO
+                Ok(vec![1, 2, 3]),                                   // no header: dropped
+                Ok({
+                    let mut r = request(wire::opcode::GETATTR, 14, 1, &[0; 16]);
+                    r[0] = 99; // a length that disagrees with the read: EIO
+                    r
+                }),
+                Ok({
+                    let mut r = request(wire::opcode::FORGET, 15, 1, &[0; 8]);
+                    r[0] = 99; // malformed, but FORGET gets no reply anyway
+                    r
+                }),
+            ])),
+            replies: Mutex::new(Vec::new()),
+        };
+        serve_classic(&dev, &OneName, 0).unwrap();
+        let replies = dev.replies.into_inner().unwrap();
+        assert_eq!(
+            replies,
+            vec![
+                wire::reply(10, 0, &[1, 1, 1, 1]),
+                wire::reply(12, libc::ENOENT, &[]),
+                wire::reply(13, libc::EIO, &[]),
+                wire::reply(14, libc::EIO, &[]),
+            ]
+        );
+    }
+
+    #[test]
+    fn classic_loop_reports_other_errors() {
+        let dev = Fake {
+            requests: Mutex::new(VecDeque::from(vec![Err(io::Error::from_raw_os_error(libc::EBADF))])),
+            replies: Mutex::new(Vec::new()),
+        };
+        assert_eq!(serve_classic(&dev, &OneName, 0).unwrap_err().raw_os_error(), Some(libc::EBADF));
+    }
+
+    fn offer(minor: u32, flags: u64) -> InitIn {
+        InitIn { major: 7, minor, max_readahead: 1 << 17, flags }
+    }
+
+    #[test]
+    fn negotiation_picks_the_transport_and_says_why() {
+        let all = init::INIT_EXT | init::OVER_IO_URING | init::ASYNC_READ | init::MAX_PAGES;
+        let n = negotiate(&offer(44, all), TransportChoice::Auto, init::ASYNC_READ, 1 << 17, 32).unwrap();
+        assert!(n.uring);
+        assert_eq!(n.out.flags, all);
+        assert_eq!(n.out.minor, 42);
+
+        let n = negotiate(&offer(44, all), TransportChoice::Classic, init::ASYNC_READ, 1 << 17, 32).unwrap();
+        assert!(!n.uring);
+        assert_eq!(n.out.flags & init::OVER_IO_URING, 0);
+        assert!(n.why.contains("transport=classic"));
+
+        // enable_uring=N: the kernel does not offer the flag.
+        let n = negotiate(&offer(44, all & !init::OVER_IO_URING), TransportChoice::Uring, 0, 1 << 17, 32).unwrap();
+        assert!(!n.uring);
+        assert!(n.why.contains("enable_uring"), "{}", n.why);
+
+        // An old kernel: no io_uring, and the reply speaks its minor version.
+        let n = negotiate(&offer(38, init::INIT_EXT), TransportChoice::Auto, 0, 1 << 17, 32).unwrap();
+        assert!(!n.uring);
+        assert_eq!(n.out.minor, 38);
+
+        // Flags the kernel did not offer are not accepted.
+        let n = negotiate(&offer(44, init::INIT_EXT), TransportChoice::Auto, init::ASYNC_READ, 1 << 17, 32).unwrap();
+        assert_eq!(n.out.flags, init::INIT_EXT);
+
+        let bad = InitIn { major: 8, ..offer(0, 0) };
+        assert!(negotiate(&bad, TransportChoice::Auto, 0, 1 << 17, 32).is_err());
+    }
+
+    #[test]
+    fn transport_option_and_possible_cpus() {
+        assert_eq!("auto".parse(), Ok(TransportChoice::Auto));
+        assert_eq!("uring".parse(), Ok(TransportChoice::Uring));
+        assert_eq!("classic".parse(), Ok(TransportChoice::Classic));
+        assert!("fast".parse::<TransportChoice>().is_err());
+        assert_eq!(parse_possible_cpus("0-1\n"), Some(2));
+        assert_eq!(parse_possible_cpus("0"), Some(1));
+        assert_eq!(parse_possible_cpus("0-3,8-11"), Some(12));
+        assert_eq!(parse_possible_cpus(""), None);
+    }
+}

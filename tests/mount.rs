@@ -1388,3 +1388,32 @@ fn open_directory_outlives_its_name() {
     m.unmount();
     s.fsck();
 }
+
+/// Unmount and remount the same image at once, many times: the new daemon waits for the
+/// old one to finish its last commit and let go of the image (`lock_wait`), and nothing
+/// written before an unmount is ever missing after the remount.
+#[test]
+fn remount_of_the_same_image_waits_for_the_old_daemon() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let mut daemons = Vec::new();
+    for round in 0..15 {
+        let m = s.mount(&[]);
+        for earlier in 0..round {
+            let got =
+                fs::read(s.path(&format!("r{earlier}"))).unwrap_or_else(|e| panic!("round {round}: r{earlier}: {e}"));
+            assert_eq!(got, pattern(earlier as u64, 3000), "round {round}: r{earlier}");
+        }
+        // Enough dirty data that the last commit takes a moment.
+        fs::write(s.path(&format!("r{round}")), pattern(round as u64, 3000)).unwrap();
+        fs::write(s.path("bulk"), pattern(round as u64, 4 << 20)).unwrap();
+        let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+        assert!(st.success(), "round {round}: umount");
+        daemons.push(m.detach_child());
+    }
+    for (i, mut d) in daemons.into_iter().enumerate() {
+        let st = wait_timeout(&mut d, Duration::from_secs(20));
+        assert_eq!(st.code(), Some(0), "daemon of round {i}");
+    }
+    s.fsck();
+}

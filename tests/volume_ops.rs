@@ -522,3 +522,32 @@ fn rename_whiteout() {
     assert!(matches!(vol.rename(root, b"g", root, b"f", both), Err(Error::Invalid(_))));
     close_and_check(dev, vol);
 }
+
+/// An access ACL set by a caller who is neither root nor in the file's group drops the
+/// setgid bit (the kernel's posix_acl_update_mode, as chmod does); set by a group member
+/// or root, the bit stays.
+#[test]
+fn setting_an_acl_outside_the_group_drops_setgid() {
+    use dxfs::acl::{encode, Entry, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let e = |tag, perm, id| Entry { tag, perm, id };
+    let acl = encode(&[e(USER_OBJ, 6, 0), e(USER, 4, 7), e(GROUP_OBJ, 4, 0), e(MASK, 4, 0), e(OTHER, 0, 0)]);
+    let name = b"system.posix_acl_access";
+    let who = |uid, gid, groups: &[u32]| dxfs::Caller { uid, gid, groups: groups.to_vec() };
+    let sgid = |n: &[u8]| {
+        let f = vol.mknod(root, n, libc::S_IFREG | 0o2670, 0, 1000, 50).unwrap().ino;
+        assert_eq!(vol.getattr(f).unwrap().mode & 0o7777, 0o2670);
+        f
+    };
+    let a = sgid(b"a");
+    vol.setxattr_as(a, name, &acl, XattrMode::Any, &who(1000, 1000, &[])).unwrap();
+    assert_eq!(vol.getattr(a).unwrap().mode & libc::S_ISGID, 0, "owner outside the group");
+    let b = sgid(b"b");
+    vol.setxattr_as(b, name, &acl, XattrMode::Any, &who(1000, 1000, &[50])).unwrap();
+    assert_ne!(vol.getattr(b).unwrap().mode & libc::S_ISGID, 0, "a member of the group keeps it");
+    let c = sgid(b"c");
+    vol.setxattr_as(c, name, &acl, XattrMode::Any, &who(0, 0, &[])).unwrap();
+    assert_ne!(vol.getattr(c).unwrap().mode & libc::S_ISGID, 0, "root keeps it");
+    close_and_check(dev, vol);
+}

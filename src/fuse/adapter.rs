@@ -572,7 +572,7 @@ impl Filesystem for DxFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -591,7 +591,15 @@ impl Filesystem for DxFuse {
             _ => return reply.error(Errno::EINVAL),
         };
         let ino = self.vol_ino(ino);
-        Self::reply_empty(reply, self.call("setxattr", |v| v.setxattr(ino, name.as_bytes(), value, mode)));
+        // Who sets an access ACL decides whether the setgid bit stays (the only rule
+        // that needs the caller; the groups come from /proc, so only then).
+        let r = if name.as_bytes() == b"system.posix_acl_access" {
+            let caller = caller_of(req);
+            self.call("setxattr", |v| v.setxattr_as(ino, name.as_bytes(), value, mode, &caller))
+        } else {
+            self.call("setxattr", |v| v.setxattr(ino, name.as_bytes(), value, mode))
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

@@ -203,6 +203,17 @@ impl Volume {
 
     /// Set an xattr.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        self.setxattr_by(ino, name, value, mode, None)
+    }
+
+    /// [`Volume::setxattr`] on behalf of `caller`, which matters for one rule: an access
+    /// ACL set by a caller who is neither root nor in the file's group drops the setgid
+    /// bit, as the kernel's `posix_acl_update_mode` does (chmod's rule).
+    pub fn setxattr_as(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode, caller: &Caller) -> Result<()> {
+        self.setxattr_by(ino, name, value, mode, Some(caller))
+    }
+
+    fn setxattr_by(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode, caller: Option<&Caller>) -> Result<()> {
         let (idx, suffix) = xattr::split_name(name)?;
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
@@ -234,6 +245,9 @@ impl Volume {
             if idx == 2 {
                 i.mode = (i.mode & !0o777) | acl::mode_bits(&a);
                 keep = !acl::is_minimal(&a);
+                if caller.is_some_and(|c| c.uid != 0 && !c.in_group(i.gid)) {
+                    i.mode &= !libc::S_ISGID;
+                }
             }
         }
         match (pos, keep) {

@@ -551,3 +551,27 @@ fn setting_an_acl_outside_the_group_drops_setgid() {
     assert_ne!(vol.getattr(c).unwrap().mode & libc::S_ISGID, 0, "root keeps it");
     close_and_check(dev, vol);
 }
+
+/// A small write inside a preallocated range, or over written data, needs no new block:
+/// st_blocks does not grow (before the write-back swaps the block, and after), while a
+/// write into a hole counts its block at once.
+#[test]
+fn st_blocks_counts_only_new_blocks() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.fallocate(f, 0, 1 << 20, false, false).unwrap();
+    let full = vol.getattr(f).unwrap().blocks;
+    assert_eq!(full, 2048, "1 MiB in 512-byte sectors");
+    vol.write(f, 100, b"hi").unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, full, "a write inside a preallocated range");
+    vol.write(f, 8192, &[1u8; 4096]).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, full);
+    vol.sync().unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, full, "after write-back");
+    vol.write(f, 5 << 20, b"x").unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, full + 8, "a write into a hole counts its block");
+    vol.setattr(f, &dxfs::SetAttr { size: Some(10_000), ..Default::default() }).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 3 * 8, "truncated: three blocks left");
+    close_and_check(dev, vol);
+}

@@ -210,6 +210,16 @@ fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
     Ok(ino_loc(inode.ino).0 + 1)
 }
 
+/// The logical block after the file's last extent (0 for a file with none).
+pub fn mapped_end(st: &mut Store, inode: &Inode) -> Result<u64> {
+    Ok(extent_before(st, inode, u64::MAX)?.map_or(0, |e| e.end()))
+}
+
+/// Whether logical block `p` is mapped (written or preallocated).
+pub fn is_mapped(st: &mut Store, inode: &Inode, p: u64) -> Result<bool> {
+    Ok(!extents_in(st, inode, p, p + 1)?.is_empty())
+}
+
 /// The last extent that starts before logical block `lblk`: one tree descent, not a scan
 /// from the start of the file (write-back asks this once per run of pages).
 fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Extent>> {

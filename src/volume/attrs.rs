@@ -8,7 +8,7 @@ use super::*;
 
 impl Inner {
     pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
-        let pending = self.delta.page_count(i.ino);
+        let pending = self.delta.new_page_count(i.ino);
         Ok(Attr {
             ino: i.ino,
             size: i.size,

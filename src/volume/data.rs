@@ -21,6 +21,9 @@ impl Inner {
                 let tail = (size % bs) as usize;
                 if self.delta.page_mut(i.ino, p).is_none() {
                     let page = file::read_page(&mut self.st, i, p)?;
+                    if file::is_mapped(&mut self.st, i, p)? {
+                        self.delta.mark_overwrite(i.ino, p);
+                    }
                     self.delta.add_page(&mut self.st.space, i, p, page);
                 }
                 if let Some(page) = self.delta.page_mut(i.ino, p) {
@@ -71,12 +74,17 @@ impl Inner {
         }
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
+        // Past the file's last extent no page can be mapped: one lookup, not one per page.
+        let mapped_end = file::mapped_end(&mut self.st, i)?;
         for p in first..=last {
             let ps = p * bs;
             let from = offset.max(ps);
             let to = end.min(ps + bs);
             let full = from == ps && to == ps + bs;
             if self.delta.page_mut(ino, p).is_none() {
+                if p < mapped_end && file::is_mapped(&mut self.st, i, p)? {
+                    self.delta.mark_overwrite(ino, p);
+                }
                 let page = if full || ps >= i.size {
                     Box::new([0u8; BLOCK_SIZE])
                 } else {

@@ -69,6 +69,10 @@ pub(super) struct Delta {
     epoch: u64,
     /// Charge against the space budget (off only for A/B measurements).
     accounting: bool,
+    /// Dirty pages over blocks the file already has (overwrites, or writes into a
+    /// preallocated range): their write-back swaps a block for a block, so they add
+    /// nothing to the file's block count.
+    overwrites: HashMap<u64, std::collections::BTreeSet<u64>>,
     /// Files whose written-back pages are being written to the device without the volume
     /// lock: their extent maps point at blocks not written yet, so reading their data
     /// waits until the pages have landed.
@@ -86,6 +90,7 @@ impl Delta {
             epoch: 0,
             accounting: opts.space_accounting,
             in_flight: HashSet::new(),
+            overwrites: HashMap::new(),
         }
     }
 
@@ -126,6 +131,17 @@ impl Delta {
         self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&p))
     }
 
+    /// Dirty pages of a file that will need blocks it does not have yet (what `stat`
+    /// counts beyond the blocks already mapped).
+    pub(super) fn new_page_count(&self, ino: u64) -> u64 {
+        self.page_count(ino) - self.overwrites.get(&ino).map_or(0, |s| s.len() as u64)
+    }
+
+    /// Page `p` of `ino`, just made dirty, lies over a block the file already has.
+    pub(super) fn mark_overwrite(&mut self, ino: u64, p: u64) {
+        self.overwrites.entry(ino).or_default().insert(p);
+    }
+
     /// Make page `p` of inode `i` dirty with contents `page`, promising its block and its
     /// share of the write-back's extent-map changes.
     pub(super) fn add_page(&mut self, space: &mut Space, i: &Inode, p: u64, page: Box<[u8; BLOCK_SIZE]>) {
@@ -138,6 +154,9 @@ impl Delta {
     /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their
     /// promised blocks go back to the budget.
     pub(super) fn drop_pages(&mut self, space: &mut Space, ino: u64, which: impl Fn(u64) -> bool) {
+        if let Some(o) = self.overwrites.get_mut(&ino) {
+            o.retain(|p| !which(*p));
+        }
         let Some(pages) = self.dirty.get_mut(&ino) else { return };
         let before = pages.len();
         pages.retain(|p, _| !which(*p));
@@ -152,6 +171,10 @@ impl Delta {
     /// Move the dirty pages of `ino` at or after page `from` by `delta` pages (collapse
     /// and insert range); the pages they move onto are not dirty.
     pub(super) fn shift_pages(&mut self, ino: u64, from: u64, delta: i64) {
+        if let Some(o) = self.overwrites.get_mut(&ino) {
+            let moved = o.split_off(&from);
+            o.extend(moved.into_iter().map(|p| p.saturating_add_signed(delta)));
+        }
         let Some(pages) = self.dirty.get_mut(&ino) else { return };
         let moved = pages.split_off(&from);
         for (p, page) in moved {
@@ -203,6 +226,7 @@ impl Delta {
         let mut data = Vec::new();
         for ino in inos {
             let mut pages = self.dirty.remove(&ino).unwrap_or_default();
+            self.overwrites.remove(&ino);
             let mut inode = st.inode(ino)?;
             self.in_flight.insert(ino);
             loop {

@@ -1181,8 +1181,8 @@ fn one_writer_per_volume() {
 
 /// Unmount and mount again at once, many times, on one directory, alternating two
 /// images: the exiting daemon never unmounts the next mount (of the other image, whose
-/// lock it does not hold), and a remount of the same image waits for the old daemon to
-/// let go of it. Every file written survives, and both volumes are clean.
+/// lock it does not hold). Every file written survives, and both volumes are clean.
+/// (Remounting the same image at once: `remount_of_the_same_image_waits_for_the_old_daemon`.)
 #[test]
 fn rapid_unmount_and_remount() {
     require_fuse!();

@@ -45,6 +45,17 @@ pub enum DebugCmd {
     Extents(PathArgs),
     /// An inode's xattr names, value lengths, its filter word and each name's bits.
     Xattrs(PathArgs),
+    /// One block decoded: what it is (by position and magic), whether its checksum
+    /// verifies, whether it is in use, its header fields.
+    Block {
+        /// Image file or block device (opened read-only).
+        image: std::path::PathBuf,
+        /// Block number.
+        block: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Both log areas' commit blocks: valid or not, sequence, blocks logged.
     Log {
         /// Image file or block device (opened read-only).
@@ -64,6 +75,7 @@ pub fn run(cmd: DebugCmd) -> i32 {
         DebugCmd::Extents(a) => with(a, What::Extents),
         DebugCmd::Xattrs(a) => with(a, What::Xattrs),
         DebugCmd::Log { image, json } => inspect::run(&image, "/", What::Log, json),
+        DebugCmd::Block { image, block, json } => inspect::run(&image, "/", What::Block(block), json),
         DebugCmd::Hash { version, seed, name, .. } => {
             let Some(v) = HashVersion::parse(&version) else {
                 return fail(format!("unknown hash version {version:?}"), 8);

@@ -20,6 +20,7 @@ pub enum What {
     Extents,
     Xattrs,
     Log,
+    Block(u64),
 }
 
 fn name(n: &[u8]) -> String {
@@ -147,6 +148,24 @@ fn gather(image: &Path, path: &str, what: What) -> dxfs::Result<(Value, String)>
             );
             for n in &x.names {
                 text += &format!("{:#010x}  {:>6} bytes  {}\n", n.bits, n.value_len, name(&n.name));
+            }
+            (j, text)
+        }
+        What::Block(n) => {
+            let b = ins.block(n)?;
+            let fields: serde_json::Map<String, Value> =
+                b.fields.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+            let j = json!({"block": b.block, "kind": b.kind, "checksum_ok": b.checksum_ok, "in_use": b.in_use,
+                           "fields": fields});
+            let check = match b.checksum_ok {
+                Some(true) => ", checksum ok",
+                Some(false) => ", CHECKSUM BAD",
+                None => "",
+            };
+            let mut text =
+                format!("block {}: {}{check}, {}\n", b.block, b.kind, if b.in_use { "in use" } else { "free" });
+            for (k, v) in &b.fields {
+                text += &format!("  {k:<14} {v}\n");
             }
             (j, text)
         }

@@ -125,6 +125,21 @@ pub struct LogArea {
     pub newest: bool,
 }
 
+/// One block, decoded by where it lies and by its magic (`debug block`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub block: u64,
+    /// superblock, state, commit, log body, bitmap, btree node, inode block, xattr head,
+    /// xattr continuation, or data (no metadata magic: file data or a free block).
+    pub kind: &'static str,
+    /// Whether its checksum and own address verify (metadata kinds only).
+    pub checksum_ok: Option<bool>,
+    /// Whether the free-space map marks it in use.
+    pub in_use: bool,
+    /// The kind's decoded header fields, as (name, value).
+    pub fields: Vec<(&'static str, u64)>,
+}
+
 fn type_name(ft: Option<FileType>) -> &'static str {
     match ft {
         Some(FileType::Fifo) => "fifo",
@@ -164,6 +179,73 @@ impl Inspector {
             }
         }
         Ok(cur)
+    }
+
+    /// Block `n` decoded: what it is by position and magic, whether it verifies, its
+    /// header fields. Read from the device as it is (the newest log delta not overlaid).
+    pub fn block(&self, n: u64) -> Result<BlockInfo> {
+        use crate::disk::codec::{get_u16, get_u32, get_u64, magic, verify, BLOCK_SIZE};
+        use crate::disk::format::*;
+        let l = self.sb.layout;
+        if n >= l.block_count {
+            return Err(Error::Invalid(format!("block {n} is past the end of the volume ({} blocks)", l.block_count)));
+        }
+        let mut b = [0u8; BLOCK_SIZE];
+        self.dev.read(n, &mut b)?;
+        let check = |want: u32| Some(verify(&b, n, Some(want)).is_ok());
+        let (kind, checksum_ok, fields): (&'static str, Option<bool>, Vec<(&'static str, u64)>) = if n == SUPERBLOCK
+            || n == l.backup_superblock()
+        {
+            let ok = Superblock::decode(&b, n).is_ok();
+            ("superblock", Some(ok), vec![("block_count", l.block_count), ("root_ino", self.sb.root_ino)])
+        } else if n == STATE_BLOCK {
+            let st = State::decode(&b);
+            let f = vec![("commit_seq", st.commit_seq), ("inodes", st.inodes), ("orphan_head", st.orphan_head)];
+            ("state", check(STATE_MAGIC), f)
+        } else if n == l.log_area(0) || n == l.log_area(1) {
+            ("commit", check(COMMIT_MAGIC), vec![("sequence", get_u64(&b, 16)), ("blocks", u64::from(get_u32(&b, 24)))])
+        } else if n >= l.log_area(0) && n < l.bitmap_start {
+            ("log body", None, Vec::new())
+        } else if n >= l.bitmap_start && n < l.first_free() {
+            let used: u64 = b[BITMAP_HEADER..].iter().map(|x| u64::from(x.count_ones())).sum();
+            (
+                "bitmap",
+                check(BITMAP_MAGIC),
+                vec![("bits_set", used), ("first_block", (n - l.bitmap_start) * BITS_PER_BITMAP_BLOCK)],
+            )
+        } else {
+            match magic(&b) {
+                m if m == btree::BTREE_MAGIC => (
+                    "btree node",
+                    check(m),
+                    vec![
+                        ("owner", get_u64(&b, 16)),
+                        ("level", u64::from(get_u16(&b, 24))),
+                        ("records", u64::from(get_u16(&b, 26))),
+                    ],
+                ),
+                m if m == INODE_MAGIC => {
+                    let used = get_u16(&b, IB_USED);
+                    (
+                        "inode block",
+                        check(m),
+                        vec![("used_slots", u64::from(used.count_ones())), ("slot_mask", u64::from(used))],
+                    )
+                }
+                m if m == XATTR_MAGIC => (
+                    "xattr head",
+                    check(m),
+                    vec![
+                        ("refcount", u64::from(get_u32(&b, 16))),
+                        ("bytes", u64::from(get_u32(&b, 20))),
+                        ("continuations", u64::from(get_u16(&b, 24))),
+                    ],
+                ),
+                m if m == xattr::XATTR_CONT_MAGIC => ("xattr continuation", check(m), vec![("owner", get_u64(&b, 16))]),
+                _ => ("data", None, Vec::new()),
+            }
+        };
+        Ok(BlockInfo { block: n, kind, checksum_ok, in_use: self.st.space.is_used(n), fields })
     }
 
     /// A directory's entries, "." and ".." first, then in index order.

@@ -2,7 +2,7 @@
 //! entries with random names from a range of 10^9, then C delete-one/create-one cycles.
 //! Prints the directory's size (st_size, index blocks) every C/S cycles, as CSV.
 //!
-//! cargo run --release --example steady_churn -- [P] [C] [S]
+//! cargo run --release --example steady_churn -- [P] [C] [S]   (DXFS_SEED=n for other names)
 
 use std::sync::Arc;
 
@@ -21,7 +21,9 @@ fn main() {
     mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
     let vol = Volume::open(dev, OpenOptions::default()).expect("open");
     let d = vol.mkdir(vol.root(), b"d", 0o755, 0, 0).expect("mkdir").ino;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
+    // DXFS_SEED varies the names and the choice of victims between runs.
+    let seed: u64 = std::env::var("DXFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2026 + seed);
     let mut name = || format!("{}", rng.gen_range(0..1_000_000_000u64));
     let mut live: Vec<String> = Vec::new();
     while (live.len() as u64) < population {
@@ -30,7 +32,7 @@ fn main() {
             live.push(n);
         }
     }
-    let mut pick = rand::rngs::StdRng::seed_from_u64(7);
+    let mut pick = rand::rngs::StdRng::seed_from_u64(7 + seed);
     println!("cycle,st_size,blocks_512");
     let every = (cycles / samples.max(1)).max(1);
     for c in 0..=cycles {

@@ -73,7 +73,7 @@ fn directories_shrink_to_nothing() {
     assert_eq!(entries, 60_000);
     assert!(depth >= 3, "depth {depth}: the test wants a 3-level index");
     let peak = vol.getattr(d).unwrap();
-    assert!(peak.size > 1000 * 4096);
+    assert!(peak.size > 600 * 4096);
     // Delete all but 1%: the index shrinks with them.
     for n in names.iter().skip(600) {
         vol.unlink(d, n.as_bytes()).unwrap();
@@ -145,11 +145,10 @@ fn concurrent_readdir_sees_stable_entries_exactly_once() {
 /// random names under delete-one/create-one churn. The directory must not grow.
 #[test]
 fn steady_churn_does_not_grow_the_directory() {
-    // A fixed hash seed: the growth depends on where the names hash, and with a random
-    // seed per run it ranged over about 3-11%, so a bound could only be flaky.
+    // A random hash seed per run (mkfs's default): the target holds for every seed, so
+    // each run of the suite tries a new one.
     let dev = Arc::new(dxfs::block::MemDevice::new(65_536));
-    let seed = dxfs::hash::parse_seed("6b1c5a3e-9d2f-4e7a-8c11-0f3b2a4d5e6f");
-    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions { seed, ..Default::default() }).unwrap();
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
     let vol = dxfs::Volume::open(dev.clone(), dxfs::OpenOptions::default()).unwrap();
     let root = vol.root();
     let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
@@ -179,10 +178,11 @@ fn steady_churn_does_not_grow_the_directory() {
         }
     }
     let built = sizes[0];
-    // Seed 000's target is zero growth: leaf shifts and spreads keep the index within a
-    // few percent of its freshly built size (midpoint splits alone: +15-18%).
+    // Seed 000's target is zero growth, issue 17's at most 1%: shifts along and spreads
+    // over up to nine leaves hold the index at its freshly built size (one-sibling
+    // shifts and three-leaf spreads: +3-11%; midpoint splits alone: +15-18%).
     for s in &sizes[1..] {
-        assert!(s * 100 <= built * 110, "directory grew from {built} to {s} bytes under churn: {sizes:?}");
+        assert!(s * 100 <= built * 101, "directory grew from {built} to {s} bytes under churn: {sizes:?}");
     }
     close_and_check(dev, vol);
 }

@@ -12,8 +12,11 @@ use super::*;
 /// underfull siblings side by side always merge.
 pub(super) const UNDERFULL: usize = MERGE_MAX / 2;
 
-/// Below this many live bytes a leaf tries to spread its records over its two siblings.
-pub(super) const SPREAD_BELOW: usize = USABLE * 2 / 3;
+/// Below this many live bytes a leaf tries to spread the leaves around it over one fewer.
+pub(super) const SPREAD_BELOW: usize = USABLE * 17 / 20;
+
+/// A stretch of k leaves spreads into k − 1 only if they fit at this fill.
+pub(super) const SPREAD_MAX: usize = USABLE * 39 / 40;
 
 /// Two nodes merge only if their live bytes together fit in this.
 pub(super) const MERGE_MAX: usize = USABLE * 9 / 10;
@@ -105,11 +108,17 @@ pub(super) fn rekey(s: &mut impl NodeStore, owner: u64, parent: u64, i: usize, k
     Ok(())
 }
 
-/// Apply `put` to the full leaf `leaf` by sharing its records with a sibling under the
-/// same parent that has room (a B*-tree's overflow), instead of splitting. Leaves then
-/// stay well over half full under random inserts and under churn, where splits alone
-/// settle near 50-69%. The separator in the parent moves; no block is allocated, so a
-/// shift needs none of the split's budget. Returns false when neither sibling has room.
+/// How far along its parent a full leaf looks for a leaf with room before it splits.
+pub(super) const SHIFT_REACH: usize = 4;
+
+/// Apply `put` to the full leaf `leaf` by sharing its records with the leaves between it
+/// and the nearest leaf under the same parent, at most `SHIFT_REACH` away, that has room
+/// (a B*-tree's overflow, carried along a few neighbours as btrfs pushes items left and
+/// right). Leaves then stay well over half full under random inserts and under churn:
+/// a split happens only when a whole stretch of leaves is nearly full, so churn, which
+/// empties leaves here and fills them there, settles no larger than the tree was built.
+/// The separators in the parent move; no block is allocated, so a shift needs none of the
+/// split's budget. Returns false when no leaf in reach has room.
 pub(super) fn shift_to_sibling(
     s: &mut impl NodeStore,
     owner: u64,
@@ -120,42 +129,86 @@ pub(super) fn shift_to_sibling(
     let Some(&(parent, idx)) = path.last() else {
         return Ok(false);
     };
-    let (left, right) = {
+    let n = {
         let b = s.node(parent)?;
-        let h = hdr(b, parent, owner, 1)?;
-        let left = if idx > 0 { Some(child(b, &h, parent, idx - 1)?) } else { None };
-        let right = if idx + 1 < h.n { Some(child(b, &h, parent, idx + 1)?) } else { None };
-        (left, right)
+        hdr(b, parent, owner, 1)?.n
     };
-    // The sibling with more room; (block, is it the left one).
-    let mut best: Option<(u64, bool, usize)> = None;
-    for (sib, is_left) in [(left, true), (right, false)] {
-        let Some(sib) = sib else { continue };
-        let space = hdr(s.node(sib)?, sib, owner, 0)?.space();
-        if space >= SHIFT_MIN_FREE && best.is_none_or(|(_, _, b)| space > b) {
-            best = Some((sib, is_left, space));
+    let sibling = |s: &mut _, j: usize| -> Result<(u64, usize)> {
+        let b = NodeStore::node(s, parent)?;
+        let h = hdr(b, parent, owner, 1)?;
+        let c = child(b, &h, parent, j)?;
+        let space = hdr(NodeStore::node(s, c)?, c, owner, 0)?.space();
+        Ok((c, space))
+    };
+    // The nearest child with room; at equal distance the one with more room.
+    let mut target: Option<usize> = None;
+    for d in 1..=SHIFT_REACH {
+        let mut best: Option<(usize, usize)> = None;
+        for j in [idx.checked_sub(d), Some(idx + d).filter(|&j| j < n)].into_iter().flatten() {
+            let (_, space) = sibling(s, j)?;
+            if space >= SHIFT_MIN_FREE && best.is_none_or(|(_, b)| space > b) {
+                best = Some((j, space));
+            }
+        }
+        if let Some((j, _)) = best {
+            target = Some(j);
+            break;
         }
     }
-    let Some((sib, sib_is_left)) = best.map(|(b, l, _)| (b, l)) else {
+    let Some(j) = target else {
         return Ok(false);
     };
-    let lcopy: Block = *s.node(leaf)?;
-    let lh = hdr(&lcopy, leaf, owner, 0)?;
-    let scopy: Block = *s.node(sib)?;
-    let sh = hdr(&scopy, sib, owner, 0)?;
-    let mine = with_put(&lcopy, &lh, leaf, put)?;
-    let theirs = collect(&scopy, &sh, sib)?;
-    let (lo_blk, hi_blk, recs) =
-        if sib_is_left { (sib, leaf, [theirs, mine].concat()) } else { (leaf, sib, [mine, theirs].concat()) };
-    let Some(cut) = balanced_cut(&recs) else {
+    let (lo, hi) = (idx.min(j), idx.max(j));
+    let mut blocks = Vec::with_capacity(hi - lo + 1);
+    for k in lo..=hi {
+        blocks.push(if k == idx { leaf } else { sibling(s, k)?.0 });
+    }
+    let copies: Vec<Block> = blocks.iter().map(|&b| Ok(*s.node(b)?)).collect::<Result<_>>()?;
+    let mut recs = Vec::new();
+    for (c, &b) in copies.iter().zip(&blocks) {
+        let h = hdr(c, b, owner, 0)?;
+        if b == leaf {
+            recs.extend(with_put(c, &h, b, put)?);
+        } else {
+            recs.extend(collect(c, &h, b)?);
+        }
+    }
+    let Some(cuts) = even_cuts(&recs, blocks.len()) else {
         return Ok(false);
     };
-    build(s.node_mut(lo_blk)?, owner, 0, lo_blk, &recs[..cut])?;
-    build(s.node_mut(hi_blk)?, owner, 0, hi_blk, &recs[cut..])?;
-    // The upper node's separator becomes its new first key; it still lies between the
-    // neighbouring separators, since both nodes' records came from their two ranges.
-    rekey(s, owner, parent, if sib_is_left { idx } else { idx + 1 }, recs[cut].0)?;
+    for (k, &b) in blocks.iter().enumerate() {
+        build(s.node_mut(b)?, owner, 0, b, &recs[cuts[k]..cuts[k + 1]])?;
+        if k > 0 {
+            // Each later leaf's separator becomes its new first key; it still lies
+            // between the neighbouring separators, since the records came from their range.
+            rekey(s, owner, parent, lo + k, recs[cuts[k]].0)?;
+        }
+    }
     Ok(true)
+}
+
+/// Cut `recs` into `m` non-empty runs of about equal bytes: returns the m + 1 run
+/// boundaries, or None if a run would not fit in a node.
+pub(super) fn even_cuts(recs: &[(u64, &[u8])], m: usize) -> Option<Vec<usize>> {
+    if m == 2 {
+        return balanced_cut(recs).map(|c| vec![0, c, recs.len()]);
+    }
+    let total: usize = recs.iter().map(rec_size).sum();
+    let mut cuts = vec![0];
+    let mut acc = 0;
+    for (i, r) in recs.iter().enumerate() {
+        let k = cuts.len();
+        // Close run k-1 before record i once the bytes so far reach k/m of the total,
+        // leaving at least one record for each run still to come.
+        if k < m && i > cuts[k - 1] && acc * m >= total * k && recs.len() - i >= m - k {
+            cuts.push(i);
+        }
+        acc += rec_size(r);
+    }
+    cuts.push(recs.len());
+    let fits = cuts.len() == m + 1
+        && cuts.windows(2).all(|w| w[0] < w[1] && recs[w[0]..w[1]].iter().map(rec_size).sum::<usize>() <= USABLE);
+    fits.then_some(cuts)
 }
 
 /// Free blocks allocated for a split that will not happen. Errors are ignored:
@@ -234,9 +287,8 @@ pub(super) fn rebalance(
             };
             if live >= UNDERFULL {
                 // A leaf between UNDERFULL and SPREAD_BELOW only spreads out.
-                if let (Some(l), Some(r)) = (left, right) {
-                    merged = spread_out(s, owner, parent, idx, (l, blk, r))?;
-                }
+                // `merged` may already be set by a merge in an earlier pass.
+                merged |= spread_out(s, owner, parent, idx)?;
                 break;
             }
             if let Some(l) = left {
@@ -253,10 +305,8 @@ pub(super) fn rebalance(
                     continue;
                 }
             }
-            if let (0, Some(l), Some(r)) = (level, left, right) {
-                if spread_out(s, owner, parent, idx, (l, blk, r))? {
-                    merged = true;
-                }
+            if level == 0 && spread_out(s, owner, parent, idx)? {
+                merged = true;
             }
             break;
         }
@@ -271,38 +321,53 @@ pub(super) fn rebalance(
 }
 
 /// The B\* counterpart of a merge for a leaf neither of whose siblings it can merge
-/// with: if the three leaves `l`, `m` (child `idx` of `parent`) and `r` fit in two at
-/// MERGE_MAX, spread `m`'s records over `l` and `r` and free `m`. Without it, churn
-/// leaves many leaves between UNDERFULL and full whose neighbours are too full to
-/// merge, and the tree settles larger than it was built.
-pub(super) fn spread_out(
-    s: &mut impl NodeStore,
-    owner: u64,
-    parent: u64,
-    idx: usize,
-    (l, m, r): (u64, u64, u64),
-) -> Result<bool> {
-    let total = live_of(s, l, owner, 0)? + live_of(s, m, owner, 0)? + live_of(s, r, owner, 0)?;
-    if total > 2 * MERGE_MAX {
+/// with, and the mirror of `shift_to_sibling`: if the k leaves within `SHIFT_REACH` of
+/// child `idx` of `parent` fit in k − 1 at MERGE_MAX, spread their records over k − 1 of
+/// them and free one. Without it, churn leaves many leaves between UNDERFULL and full
+/// whose neighbours are too full to merge, and the tree settles larger than it was built.
+pub(super) fn spread_out(s: &mut impl NodeStore, owner: u64, parent: u64, idx: usize) -> Result<bool> {
+    let kids: Vec<u64> = {
+        let b = s.node(parent)?;
+        let h = hdr(b, parent, owner, 1)?;
+        let (lo, hi) = (idx.saturating_sub(SHIFT_REACH), (idx + SHIFT_REACH).min(h.n.saturating_sub(1)));
+        (lo..=hi).map(|j| child(b, &h, parent, j)).collect::<Result<_>>()?
+    };
+    let lo = idx.saturating_sub(SHIFT_REACH);
+    let k = kids.len();
+    if k < 3 {
         return Ok(false);
     }
-    let copies: [Block; 3] = [*s.node(l)?, *s.node(m)?, *s.node(r)?];
+    let mut total = 0;
+    for &c in &kids {
+        total += live_of(s, c, owner, 0)?;
+    }
+    if total > (k - 1) * SPREAD_MAX {
+        return Ok(false);
+    }
+    let copies: Vec<Block> = kids.iter().map(|&c| Ok(*s.node(c)?)).collect::<Result<_>>()?;
     let mut recs = Vec::new();
-    for (b, blk) in copies.iter().zip([l, m, r]) {
+    for (b, &blk) in copies.iter().zip(&kids) {
         let h = hdr(b, blk, owner, 0)?;
         recs.extend(collect(b, &h, blk)?);
     }
-    let Some(cut) = balanced_cut(&recs) else {
+    let Some(cuts) = even_cuts(&recs, k - 1) else {
         return Ok(false);
     };
-    build(s.node_mut(l)?, owner, 0, l, &recs[..cut])?;
-    build(s.node_mut(r)?, owner, 0, r, &recs[cut..])?;
+    // Child 0 of the parent keeps its place: its separator is the parent's own bound.
+    let gone = if idx > 0 { idx } else { 1 };
+    let keep: Vec<u64> = kids.iter().enumerate().filter(|&(j, _)| lo + j != gone).map(|(_, &c)| c).collect();
+    for (r, &c) in keep.iter().enumerate() {
+        build(s.node_mut(c)?, owner, 0, c, &recs[cuts[r]..cuts[r + 1]])?;
+    }
     let b = s.node_mut(parent)?;
     let mut h = hdr(b, parent, owner, 1)?;
-    remove_at(b, &mut h, parent, idx)?;
-    // `r` is now child `idx`; its separator becomes its new first key.
-    rekey(s, owner, parent, idx, recs[cut].0)?;
-    s.free_node(m)?;
+    remove_at(b, &mut h, parent, gone)?;
+    // The first kept leaf's records start with the window's smallest key, which its
+    // separator already bounds; each later one's separator becomes its new first key.
+    for r in 1..keep.len() {
+        rekey(s, owner, parent, lo + r, recs[cuts[r]].0)?;
+    }
+    s.free_node(kids[gone - lo])?;
     Ok(true)
 }
 

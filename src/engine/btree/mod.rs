@@ -39,9 +39,10 @@
 //!
 //! # Balancing (`balance.rs`)
 //!
-//! A full leaf first tries to shift records into a sibling under the same parent that
-//! has at least 1/8 of a node free (a B*-tree's overflow: the parent's separator moves,
-//! nothing is allocated). Only when neither sibling has room does it split, at the byte
+//! A full leaf first tries to share its records with the leaves between it and the
+//! nearest leaf under the same parent, at most `SHIFT_REACH` (4) away, that has at least
+//! 1/8 of a node free (a B*-tree's overflow carried along: the parent's separators move,
+//! nothing is allocated). Only when no leaf in reach has room does it split, at the byte
 //! midpoint of its records into two halves of about 50%; the parent gains a separator,
 //! which may split it in turn, and a root split adds a level. All blocks a split chain
 //! needs are allocated before anything changes, so an insert that fails with `NoSpace`
@@ -49,9 +50,11 @@
 //! fall below 45% of the 4064 usable bytes (`UNDERFULL`) merges with its left sibling,
 //! else its right one, under the same parent when the two fit in 90% of a node
 //! (`MERGE_MAX`; an empty node always goes); the parent loses a separator and may merge
-//! in turn. A leaf below 2/3 (`SPREAD_BELOW`) that cannot merge spreads its records over
-//! both siblings when the three fit in two at 90%, and is freed. The gap between
-//! splitting at 100% and merging at 45%/90% keeps churn at a boundary from splitting
+//! in turn. A leaf below 85% (`SPREAD_BELOW`) that cannot merge looks at the k leaves
+//! within reach and, when they fit in k − 1 at 97.5% (`SPREAD_MAX`), spreads them over
+//! k − 1 and frees one: with the shift, this keeps a churning tree at the size it was
+//! built. The gap between splitting at 100% and merging at 45%/90% keeps churn at a
+//! boundary from splitting
 //! and merging the same nodes again and again. When two internal nodes merge, the two
 //! children that meet in the middle are merged too if one of them is underfull; so no
 //! two underfull siblings ever sit side by side, which is what lets a tree that empties

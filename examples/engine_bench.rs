@@ -2,12 +2,16 @@
 //! each up, unlink them all. Prints µs per operation and device blocks read/written.
 //!
 //! cargo run --release --example engine_bench -- [N] [--file IMAGE] [--hash H] [--name-len L]
+//!     [--readdir-order] [--sync-every K] [--no-lazy-free]
 //! cargo run --release --example engine_bench -- [N] --threads T
 //!
 //! By default the volume lives in memory (a `MemDevice`); `--file` puts it in an image
 //! file instead (e.g. on tmpfs), so the numbers include real pread/pwrite calls.
 //! `--hash` picks the directory hash (legacy, half_md4, tea, ...), `--name-len` pads the
-//! names to L bytes (seed 000's lookup cost against name length).
+//! names to L bytes (seed 000's lookup cost against name length). `--readdir-order` unlinks
+//! in readdir order (as `rm -rf`), `--sync-every K` commits every K unlinks (as a mount's
+//! periodic commits cut a long removal), `--no-lazy-free` makes the volume without lazy
+//! inode frees (the A/B baseline).
 //!
 //! `--threads T` measures scaling instead (issue 14): for 1..=T threads, in private
 //! directories and in one shared directory, each thread creates, looks up and unlinks
@@ -42,7 +46,8 @@ fn main() {
         Some(p) => Arc::new(FileDevice::create(p, blocks * 4096).expect("image file")),
         None => Arc::new(MemDevice::new(blocks)),
     };
-    mkfs(dev.clone(), &MkfsOptions { hash, ..Default::default() }).expect("mkfs");
+    let lazy_inode_free = !args.iter().any(|a| a == "--no-lazy-free");
+    mkfs(dev.clone(), &MkfsOptions { hash, lazy_inode_free, ..Default::default() }).expect("mkfs");
     let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
     let root = vol.root();
     let dir = vol.mkdir(root, b"d", 0o755, 0, 0).expect("mkdir").ino;
@@ -107,9 +112,26 @@ fn main() {
             vol.lookup(dir, nm).expect("lookup");
         }
     });
+    // `rm -rf` unlinks in readdir order, and a mount commits every few seconds.
+    let sync_every: usize = opt("--sync-every").and_then(|s| s.parse().ok()).unwrap_or(usize::MAX);
+    let order: Vec<Vec<u8>> = if args.iter().any(|a| a == "--readdir-order") {
+        let (mut out, mut pos) = (Vec::new(), 0);
+        loop {
+            let batch = vol.readdir(dir, pos, 4096).expect("readdir");
+            let Some(last) = batch.last() else { break };
+            pos = last.next;
+            out.extend(batch.into_iter().map(|e| e.name).filter(|n| n != b"." && n != b".."));
+        }
+        out
+    } else {
+        names.clone()
+    };
     phase("unlink", &mut || {
-        for nm in &names {
+        for (k, nm) in order.iter().enumerate() {
             vol.unlink(dir, nm).expect("unlink");
+            if k % sync_every == sync_every - 1 {
+                vol.sync().expect("sync");
+            }
         }
     });
     phase("sync", &mut || vol.sync().expect("sync"));

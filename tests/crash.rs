@@ -100,10 +100,17 @@ fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
     dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
     let dev = Arc::new(FaultDevice::new(base.to_bytes()));
     let snaps = workload(dev.clone(), seed, steps);
+    crash_at_every_write(&dev, &snaps, modes);
+}
+
+/// Cut the write stream of a finished workload at every point from its first snapshot
+/// on: each crash image must
+/// recover (fsck clean) to the newest sync before the cut or the one after it.
+fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], modes: &[CrashMode]) {
     let n = dev.events();
     assert!(n > 100, "workload too small to mean anything: {n} writes");
     for &mode in modes {
-        for at in 0..=n {
+        for at in snaps[0].0..=n {
             // The newest completed sync at or before this point, and the one after it,
             // are the only acceptable states.
             let k = snaps.iter().rposition(|(w, _)| *w <= at).expect("initial state at 0");
@@ -113,6 +120,43 @@ fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
             assert!(ok_now || ok_next, "{mode:?} at write {at}/{n}: recovered state is neither sync {k} nor the next");
         }
     }
+}
+
+/// `rm -rf` of a directory over several deltas, with lazy inode frees (the default):
+/// partly emptied inode blocks stay as they are and the lazy-free tree records the
+/// freed slots; a crash anywhere recovers to a sync point, fsck clean.
+#[test]
+fn crash_during_a_removal_over_many_deltas() {
+    let base = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let d = vol.mkdir(vol.root(), b"d", 0o755, 0, 0).unwrap().ino;
+    for i in 0..240 {
+        vol.create(d, format!("file-{i}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    vol.sync().unwrap();
+    let mut snaps = vec![(dev.events(), dump(&vol))];
+    // Readdir order, as rm unlinks in.
+    let (mut names, mut pos) = (Vec::new(), 0);
+    loop {
+        let batch = vol.readdir(d, pos, 64).unwrap();
+        let Some(last) = batch.last() else { break };
+        pos = last.next;
+        names.extend(batch.into_iter().map(|e| e.name).filter(|n| !n.starts_with(b".")));
+    }
+    for (k, name) in names.iter().enumerate() {
+        vol.unlink(d, name).unwrap();
+        if k % 20 == 19 {
+            vol.sync().unwrap();
+            snaps.push((dev.events(), dump(&vol)));
+        }
+    }
+    vol.rmdir(vol.root(), b"d").unwrap();
+    vol.sync().unwrap();
+    snaps.push((dev.events(), dump(&vol)));
+    drop(vol);
+    crash_at_every_write(&dev, &snaps, &[CrashMode::All, CrashMode::DropUnflushed]);
 }
 
 #[test]

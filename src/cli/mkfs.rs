@@ -37,6 +37,10 @@ pub struct MkfsArgs {
     #[arg(long, default_value_t = dxfs::DEFAULT_FILTER_HASHES,
           value_parser = clap::value_parser!(u8).range(1..=32))]
     xattr_filter_hashes: u8,
+    /// Write every inode free into its inode block (no lazy-free tree; the volume then
+    /// lacks the LAZY_INODE_FREE feature and older readers can write it).
+    #[arg(long)]
+    no_lazy_inode_free: bool,
     /// Overwrite whatever the image or device holds (a filesystem, or any data).
     #[arg(long, short = 'f')]
     force: bool,
@@ -155,6 +159,7 @@ pub fn run(a: MkfsArgs) -> i32 {
         filter_hashes: a.xattr_filter_hashes,
         log_blocks: None,
         root_owner,
+        lazy_inode_free: !a.no_lazy_inode_free,
     };
     match mkfs(dev.clone(), &o) {
         Ok(sb) => {

@@ -42,9 +42,17 @@ pub const RO_COMPAT_XATTR_FILTER: u32 = 1;
 /// 129) rather than one. Readers that only know XATTR_FILTER do not trust these filters,
 /// since the flag they know is clear.
 pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
+/// ro_compat: inode slots may be freed lazily, recorded in the state block's lazy-free
+/// tree instead of in their inode block (FORMAT.md §6.1). A writer that does not know
+/// the tree would hand out or count those slots wrongly; a reader loses nothing, since
+/// no directory entry points at a lazily freed inode.
+pub const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
 /// Features this code understands (unknown compat features are harmless by definition).
 pub const KNOWN_INCOMPAT: u32 = 0;
-pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K;
+pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE;
+/// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
+/// (it would be slot 1 of block 0, the superblock).
+pub const LAZY_FREE_OWNER: u64 = 1;
 /// Bits each xattr name sets in the filter of a new volume: k = ln2 · m / n for m = 32
 /// bits and the typical n = 2 names of an inode that has any (docs/DESIGN.md, "Xattrs").
 pub const DEFAULT_FILTER_HASHES: u8 = 11;
@@ -254,6 +262,11 @@ impl Superblock {
         })
     }
 
+    /// Whether inode slots may be freed through the lazy-free tree (FORMAT.md §6.1).
+    pub fn lazy_inode_free(&self) -> bool {
+        self.ro_compat & RO_COMPAT_LAZY_INODE_FREE != 0
+    }
+
     /// Whether the xattr bloom filter is in force.
     pub fn xattr_filter(&self) -> bool {
         self.ro_compat & (RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K) != 0
@@ -280,6 +293,9 @@ pub struct State {
     pub commit_seq: u64,
     /// Live inodes (statfs; checked by fsck).
     pub inodes: u64,
+    /// The lazy-free tree: inode block → mask of slots freed but still marked used in
+    /// the block (ro_compat LAZY_INODE_FREE; empty otherwise).
+    pub lazy_frees: TreeRoot,
 }
 
 impl State {
@@ -290,6 +306,8 @@ impl State {
         put_u32(b, 24, self.next_generation);
         put_u64(b, 32, self.commit_seq);
         put_u64(b, 40, self.inodes);
+        put_u64(b, 48, self.lazy_frees.root);
+        put_u16(b, 56, self.lazy_frees.depth);
     }
     pub fn decode(b: &Block) -> State {
         State {
@@ -297,6 +315,7 @@ impl State {
             next_generation: get_u32(b, 24),
             commit_seq: get_u64(b, 32),
             inodes: get_u64(b, 40),
+            lazy_frees: TreeRoot { root: get_u64(b, 48), depth: get_u16(b, 56) },
         }
     }
 }
@@ -720,7 +739,7 @@ mod tests {
             version: VERSION,
             compat: COMPAT_DIR_RESERVATION,
             incompat: 0,
-            ro_compat: RO_COMPAT_XATTR_FILTER_K,
+            ro_compat: RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE,
             uuid: [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x47, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff],
             label: "example".into(),
             layout,
@@ -735,11 +754,13 @@ mod tests {
         assert_eq!(get_u32(&old[..], 4), 0x2534_9e47, "the version-1 example before XATTR_FILTER_K");
         // Volumes made with the one-bit filter still open, with k = 1.
         assert_eq!(Superblock::decode(&old, 0).unwrap().filter_hashes(), 1);
+        let before_lazy = Superblock { ro_compat: RO_COMPAT_XATTR_FILTER_K, ..sb.clone() }.encode(0);
+        assert_eq!(get_u32(&before_lazy[..], 4), 0x7f65_4f35, "the example before LAZY_INODE_FREE");
         let b = sb.encode(0);
         assert_eq!((layout.bitmap_start, layout.bitmap_blocks, layout.first_free()), (130, 1, 131));
-        assert_eq!(&b[0x1c..0x20], &[2, 0, 0, 0], "ro_compat");
+        assert_eq!(&b[0x1c..0x20], &[6, 0, 0, 0], "ro_compat");
         assert_eq!(&b[0x80..0x84], &[1, 11, 4, 0], "hash, filter_hashes, region_blocks");
-        assert_eq!(get_u32(&b[..], 4), 0x7f65_4f35, "crc of the worked example: {:#010x}", get_u32(&b[..], 4));
+        assert_eq!(get_u32(&b[..], 4), 0x7158_7e47, "crc of the worked example: {:#010x}", get_u32(&b[..], 4));
         assert!(b[160..].iter().all(|&x| x == 0));
     }
 

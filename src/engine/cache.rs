@@ -150,6 +150,11 @@ impl MetaCache {
         }
     }
 
+    /// Whether the block is dirty in the current delta.
+    pub fn is_dirty(&self, blockno: u64) -> bool {
+        self.blocks.get(&blockno).is_some_and(|c| c.dirty)
+    }
+
     /// Whether the block is in memory.
     pub fn contains(&self, blockno: u64) -> bool {
         self.blocks.contains_key(&blockno)

@@ -38,6 +38,9 @@ pub struct Store {
     /// Read an uncached inode block together with its aligned window of inode blocks
     /// (off unless the volume's sorted prefetch is on).
     pub inode_readahead: bool,
+    /// The lazy-free tree (inode block → slots freed but still marked used there), when
+    /// the volume has the LAZY_INODE_FREE feature. The state block carries its root.
+    pub lazy_frees: Option<TreeRoot>,
     /// Running share of live inode slots in the windows read lately: windows pay only
     /// when most of what they bring in is live (a directory thinned to 1% is not).
     inode_density: f64,
@@ -139,7 +142,13 @@ pub fn open_lenient(
         Ok(b) => State::decode(b),
         Err(e @ Error::Corrupt(_)) => {
             damage.push(context("state block", e));
-            State { orphan_head: 0, next_generation: 1, commit_seq: journal.seq, inodes: 0 }
+            State {
+                orphan_head: 0,
+                next_generation: 1,
+                commit_seq: journal.seq,
+                inodes: 0,
+                lazy_frees: TreeRoot::default(),
+            }
         }
         Err(e) => return Err(e),
     };
@@ -147,12 +156,16 @@ pub fn open_lenient(
     if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
         return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
     }
-    Ok(LenientOpen {
-        opened: Opened { journal, store: Store::new(dev, cache, space, sb, reserve_regions), state },
-        bitmap_damaged,
-        state_damaged,
-        damage,
-    })
+    let lazy = sb.lazy_inode_free();
+    if state.lazy_frees.root >= sb.layout.block_count || (state.lazy_frees.root == 0) != (state.lazy_frees.depth == 0) {
+        return Err(Error::corrupt(format!("lazy-free tree root {:?} is invalid", state.lazy_frees)));
+    }
+    if !lazy && state.lazy_frees.root != 0 {
+        return Err(Error::corrupt("a lazy-free tree on a volume without the LAZY_INODE_FREE feature"));
+    }
+    let mut store = Store::new(dev, cache, space, sb, reserve_regions);
+    store.lazy_frees = lazy.then_some(state.lazy_frees);
+    Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damaged, state_damaged, damage })
 }
 
 /// Say which structure a corruption was found in.
@@ -237,6 +250,10 @@ impl BlockHints {
     }
 }
 
+/// Free blocks (beyond the reserve) below which inode frees are written into their
+/// blocks rather than recorded in the lazy-free tree, which may need a new node.
+const LAZY_FREE_MIN_AVAILABLE: u64 = 64;
+
 /// Below this share of live slots in recent windows, inode blocks are read one by one.
 const WINDOW_MIN_DENSITY: f64 = 0.25;
 
@@ -282,6 +299,7 @@ impl Store {
             freed_meta: Default::default(),
             freed_in_flight: Default::default(),
             inode_readahead: false,
+            lazy_frees: None,
             inode_density: 1.0,
             inode_sweeps: 0,
         }
@@ -404,8 +422,12 @@ impl Store {
         if get_u16(blk, IB_USED) & (1 << s) == 0 {
             return Err(Error::NotFound);
         }
-        Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
-            .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))
+        let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
+            .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
+        if self.lazy_freed(b)? & (1 << s) != 0 {
+            return Err(Error::NotFound);
+        }
+        Ok(i)
     }
 
     /// Read the inode blocks `blocks` (sorted prefetch): in aligned windows of
@@ -461,6 +483,11 @@ impl Store {
 
     /// Take a free slot in block `b`, if any.
     fn take_slot(&mut self, b: u64) -> Result<Option<u64>> {
+        // The block is about to be written anyway: settle its lazy frees into it.
+        let lazy = self.lazy_freed(b)?;
+        if lazy != 0 {
+            self.settle_lazy(b, lazy)?;
+        }
         let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
         let used = get_u16(blk, IB_USED) | 1; // slot 0 is the header
         if used == u16::MAX {
@@ -522,26 +549,103 @@ impl Store {
 
     /// Free an inode slot. An inode block left empty is freed unless it belongs to its
     /// owner directory's current region (which keeps its room for future children).
+    ///
+    /// With the LAZY_INODE_FREE feature, a block that is not already dirty in this delta
+    /// is not rewritten: the slot goes into the lazy-free tree, whose leaves hold a few
+    /// hundred blocks' masks. A removal that spans many deltas (`rm -rf` of a million
+    /// files in hash order) then writes each partly emptied inode block at most once,
+    /// when it is reused, instead of at every commit (docs/DESIGN.md, "Lazy inode frees").
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
         let (b, s) = self.check_ino(ino)?;
-        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
-        let used = get_u16(blk, IB_USED) & !(1 << s);
-        put_u16(blk, IB_USED, used);
-        blk[s * INODE_SIZE..(s + 1) * INODE_SIZE].fill(0);
-        let owner = get_u64(blk, IB_OWNER);
-        if used != 0 {
+        let lazy = self.lazy_freed(b)? | (1 << s);
+        let (used, owner) = {
+            let blk = self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?;
+            (get_u16(blk, IB_USED), get_u64(blk, IB_OWNER))
+        };
+        if used & !lazy & !1 == 0 && !self.in_current_region(b, owner, ino)? {
+            // Nothing live is left: the block goes, with its lazy-free record.
+            if lazy != 1 << s {
+                self.set_lazy_freed(b, 0)?;
+            }
+            self.free_meta(b);
             return Ok(());
         }
-        if owner != 0 && owner != ino {
-            if let Ok(o) = self.inode(owner) {
-                if let Ok(d) = o.dir() {
-                    if b >= d.region_start && b < d.region_start + d.region_used as u64 {
-                        return Ok(());
-                    }
-                }
+        // Recording the slot may allocate a tree node: only while space is plentiful
+        // (the reserve belongs to deletions and commits), and never when the block is
+        // written in this delta anyway.
+        let roomy = self.space.available(false) > LAZY_FREE_MIN_AVAILABLE;
+        if self.lazy_frees.is_some() && roomy && !self.cache.is_dirty(b) {
+            match self.set_lazy_freed(b, lazy) {
+                Err(Error::NoSpace) => {}
+                r => return r,
             }
         }
-        self.free_meta(b);
+        self.settle_lazy(b, lazy)
+    }
+
+    /// Whether inode block `b` (owned by directory `owner`) lies in the owner's current
+    /// region. `ino` is the inode being freed, which may be the owner itself.
+    fn in_current_region(&mut self, b: u64, owner: u64, ino: u64) -> Result<bool> {
+        if owner == 0 || owner == ino {
+            return Ok(false);
+        }
+        if let Ok(o) = self.inode(owner) {
+            if let Ok(d) = o.dir() {
+                return Ok(b >= d.region_start && b < d.region_start + d.region_used as u64);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Slots of inode block `b` that are free although its used mask says otherwise.
+    pub fn lazy_freed(&mut self, b: u64) -> Result<u16> {
+        let Some(t) = self.lazy_frees.filter(|t| t.root != 0) else {
+            return Ok(0);
+        };
+        match crate::engine::btree::get(self, &t, LAZY_FREE_OWNER, b)? {
+            None => Ok(0),
+            Some(v) if v.len() == 2 => Ok(u16::from_le_bytes([v[0], v[1]])),
+            Some(v) => Err(Error::corrupt(format!("lazy-free record of block {b} holds {} bytes, not 2", v.len()))),
+        }
+    }
+
+    /// Record `mask` as block `b`'s lazily freed slots (0 removes the record).
+    fn set_lazy_freed(&mut self, b: u64, mask: u16) -> Result<()> {
+        let Some(mut t) = self.lazy_frees else {
+            return Err(Error::corrupt("lazy-free tree used on a volume without it"));
+        };
+        if mask == 0 {
+            crate::engine::btree::remove(self, &mut t, LAZY_FREE_OWNER, b)?;
+        } else {
+            crate::engine::btree::insert(self, &mut t, LAZY_FREE_OWNER, b, &mask.to_le_bytes(), true)?;
+        }
+        self.lazy_frees = Some(t);
+        Ok(())
+    }
+
+    /// Forget block `b`'s lazy-free record, if any (fsck, once the block's own mask is exact).
+    pub fn drop_lazy_freed(&mut self, b: u64) -> Result<()> {
+        if let Some(mut t) = self.lazy_frees.filter(|t| t.root != 0) {
+            crate::engine::btree::remove(self, &mut t, LAZY_FREE_OWNER, b)?;
+            self.lazy_frees = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Clear the slots `mask` in inode block `b` itself and drop its lazy-free record.
+    pub fn settle_lazy(&mut self, b: u64, mask: u16) -> Result<()> {
+        let had = self.lazy_freed(b)?;
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
+        let used = get_u16(blk, IB_USED) & !(mask & !1);
+        put_u16(blk, IB_USED, used);
+        for s in 1..INODES_PER_BLOCK as usize {
+            if mask & (1 << s) != 0 {
+                blk[s * INODE_SIZE..(s + 1) * INODE_SIZE].fill(0);
+            }
+        }
+        if had != 0 {
+            self.set_lazy_freed(b, 0)?;
+        }
         Ok(())
     }
 
@@ -556,8 +660,12 @@ impl Store {
         }
         for k in 0..d.region_used as u64 {
             let b = d.region_start + k;
+            let lazy = self.lazy_freed(b)?;
             let used = get_u16(self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?, IB_USED);
-            if used == 0 {
+            if used & !lazy & !1 == 0 {
+                if lazy != 0 {
+                    self.set_lazy_freed(b, 0)?;
+                }
                 self.free_meta(b);
             }
         }

@@ -375,12 +375,45 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         }
         let _ = ino;
     }
+    // The lazy-free tree: slots freed without rewriting their inode block.
+    let mut lazy: HashMap<u64, u16> = HashMap::new();
+    let mut lazy_drops = Vec::new();
+    if let Some(t) = w.st.lazy_frees.filter(|t| t.root != 0) {
+        match btree::check(&mut w.st, &t, LAZY_FREE_OWNER) {
+            Ok(stats) => {
+                for b in &stats.blocks {
+                    w.own(*b, 0, "lazy-free tree");
+                }
+                let mut recs = Vec::new();
+                let r = btree::scan(&mut w.st, &t, LAZY_FREE_OWNER, 0, |k, v| {
+                    recs.push((k, v.to_vec()));
+                    true
+                });
+                if let Err(e) = r {
+                    w.err(format!("lazy-free tree: {e}"));
+                }
+                for (b, v) in recs {
+                    let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
+                    if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
+                        // Malformed, or for a block with no live inode (which should
+                        // have been freed with its record): the record goes.
+                        lazy_drops.push(b);
+                    } else {
+                        lazy.insert(b, mask);
+                    }
+                }
+            }
+            Err(e) => w.err(format!("lazy-free tree broken: {e}")),
+        }
+    }
     let mut slot_fixes = Vec::new();
     for (&b, &mask) in &ib {
         match w.st.block(b, Some(INODE_MAGIC)) {
             Ok(blk) => {
                 let used = get_u16(blk, IB_USED);
-                if used != mask {
+                let freed = lazy.get(&b).copied().unwrap_or(0);
+                // A record may only free slots the block marks used.
+                if freed & !used != 0 || used & !freed != mask {
                     slot_fixes.push((b, used, mask));
                 }
             }
@@ -417,7 +450,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         w.err(format!("state block counts {} inodes, found {}", state.inodes, w.r.inodes));
     }
     let mut r = w.r;
-    let fixable = !leaked.is_empty() || !nlink_fixes.is_empty() || !slot_fixes.is_empty();
+    let fixable = !leaked.is_empty() || !nlink_fixes.is_empty() || !slot_fixes.is_empty() || !lazy_drops.is_empty();
     let msgs: Vec<String> = leaked
         .iter()
         .take(20)
@@ -427,6 +460,11 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             slot_fixes
                 .iter()
                 .map(|(b, have, want)| format!("inode block {b}: used slots {have:#06x}, should be {want:#06x}")),
+        )
+        .chain(
+            lazy_drops
+                .iter()
+                .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .collect();
     if leaked.len() > 20 {
@@ -446,7 +484,13 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             // Written in place, outside any delta: a crash half way leaves them damaged
             // again, and the next fsck rebuilds them again.
             let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
-            let state = State { orphan_head: 0, next_generation, commit_seq: journal_seq, inodes: r.inodes };
+            let state = State {
+                orphan_head: 0,
+                next_generation,
+                commit_seq: journal_seq,
+                inodes: r.inodes,
+                lazy_frees: TreeRoot::default(),
+            };
             rebuild(&*dev, layout, rebuild_bitmap.then_some(&w.owner), rebuild_state.then_some(state))?;
             r.fixed.extend(r.rebuilt.iter().map(|d| format!("{d}: rebuilt from the tree")));
         } else {
@@ -455,7 +499,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
     }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);
-        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes)?;
+        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes, &lazy_drops)?;
         r.fixed.extend(msgs);
     } else {
         r.errors.extend(msgs);
@@ -494,6 +538,7 @@ fn repair_volume(
     leaked: &[u64],
     nlinks: &[(u64, u32, u32)],
     slots: &[(u64, u16, u16)],
+    lazy_drops: &[u64],
 ) -> Result<()> {
     let vol = Volume::open(dev, OpenOptions::default())?;
     vol.repair(|st| {
@@ -506,8 +551,12 @@ fn repair_volume(
             st.put_inode(&i)?;
         }
         for &(b, _, want) in slots {
-            let blk = st.block_mut(b, Some(INODE_MAGIC))?;
-            put_u16(blk, IB_USED, want);
+            // The block's mask becomes exact, so any lazy-free record for it goes.
+            st.drop_lazy_freed(b)?;
+            put_u16(st.block_mut(b, Some(INODE_MAGIC))?, IB_USED, want);
+        }
+        for &b in lazy_drops {
+            st.drop_lazy_freed(b)?;
         }
         Ok(())
     })?;

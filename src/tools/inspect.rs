@@ -200,7 +200,13 @@ impl Inspector {
             ("superblock", Some(ok), vec![("block_count", l.block_count), ("root_ino", self.sb.root_ino)])
         } else if n == STATE_BLOCK {
             let st = State::decode(&b);
-            let f = vec![("commit_seq", st.commit_seq), ("inodes", st.inodes), ("orphan_head", st.orphan_head)];
+            let f = vec![
+                ("commit_seq", st.commit_seq),
+                ("inodes", st.inodes),
+                ("orphan_head", st.orphan_head),
+                ("lazy_free_root", st.lazy_frees.root),
+                ("lazy_free_depth", u64::from(st.lazy_frees.depth)),
+            ];
             ("state", check(STATE_MAGIC), f)
         } else if n == l.log_area(0) || n == l.log_area(1) {
             ("commit", check(COMMIT_MAGIC), vec![("sequence", get_u64(&b, 16)), ("blocks", u64::from(get_u32(&b, 24)))])

@@ -266,6 +266,9 @@ impl Delta {
         self.epoch += 1;
         self.seq += 1;
         state.commit_seq = self.seq;
+        if let Some(t) = st.lazy_frees {
+            state.lazy_frees = t;
+        }
         state.encode_into(st.fresh_block(STATE_BLOCK));
         st.take_dirty()
     }

@@ -32,6 +32,8 @@ pub struct MkfsOptions {
     pub log_blocks: Option<u32>,
     /// Owner (uid, gid) of the root directory (mke2fs's `-E root_owner`).
     pub root_owner: (u32, u32),
+    /// Free inode slots lazily, through the lazy-free tree (ro_compat LAZY_INODE_FREE).
+    pub lazy_inode_free: bool,
 }
 
 impl Default for MkfsOptions {
@@ -46,6 +48,7 @@ impl Default for MkfsOptions {
             filter_hashes: DEFAULT_FILTER_HASHES,
             log_blocks: None,
             root_owner: (0, 0),
+            lazy_inode_free: true,
         }
     }
 }
@@ -72,7 +75,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         version: VERSION,
         compat: COMPAT_DIR_RESERVATION,
         incompat: 0,
-        ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 },
+        ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 }
+            | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 },
         uuid,
         label: o.label.clone(),
         layout,
@@ -97,7 +101,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     ri.ctime = t;
     ri.crtime = t;
     st.put_inode(&ri)?;
-    let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1 };
+    let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1, lazy_frees: TreeRoot::default() };
     state.encode_into(st.fresh_block(STATE_BLOCK));
     // Empty log areas: no commit block is valid.
     let zero = vec![0u8; BLOCK_SIZE];

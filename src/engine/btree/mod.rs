@@ -166,7 +166,6 @@ fn step(
 }
 
 /// Look up `key`.
-#[cfg(test)]
 pub fn get(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);

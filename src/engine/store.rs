@@ -424,7 +424,10 @@ impl Store {
         }
         let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
             .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
-        if self.lazy_freed(b)? & (1 << s) != 0 {
+        // A damaged lazy-free tree must not make every inode unreadable: no directory
+        // entry names a lazily freed inode, so reading goes on as if it had no record
+        // (fsck reports the tree; changes that need it fail).
+        if self.lazy_freed(b).unwrap_or(0) & (1 << s) != 0 {
             return Err(Error::NotFound);
         }
         Ok(i)

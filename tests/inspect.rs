@@ -266,9 +266,19 @@ fn log_areas_alternate() {
         vol.sync().unwrap();
         vol.close().unwrap();
     }
-    let (area2, seq2) = newest(&debug_json(&k.img, &["log"]));
+    let areas2 = debug_json(&k.img, &["log"]);
+    let (area2, seq2) = newest(&areas2);
     assert!(seq2 > seq);
     assert_eq!(area2, seq2 % 2);
+    // The delta that created "later" logged the state block and the inode block that
+    // holds the new file, with a body that matches its checksum.
+    let later = debug_json(&k.img, &["stat", "/later"])["inode"].as_u64().unwrap();
+    let holder = areas2.as_array().unwrap().iter().find(|a| a["sequence"].as_u64() == Some(seq + 1)).unwrap();
+    let targets: Vec<u64> = holder["targets"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(targets.len() as u64, holder["blocks"].as_u64().unwrap(), "{holder}");
+    assert!(targets.contains(&1), "state block not logged: {targets:?}");
+    assert!(targets.contains(&(later / 16)), "inode block of {later} not logged: {targets:?}");
+    assert_eq!(holder["body_ok"], true);
     fsck_clean(&k.img);
 }
 

@@ -56,7 +56,8 @@ pub enum DebugCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Both log areas' commit blocks: valid or not, sequence, blocks logged.
+    /// Both log areas' commit blocks: valid or not, sequence, blocks logged, the blocks
+    /// each delta logs (its targets) and whether its body matches its checksum.
     Log {
         /// Image file or block device (opened read-only).
         image: std::path::PathBuf,

@@ -175,17 +175,19 @@ fn gather(image: &Path, path: &str, what: What) -> dxfs::Result<(Value, String)>
                 .iter()
                 .map(|a| {
                     json!({"area": a.area, "start": a.start, "valid": a.valid, "sequence": a.sequence,
-                           "blocks": a.blocks, "newest": a.newest})
+                           "blocks": a.blocks, "newest": a.newest, "body_ok": a.body_ok, "targets": a.targets})
                 })
                 .collect();
             let text = areas
                 .iter()
                 .map(|a| match (a.sequence, a.blocks) {
                     (Some(s), Some(b)) => format!(
-                        "area {} (block {}): commit {s}, {b} blocks{}\n",
+                        "area {} (block {}): commit {s}, {b} blocks{}{}\n  targets: {}\n",
                         a.area,
                         a.start,
-                        if a.newest { " (newest)" } else { "" }
+                        if a.newest { " (newest)" } else { "" },
+                        if a.body_ok == Some(false) { ", body fails its checksum" } else { "" },
+                        runs(&a.targets)
                     ),
                     _ => format!("area {} (block {}): no valid commit block\n", a.area, a.start),
                 })
@@ -193,6 +195,27 @@ fn gather(image: &Path, path: &str, what: What) -> dxfs::Result<(Value, String)>
             (Value::Array(j), text)
         }
     })
+}
+
+/// Block numbers as comma-separated runs: "1, 130-131, 4000".
+fn runs(blocks: &[u64]) -> String {
+    let mut sorted = blocks.to_vec();
+    sorted.sort_unstable();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { sorted[i].to_string() } else { format!("{}-{}", sorted[i], sorted[j]) });
+        i = j + 1;
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 pub fn run(image: &Path, path: &str, what: What, as_json: bool) -> i32 {

@@ -63,6 +63,27 @@ pub fn commit_blocks(dev: &dyn BlockDevice, layout: Layout) -> Result<[AreaCommi
     Ok([(a, read_commit(dev, a)?), (b, read_commit(dev, b)?)])
 }
 
+/// The target blocks a valid commit in the area at `at` lists, and whether its body
+/// matches the commit's checksum (inspector). None when the commit block is invalid or
+/// lists more blocks than the log holds.
+pub fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<Option<(Vec<u64>, bool)>> {
+    let Some((_, n)) = read_commit(dev, at)? else {
+        return Ok(None);
+    };
+    if n > capacity(layout.log_blocks) {
+        return Ok(None);
+    }
+    let ndesc = n.div_ceil(TARGETS_PER_DESC);
+    let mut body = vec![0u8; (ndesc + n) * BLOCK_SIZE];
+    if !body.is_empty() {
+        dev.read(at + 1, &mut body)?;
+    }
+    let mut cb = [0u8; BLOCK_SIZE];
+    dev.read(at, &mut cb)?;
+    let targets = (0..n).map(|i| get_u64(&body, i * 8)).collect();
+    Ok(Some((targets, get_u32(&cb, 28) == body_crc(&body))))
+}
+
 impl Journal {
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.

@@ -113,7 +113,7 @@ pub struct XattrList {
 }
 
 /// One log area's commit block (`debug log`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogArea {
     pub area: u32,
     /// The area's first block (its commit block).
@@ -123,6 +123,10 @@ pub struct LogArea {
     pub blocks: Option<usize>,
     /// Whether this is the newest valid commit (the one recovery replays).
     pub newest: bool,
+    /// The blocks the commit logs (its descriptors), in the order listed.
+    pub targets: Vec<u64>,
+    /// Whether the logged body matches the commit's checksum (valid commits only).
+    pub body_ok: Option<bool>,
 }
 
 /// One block, decoded by where it lies and by its magic (`debug block`).
@@ -353,17 +357,20 @@ impl Inspector {
     pub fn log(&self) -> Result<Vec<LogArea>> {
         let areas = log::commit_blocks(&*self.dev, self.sb.layout)?;
         let newest = areas.iter().filter_map(|(_, c)| c.map(|(s, _)| s)).max();
-        Ok(areas
-            .iter()
-            .enumerate()
-            .map(|(n, (start, c))| LogArea {
+        let mut out = Vec::new();
+        for (n, (start, c)) in areas.iter().enumerate() {
+            let listed = log::commit_targets(&*self.dev, self.sb.layout, *start)?;
+            out.push(LogArea {
                 area: n as u32,
                 start: *start,
                 valid: c.is_some(),
                 sequence: c.map(|(s, _)| s),
                 blocks: c.map(|(_, b)| b),
                 newest: c.is_some() && c.map(|(s, _)| s) == newest,
-            })
-            .collect())
+                body_ok: listed.as_ref().map(|(_, ok)| *ok),
+                targets: listed.map(|(t, _)| t).unwrap_or_default(),
+            });
+        }
+        Ok(out)
     }
 }

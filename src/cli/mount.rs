@@ -29,8 +29,10 @@ pub struct MountArgs {
     /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
     /// readdirplus=auto|always|never, discard (trim blocks as deltas free them),
+    /// the kernel flags dev|nodev, suid|nosuid (default nodev,nosuid), exec|noexec,
+    /// relatime|strictatime|noatime (when reads update atime; default relatime), nodiratime,
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
-    /// as dev, nosuid, noauto, _netdev, defaults are ignored).
+    /// as noauto, _netdev, defaults are ignored).
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
     /// Go to the background once the mount is live.
@@ -136,10 +138,11 @@ fn mount_option(
         // Trim the blocks each committed delta frees.
         "discard" => v.discard = true,
         "nodiscard" => v.discard = false,
+        // Kernel mount flags; the atime policy is the volume's to apply.
+        k if o.flags.set(k) => v.atime = o.flags.atime,
         // mount(8) and mount.fuse3 options that mean nothing to the daemon.
-        "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto" | "noauto" | "user" | "nouser" | "users"
-        | "_netdev" | "defaults" | "nofail" | "atime" | "noatime" | "relatime" | "strictatime" | "nodiratime"
-        | "async" | "fsname" | "subtype" => {}
+        "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "defaults" | "nofail" | "async" | "fsname"
+        | "subtype" => {}
         k if k.starts_with("x-") || k.starts_with("comment") => {}
         _ => return Err(format!("unknown mount option {opt:?}")),
     }
@@ -299,7 +302,13 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
 /// to enforce (EROFS), as for any file system.
 fn remount(dir: &Path, opts: &[&str]) -> i32 {
     use nix::mount::MsFlags;
-    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    // MS_REMOUNT sets every per-mount flag anew: from the options given, with the same
+    // defaults as a fresh mount (nodev, nosuid, relatime).
+    let mut kernel = dxfs::fuse::MountFlags::default();
+    for o in opts {
+        kernel.set(o);
+    }
+    let mut flags = MsFlags::MS_REMOUNT | kernel.ms_flags();
     if opts.iter().rev().find(|o| **o == "ro" || **o == "rw") == Some(&"ro") {
         flags |= MsFlags::MS_RDONLY;
     }

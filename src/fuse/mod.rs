@@ -68,6 +68,68 @@ pub struct FuseOptions {
     pub fsname: String,
     /// How often the volume is committed while mounted.
     pub sync_interval: Duration,
+    /// Kernel mount flags: device nodes usable (`dev`), setuid/setgid honoured (`suid`),
+    /// programs executable (`exec`), and the atime flags shown in the mount table (the
+    /// volume applies its atime policy itself: FUSE inodes are S_NOATIME).
+    pub flags: MountFlags,
+}
+
+/// The per-mount kernel flags `-o` can set, as mount(8) names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountFlags {
+    /// `dev` (off: `nodev`, the default, as for every FUSE mount).
+    pub dev: bool,
+    /// `suid` (off: `nosuid`, the default).
+    pub suid: bool,
+    /// `exec` (the default; off: `noexec`).
+    pub exec: bool,
+    /// `noatime`, `strictatime` or `relatime` (the default).
+    pub atime: crate::AtimePolicy,
+    /// `nodiratime`.
+    pub nodiratime: bool,
+}
+
+impl Default for MountFlags {
+    fn default() -> Self {
+        MountFlags { dev: false, suid: false, exec: true, atime: crate::AtimePolicy::Relative, nodiratime: false }
+    }
+}
+
+impl MountFlags {
+    /// Apply one mount(8) option; false if it is not one of these.
+    pub fn set(&mut self, opt: &str) -> bool {
+        match opt {
+            "dev" => self.dev = true,
+            "nodev" => self.dev = false,
+            "suid" => self.suid = true,
+            "nosuid" => self.suid = false,
+            "exec" => self.exec = true,
+            "noexec" => self.exec = false,
+            "noatime" => self.atime = crate::AtimePolicy::Never,
+            "strictatime" => self.atime = crate::AtimePolicy::Strict,
+            "relatime" | "atime" => self.atime = crate::AtimePolicy::Relative,
+            "nodiratime" => self.nodiratime = true,
+            "diratime" => self.nodiratime = false,
+            _ => return false,
+        }
+        true
+    }
+
+    /// The mount(2) flags (without MS_RDONLY or MS_REMOUNT).
+    pub fn ms_flags(&self) -> nix::mount::MsFlags {
+        use nix::mount::MsFlags;
+        let mut f = MsFlags::empty();
+        f.set(MsFlags::MS_NODEV, !self.dev);
+        f.set(MsFlags::MS_NOSUID, !self.suid);
+        f.set(MsFlags::MS_NOEXEC, !self.exec);
+        f.set(MsFlags::MS_NODIRATIME, self.nodiratime);
+        match self.atime {
+            crate::AtimePolicy::Never => f |= MsFlags::MS_NOATIME,
+            crate::AtimePolicy::Strict => f |= MsFlags::MS_STRICTATIME,
+            crate::AtimePolicy::Relative => f |= MsFlags::MS_RELATIME,
+        }
+        f
+    }
 }
 
 /// When the kernel reads a directory with READDIRPLUS (names with attributes).
@@ -96,6 +158,7 @@ impl Default for FuseOptions {
             readdirplus: ReaddirPlus::Always,
             fsname: "dxfs".into(),
             sync_interval: Duration::from_secs(5),
+            flags: MountFlags::default(),
         }
     }
 }

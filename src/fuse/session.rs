@@ -91,7 +91,7 @@ fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
     if opts.allow_other {
         data.push_str(",allow_other");
     }
-    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mut flags = opts.flags.ms_flags();
     if opts.read_only {
         flags |= MsFlags::MS_RDONLY;
     }

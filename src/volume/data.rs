@@ -150,6 +150,7 @@ impl Volume {
     /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let mut touch = false;
         let (plan, epoch, dev) = {
             let mut g = self.lock();
             self.wait_landed(&mut g, ino)?;
@@ -159,7 +160,12 @@ impl Volume {
                 Some(FileType::Directory) => return Err(Error::IsDir),
                 _ => return Err(Error::Invalid("read of a special file".into())),
             }
+            if self.atime.wants_update(i.atime, i.mtime, i.ctime, now()) {
+                touch = true;
+            }
             if offset >= i.size {
+                drop(g);
+                self.touch_atime(ino, touch);
                 return Ok(Vec::new());
             }
             let len = (size as u64).min(i.size - offset) as usize;
@@ -168,14 +174,38 @@ impl Volume {
         };
         let out = plan.execute(&*dev)?;
         let mut g = self.lock();
-        if g.delta.epoch() == epoch {
-            return Ok(out);
+        let out = if g.delta.epoch() == epoch {
+            out
+        } else {
+            self.wait_landed(&mut g, ino)?;
+            let i = g.st.inode(ino)?;
+            let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
+            let g = &mut *g;
+            file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?
+        };
+        drop(g);
+        self.touch_atime(ino, touch);
+        Ok(out)
+    }
+
+    /// Record an access to `ino` if the atime policy asked for it (`wanted`): a read
+    /// succeeds even when this cannot be done (a failed volume, say).
+    pub(super) fn touch_atime(&self, ino: u64, wanted: bool) {
+        if !wanted {
+            return;
         }
-        self.wait_landed(&mut g, ino)?;
-        let i = g.st.inode(ino)?;
-        let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
-        let g = &mut *g;
-        file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)
+        // No blocks needed: the inode block is rewritten in place.
+        let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(mut g, mut i)| {
+            let t = now();
+            if self.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
+                i.atime = t;
+                g.st.put_inode(&i)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::debug!("atime of inode {ino} not updated: {e}");
+        }
     }
 
     /// Write `data` at `offset`; returns the bytes written. The file keeps its setuid

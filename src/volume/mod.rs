@@ -100,6 +100,7 @@ pub struct Volume {
     journal: Mutex<Journal>,
     read_only: bool,
     discard: bool,
+    atime: AtimePolicy,
 }
 
 impl Inner {
@@ -154,6 +155,7 @@ impl Volume {
         let read_only = opts.read_only;
         let measure_lock = opts.measure_lock;
         let discard = opts.discard && !read_only;
+        let atime = if read_only { AtimePolicy::Never } else { opts.atime };
         let mut inner = Inner {
             st,
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
@@ -174,6 +176,7 @@ impl Volume {
             journal: Mutex::new(journal),
             read_only,
             discard,
+            atime,
         };
         if !read_only && orphans {
             // Unlinked files that were open at the crash: free them, one delta each if

@@ -50,6 +50,10 @@ impl Volume {
             out.push(e);
             out.len() < max
         })?;
+        // A listing is one access, counted when it starts.
+        let touch = pos == 0 && self.atime.wants_update(d.atime, d.mtime, d.ctime, now());
+        drop(g);
+        self.touch_atime(ino, touch);
         Ok(out)
     }
 
@@ -94,6 +98,9 @@ impl Volume {
             };
             out.push((e, a));
         }
+        let touch = pos == 0 && self.atime.wants_update(d.atime, d.mtime, d.ctime, now());
+        drop(g);
+        self.touch_atime(ino, touch);
         Ok(out)
     }
 }

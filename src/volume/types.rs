@@ -135,6 +135,33 @@ pub struct OpenOptions {
     /// delta frees once it is durable, so thin storage and sparse images shrink
     /// (`-o discard`). Off by default.
     pub discard: bool,
+    /// When reads and directory listings update the access time (`-o relatime`, the
+    /// default; `strictatime`; `noatime`).
+    pub atime: AtimePolicy,
+}
+
+/// When an access updates an inode's atime. The FUSE client leaves atime to the daemon
+/// (it marks every inode S_NOATIME), so the volume applies the policy itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimePolicy {
+    /// Only when atime is not after mtime or ctime, or is a day old (Linux's default).
+    #[default]
+    Relative,
+    /// At every access.
+    Strict,
+    /// Never.
+    Never,
+}
+
+impl AtimePolicy {
+    /// Whether an access at `now` updates an inode with these times.
+    pub fn wants_update(self, atime: Time, mtime: Time, ctime: Time, now: Time) -> bool {
+        match self {
+            AtimePolicy::Never => false,
+            AtimePolicy::Strict => atime != now,
+            AtimePolicy::Relative => atime <= mtime || atime <= ctime || now.0 - atime.0 >= 24 * 3600,
+        }
+    }
 }
 
 impl Default for OpenOptions {
@@ -150,6 +177,7 @@ impl Default for OpenOptions {
             measure_lock: false,
             allow_rollback: false,
             discard: false,
+            atime: AtimePolicy::Relative,
         }
     }
 }

@@ -138,6 +138,21 @@ impl Space {
     }
 
     /// Whether block `b` is in use (blocks past the end count as used).
+    /// Runs of free blocks in the bitmap: no allocation, whatever its size, needs more
+    /// extents than this (fallocate charges its extent-map growth by it).
+    pub fn free_runs(&self) -> u64 {
+        let mut runs = 0u64;
+        let mut prev_free = 0u64; // bit 63 of the previous word, free
+        for &w in &self.words {
+            let free = !w;
+            // A run starts at a free bit whose lower neighbour is in use.
+            let starts = free & !((free << 1) | prev_free);
+            runs += u64::from(starts.count_ones());
+            prev_free = free >> 63;
+        }
+        runs
+    }
+
     pub fn is_used(&self, b: u64) -> bool {
         match self.words.get((b / 64) as usize) {
             Some(w) => w & (1 << (b % 64)) != 0,

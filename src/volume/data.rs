@@ -275,7 +275,7 @@ impl Volume {
                 Cost::new(2 * depth + 3 + Delta::writeback_meta(0, 2, depth), 2, true)
             } else {
                 // Blocks are allocated at once, so they are metadata-like: not promised.
-                Cost::new(2 * depth + 3 + n / 64 + n, 0, false)
+                Cost::new(g.prealloc_meta(&i, n) + n, 0, false)
             })
         })?;
         if punch {
@@ -327,8 +327,26 @@ impl Volume {
             g = self.charged(|g| {
                 let i = g.st.inode(ino)?;
                 let n = (e - at).min(FALLOC_STEP);
-                Ok(Cost::new(2 * extent_depth(&i) + 3 + n / 64 + n, 0, false))
+                Ok(Cost::new(g.prealloc_meta(&i, n) + n, 0, false))
             })?;
         }
+    }
+}
+
+impl Inner {
+    /// Extent-map blocks a preallocation of `n` blocks into file `i` may need: a split at
+    /// every level, plus a leaf per 64 new extents (a split leaves at least that many in
+    /// a leaf). The new extents are at most `n`, and at most one per piece of a free run
+    /// that lands in one hole of the file: the runs of free space plus the file's holes
+    /// (at most its extents + 1). On a volume with little fragmentation, preallocating all
+    /// that statfs reports free then costs a handful of blocks, not a 64th of it.
+    fn prealloc_meta(&self, i: &Inode, n: u64) -> u64 {
+        let holes = match i.data {
+            InodeData::Extents { n, .. } => u64::from(n) + 1,
+            InodeData::ExtentTree { count, .. } => u64::from(count) + 1,
+            _ => 1,
+        };
+        let extents = n.min(self.st.space.free_runs() + holes);
+        2 * extent_depth(i) + 3 + extents.div_ceil(64)
     }
 }

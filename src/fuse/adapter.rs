@@ -211,7 +211,11 @@ impl Filesystem for DxFuse {
             // The daemon drops setuid/setgid bits and file capabilities on write,
             // truncate and chown itself: the kernel then marks inodes S_NOSEC and stops
             // asking for security.capability (one GETXATTR) before every write.
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // File handles (name_to_handle_at, open_by_handle_at, NFS export): node ids
+            // are inode numbers and carry their generation, so a handle stays valid across
+            // remounts and turns stale (ESTALE) once its inode slot is reused.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         match self.opts.readdirplus {
             ReaddirPlus::Auto => want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
             ReaddirPlus::Always => want |= InitFlags::FUSE_DO_READDIRPLUS,
@@ -254,6 +258,13 @@ impl Filesystem for DxFuse {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.stats.timer(Op::Lookup);
         let p = self.vol_ino(parent);
+        if name.as_bytes() == b"." {
+            // Only sent to decode a file handle (fs/fuse/inode.c, fuse_get_dentry): the
+            // node itself, whatever its type; a freed one is ENOENT, which the kernel
+            // turns into ESTALE.
+            let r = self.call("lookup", |v| v.getattr(p));
+            return self.reply_entry(reply, r);
+        }
         match self.call("lookup", |v| v.lookup(p, name.as_bytes())) {
             // A miss answered as node 0 with a timeout is a negative entry the kernel
             // caches: the next lookup of the name (every create's O_EXCL check, a PATH

@@ -1609,3 +1609,52 @@ fn file_handles_survive_remount_and_go_stale() {
     m.unmount();
     s.fsck();
 }
+
+/// A user other than root: a read-write mount of an image only root may write is refused
+/// with a hint to use `-o ro`, and `-o ro` then mounts through fusermount3 and serves.
+#[test]
+fn non_root_mounts_read_only_through_fusermount3() {
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        eprintln!("skipping non_root_mounts_read_only_through_fusermount3: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(32);
+    {
+        let m = s.mount(&[]);
+        fs::write(s.path("hello"), b"world").unwrap();
+        m.unmount();
+    }
+    fs::set_permissions(&s.image, fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&s.mnt, Some(65534), Some(65534)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_dxfs");
+    let (img, mnt) = (s.image.display(), s.mnt.display());
+    let out = as_nobody(&format!("{bin} mount {img} {mnt}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a read-write mount by nobody was accepted");
+    assert!(err.contains("read-only") && err.contains("-o ro"), "no hint in: {err}");
+    // /dev/fuse is 0600 on some systems (this one), which keeps every user but root from
+    // mounting, through fusermount3 or not: open it up for the test, and put its mode
+    // back however the test ends.
+    struct ModeBack(u32);
+    impl Drop for ModeBack {
+        fn drop(&mut self) {
+            let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
+        }
+    }
+    let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
+    let _back = ModeBack(mode);
+    let out = as_nobody(&format!("{bin} mount -o ro --daemon {img} {mnt}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    if mode & 0o006 == 0 {
+        assert!(err.contains("fusermount3") && err.contains("/dev/fuse"), "unclear refusal: {err}");
+    }
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&format!("{bin} mount -o ro --daemon {img} {mnt} && cat {mnt}/hello; fusermount3 -u {mnt}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("world"), "read-only mount by nobody: {stdout} / {}", String::from_utf8_lossy(&out.stderr));
+    // fusermount3 -u returns before the daemon has closed the image; wait for it.
+    wait_unused(&s.image);
+    assert!(!is_mounted(&s.mnt));
+    s.fsck();
+}

@@ -232,7 +232,22 @@ impl FileDevice {
     /// [`Error::ReadOnly`].
     pub fn open(path: impl AsRef<Path>, read_only: bool) -> Result<FileDevice> {
         let path = path.as_ref();
-        let mut file = OpenOptions::new().read(true).write(!read_only).open(path).map_err(|e| path_error(path, e))?;
+        let mut file = OpenOptions::new().read(true).write(!read_only).open(path).map_err(|e| {
+            // Readable but not writable by this user: say how to use it anyway.
+            if !read_only
+                && e.kind() == io::ErrorKind::PermissionDenied
+                && OpenOptions::new().read(true).open(path).is_ok()
+            {
+                return Error::Io(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{}: {e}: it is not writable by you; open it read-only (mount -o ro, fsck -n)",
+                        path.display()
+                    ),
+                ));
+            }
+            path_error(path, e)
+        })?;
         let size = file.seek(SeekFrom::End(0)).map_err(|e| path_error(path, e))?;
         Self::with_size(file, path, size, read_only)
     }

@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 mod adapter;
+mod fusermount;
 mod lookups;
 mod mountinfo;
 mod session;

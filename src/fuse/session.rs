@@ -33,8 +33,8 @@ pub struct Mounted {
 /// As root dxfs mounts the kernel side itself (mount(2) on a /dev/fuse descriptor), so
 /// it knows its mount's id and unmounts nothing else: after `umount` and a quick
 /// remount on the same directory, the exiting daemon leaves the new mount alone.
-/// Other users mount through fusermount3 (fuser's own mount, which may unmount the
-/// path at exit).
+/// Other users mount through fusermount3 with auto_unmount (fuser's own mount, which
+/// may unmount the path at exit).
 pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
@@ -46,6 +46,7 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     if opts.default_permissions {
         cfg.mount_options.push(MountOption::DefaultPermissions);
     }
+
     if opts.allow_other {
         cfg.acl = SessionACL::All;
     }
@@ -66,9 +67,38 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
             }
         }
     } else {
-        (Session::new(fs, mountpoint, &cfg)?, None)
+        // fuser mounts directly when it can open /dev/fuse and gives up when it cannot
+        // (mode 0600 on some systems) instead of asking fusermount3: ask it ourselves.
+        let fd = super::fusermount::mount(mountpoint, &fusermount_options(opts))?;
+        (Session::from_fd(fs, fd, cfg.acl, cfg)?, None)
     };
     Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval, mount_id })
+}
+
+/// fusermount3's `-o` for a mount by a user other than root: what `kernel_mount` gives
+/// mount(2) as root (fusermount3 refuses `dev` and `suid` to users, with its own message).
+fn fusermount_options(opts: &FuseOptions) -> String {
+    let f = opts.flags;
+    let mut o = vec![
+        format!("fsname={}", opts.fsname.replace(',', "\\,")),
+        "subtype=dxfs".to_string(),
+        (if opts.read_only { "ro" } else { "rw" }).into(),
+        (if f.dev { "dev" } else { "nodev" }).into(),
+        (if f.suid { "suid" } else { "nosuid" }).into(),
+        (if f.exec { "exec" } else { "noexec" }).into(),
+    ];
+    // fusermount3 knows noatime but not relatime or strictatime; the volume applies its
+    // policy either way.
+    if f.atime == crate::AtimePolicy::Never {
+        o.push("noatime".into());
+    }
+    if opts.default_permissions {
+        o.push("default_permissions".into());
+    }
+    if opts.allow_other {
+        o.push("allow_other".into());
+    }
+    o.join(",")
 }
 
 /// mount(2) a FUSE file system of type fuse.dxfs on `mountpoint`, served through a new

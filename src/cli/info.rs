@@ -46,6 +46,7 @@ pub fn run(a: InfoArgs) -> i32 {
             "log_blocks_per_area": l.log_blocks,
             "bitmap_start": l.bitmap_start,
             "bitmap_blocks": l.bitmap_blocks,
+            "bitmap_blocks_in_data_area": l.bitmap_count() - l.bitmap_blocks,
             "root_ino": sb.root_ino,
             "hash": sb.hash.name(),
             "hash_seed": format_seed(sb.hash_seed),
@@ -64,13 +65,14 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Filesystem UUID:          {uuid}");
         println!("Format version:           {}", sb.version);
         println!(
-            "Features:                 compat {:#x}{} ro_compat {:#x}{}{} incompat {:#x}",
+            "Features:                 compat {:#x}{} ro_compat {:#x}{}{} incompat {:#x}{}",
             sb.compat,
             if sb.compat & 1 != 0 { " (dir_reservation)" } else { "" },
             sb.ro_compat,
             if sb.xattr_filter() { " (xattr_filter)" } else { "" },
             if sb.lazy_inode_free() { " (lazy_inode_free)" } else { "" },
-            sb.incompat
+            sb.incompat,
+            if sb.incompat & 1 != 0 { " (spilled_bitmap)" } else { "" }
         );
         if sb.xattr_filter() {
             println!("Xattr filter:             {} bits per name of 32", sb.filter_hashes());
@@ -78,7 +80,13 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Block size:               4096");
         println!("Block count:              {}", l.block_count);
         println!("Log areas:                2 x {} blocks at {}", l.log_blocks, dxfs::internals::LOG_START);
-        println!("Bitmap:                   {} blocks at {}", l.bitmap_blocks, l.bitmap_start);
+        let spilled = l.bitmap_count() - l.bitmap_blocks;
+        println!(
+            "Bitmap:                   {} blocks at {}{}",
+            l.bitmap_blocks,
+            l.bitmap_start,
+            if spilled > 0 { format!(", {spilled} more in the data area (grown volume)") } else { String::new() }
+        );
         println!("Root inode:               {}", sb.root_ino);
         println!("Directory hash:           {}", sb.hash.name());
         println!("Directory hash seed:      {}", format_seed(sb.hash_seed));

@@ -13,6 +13,7 @@ mod info;
 mod inspect;
 mod mkfs;
 mod mount;
+mod resize;
 mod stats;
 mod sync;
 mod trim;
@@ -23,6 +24,7 @@ use fsck::FsckArgs;
 use info::InfoArgs;
 use mkfs::MkfsArgs;
 use mount::{mount_helper_args, MountArgs};
+use resize::ResizeArgs;
 use stats::StatsArgs;
 use sync::SyncArgs;
 use trim::TrimArgs;
@@ -48,6 +50,8 @@ enum Cmd {
     Stats(StatsArgs),
     /// Commit mounted volumes and wait until durable (`sync(1)` cannot reach FUSE).
     Sync(SyncArgs),
+    /// Grow an unmounted volume (an image file is extended; shrinking is refused).
+    Resize(ResizeArgs),
     /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
     Trim(TrimArgs),
     /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
@@ -108,6 +112,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Mount(a) => mount::run(a, &raw),
         Cmd::Stats(a) => stats::run(a),
         Cmd::Sync(a) => sync::run(a),
+        Cmd::Resize(a) => resize::run(a),
         Cmd::Trim(a) => trim::run(a),
         Cmd::Debug(c) => debug::run(c),
         Cmd::Export(a) => export::run(a),

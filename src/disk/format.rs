@@ -47,8 +47,12 @@ pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
 /// the tree would hand out or count those slots wrongly; a reader loses nothing, since
 /// no directory entry points at a lazily freed inode.
 pub const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
+/// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
+/// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
+/// A reader that does not know this would look for the bitmap in the wrong place.
+pub const INCOMPAT_SPILLED_BITMAP: u32 = 1;
 /// Features this code understands (unknown compat features are harmless by definition).
-pub const KNOWN_INCOMPAT: u32 = 0;
+pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP;
 pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
@@ -134,6 +138,45 @@ impl Layout {
         }
         Ok(l)
     }
+    /// The layout of a volume grown to `block_count` blocks from one whose mkfs laid out
+    /// `contiguous` bitmap blocks: those stay where they are, and bitmap block i beyond
+    /// them is block 32512·i (incompat SPILLED_BITMAP when there are any). A size whose
+    /// last spilled bitmap block would be the backup superblock is refused.
+    pub fn grown(block_count: u64, log_blocks: u32, contiguous: u64) -> Result<Layout> {
+        let mut l = Layout::new(block_count, log_blocks)?;
+        if contiguous == 0 || contiguous > l.bitmap_blocks {
+            return Err(Error::Invalid(format!(
+                "{contiguous} contiguous bitmap blocks do not fit a volume of {block_count} blocks"
+            )));
+        }
+        l.bitmap_blocks = contiguous;
+        if l.spilled_bitmap_blocks().any(|b| b >= l.backup_superblock()) {
+            return Err(Error::Invalid(format!(
+                "{block_count} blocks would put a bitmap block on the backup superblock"
+            )));
+        }
+        Ok(l)
+    }
+
+    /// Bitmap blocks in all: one per 32512 blocks of the volume.
+    pub fn bitmap_count(&self) -> u64 {
+        self.block_count.div_ceil(BITS_PER_BITMAP_BLOCK)
+    }
+
+    /// Where bitmap block `i` lives.
+    pub fn bitmap_block(&self, i: u64) -> u64 {
+        if i < self.bitmap_blocks {
+            self.bitmap_start + i
+        } else {
+            i * BITS_PER_BITMAP_BLOCK
+        }
+    }
+
+    /// The bitmap blocks that live in the data area (a grown volume's), in order.
+    pub fn spilled_bitmap_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.bitmap_blocks..self.bitmap_count()).map(|i| self.bitmap_block(i))
+    }
+
     /// First block of log area `i` (0 or 1).
     pub fn log_area(&self, i: u64) -> u64 {
         LOG_START + i * self.log_blocks as u64
@@ -213,8 +256,13 @@ impl Superblock {
             return Err(Error::corrupt("block size is not 4096"));
         }
         let block_count = get_u64(b, 88);
-        let expect = Layout::new(block_count, get_u32(b, 84))
-            .map_err(|e| Error::corrupt(format!("implausible geometry: {e}")))?;
+        let spilled = get_u32(b, 24) & INCOMPAT_SPILLED_BITMAP != 0;
+        let expect = if spilled {
+            Layout::grown(block_count, get_u32(b, 84), get_u64(b, 112))
+        } else {
+            Layout::new(block_count, get_u32(b, 84))
+        }
+        .map_err(|e| Error::corrupt(format!("implausible geometry: {e}")))?;
         let layout = Layout {
             block_count,
             log_blocks: get_u32(b, 84),

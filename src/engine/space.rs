@@ -47,7 +47,7 @@ pub struct Space {
 impl Space {
     /// The bitmap of a fresh volume: fixed structures and the backup superblock in use.
     pub fn fresh(layout: Layout) -> Space {
-        let nwords = (layout.bitmap_blocks as usize) * WORDS_PER_BLOCK;
+        let nwords = (layout.bitmap_count() as usize) * WORDS_PER_BLOCK;
         let mut s = Space {
             words: vec![0; nwords],
             layout,
@@ -56,7 +56,7 @@ impl Space {
             deferred_blocks: 0,
             held_blocks: 0,
             deferred_bitmap: BTreeSet::new(),
-            dirty: (0..layout.bitmap_blocks).collect(),
+            dirty: (0..layout.bitmap_count()).collect(),
             promised: 0,
             promised_meta: 0,
             reserve: Self::reserve_for(layout.block_count),
@@ -66,7 +66,7 @@ impl Space {
         for b in layout.block_count..(nwords as u64 * 64) {
             s.words[(b / 64) as usize] |= 1 << (b % 64);
         }
-        for b in 0..layout.first_free() {
+        for b in (0..layout.first_free()).chain(layout.spilled_bitmap_blocks()) {
             s.set(b);
         }
         s.set(layout.backup_superblock());
@@ -103,8 +103,8 @@ impl Space {
     pub fn load(dev: &dyn BlockDevice, cache: &mut MetaCache, layout: Layout) -> Result<Space> {
         let mut s = Space::fresh(layout);
         s.dirty.clear();
-        for i in 0..layout.bitmap_blocks {
-            let b = cache.get(dev, layout.bitmap_start + i, Some(BITMAP_MAGIC))?;
+        for i in 0..layout.bitmap_count() {
+            let b = cache.get(dev, layout.bitmap_block(i), Some(BITMAP_MAGIC))?;
             let base = i as usize * WORDS_PER_BLOCK;
             for w in 0..WORDS_PER_BLOCK {
                 s.words[base + w] = get_u64(b, BITMAP_HEADER + 8 * w);
@@ -114,7 +114,8 @@ impl Space {
         for b in layout.block_count..(s.words.len() as u64 * 64) {
             s.words[(b / 64) as usize] |= 1 << (b % 64);
         }
-        for b in (0..layout.first_free()).chain([layout.backup_superblock()]) {
+        let fixed = (0..layout.first_free()).chain(layout.spilled_bitmap_blocks()).chain([layout.backup_superblock()]);
+        for b in fixed {
             if !s.is_used(b) {
                 return Err(Error::corrupt(format!("fixed block {b} is marked free")));
             }
@@ -361,7 +362,7 @@ impl Space {
     /// Copy changed words into their bitmap blocks in the cache.
     pub fn write_out(&mut self, cache: &mut MetaCache) {
         for i in std::mem::take(&mut self.dirty) {
-            let blockno = self.layout.bitmap_start + i;
+            let blockno = self.layout.bitmap_block(i);
             let b = cache.fresh(blockno);
             put_u32(b, 0, BITMAP_MAGIC);
             let base = i as usize * WORDS_PER_BLOCK;

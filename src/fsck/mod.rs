@@ -238,6 +238,10 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         xattr_refs: HashMap::new(),
         progress,
     };
+    // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
+    for b in w_sb.layout.spilled_bitmap_blocks() {
+        w.own(b, 0, "free-space bitmap");
+    }
     // Walk the namespace breadth first.
     let mut queue = VecDeque::from([(root, root)]);
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
@@ -467,8 +471,10 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .collect();
+    let mut msgs = msgs;
     if leaked.len() > 20 {
-        r.errors.push(format!("... and {} more leaked blocks", leaked.len() - 20));
+        // A repairable finding like the rest: it must not block the repair itself.
+        msgs.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
     }
     if repair && r.errors.is_empty() {
         for (at, msg) in sb_fixes {

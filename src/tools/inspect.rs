@@ -216,12 +216,15 @@ impl Inspector {
             ("commit", check(COMMIT_MAGIC), vec![("sequence", get_u64(&b, 16)), ("blocks", u64::from(get_u32(&b, 24)))])
         } else if n >= l.log_area(0) && n < l.bitmap_start {
             ("log body", None, Vec::new())
-        } else if n >= l.bitmap_start && n < l.first_free() {
+        } else if (n >= l.bitmap_start && n < l.first_free()) || l.spilled_bitmap_blocks().any(|b| b == n) {
             let used: u64 = b[BITMAP_HEADER..].iter().map(|x| u64::from(x.count_ones())).sum();
             (
                 "bitmap",
                 check(BITMAP_MAGIC),
-                vec![("bits_set", used), ("first_block", (n - l.bitmap_start) * BITS_PER_BITMAP_BLOCK)],
+                vec![
+                    ("bits_set", used),
+                    ("first_block", if n < l.first_free() { (n - l.bitmap_start) * BITS_PER_BITMAP_BLOCK } else { n }),
+                ],
             )
         } else {
             match magic(&b) {

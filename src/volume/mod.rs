@@ -28,6 +28,7 @@ mod mkfs;
 mod namespace;
 mod ranges;
 mod readdir;
+mod resize;
 mod trim;
 mod types;
 
@@ -36,6 +37,7 @@ use contention::{Held, LockCounters};
 use delta::{Cost, Delta};
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
+pub use resize::{grow, Grown};
 pub use types::*;
 
 /// Depth of a file's extent tree (0 while the map is inline).

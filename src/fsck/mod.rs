@@ -62,8 +62,15 @@ struct Walk<'a> {
     seen: HashSet<u64>,
     /// References to each xattr head block.
     xattr_refs: HashMap<u64, u32>,
+    /// Inodes that cannot be used: unreadable, or with a broken index, extent map or
+    /// xattr list. A repair drops the entries that name them (`Drop`).
+    bad: HashSet<u64>,
     progress: &'a mut dyn FnMut(u64),
 }
+
+/// A directory entry a repair removes because the inode it names cannot be used:
+/// (directory, key, name, inode).
+type Drop = (u64, u64, Vec<u8>, u64);
 
 impl Walk<'_> {
     fn err(&mut self, m: String) {
@@ -90,6 +97,7 @@ impl Walk<'_> {
                 let stats = match btree::check(&mut self.st, &d.tree, ino) {
                     Ok(s) => s,
                     Err(e) => {
+                        self.bad.insert(ino);
                         self.err(format!("directory {ino}: index broken: {e}"));
                         return Ok(());
                     }
@@ -125,6 +133,7 @@ impl Walk<'_> {
                             }
                         }
                         Err(e) => {
+                            self.bad.insert(ino);
                             self.err(format!("inode {ino}: extent tree broken: {e}"));
                             return Ok(());
                         }
@@ -144,7 +153,10 @@ impl Walk<'_> {
                             owned += e.len;
                         }
                     }
-                    Err(e) => self.err(format!("inode {ino}: extent map unreadable: {e}")),
+                    Err(e) => {
+                        self.bad.insert(ino);
+                        self.err(format!("inode {ino}: extent map unreadable: {e}"))
+                    }
                 }
             }
             InodeData::InlineSymlink(_) => {}
@@ -160,7 +172,10 @@ impl Walk<'_> {
                 }
                 owned += bs.len() as u64;
             }
-            Err(e) => self.err(format!("inode {ino}: xattr block unreadable: {e}")),
+            Err(e) => {
+                self.bad.insert(ino);
+                self.err(format!("inode {ino}: xattr block unreadable: {e}"))
+            }
         }
         match xattr::load(&mut self.st, i) {
             Ok(list) => {
@@ -175,7 +190,10 @@ impl Walk<'_> {
                     ));
                 }
             }
-            Err(e) => self.err(format!("inode {ino}: xattrs unreadable: {e}")),
+            Err(e) => {
+                self.bad.insert(ino);
+                self.err(format!("inode {ino}: xattrs unreadable: {e}"))
+            }
         }
         if owned != i.blocks {
             self.err(format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks));
@@ -193,6 +211,10 @@ impl Walk<'_> {
 /// Check (and with `repair`, fix) the volume on `dev`. `progress` gets the number of
 /// inodes checked so far.
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
+    check_pass(dev, repair, progress, 0)
+}
+
+fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64), pass: u32) -> Result<Report> {
     let sb = read_usable_superblock(&*dev)?;
     // A volume with features this fsck does not know may be checked but not changed.
     let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
@@ -236,6 +258,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         links: HashMap::new(),
         seen: HashSet::new(),
         xattr_refs: HashMap::new(),
+        bad: HashSet::new(),
         progress,
     };
     // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
@@ -243,14 +266,19 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         w.own(b, 0, "free-space bitmap");
     }
     // Walk the namespace breadth first.
-    let mut queue = VecDeque::from([(root, root)]);
+    // Each queued inode comes with the entry it was found through: (key, name).
+    let mut queue = VecDeque::from([(root, root, 0u64, Vec::new())]);
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
     let mut subdirs: HashMap<u64, u32> = HashMap::new();
-    while let Some((ino, parent)) = queue.pop_front() {
+    let mut drops: Vec<Drop> = Vec::new();
+    while let Some((ino, parent, key, name)) = queue.pop_front() {
         let i = match w.st.inode(ino) {
             Ok(i) => i,
             Err(e) => {
                 w.err(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
+                if ino != root {
+                    drops.push((parent, key, name, ino));
+                }
                 continue;
             }
         };
@@ -262,6 +290,9 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             (w.progress)(w.r.inodes);
         }
         w.check_inode(&i)?;
+        if w.bad.contains(&ino) && ino != root {
+            drops.push((parent, key, name.clone(), ino));
+        }
         if i.is_dir() {
             w.r.directories += 1;
             if i.parent != parent {
@@ -279,9 +310,15 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             });
             if let Err(e) = r {
                 w.err(format!("directory {ino}: unreadable index: {e}"));
+                if w.bad.insert(ino) && ino != root {
+                    drops.push((parent, key, name.clone(), ino));
+                }
             }
             if let Some(e) = bad {
                 w.err(format!("directory {ino}: {e}"));
+                if w.bad.insert(ino) && ino != root {
+                    drops.push((parent, key, name.clone(), ino));
+                }
             }
             let mut names = HashSet::new();
             for (k, c, ft, name) in ents {
@@ -311,14 +348,21 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
                         if ci.file_type() != Some(ft) {
                             w.err(format!("directory {ino}: entry type of {c} does not match the inode"));
                         }
-                        if !w.seen.contains(&c) {
-                            queue.push_back((c, ino));
+                        if w.bad.contains(&c) {
+                            // Another link to an inode already found unusable.
+                            drops.push((ino, k, name.clone(), c));
+                        } else if !w.seen.contains(&c) {
+                            queue.push_back((c, ino, k, name));
                         }
                     }
-                    Err(e) => w.err(format!(
-                        "directory {ino}: entry {:?} points to inode {c}: {e}",
-                        String::from_utf8_lossy(&name)
-                    )),
+                    Err(e) => {
+                        w.err(format!(
+                            "directory {ino}: entry {:?} points to inode {c}: {e}",
+                            String::from_utf8_lossy(&name)
+                        ));
+                        w.bad.insert(c);
+                        drops.push((ino, k, name, c));
+                    }
                 }
             }
         } else {
@@ -450,11 +494,14 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
         }
     }
     w.r.blocks_used = used;
-    if state.inodes != w.r.inodes && !rebuild_state {
-        w.err(format!("state block counts {} inodes, found {}", state.inodes, w.r.inodes));
-    }
+    // A wrong inode count is repaired with the rest (dropped entries leave one).
+    let inode_count_fix = (state.inodes != w.r.inodes && !rebuild_state).then_some((state.inodes, w.r.inodes));
     let mut r = w.r;
-    let fixable = !leaked.is_empty() || !nlink_fixes.is_empty() || !slot_fixes.is_empty() || !lazy_drops.is_empty();
+    let fixable = !leaked.is_empty()
+        || !nlink_fixes.is_empty()
+        || !slot_fixes.is_empty()
+        || !lazy_drops.is_empty()
+        || inode_count_fix.is_some();
     let msgs: Vec<String> = leaked
         .iter()
         .take(20)
@@ -470,6 +517,7 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
                 .iter()
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
+        .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
         .collect();
     let mut msgs = msgs;
     if leaked.len() > 20 {
@@ -503,14 +551,52 @@ pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u
             r.errors.extend(r.rebuilt.iter().map(|d| format!("{d} (a repair rebuilds it from the tree)")));
         }
     }
+    // Errors that block the repairs above, but some of them only because an entry names
+    // an inode that cannot be used: drop those entries (their inodes' blocks and slots
+    // are then leaked, and the next pass reclaims them) and check again.
+    let drops: Vec<Drop> = drops.into_iter().filter(|(d, ..)| !w.bad.contains(d)).collect();
+    if repair && !r.errors.is_empty() && !drops.is_empty() && pass < MAX_DROP_PASSES {
+        drop(w.st);
+        let told: Vec<String> = drops
+            .iter()
+            .map(|(d, _, name, c)| {
+                format!(
+                    "directory {d}: dropped entry {:?}, which names unusable inode {c} (its contents are lost)",
+                    String::from_utf8_lossy(name)
+                )
+            })
+            .collect();
+        drop_entries(dev.clone(), &drops)?;
+        let mut next = check_pass(dev, repair, progress, pass + 1)?;
+        next.fixed.splice(0..0, told);
+        return Ok(next);
+    }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);
-        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes, &lazy_drops)?;
+        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes, &lazy_drops, inode_count_fix.map(|f| f.1))?;
         r.fixed.extend(msgs);
     } else {
         r.errors.extend(msgs);
     }
     Ok(r)
+}
+
+/// Passes of dropping entries before fsck gives up (each pass drops every entry found
+/// unusable; a later one only finds entries under what an earlier drop exposed).
+const MAX_DROP_PASSES: u32 = 4;
+
+/// Remove the entries `drops` from their directories, in one delta.
+fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop]) -> Result<()> {
+    let vol = Volume::open(dev, OpenOptions::default())?;
+    vol.repair(|st, _| {
+        for (d, key, _, _) in drops {
+            let mut p = st.inode(*d)?;
+            dir::remove(st, &mut p, *key)?;
+            st.put_inode(&p)?;
+        }
+        Ok(())
+    })?;
+    vol.close()
 }
 
 /// Write a free-space map rebuilt from `owner` (every block the walk found owned, plus
@@ -545,9 +631,13 @@ fn repair_volume(
     nlinks: &[(u64, u32, u32)],
     slots: &[(u64, u16, u16)],
     lazy_drops: &[u64],
+    inode_count: Option<u64>,
 ) -> Result<()> {
     let vol = Volume::open(dev, OpenOptions::default())?;
-    vol.repair(|st| {
+    vol.repair(|st, state| {
+        if let Some(n) = inode_count {
+            state.inodes = n;
+        }
         for &b in leaked {
             st.space.free_deferred(b, 1);
         }

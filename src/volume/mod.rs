@@ -248,6 +248,16 @@ impl Volume {
         Ok((di.entries, di.tree.depth))
     }
 
+    /// Blocks of a file's extent tree (none while its map is inline; tests and tools).
+    pub fn extent_tree_blocks(&self, ino: u64) -> Result<Vec<u64>> {
+        let mut g = self.lock();
+        let i = g.st.inode(ino)?;
+        match i.data {
+            InodeData::ExtentTree { tree, .. } => btree::blocks(&mut g.st, &tree, ino),
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// Blocks of a directory's index (for readahead experiments and tests).
     pub fn dir_blocks(&self, ino: u64) -> Result<Vec<u64>> {
         let mut g = self.lock();
@@ -256,11 +266,13 @@ impl Volume {
         btree::blocks(&mut g.st, &t, ino)
     }
 
-    /// Run a repair on the lower layers inside the current delta (fsck).
-    pub(crate) fn repair(&self, f: impl FnOnce(&mut Store) -> Result<()>) -> Result<()> {
+    /// Run a repair on the lower layers and the state block inside the current delta
+    /// (fsck, resize).
+    pub(crate) fn repair(&self, f: impl FnOnce(&mut Store, &mut State) -> Result<()>) -> Result<()> {
         let mut g = self.lock();
         g.check_writable()?;
-        f(&mut g.st)
+        let g = &mut *g;
+        f(&mut g.st, &mut g.state)
     }
 
     /// How many xattr lists were read from xattr blocks so far (the storage reads the

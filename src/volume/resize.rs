@@ -97,7 +97,7 @@ pub fn grow(dev: Arc<dyn BlockDevice>, blocks: u64) -> Result<Grown> {
     let vol = Volume::open(dev, OpenOptions::default())?;
     let start = old.backup_superblock();
     let end = (old.bitmap_count() * BITS_PER_BITMAP_BLOCK).min(layout.backup_superblock());
-    vol.repair(|st| {
+    vol.repair(|st, _| {
         st.space.free_deferred(start, end - start);
         Ok(())
     })?;

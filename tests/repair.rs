@@ -1,0 +1,127 @@
+//! fsck repairs damage it cannot undo by dropping what it cannot use: an entry that
+//! names an unreadable inode, a directory whose index is broken, a file whose extent
+//! map is broken. The rest of the volume survives: after `fsck` with repair, a second
+//! check is clean, every undamaged file reads back, and the report names what was lost.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dxfs::block::{BlockDevice, MemDevice};
+use dxfs::internals::ino_loc;
+use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume, BLOCK_SIZE};
+
+/// A volume with directory `keep` (files that must survive), directory `doomed` (200
+/// files, so its index has several leaves) and a fragmented file `frag` (an extent tree).
+/// Returns the device and what `keep` holds.
+fn volume() -> (Arc<MemDevice>, BTreeMap<String, Vec<u8>>) {
+    let dev = Arc::new(MemDevice::new(8192));
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    let keep = vol.mkdir(root, b"keep", 0o755, 0, 0).unwrap().ino;
+    let mut kept = BTreeMap::new();
+    for i in 0..50u32 {
+        let name = format!("k{i}");
+        let data: Vec<u8> = (0..(i * 301 + 7)).map(|b| (b ^ i) as u8).collect();
+        let f = vol.create(keep, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        vol.write(f, 0, &data).unwrap();
+        kept.insert(name, data);
+    }
+    let doomed = vol.mkdir(root, b"doomed", 0o755, 0, 0).unwrap().ino;
+    for i in 0..200 {
+        vol.create(doomed, format!("a-rather-long-name-for-entry-{i:04}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    let frag = vol.create(root, b"frag", 0o644, 0, 0).unwrap().ino;
+    for k in 0..60u64 {
+        vol.write(frag, k * 8192, &[k as u8; 4096]).unwrap();
+        vol.sync().unwrap(); // one delta each: one extent each
+    }
+    vol.close().unwrap();
+    (dev, kept)
+}
+
+fn smash(dev: &MemDevice, block: u64) {
+    dev.write(block, &[0x5au8; BLOCK_SIZE]).unwrap();
+}
+
+fn check(dev: &Arc<MemDevice>, repair: bool) -> dxfs::fsck::Report {
+    dxfs::fsck::check(dev.clone(), repair, &mut |_| {}).unwrap()
+}
+
+/// Repair, then: a second check is clean, `keep` is whole, and `gone` no longer exists.
+fn repaired_without(dev: &Arc<MemDevice>, kept: &BTreeMap<String, Vec<u8>>, gone: &[&str]) -> Vec<String> {
+    let r = check(dev, false);
+    assert!(!r.errors.is_empty(), "the damage went unnoticed");
+    let r = check(dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    assert!(r.fixed.iter().any(|f| f.contains("dropped entry")), "no drop reported: {:#?}", r.fixed);
+    let again = check(dev, false);
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "not clean after repair: {:#?}", again.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    for g in gone {
+        assert!(vol.lookup(root, g.as_bytes()).is_err(), "{g} is still there");
+    }
+    let keep = vol.lookup(root, b"keep").unwrap().ino;
+    for (name, data) in kept {
+        let f = vol.lookup(keep, name.as_bytes()).unwrap().ino;
+        assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
+    }
+    // The volume is writable and its space is whole again.
+    let f = vol.create(root, b"after", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, b"fine").unwrap();
+    vol.close().unwrap();
+    common::assert_clean(dev.clone());
+    r.fixed
+}
+
+fn ino_of(dev: &Arc<MemDevice>, path: &[&str]) -> u64 {
+    let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let mut at = vol.root();
+    for p in path {
+        at = vol.lookup(at, p.as_bytes()).unwrap().ino;
+    }
+    at
+}
+
+#[test]
+fn an_unreadable_inode_block_drops_only_its_entries() {
+    let (dev, kept) = volume();
+    // The inode block of some file in `doomed`: its entries (up to 15) go, nothing else.
+    let victim = ino_of(&dev, &["doomed", "a-rather-long-name-for-entry-0100"]);
+    smash(&dev, ino_loc(victim).0);
+    let fixed = repaired_without(&dev, &kept, &[]);
+    let dropped = fixed.iter().filter(|f| f.contains("dropped entry")).count();
+    assert!((1..=15).contains(&dropped), "{dropped} entries dropped: {fixed:#?}");
+    let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let d = vol.lookup(vol.root(), b"doomed").unwrap().ino;
+    assert_eq!(vol.getattr(d).unwrap().nlink, 2);
+    let left = vol.readdir(d, 0, 1000).unwrap().len() - 2;
+    assert_eq!(left, 200 - dropped, "the rest of `doomed` stays");
+}
+
+#[test]
+fn a_directory_with_a_broken_index_is_dropped_with_its_contents() {
+    let (dev, kept) = volume();
+    let d = ino_of(&dev, &["doomed"]);
+    let leaf = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.dir_blocks(d).unwrap()[1]
+    };
+    smash(&dev, leaf);
+    repaired_without(&dev, &kept, &["doomed"]);
+}
+
+#[test]
+fn a_file_with_a_broken_extent_tree_is_dropped() {
+    let (dev, kept) = volume();
+    let frag = ino_of(&dev, &["frag"]);
+    let node = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.extent_tree_blocks(frag).unwrap()[0]
+    };
+    smash(&dev, node);
+    repaired_without(&dev, &kept, &["frag"]);
+}

@@ -468,6 +468,12 @@ impl Store {
         Ok(())
     }
 
+    /// Write inode block `b` anew, empty, owned by directory `owner` (fsck, for a damaged
+    /// block that holds no live inode).
+    pub fn blank_inode_block(&mut self, b: u64, owner: u64) {
+        self.init_inode_block(b, owner);
+    }
+
     /// Initialise a blank inode block owned by directory `owner`.
     fn init_inode_block(&mut self, b: u64, owner: u64) {
         let blk = self.cache.fresh(b);

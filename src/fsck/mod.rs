@@ -415,13 +415,15 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         let (b, s) = ino_loc(*ino);
         *ib.entry(b).or_insert(0) |= 1 << s;
     }
+    // Which directory's region each initialised region block belongs to.
+    let mut region_of: HashMap<u64, u64> = HashMap::new();
     for (ino, i) in &inodes {
         if let InodeData::Dir(d) = &i.data {
             for k in 0..d.region_used as u64 {
                 ib.entry(d.region_start + k).or_insert(0);
+                region_of.insert(d.region_start + k, *ino);
             }
         }
-        let _ = ino;
     }
     // The lazy-free tree: slots freed without rewriting their inode block.
     let mut lazy: HashMap<u64, u16> = HashMap::new();
@@ -455,6 +457,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         }
     }
     let mut slot_fixes = Vec::new();
+    let mut reinit: Vec<(u64, u64)> = Vec::new();
     for (&b, &mask) in &ib {
         match w.st.block(b, Some(INODE_MAGIC)) {
             Ok(blk) => {
@@ -464,6 +467,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 if freed & !used != 0 || used & !freed != mask {
                     slot_fixes.push((b, used, mask));
                 }
+            }
+            // An unreadable block that should hold no live inode (a region block whose
+            // inodes were all dropped) is written again as an empty one.
+            Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
+                reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
             }
             Err(e) => w.err(format!("inode block {b}: {e}")),
         }
@@ -501,6 +509,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         || !nlink_fixes.is_empty()
         || !slot_fixes.is_empty()
         || !lazy_drops.is_empty()
+        || !reinit.is_empty()
         || inode_count_fix.is_some();
     let msgs: Vec<String> = leaked
         .iter()
@@ -518,6 +527,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
+        .chain(
+            reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
+        )
         .collect();
     let mut msgs = msgs;
     if leaked.len() > 20 {
@@ -573,7 +585,15 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);
-        repair_volume(dev, &leaked, &nlink_fixes, &slot_fixes, &lazy_drops, inode_count_fix.map(|f| f.1))?;
+        let fixes = Fixes {
+            leaked: &leaked,
+            nlinks: &nlink_fixes,
+            slots: &slot_fixes,
+            lazy_drops: &lazy_drops,
+            reinit: &reinit,
+            inode_count: inode_count_fix.map(|f| f.1),
+        };
+        repair_volume(dev, &fixes)?;
         r.fixed.extend(msgs);
     } else {
         r.errors.extend(msgs);
@@ -624,35 +644,43 @@ fn rebuild(
     dev.flush()
 }
 
-/// Apply the safe repairs inside one delta of an opened volume.
-fn repair_volume(
-    dev: Arc<dyn BlockDevice>,
-    leaked: &[u64],
-    nlinks: &[(u64, u32, u32)],
-    slots: &[(u64, u16, u16)],
-    lazy_drops: &[u64],
+/// The safe repairs one check found.
+struct Fixes<'a> {
+    leaked: &'a [u64],
+    nlinks: &'a [(u64, u32, u32)],
+    slots: &'a [(u64, u16, u16)],
+    lazy_drops: &'a [u64],
+    /// Unreadable inode blocks without live inodes, with their region's directory.
+    reinit: &'a [(u64, u64)],
     inode_count: Option<u64>,
-) -> Result<()> {
+}
+
+/// Apply the safe repairs inside one delta of an opened volume.
+fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> {
     let vol = Volume::open(dev, OpenOptions::default())?;
     vol.repair(|st, state| {
-        if let Some(n) = inode_count {
+        if let Some(n) = f.inode_count {
             state.inodes = n;
         }
-        for &b in leaked {
+        for &b in f.leaked {
             st.space.free_deferred(b, 1);
         }
-        for &(ino, _, want) in nlinks {
+        for &(ino, _, want) in f.nlinks {
             let mut i = st.inode(ino)?;
             i.nlink = want;
             st.put_inode(&i)?;
         }
-        for &(b, _, want) in slots {
+        for &(b, _, want) in f.slots {
             // The block's mask becomes exact, so any lazy-free record for it goes.
             st.drop_lazy_freed(b)?;
             put_u16(st.block_mut(b, Some(INODE_MAGIC))?, IB_USED, want);
         }
-        for &b in lazy_drops {
+        for &b in f.lazy_drops {
             st.drop_lazy_freed(b)?;
+        }
+        for &(b, owner) in f.reinit {
+            st.drop_lazy_freed(b)?;
+            st.blank_inode_block(b, owner);
         }
         Ok(())
     })?;

@@ -33,7 +33,14 @@ pub struct DxFuse {
     lookups: LookupCounts,
     /// Requests served, per opcode.
     stats: RequestStats,
+    /// Ranges of files written with O_DIRECT, whose pages the kernel may still cache:
+    /// sent to a thread that tells the kernel to drop them (see `write`).
+    invalidate: Invalidations,
 }
+
+/// Where `write` sends (node id, offset, length) of a direct write once the session
+/// exists; empty until then.
+pub type Invalidations = Arc<std::sync::OnceLock<std::sync::mpsc::Sender<(u64, i64, i64)>>>;
 
 /// The root directory's virtual xattr that holds the mount's request counters as JSON
 /// (`dxfs stats MOUNTPOINT` reads it). Not stored, not listed; setting it is refused.
@@ -103,9 +110,9 @@ fn kind(ft: FileType) -> fuser::FileType {
 
 impl DxFuse {
     /// An adapter serving `vol`.
-    pub fn new(vol: Arc<Volume>, opts: FuseOptions) -> DxFuse {
+    pub fn new(vol: Arc<Volume>, opts: FuseOptions, invalidate: Invalidations) -> DxFuse {
         let root = vol.root();
-        DxFuse { vol, root, opts, lookups: LookupCounts::default(), stats: RequestStats::default() }
+        DxFuse { vol, root, opts, lookups: LookupCounts::default(), stats: RequestStats::default(), invalidate }
     }
 
     fn vol_ino(&self, ino: INodeNo) -> u64 {
@@ -437,11 +444,12 @@ impl Filesystem for DxFuse {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _t = self.stats.timer(Op::Write);
+        let fuse_ino = ino;
         let ino = self.vol_ino(ino);
         // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
         let r = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
@@ -450,7 +458,18 @@ impl Filesystem for DxFuse {
             self.call("write", |v| v.write(ino, offset, data))
         };
         match r {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                reply.written(n as u32);
+                // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
+                // drop the pages other descriptors cached for the range, so buffered
+                // reads would see the old data. Drop them, from another thread: the
+                // kernel may wait for a page lock held by a reader this thread serves.
+                if flags.0 & libc::O_DIRECT != 0 {
+                    if let Some(tx) = self.invalidate.get() {
+                        let _ = tx.send((fuse_ino.0, offset as i64, n as i64));
+                    }
+                }
+            }
             Err(e) => reply.error(e),
         }
     }

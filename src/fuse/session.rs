@@ -53,7 +53,8 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     cfg.n_threads = Some(opts.threads.max(1));
     // Each thread gets its own /dev/fuse descriptor, so they do not contend on one.
     cfg.clone_fd = opts.threads > 1;
-    let fs = DxFuse::new(vol.clone(), opts.clone());
+    let invalidate: super::adapter::Invalidations = Default::default();
+    let fs = DxFuse::new(vol.clone(), opts.clone(), invalidate.clone());
     let (session, mount_id) = if nix::unistd::geteuid().is_root() {
         let fd = kernel_mount(mountpoint, opts)?;
         // The kernel answers nothing on the mount until INIT: find our mount's id in the
@@ -72,7 +73,26 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
         let fd = super::fusermount::mount(mountpoint, &fusermount_options(opts))?;
         (Session::from_fd(fs, fd, cfg.acl, cfg)?, None)
     };
+    start_invalidator(&session, &invalidate)?;
     Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval, mount_id })
+}
+
+/// The thread that tells the kernel to drop cached pages of ranges written with
+/// O_DIRECT (see the adapter's `write`). It ends when the adapter, and with it the
+/// channel's sender, goes away.
+fn start_invalidator(session: &Session<DxFuse>, slot: &super::adapter::Invalidations) -> io::Result<()> {
+    let notifier = session.notifier();
+    let (tx, rx) = mpsc::channel::<(u64, i64, i64)>();
+    std::thread::Builder::new().name("dxfs-inval".into()).spawn(move || {
+        for (ino, offset, len) in rx {
+            if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), offset, len) {
+                // ENOENT: the kernel holds no inode for it, so nothing is cached.
+                tracing::debug!("page-cache invalidation of node {ino}: {e}");
+            }
+        }
+    })?;
+    let _ = slot.set(tx);
+    Ok(())
 }
 
 /// fusermount3's `-o` for a mount by a user other than root: what `kernel_mount` gives

@@ -62,7 +62,7 @@ pub use volume::{
 /// addresses to damage, encodings to check). Not part of the API: no stability promise.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::disk::codec::{get_u32, Block};
+    pub use crate::disk::codec::{get_u32, seal, Block};
     pub use crate::disk::format::{ino_loc, LOG_START, STATE_BLOCK};
     pub use crate::fs::dir::name_key;
     pub use crate::fs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};

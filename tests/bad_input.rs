@@ -191,7 +191,18 @@ proptest! {
         for (b, off, v) in hits {
             img[b * BLOCK_SIZE + off] = v;
         }
-        let _ = exercise(img);
+        let _ = exercise(img.clone());
+        // Then a repair: it either says what it could not fix, or leaves a volume that
+        // checks clean again and opens for writing.
+        let dev = Arc::new(MemDevice::from_bytes(img));
+        if let Ok(r) = dxfs::fsck::check(dev.clone(), true, &mut |_| {}) {
+            if r.errors.is_empty() {
+                let again = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+                prop_assert!(again.errors.is_empty(), "repaired ({:?}), yet a second check finds {:?}", r.fixed, again.errors);
+                let vol = Volume::open(dev, OpenOptions::default());
+                prop_assert!(vol.is_ok(), "repaired, yet it does not open: {:?}", vol.err());
+            }
+        }
     }
 }
 

@@ -214,3 +214,52 @@ fn every_smashed_metadata_block_ends_repaired_or_reported() {
     assert!(tried > 20, "only {tried} metadata blocks");
     assert_eq!(whole + partial + refused, tried);
 }
+
+/// Set `f` (offset, new little-endian bytes) in the record of inode `ino`, in place,
+/// with the block's checksum made good again: a wrong field, not a damaged block.
+fn poke(dev: &MemDevice, ino: u64, offset: usize, bytes: &[u8]) {
+    let (b, slot) = ino_loc(ino);
+    let mut blk = [0u8; BLOCK_SIZE];
+    dev.read(b, &mut blk).unwrap();
+    let at = slot * 256 + offset;
+    blk[at..at + bytes.len()].copy_from_slice(bytes);
+    dxfs::internals::seal(&mut blk, b);
+    dev.write(b, &blk).unwrap();
+}
+
+/// Inode fields fsck can recompute from the walk (blocks owned, a directory's parent,
+/// the xattr-name filter) are repaired in place, nothing dropped.
+#[test]
+fn wrong_inode_fields_are_recomputed() {
+    let (dev, kept) = volume();
+    {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+        let k0 = vol.lookup(keep, b"k0").unwrap().ino;
+        vol.setxattr(k0, b"user.tag", b"v", dxfs::XattrMode::Any).unwrap();
+        vol.close().unwrap();
+    }
+    let frag = ino_of(&dev, &["frag"]);
+    let doomed = ino_of(&dev, &["doomed"]);
+    let k0 = ino_of(&dev, &["keep", "k0"]);
+    let root = ino_of(&dev, &[]);
+    poke(&dev, frag, 24, &999u64.to_le_bytes()); // blocks
+    poke(&dev, doomed, 96, &frag.to_le_bytes()); // parent
+    poke(&dev, k0, 120, &0u32.to_le_bytes()); // xattr_filter
+    let r = check(&dev, false);
+    assert_eq!(r.errors.len(), 3, "{:#?}", r.errors);
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "{:#?}", r.errors);
+    assert_eq!(r.fixed.len(), 3, "{:#?}", r.fixed);
+    assert!(r.fixed.iter().all(|f| !f.contains("dropped")), "{:#?}", r.fixed);
+    common::assert_clean(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.lookup(doomed, b"..").unwrap().ino, root);
+    assert_eq!(vol.getxattr(k0, b"user.tag").unwrap(), b"v");
+    let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+    for (name, data) in &kept {
+        let f = vol.lookup(keep, name.as_bytes()).unwrap().ino;
+        assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data);
+    }
+    vol.close().unwrap();
+}

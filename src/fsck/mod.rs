@@ -65,7 +65,22 @@ struct Walk<'a> {
     /// Inodes that cannot be used: unreadable, or with a broken index, extent map or
     /// xattr list. A repair drops the entries that name them (`Drop`).
     bad: HashSet<u64>,
+    /// Inode fields that disagree with what the walk found, and the fix for each.
+    inode_fixes: Vec<(u64, InodeFix, String)>,
     progress: &'a mut dyn FnMut(u64),
+}
+
+/// A field of an inode record that the walk can recompute.
+#[derive(Clone, Copy, Debug)]
+enum InodeFix {
+    /// A directory's entry count.
+    Entries(u64),
+    /// Blocks the inode owns.
+    Blocks(u64),
+    /// The bloom filter of the inode's xattr names.
+    XattrFilter(u32),
+    /// A directory's parent: the directory that names it.
+    Parent(u64),
 }
 
 /// A directory entry a repair removes because the inode it names cannot be used:
@@ -73,6 +88,11 @@ struct Walk<'a> {
 type Drop = (u64, u64, Vec<u8>, u64);
 
 impl Walk<'_> {
+    /// A finding the repair fixes by setting one inode field.
+    fn fix(&mut self, ino: u64, f: InodeFix, m: String) {
+        self.inode_fixes.push((ino, f, m));
+    }
+
     fn err(&mut self, m: String) {
         if self.r.errors.len() < 1000 {
             self.r.errors.push(m);
@@ -109,7 +129,8 @@ impl Walk<'_> {
                 self.r.dir_leaves += stats.leaves;
                 self.r.dir_leaf_bytes += stats.leaf_bytes_used;
                 if stats.records != d.entries {
-                    self.err(format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries));
+                    let m = format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries);
+                    self.fix(ino, InodeFix::Entries(stats.records), m);
                 }
                 for k in 0..d.region_len as u64 {
                     let b = d.region_start + k;
@@ -180,7 +201,10 @@ impl Walk<'_> {
         match xattr::load(&mut self.st, i) {
             Ok(list) => {
                 if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
-                    self.err(format!("inode {ino}: xattr filter {:#x} does not match its names", i.xattr_filter));
+                    let want = xattr::filter_of(&list, self.st.sb.filter_hashes());
+                    let m =
+                        format!("inode {ino}: xattr filter {:#x} does not match its names ({want:#x})", i.xattr_filter);
+                    self.fix(ino, InodeFix::XattrFilter(want), m);
                 }
                 for x in list.iter().filter(|x| x.name.contains(&0)) {
                     let name = xattr::full_name(x.idx, &x.name);
@@ -196,7 +220,8 @@ impl Walk<'_> {
             }
         }
         if owned != i.blocks {
-            self.err(format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks));
+            let m = format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks);
+            self.fix(ino, InodeFix::Blocks(owned), m);
         }
         if i.size > MAX_FILE_SIZE {
             self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
@@ -259,6 +284,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         seen: HashSet::new(),
         xattr_refs: HashMap::new(),
         bad: HashSet::new(),
+        inode_fixes: Vec::new(),
         progress,
     };
     // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
@@ -296,7 +322,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         if i.is_dir() {
             w.r.directories += 1;
             if i.parent != parent {
-                w.err(format!("directory {ino}: parent field {} but found in {parent}", i.parent));
+                let m = format!("directory {ino}: parent field {} but found in {parent}", i.parent);
+                w.fix(ino, InodeFix::Parent(parent), m);
             }
             let d = *i.dir()?;
             let mut ents = Vec::new();
@@ -510,6 +537,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         || !slot_fixes.is_empty()
         || !lazy_drops.is_empty()
         || !reinit.is_empty()
+        || !w.inode_fixes.is_empty()
         || inode_count_fix.is_some();
     let msgs: Vec<String> = leaked
         .iter()
@@ -530,6 +558,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
+        .chain(w.inode_fixes.iter().map(|(_, _, m)| m.clone()))
         .collect();
     let mut msgs = msgs;
     if leaked.len() > 20 {
@@ -591,6 +620,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             slots: &slot_fixes,
             lazy_drops: &lazy_drops,
             reinit: &reinit,
+            inode_fixes: &w.inode_fixes,
             inode_count: inode_count_fix.map(|f| f.1),
         };
         repair_volume(dev, &fixes)?;
@@ -652,6 +682,7 @@ struct Fixes<'a> {
     lazy_drops: &'a [u64],
     /// Unreadable inode blocks without live inodes, with their region's directory.
     reinit: &'a [(u64, u64)],
+    inode_fixes: &'a [(u64, InodeFix, String)],
     inode_count: Option<u64>,
 }
 
@@ -681,6 +712,16 @@ fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> {
         for &(b, owner) in f.reinit {
             st.drop_lazy_freed(b)?;
             st.blank_inode_block(b, owner);
+        }
+        for &(ino, fix, _) in f.inode_fixes {
+            let mut i = st.inode(ino)?;
+            match fix {
+                InodeFix::Entries(n) => i.dir_mut()?.entries = n,
+                InodeFix::Blocks(n) => i.blocks = n,
+                InodeFix::XattrFilter(m) => i.xattr_filter = m,
+                InodeFix::Parent(p) => i.parent = p,
+            }
+            st.put_inode(&i)?;
         }
         Ok(())
     })?;

@@ -41,7 +41,8 @@ pub struct MountArgs {
     /// Make a volume of this size (e.g. 4G) first if the image does not exist.
     #[arg(long, value_name = "SIZE")]
     create: Option<String>,
-    /// Request-serving threads.
+    /// Request-serving threads, each with its own /dev/fuse descriptor (default: one per
+    /// CPU).
     #[arg(long)]
     threads: Option<usize>,
     /// Mount read-only.

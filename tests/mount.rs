@@ -3,6 +3,11 @@
 //! and check the image with `dxfs fsck -n`.
 //!
 //! Skipped (with a message) unless running as root with /dev/fuse and fusermount3.
+//!
+//! With `DXFS_TEST_NBD=1` every volume is served to the daemon over NBD (nbdkit's file
+//! plugin on a Unix socket, `nbd+unix://` address) instead of being opened as a file;
+//! the few tests about image files themselves (the file lock, mount(8), a user other
+//! than root) say so and skip. `.ci/run` runs the suite both ways.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
@@ -56,6 +61,57 @@ struct Scratch {
     tmp: tempfile::TempDir,
     image: PathBuf,
     mnt: PathBuf,
+    /// The NBD server that serves `image` when the suite runs over NBD.
+    nbd: std::sync::Mutex<Option<NbdServer>>,
+}
+
+/// Whether volumes are mounted over NBD (`DXFS_TEST_NBD=1`).
+fn over_nbd() -> bool {
+    std::env::var_os("DXFS_TEST_NBD").is_some_and(|v| v != "0")
+}
+
+/// Skip a test that is about image files themselves when the suite runs over NBD.
+macro_rules! not_over_nbd {
+    ($why:expr) => {
+        if over_nbd() {
+            eprintln!("skipping over NBD: {}", $why);
+            return;
+        }
+    };
+}
+
+/// nbdkit serving an image file on a Unix socket; killed when dropped.
+struct NbdServer {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl NbdServer {
+    fn start(image: &Path, sock: PathBuf) -> NbdServer {
+        let child = Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&sock)
+            .arg("file")
+            .arg(image)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit (apt-get install nbdkit)");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sock.exists() {
+            assert!(Instant::now() < deadline, "nbdkit did not listen on {}", sock.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        NbdServer { child, sock }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Scratch {
@@ -69,7 +125,28 @@ impl Scratch {
         fs::create_dir(&mnt).unwrap();
         let dev = FileDevice::create(&image, mib << 20).expect("image");
         mkfs(Arc::new(dev), &MkfsOptions::default()).expect("mkfs");
-        Scratch { tmp, image, mnt }
+        let nbd = over_nbd().then(|| NbdServer::start(&image, tmp.path().join("nbd.sock")));
+        Scratch { tmp, image, mnt, nbd: std::sync::Mutex::new(nbd) }
+    }
+
+    /// What `dxfs mount` is given: the image, or its NBD address (an nbdkit that is no
+    /// longer there is started again first).
+    fn source(&self) -> std::ffi::OsString {
+        let mut nbd = self.nbd.lock().unwrap();
+        match nbd.as_mut() {
+            Some(n) => {
+                let listening = std::os::unix::net::UnixStream::connect(&n.sock).is_ok();
+                if !listening || !matches!(n.child.try_wait(), Ok(None)) {
+                    let _ = n.child.kill();
+                    let _ = n.child.wait();
+                    let sock = n.sock.clone();
+                    let _ = fs::remove_file(&sock);
+                    *n = NbdServer::start(&self.image, sock);
+                }
+                format!("nbd+unix:///?socket={}", n.sock.display()).into()
+            }
+            None => self.image.clone().into(),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -88,7 +165,7 @@ impl Scratch {
         let child = dxfs()
             .envs(env.iter().copied())
             .arg("mount")
-            .arg(&self.image)
+            .arg(self.source())
             .arg(&self.mnt)
             .args(args)
             .stderr(File::create(&log).unwrap())
@@ -165,6 +242,9 @@ impl Mounted {
         child.wait().unwrap();
         let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
         assert!(st.success(), "fusermount3 -u of a dead mount: {st}");
+        // Nothing is left to stop: the drop must not go after other holders of the image
+        // (an NBD server serving it, when the suite runs over NBD).
+        self.image = PathBuf::new();
     }
 }
 
@@ -814,6 +894,7 @@ fn posix_acls_through_the_mount() {
 #[test]
 fn daemon_and_mount_helper() {
     require_fuse!();
+    not_over_nbd!("mount(8) is given an image path");
     let s = Scratch::new(64);
     // --daemon returns only once the mount is live; --create makes a missing image.
     let image = s.tmp.path().join("created");
@@ -1151,6 +1232,7 @@ fn lookups_and_getxattrs(s: &Scratch) -> (u64, u64) {
 #[test]
 fn one_writer_per_volume() {
     require_fuse!();
+    not_over_nbd!("the one-writer lock is a lock on the image file, which the NBD server holds open; NBD itself has no lock (docs/DESIGN.md)");
     let s = Scratch::new(32);
     let m = s.mount(&[]);
     fs::write(s.path("f"), b"kept").unwrap();
@@ -1232,6 +1314,7 @@ fn rapid_unmount_and_remount() {
 #[test]
 fn daemon_detaches_from_captured_output() {
     require_fuse!();
+    not_over_nbd!("mounts the image path itself");
     let s = Scratch::new(32);
     let t = Instant::now();
     let script = format!(
@@ -1395,6 +1478,7 @@ fn open_directory_outlives_its_name() {
 #[test]
 fn remount_of_the_same_image_waits_for_the_old_daemon() {
     require_fuse!();
+    not_over_nbd!("the wait is for the image file's lock; over NBD nothing tells a new daemon that an old one is still committing (docs/DESIGN.md)");
     let s = Scratch::new(32);
     let mut daemons = Vec::new();
     for round in 0..15 {
@@ -1615,6 +1699,7 @@ fn file_handles_survive_remount_and_go_stale() {
 #[test]
 fn non_root_mounts_read_only_through_fusermount3() {
     require_fuse!();
+    not_over_nbd!("about a user's access to an image file");
     if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
         eprintln!("skipping non_root_mounts_read_only_through_fusermount3: setpriv not found");
         return;

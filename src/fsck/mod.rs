@@ -67,6 +67,8 @@ struct Walk<'a> {
     bad: HashSet<u64>,
     /// Inode fields that disagree with what the walk found, and the fix for each.
     inode_fixes: Vec<(u64, InodeFix, String)>,
+    /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
+    salvage: HashSet<u64>,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -117,7 +119,7 @@ impl Walk<'_> {
                 let stats = match btree::check(&mut self.st, &d.tree, ino) {
                     Ok(s) => s,
                     Err(e) => {
-                        self.bad.insert(ino);
+                        self.salvage.insert(ino);
                         self.err(format!("directory {ino}: index broken: {e}"));
                         return Ok(());
                     }
@@ -285,6 +287,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         xattr_refs: HashMap::new(),
         bad: HashSet::new(),
         inode_fixes: Vec::new(),
+        salvage: HashSet::new(),
         progress,
     };
     // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
@@ -335,17 +338,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 }
                 bad.is_none()
             });
+            // A damaged index is rebuilt from what can still be read of it (`salvage`).
             if let Err(e) = r {
                 w.err(format!("directory {ino}: unreadable index: {e}"));
-                if w.bad.insert(ino) && ino != root {
-                    drops.push((parent, key, name.clone(), ino));
-                }
+                w.salvage.insert(ino);
             }
             if let Some(e) = bad {
                 w.err(format!("directory {ino}: {e}"));
-                if w.bad.insert(ino) && ino != root {
-                    drops.push((parent, key, name.clone(), ino));
-                }
+                w.salvage.insert(ino);
             }
             let mut names = HashSet::new();
             for (k, c, ft, name) in ents {
@@ -595,10 +595,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Errors that block the repairs above, but some of them only because an entry names
     // an inode that cannot be used: drop those entries (their inodes' blocks and slots
     // are then leaked, and the next pass reclaims them) and check again.
-    let drops: Vec<Drop> = drops.into_iter().filter(|(d, ..)| !w.bad.contains(d)).collect();
-    if repair && !r.errors.is_empty() && !drops.is_empty() && pass < MAX_DROP_PASSES {
+    // Entries in a directory about to be rebuilt wait for the next pass.
+    let drops: Vec<Drop> = drops.into_iter().filter(|(d, ..)| !w.bad.contains(d) && !w.salvage.contains(d)).collect();
+    let salvage: Vec<u64> = w.salvage.iter().copied().collect();
+    if repair && !r.errors.is_empty() && (!drops.is_empty() || !salvage.is_empty()) && pass < MAX_DROP_PASSES {
         drop(w.st);
-        let told: Vec<String> = drops
+        let mut told: Vec<String> = drops
             .iter()
             .map(|(d, _, name, c)| {
                 format!(
@@ -607,7 +609,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 )
             })
             .collect();
-        drop_entries(dev.clone(), &drops)?;
+        told.extend(drop_entries(dev.clone(), &drops, &salvage)?);
         let mut next = check_pass(dev, repair, progress, pass + 1)?;
         next.fixed.splice(0..0, told);
         return Ok(next);
@@ -635,18 +637,56 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
 /// unusable; a later one only finds entries under what an earlier drop exposed).
 const MAX_DROP_PASSES: u32 = 4;
 
-/// Remove the entries `drops` from their directories, in one delta.
-fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop]) -> Result<()> {
+/// Remove the entries `drops` from their directories and rebuild the indexes of the
+/// directories `salvage` from what can be read of them, in one delta. Returns a line per
+/// rebuilt directory.
+fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &[u64]) -> Result<Vec<String>> {
     let vol = Volume::open(dev, OpenOptions::default())?;
+    let mut told = Vec::new();
     vol.repair(|st, _| {
         for (d, key, _, _) in drops {
             let mut p = st.inode(*d)?;
             dir::remove(st, &mut p, *key)?;
             st.put_inode(&p)?;
         }
+        for &d in salvage {
+            let (had, kept) = rebuild_index(st, d)?;
+            told.push(format!(
+                "directory {d}: index rebuilt from its readable blocks: {kept} of {had} entries kept (the others are lost)"
+            ));
+        }
         Ok(())
     })?;
-    vol.close()
+    vol.close()?;
+    Ok(told)
+}
+
+/// Rebuild directory `d`'s index from the records of its readable leaves (entries that
+/// do not decode are left out); the readable old nodes are freed, an unreadable one is
+/// left for the next pass to find leaked. Returns (entries the inode claimed, entries kept).
+fn rebuild_index(st: &mut Store, d: u64) -> Result<(u64, u64)> {
+    let mut i = st.inode(d)?;
+    let old = i.dir()?.tree;
+    let had = i.dir()?.entries;
+    let (recs, nodes) = btree::salvage(st, &old, d);
+    for b in nodes {
+        st.free_meta(b);
+    }
+    let mut tree = TreeRoot::default();
+    let mut kept = 0;
+    for (k, v) in recs {
+        if decode_dirent(&v).is_ok() {
+            btree::insert(st, &mut tree, d, k, &v, false)?;
+            kept += 1;
+        }
+    }
+    let blocks = btree::blocks(st, &tree, d)?.len() as u64;
+    let di = i.dir_mut()?;
+    di.tree = tree;
+    di.entries = kept;
+    i.size = blocks * BLOCK_SIZE as u64;
+    st.put_inode(&i)?;
+    Ok((had, kept))
 }
 
 /// Write a free-space map rebuilt from `owner` (every block the walk found owned, plus

@@ -132,3 +132,36 @@ pub fn check(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<TreeSta
     })?;
     Ok(TreeStats { blocks, records, leaves, leaf_bytes_used, depth: t.depth })
 }
+
+/// What can still be read of a damaged tree (fsck's salvage): the records of every leaf
+/// that can be reached through readable nodes, in key order without duplicates, and the
+/// readable nodes themselves. Unreadable nodes, and everything only they lead to, are
+/// left out (their blocks are neither listed nor read).
+pub fn salvage(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+    let mut recs = std::collections::BTreeMap::new();
+    let mut nodes = Vec::new();
+    if t.root == 0 || t.depth == 0 {
+        return (Vec::new(), nodes);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![(t.root, t.depth - 1)];
+    while let Some((blk, level)) = stack.pop() {
+        if !seen.insert(blk) {
+            continue;
+        }
+        let Ok(b) = s.node(blk) else { continue };
+        let b: Block = *b;
+        let Ok(h) = hdr(&b, blk, owner, level) else { continue };
+        nodes.push(blk);
+        for i in 0..h.n {
+            if level == 0 {
+                if let Ok((k, v)) = record(&b, &h, blk, i) {
+                    recs.entry(k).or_insert_with(|| v.to_vec());
+                }
+            } else if let Ok(c) = child(&b, &h, blk, i) {
+                stack.push((c, level - 1));
+            }
+        }
+    }
+    (recs.into_iter().collect(), nodes)
+}

@@ -71,7 +71,7 @@ mod dump;
 mod node;
 
 use balance::*;
-pub use check::{blocks, check};
+pub use check::{blocks, check, salvage};
 pub use dump::leaves;
 use node::*;
 

@@ -227,6 +227,26 @@ impl Mounted {
         assert_eq!(st.code(), Some(0), "dxfs mount exit status");
     }
 
+    /// `unmount`, waiting up to 5 s for the mount to stop being busy: the kernel drops
+    /// the last reference to a file used for AIO from a worker after close returns, so
+    /// an unmount right after can find it still open.
+    fn unmount_when_idle(self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status().unwrap();
+            if st.success() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut m = self;
+        let mut child = m.child.take().expect("a foreground child");
+        let st = wait_timeout(&mut child, Duration::from_secs(20));
+        assert_eq!(st.code(), Some(0), "dxfs mount exit status");
+        assert!(!is_mounted(&m.mnt), "still mounted");
+        m.image = PathBuf::new(); // the daemon is gone: nothing for the drop to stop
+    }
+
     /// The daemon, to be waited for later (after an unmount that did not wait for it).
     fn detach_child(mut self) -> Child {
         let child = self.child.take().expect("a foreground child");
@@ -1853,6 +1873,6 @@ fn aio_direct_write_then_buffered_read() {
         }
     }
     assert_eq!(stale, 0, "{stale} of 200 rounds read stale data after an AIO O_DIRECT write");
-    m.unmount();
+    m.unmount_when_idle();
     s.fsck();
 }

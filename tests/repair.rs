@@ -288,3 +288,33 @@ fn wrong_inode_fields_are_recomputed() {
     }
     vol.close().unwrap();
 }
+
+/// The root's inode block unreadable: fsck recreates the root with the entries of its
+/// index, found by scanning for the index's leaves, so everything below it survives.
+#[test]
+fn an_unreadable_root_inode_is_recreated_with_its_entries() {
+    let (dev, kept) = volume();
+    let root = ino_of(&dev, &[]);
+    smash(&dev, ino_loc(root).0);
+    assert!(Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() })
+        .and_then(|v| v.getattr(v.root()))
+        .is_err());
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    assert!(r.fixed.iter().any(|f| f.contains("recreated")), "{:#?}", r.fixed);
+    common::assert_clean(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let a = vol.getattr(vol.root()).unwrap();
+    assert_eq!((a.mode & 0o7777, a.nlink), (0o755, 4), "keep, doomed + . and ..");
+    assert!(vol.lookup(vol.root(), b"frag").is_ok());
+    let doomed = vol.lookup(vol.root(), b"doomed").unwrap().ino;
+    assert_eq!(vol.readdir(doomed, 0, 1000).unwrap().len(), 202);
+    let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+    for (name, data) in &kept {
+        let f = vol.lookup(keep, name.as_bytes()).unwrap().ino;
+        assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
+    }
+    vol.create(vol.root(), b"after", 0o644, 0, 0).unwrap();
+    vol.close().unwrap();
+    common::assert_clean(dev);
+}

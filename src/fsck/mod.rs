@@ -300,6 +300,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
     let mut subdirs: HashMap<u64, u32> = HashMap::new();
     let mut drops: Vec<Drop> = Vec::new();
+    let mut root_lost = false;
     while let Some((ino, parent, key, name)) = queue.pop_front() {
         let i = match w.st.inode(ino) {
             Ok(i) => i,
@@ -307,6 +308,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 w.err(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
                 if ino != root {
                     drops.push((parent, key, name, ino));
+                } else {
+                    root_lost = true;
                 }
                 continue;
             }
@@ -598,6 +601,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Entries in a directory about to be rebuilt wait for the next pass.
     let drops: Vec<Drop> = drops.into_iter().filter(|(d, ..)| !w.bad.contains(d) && !w.salvage.contains(d)).collect();
     let salvage: Vec<u64> = w.salvage.iter().copied().collect();
+    if repair && root_lost && pass < MAX_DROP_PASSES {
+        // Nothing else can be checked without the root: recreate it first.
+        drop(w.st);
+        let told = recreate_root(dev.clone())?;
+        let mut next = check_pass(dev, repair, progress, pass + 1)?;
+        next.fixed.insert(0, told);
+        return Ok(next);
+    }
     if repair && !r.errors.is_empty() && (!drops.is_empty() || !salvage.is_empty()) && pass < MAX_DROP_PASSES {
         drop(w.st);
         let mut told: Vec<String> = drops
@@ -659,6 +670,61 @@ fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &[u64]) -> R
     })?;
     vol.close()?;
     Ok(told)
+}
+
+/// The root's inode cannot be read: write a new one (a directory, mode 0755, owned by
+/// root, times now, no xattrs) whose index holds the records of every readable leaf that
+/// names the root as its owner, found by scanning the blocks in use. The root's own block
+/// holds nothing else (mkfs gives it its own block; children live in its region).
+fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
+    let sb = read_usable_superblock(&*dev)?;
+    let root = sb.root_ino;
+    let (rb, slot) = ino_loc(root);
+    let o = crate::engine::store::open_lenient(dev.clone(), sb.clone(), true, 1 << 12, true, false)?;
+    let mut st = o.opened.store;
+    let mut recs = std::collections::BTreeMap::new();
+    let mut nodes = Vec::new();
+    for b in sb.layout.first_free()..sb.layout.backup_superblock() {
+        if b == rb || !st.space.is_used(b) || !btree::owned_node(&mut st, b, root) {
+            continue;
+        }
+        nodes.push(b);
+        if let Ok(list) = btree::leaf_records(&mut st, b, root) {
+            for (k, v) in list {
+                if decode_dirent(&v).is_ok() {
+                    recs.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+    drop(st);
+    let found = recs.len();
+    let vol = Volume::open_without_root(dev)?;
+    vol.repair(|st, _| {
+        for &b in &nodes {
+            st.free_meta(b);
+        }
+        st.blank_inode_block(rb, 0);
+        put_u16(st.block_mut(rb, Some(INODE_MAGIC))?, IB_USED, 1 << slot);
+        let t = crate::volume::now();
+        let mut i = Inode::new(root, libc::S_IFDIR | 0o755);
+        (i.nlink, i.parent, i.atime, i.mtime, i.ctime, i.crtime) = (2, root, t, t, t, t);
+        let mut tree = TreeRoot::default();
+        for (k, v) in &recs {
+            btree::insert(st, &mut tree, root, *k, v, false)?;
+        }
+        let blocks = btree::blocks(st, &tree, root)?.len() as u64;
+        let d = i.dir_mut()?;
+        d.tree = tree;
+        d.entries = found as u64;
+        i.size = blocks * BLOCK_SIZE as u64;
+        st.put_inode(&i)
+    })?;
+    vol.close()?;
+    Ok(format!(
+        "root directory {root} was unreadable: recreated (mode 0755, owner root, no xattrs) with the {found} entries of {} readable index blocks",
+        nodes.len()
+    ))
 }
 
 /// Rebuild directory `d`'s index from the records of its readable leaves (entries that

@@ -129,6 +129,16 @@ impl Volume {
     /// Open a volume: check the superblock, replay the log, load free space, and free
     /// inodes left on the orphan list by an unclean stop.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Volume> {
+        Self::open_checked(dev, opts, true)
+    }
+
+    /// Open read-write without requiring a readable root directory: for fsck, to
+    /// write a new root when the old one is lost (and nothing else).
+    pub(crate) fn open_without_root(dev: Arc<dyn BlockDevice>) -> Result<Volume> {
+        Self::open_checked(dev, OpenOptions::default(), false)
+    }
+
+    fn open_checked(dev: Arc<dyn BlockDevice>, opts: OpenOptions, need_root: bool) -> Result<Volume> {
         let sb = read_usable_superblock(&*dev)?;
         let mut opts = opts;
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
@@ -169,7 +179,9 @@ impl Volume {
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
-        inner.dir_inode(root)?;
+        if need_root {
+            inner.dir_inode(root)?;
+        }
         let orphans = inner.state.orphan_head != 0;
         let vol = Volume {
             inner: Mutex::new(inner),

@@ -71,7 +71,7 @@ mod dump;
 mod node;
 
 use balance::*;
-pub use check::{blocks, check, salvage};
+pub use check::{blocks, check, leaf_records, owned_node, salvage};
 pub use dump::leaves;
 use node::*;
 

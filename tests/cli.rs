@@ -216,3 +216,39 @@ fn mount_on_a_file_is_refused() {
     let (code, out, _) = dxfs(&["fsck", "-n", img.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn resize_grows_and_info_shows_the_new_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let img_s = img.to_str().unwrap();
+    assert_eq!(dxfs(&["mkfs", img_s, "--size", "16M"]).0, 0);
+    let (code, out, err) = dxfs(&["resize", img_s, "200M"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("grown from 4096 to 51200 blocks"), "{out}");
+    assert!(out.contains("1 new bitmap blocks"), "{out}");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 200 << 20);
+    let (_, out, _) = dxfs(&["info", img_s]);
+    assert!(out.contains("Block count:              51200"), "{out}");
+    assert!(out.contains("(spilled_bitmap)") && out.contains("1 more in the data area"), "{out}");
+    // +SIZE adds; without SIZE the volume fills its (here externally extended) image.
+    assert_eq!(dxfs(&["resize", img_s, "+4M"]).0, 0);
+    let (_, out, _) = dxfs(&["info", "--json", img_s]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["block_count"], 52224);
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(256 << 20).unwrap();
+    let (code, out, err) = dxfs(&["resize", img_s]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = dxfs(&["info", "--json", img_s]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["block_count"], 65536);
+    let (code, out, _) = dxfs(&["resize", img_s, "256M"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing to do"), "{out}");
+    let (code, _, err) = dxfs(&["resize", img_s, "100M"]);
+    assert_eq!(code, 8);
+    assert!(err.contains("shrinking is not supported"), "{err}");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 256 << 20);
+    let (code, out, _) = dxfs(&["fsck", "-n", img_s]);
+    assert_eq!(code, 0, "{out}");
+}

@@ -65,12 +65,17 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Filesystem UUID:          {uuid}");
         println!("Format version:           {}", sb.version);
         println!(
-            "Features:                 compat {:#x}{} ro_compat {:#x}{}{} incompat {:#x}{}",
+            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{} incompat {:#x}{}",
             sb.compat,
             if sb.compat & 1 != 0 { " (dir_reservation)" } else { "" },
             sb.ro_compat,
             if sb.xattr_filter() { " (xattr_filter)" } else { "" },
             if sb.lazy_inode_free() { " (lazy_inode_free)" } else { "" },
+            if sb.grow_from != 0 {
+                format!(" (grow_pending from {} blocks: the next read-write open finishes it)", sb.grow_from)
+            } else {
+                String::new()
+            },
             sb.incompat,
             if sb.incompat & 1 != 0 { " (spilled_bitmap)" } else { "" }
         );

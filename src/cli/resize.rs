@@ -55,8 +55,11 @@ pub fn run(a: ResizeArgs) -> i32 {
             8,
         );
     }
-    // An image file grows to the new size; other devices must already hold it.
-    let dev: Arc<dyn BlockDevice> = if blocks > dev.block_count() && a.image.is_file() {
+    // An image file grows to the new size (locked first); other devices must already
+    // hold it.
+    let extended_from =
+        std::fs::metadata(&a.image).ok().filter(|m| m.is_file() && blocks > dev.block_count()).map(|m| m.len());
+    let dev: Arc<dyn BlockDevice> = if extended_from.is_some() {
         drop(dev);
         match FileDevice::create(&a.image, blocks * 4096) {
             Ok(d) => Arc::new(d),
@@ -65,13 +68,29 @@ pub fn run(a: ResizeArgs) -> i32 {
     } else {
         dev
     };
-    match dxfs::grow(dev, blocks) {
+    let r = dxfs::grow(dev.clone(), blocks);
+    // A grow refused before its switch leaves the image as it was: its last block is where
+    // a reader looks for the backup superblock.
+    if let (Err(_), Some(len)) = (&r, extended_from) {
+        if dxfs::read_superblock(&*dev).is_ok_and(|sb| sb.layout.block_count * 4096 <= len) {
+            let _ = std::fs::OpenOptions::new().write(true).open(&a.image).and_then(|f| f.set_len(len));
+        }
+    }
+    match r {
         Ok(g) if g.new_blocks == g.old_blocks => {
-            println!(
-                "{spec}: the volume already has {} blocks ({} MiB); nothing to do (after an interrupted resize, `dxfs fsck` reclaims the blocks it had not yet freed)",
-                g.old_blocks,
-                g.old_blocks / 256
-            );
+            if g.finished_earlier {
+                println!(
+                    "{spec}: finished the interrupted resize to {} blocks ({} MiB)",
+                    g.old_blocks,
+                    g.old_blocks / 256
+                );
+            } else {
+                println!(
+                    "{spec}: the volume already has {} blocks ({} MiB); nothing to do",
+                    g.old_blocks,
+                    g.old_blocks / 256
+                );
+            }
             0
         }
         Ok(g) => {

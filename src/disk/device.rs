@@ -272,6 +272,8 @@ impl FileDevice {
             .open(path)
             .map_err(|e| path_error(path, e))?;
         let is_file = file.metadata().map_err(|e| path_error(path, e))?.is_file();
+        // Locked before it is extended: a file in use (a mounted volume) is left as it is.
+        let lock = Self::lock(&file, path)?;
         let mut size = file.seek(SeekFrom::End(0)).map_err(|e| path_error(path, e))?;
         if size < bytes {
             if !is_file {
@@ -281,10 +283,15 @@ impl FileDevice {
             file.set_len(bytes).map_err(|e| path_error(path, e))?;
             size = bytes;
         }
-        Self::with_size(file, path, size, false)
+        Self::with_lock(file, path, size, false, Some(lock))
     }
 
     fn with_size(file: File, path: &Path, size: u64, read_only: bool) -> Result<FileDevice> {
+        let lock = if read_only { None } else { Some(Self::lock(&file, path)?) };
+        Self::with_lock(file, path, size, read_only, lock)
+    }
+
+    fn with_lock(file: File, path: &Path, size: u64, read_only: bool, lock: Option<Flock<File>>) -> Result<FileDevice> {
         let blocks = size / BS;
         if blocks == 0 {
             return Err(Error::Invalid(format!(
@@ -296,7 +303,6 @@ impl FileDevice {
         // readahead on the image or device would fetch neighbours it did not ask for and
         // make "cold" reads warm. Advisory: failure changes nothing but speed.
         let _ = nix::fcntl::posix_fadvise(&file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM);
-        let lock = if read_only { None } else { Some(Self::lock(&file, path)?) };
         Ok(FileDevice { file, path: path.to_path_buf(), blocks, read_only, counters: Counters::default(), _lock: lock })
     }
 

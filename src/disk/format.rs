@@ -47,13 +47,21 @@ pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
 /// the tree would hand out or count those slots wrongly; a reader loses nothing, since
 /// no directory entry points at a lazily freed inode.
 pub const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
+/// ro_compat: a grow is half done (FORMAT.md §2): the superblock already has the new
+/// size, and the old tail (the old backup superblock and the blocks past the old end in
+/// the old last bitmap block, `Superblock::pending_grow_tail`) is still marked in use.
+/// The next read-write open frees it and clears the flag. A writer that does not know
+/// this could free those blocks by other means (fsck) and reuse them before this code
+/// frees them again, so it must not write; a reader loses nothing.
+pub const RO_COMPAT_GROW_PENDING: u32 = 8;
 /// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
 pub const INCOMPAT_SPILLED_BITMAP: u32 = 1;
 /// Features this code understands (unknown compat features are harmless by definition).
 pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP;
-pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE;
+pub const KNOWN_RO_COMPAT: u32 =
+    RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE | RO_COMPAT_GROW_PENDING;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
 pub const LAZY_FREE_OWNER: u64 = 1;
@@ -150,6 +158,14 @@ impl Layout {
             )));
         }
         l.bitmap_blocks = contiguous;
+        // mkfs laid out `contiguous` = ceil(N₀ / 32512) blocks for some N₀ ≥ F + 64, so the
+        // first spilled bitmap block, 32512·contiguous, lies past that volume's end.
+        if contiguous < l.bitmap_count() && contiguous * BITS_PER_BITMAP_BLOCK < l.first_free() + 64 {
+            return Err(Error::Invalid(format!(
+                "{contiguous} contiguous bitmap blocks cannot have been laid out by mkfs before block {}",
+                l.first_free() + 64
+            )));
+        }
         if l.spilled_bitmap_blocks().any(|b| b >= l.backup_superblock()) {
             return Err(Error::Invalid(format!(
                 "{block_count} blocks would put a bitmap block on the backup superblock"
@@ -191,7 +207,8 @@ impl Layout {
     }
 }
 
-/// The superblock: written by mkfs, never by a commit.
+/// The superblock: written by mkfs and by a grow (and the open that finishes one), never
+/// by a commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub version: u32,
@@ -209,6 +226,9 @@ pub struct Superblock {
     /// Bits each xattr name sets in the filter (byte 129): 1..=32 with ro_compat
     /// XATTR_FILTER_K, else 0.
     pub filter_hashes: u8,
+    /// The block count before a grow that is not finished yet (bytes 160..168): non-zero
+    /// exactly when ro_compat GROW_PENDING is set.
+    pub grow_from: u64,
 }
 
 impl Superblock {
@@ -236,6 +256,7 @@ impl Superblock {
             put_u32(&mut b[..], 132 + 4 * i, *w);
         }
         put_i64(&mut b[..], 152, self.mkfs_time);
+        put_u64(&mut b[..], 160, self.grow_from);
         seal(&mut b, blockno);
         b
     }
@@ -291,6 +312,15 @@ impl Superblock {
         if want_hashes != (1..=MAX_FILTER_HASHES).contains(&filter_hashes) || (!want_hashes && filter_hashes != 0) {
             return Err(Error::corrupt(format!("xattr filter hash count {filter_hashes} does not match the features")));
         }
+        // Without GROW_PENDING bytes 160..168 are reserved: ignored.
+        let grow_from = if ro_compat & RO_COMPAT_GROW_PENDING != 0 { get_u64(b, 160) } else { 0 };
+        if ro_compat & RO_COMPAT_GROW_PENDING != 0
+            && !(layout.first_free() + 64 <= grow_from && grow_from < block_count)
+        {
+            return Err(Error::corrupt(format!(
+                "a pending grow from {grow_from} blocks to {block_count} is implausible"
+            )));
+        }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[32..48]);
         Ok(Superblock {
@@ -307,7 +337,20 @@ impl Superblock {
             hash_seed: [get_u32(b, 132), get_u32(b, 136), get_u32(b, 140), get_u32(b, 144)],
             mkfs_time: get_i64(b, 152),
             filter_hashes,
+            grow_from,
         })
+    }
+
+    /// The blocks a half-done grow still has to free (ro_compat GROW_PENDING): the old
+    /// backup superblock and the rest of the old last bitmap block's range, up to the new
+    /// backup superblock. Empty when no grow is pending.
+    pub fn pending_grow_tail(&self) -> std::ops::Range<u64> {
+        if self.ro_compat & RO_COMPAT_GROW_PENDING == 0 || self.grow_from == 0 {
+            return 0..0;
+        }
+        let end = (self.grow_from.div_ceil(BITS_PER_BITMAP_BLOCK) * BITS_PER_BITMAP_BLOCK)
+            .min(self.layout.backup_superblock());
+        self.grow_from - 1..end
     }
 
     /// Whether inode slots may be freed through the lazy-free tree (FORMAT.md §6.1).
@@ -797,6 +840,7 @@ mod tests {
             hash_seed: [0x3e5a_1c6b, 0x7a4e_2f9d, 0x3b0f_118c, 0x6f5e_4d2a],
             mkfs_time: 1_735_689_600,
             filter_hashes: DEFAULT_FILTER_HASHES,
+            grow_from: 0,
         };
         let old = Superblock { ro_compat: RO_COMPAT_XATTR_FILTER, filter_hashes: 0, ..sb.clone() }.encode(0);
         assert_eq!(get_u32(&old[..], 4), 0x2534_9e47, "the version-1 example before XATTR_FILTER_K");
@@ -829,6 +873,7 @@ mod tests {
             hash_seed: [1, 2, 3, 4],
             mkfs_time: 1234,
             filter_hashes: 11,
+            grow_from: 0,
         };
         let b = sb.encode(0);
         assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
@@ -838,6 +883,33 @@ mod tests {
             assert!(Superblock::decode(&bad.encode(0), 0).is_err(), "ro_compat {ro} with {k} hashes accepted");
         }
         assert!(Superblock::decode(&b, 5).is_err());
+        // A grown volume: bitmap blocks past the contiguous ones, a grow still pending.
+        let grown = Layout::grown(100_000, layout.log_blocks, layout.bitmap_blocks).unwrap();
+        assert_eq!((grown.bitmap_count(), grown.bitmap_block(1), grown.bitmap_block(3)), (4, 32_512, 97_536));
+        let big = Superblock {
+            layout: grown,
+            incompat: INCOMPAT_SPILLED_BITMAP,
+            ro_compat: sb.ro_compat | RO_COMPAT_GROW_PENDING,
+            grow_from: 10_000,
+            ..sb.clone()
+        };
+        let d = Superblock::decode(&big.encode(0), 0).unwrap();
+        assert_eq!(d, big);
+        assert_eq!(d.pending_grow_tail(), 9_999..32_512);
+        // Without the flag the contiguous count must be mkfs's.
+        assert!(Superblock::decode(&Superblock { incompat: 0, ..big.clone() }.encode(0), 0).is_err());
+        // A pending grow must come from a smaller volume that could exist.
+        for from in [0, 100_000, 200] {
+            let bad = Superblock { grow_from: from, ..big.clone() };
+            assert!(Superblock::decode(&bad.encode(0), 0).is_err(), "grow from {from} accepted");
+        }
+        // Without GROW_PENDING bytes 160.. are reserved and ignored.
+        let stray = Superblock { ro_compat: sb.ro_compat, ..big.clone() }.encode(0);
+        assert_eq!(Superblock::decode(&stray, 0).unwrap().grow_from, 0);
+        // Spilled bitmap blocks must lie past any volume mkfs could have made: one
+        // contiguous block cannot precede a log reaching past block 32512.
+        assert!(Layout::grown(200_000, 65_536, 1).is_err());
+        assert!(Layout::grown(200_000, 65_536, 5).is_ok());
         let zero = [0u8; BLOCK_SIZE];
         assert!(Superblock::decode(&zero, 0).is_err());
     }

@@ -253,6 +253,17 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         dev.read(at, &mut b)?;
         match Superblock::decode(&b, at) {
             Ok(copy) if copy == sb => {}
+            // A grow being finished clears GROW_PENDING in the backup first; the next
+            // read-write open finishes it again and rewrites both (volume/resize.rs).
+            Ok(copy)
+                if at != SUPERBLOCK
+                    && sb.grow_from != 0
+                    && copy
+                        == Superblock {
+                            ro_compat: sb.ro_compat & !RO_COMPAT_GROW_PENDING,
+                            grow_from: 0,
+                            ..sb.clone()
+                        } => {}
             Ok(_) => sb_fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
             Err(e) => sb_fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
         }
@@ -516,18 +527,25 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let layout = w.st.sb.layout;
     let mut leaked = Vec::new();
     let mut used = layout.first_free() + 1;
+    // The old tail of a grow cut short is marked used and owned by nothing until the next
+    // read-write open frees it (ro_compat GROW_PENDING): not a leak.
+    let pending_tail = w.st.sb.pending_grow_tail();
     for b in layout.first_free()..layout.backup_superblock() {
         let owned = w.owner.contains_key(&b);
         let marked = w.st.space.is_used(b);
+        let in_tail = pending_tail.contains(&b);
         if owned {
             used += 1;
+        }
+        if owned && in_tail {
+            w.err(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
         }
         if rebuild_bitmap {
             continue; // the map is rebuilt from `owner` below
         }
         if owned && !marked {
             w.err(format!("block {b} is in use but marked free"));
-        } else if marked && !owned {
+        } else if marked && !owned && !in_tail {
             leaked.push(b);
         }
     }

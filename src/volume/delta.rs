@@ -510,6 +510,7 @@ mod tests {
             hash_seed: [1, 2, 3, 4],
             mkfs_time: 0,
             filter_hashes: 0,
+            grow_from: 0,
         };
         Store::new(Arc::new(MemDevice::new(4096)), MetaCache::new(64), Space::fresh(layout), sb, true)
     }

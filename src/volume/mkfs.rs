@@ -86,6 +86,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         hash_seed: seed,
         mkfs_time: now().0,
         filter_hashes: if o.xattr_filter { o.filter_hashes } else { 0 },
+        grow_from: 0,
     };
     let mut st = Store::new(dev.clone(), MetaCache::new(1024), Space::fresh(layout), sb.clone(), true);
     let root = st.alloc_root()?;

@@ -192,6 +192,11 @@ impl Volume {
             discard,
             atime,
         };
+        // A grow cut short after its switch to the new size is finished before anything
+        // can allocate (resize.rs).
+        if !read_only && vol.lock().st.sb.grow_from != 0 {
+            resize::finish_pending_grow(&vol)?;
+        }
         if !read_only && orphans {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).

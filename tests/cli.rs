@@ -1,16 +1,11 @@
 //! The `dxfs` command: mkfs, fsck exit codes, info, debug hash against debugfs.
 
+mod common;
+
+use common::dxfs;
+
 use std::path::Path;
 use std::process::Command;
-
-fn dxfs(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn mkfs_info_fsck_round_trip_and_refusals() {

@@ -2,6 +2,10 @@
 //! hard link, user xattrs and POSIX ACLs goes in and comes back out the same (contents,
 //! modes, owners, times, link structure, xattrs); fsck finds the volume clean.
 
+mod common;
+
+use common::dxfs;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -10,15 +14,6 @@ use std::process::Command;
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, FileDevice};
-
-fn dxfs(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

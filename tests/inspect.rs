@@ -2,9 +2,12 @@
 //! test builds and therefore knows, and damaged images (a clear error and exit 8, never a
 //! panic).
 
+mod common;
+
+use common::dxfs;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, FileDevice};
@@ -12,15 +15,6 @@ use dxfs::hash::ext4_hash;
 use dxfs::internals::{filter_mask, split_name};
 use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume, XattrMode, BLOCK_SIZE};
 use serde_json::Value;
-
-fn dxfs(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn debug_json(img: &Path, args: &[&str]) -> Value {
     let mut all = vec!["debug"];

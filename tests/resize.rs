@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
@@ -240,15 +239,6 @@ fn a_volume_in_use_is_refused() {
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 8 << 20, "the image of a volume in use was extended");
     vol.close().unwrap();
     assert_clean(dev);
-}
-
-fn dxfs(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

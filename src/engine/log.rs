@@ -73,6 +73,14 @@ pub fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<
     if n > capacity(layout.log_blocks) {
         return Ok(None);
     }
+    let (body, ok) = read_body(dev, at, n)?;
+    let targets = (0..n).map(|i| get_u64(&body, i * 8)).collect();
+    Ok(Some((targets, ok)))
+}
+
+/// The body (descriptors, then images) of the commit at `at` that logs `n` blocks, and
+/// whether it matches the commit block's checksum.
+fn read_body(dev: &dyn BlockDevice, at: u64, n: usize) -> Result<(Vec<u8>, bool)> {
     let ndesc = n.div_ceil(TARGETS_PER_DESC);
     let mut body = vec![0u8; (ndesc + n) * BLOCK_SIZE];
     if !body.is_empty() {
@@ -80,8 +88,8 @@ pub fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<
     }
     let mut cb = [0u8; BLOCK_SIZE];
     dev.read(at, &mut cb)?;
-    let targets = (0..n).map(|i| get_u64(&body, i * 8)).collect();
-    Ok(Some((targets, get_u32(&cb, 28) == body_crc(&body))))
+    let ok = get_u32(&cb, 28) == body_crc(&body);
+    Ok((body, ok))
 }
 
 impl Journal {
@@ -104,13 +112,8 @@ impl Journal {
             return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
         }
         let ndesc = n.div_ceil(TARGETS_PER_DESC);
-        let mut body = vec![0u8; (ndesc + n) * BLOCK_SIZE];
-        if !body.is_empty() {
-            dev.read(at + 1, &mut body)?;
-        }
-        let mut cb = [0u8; BLOCK_SIZE];
-        dev.read(at, &mut cb)?;
-        if get_u32(&cb, 28) != body_crc(&body) {
+        let (body, ok) = read_body(dev, at, n)?;
+        if !ok {
             // Step 3 flushed the body before the commit block was written, so a body
             // that does not match means the device broke its promise.
             return Err(Error::corrupt(format!("log body of commit {seq} fails its checksum")));

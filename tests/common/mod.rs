@@ -116,3 +116,13 @@ pub fn dump(vol: &Volume) -> Dump {
     }
     out
 }
+
+/// Run the `dxfs` command; returns its exit code, stdout and stderr.
+pub fn dxfs(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,195 @@
+//! fsck's repairs: each runs in one delta of an opened volume (or, for the free-space map
+//! and the state block, in place), and the check runs again after the ones that cut
+//! damage out.
+
+use super::*;
+
+/// Passes of dropping entries before fsck gives up (each pass drops every entry found
+/// unusable; a later one only finds entries under what an earlier drop exposed).
+pub(super) const MAX_DROP_PASSES: u32 = 4;
+
+/// Remove the entries `drops` from their directories and rebuild the indexes of the
+/// directories `salvage` from what can be read of them, in one delta. Returns a line per
+/// rebuilt directory.
+pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &[u64]) -> Result<Vec<String>> {
+    let vol = Volume::open(dev, OpenOptions::default())?;
+    let mut told = Vec::new();
+    vol.repair(|st, _| {
+        for (d, key, _, _) in drops {
+            let mut p = st.inode(*d)?;
+            dir::remove(st, &mut p, *key)?;
+            st.put_inode(&p)?;
+        }
+        for &d in salvage {
+            let (had, kept) = rebuild_index(st, d)?;
+            told.push(format!(
+                "directory {d}: index rebuilt from its readable blocks: {kept} of {had} entries kept (the others are lost)"
+            ));
+        }
+        Ok(())
+    })?;
+    vol.close()?;
+    Ok(told)
+}
+
+/// The root's inode cannot be read: write a new one (a directory, mode 0755, owned by
+/// root, times now, no xattrs) whose index holds the records of every readable leaf that
+/// names the root as its owner, found by scanning the blocks in use. The root's own block
+/// holds nothing else (mkfs gives it its own block; children live in its region).
+pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
+    let sb = read_usable_superblock(&*dev)?;
+    let root = sb.root_ino;
+    let (rb, slot) = ino_loc(root);
+    let o = crate::engine::store::open_lenient(dev.clone(), sb.clone(), true, 1 << 12, true, false)?;
+    let mut st = o.opened.store;
+    let mut recs = std::collections::BTreeMap::new();
+    let mut nodes = Vec::new();
+    for b in sb.layout.first_free()..sb.layout.backup_superblock() {
+        if b == rb || !st.space.is_used(b) || !btree::owned_node(&mut st, b, root) {
+            continue;
+        }
+        nodes.push(b);
+        if let Ok(list) = btree::leaf_records(&mut st, b, root) {
+            for (k, v) in list {
+                if decode_dirent(&v).is_ok() {
+                    recs.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+    drop(st);
+    let found = recs.len();
+    let vol = Volume::open_without_root(dev)?;
+    vol.repair(|st, _| {
+        for &b in &nodes {
+            st.free_meta(b);
+        }
+        st.blank_inode_block(rb, 0);
+        put_u16(st.block_mut(rb, Some(INODE_MAGIC))?, IB_USED, 1 << slot);
+        let t = crate::volume::now();
+        let mut i = Inode::new(root, libc::S_IFDIR | 0o755);
+        (i.nlink, i.parent, i.atime, i.mtime, i.ctime, i.crtime) = (2, root, t, t, t, t);
+        let mut tree = TreeRoot::default();
+        for (k, v) in &recs {
+            btree::insert(st, &mut tree, root, *k, v, false)?;
+        }
+        let blocks = btree::blocks(st, &tree, root)?.len() as u64;
+        let d = i.dir_mut()?;
+        d.tree = tree;
+        d.entries = found as u64;
+        i.size = blocks * BLOCK_SIZE as u64;
+        st.put_inode(&i)
+    })?;
+    vol.close()?;
+    Ok(format!(
+        "root directory {root} was unreadable: recreated (mode 0755, owner root, no xattrs) with the {found} entries of {} readable index blocks",
+        nodes.len()
+    ))
+}
+
+/// Rebuild directory `d`'s index from the records of its readable leaves (entries that
+/// do not decode are left out); the readable old nodes are freed, an unreadable one is
+/// left for the next pass to find leaked. Returns (entries the inode claimed, entries kept).
+pub(super) fn rebuild_index(st: &mut Store, d: u64) -> Result<(u64, u64)> {
+    let mut i = st.inode(d)?;
+    let old = i.dir()?.tree;
+    let had = i.dir()?.entries;
+    let (recs, nodes) = btree::salvage(st, &old, d);
+    for b in nodes {
+        st.free_meta(b);
+    }
+    let mut tree = TreeRoot::default();
+    let mut kept = 0;
+    for (k, v) in recs {
+        if decode_dirent(&v).is_ok() {
+            btree::insert(st, &mut tree, d, k, &v, false)?;
+            kept += 1;
+        }
+    }
+    let blocks = btree::blocks(st, &tree, d)?.len() as u64;
+    let di = i.dir_mut()?;
+    di.tree = tree;
+    di.entries = kept;
+    i.size = blocks * BLOCK_SIZE as u64;
+    st.put_inode(&i)?;
+    Ok((had, kept))
+}
+
+/// Write a free-space map rebuilt from `owner` (every block the walk found owned, plus
+/// the fixed structures) and a rebuilt state block, in place, then flush.
+pub(super) fn rebuild(
+    dev: &dyn BlockDevice,
+    layout: Layout,
+    owner: Option<&HashMap<u64, u64>>,
+    state: Option<State>,
+) -> Result<()> {
+    let mut cache = MetaCache::new(1024);
+    if let Some(owner) = owner {
+        let mut space = Space::fresh(layout);
+        for &b in owner.keys() {
+            space.mark_used(b);
+        }
+        space.write_out(&mut cache);
+    }
+    if let Some(state) = state {
+        state.encode_into(cache.fresh(STATE_BLOCK));
+    }
+    for (b, img) in cache.take_dirty() {
+        dev.write(b, &img[..])?;
+    }
+    dev.flush()
+}
+
+/// The safe repairs one check found.
+pub(super) struct Fixes<'a> {
+    pub(super) leaked: &'a [u64],
+    pub(super) nlinks: &'a [(u64, u32, u32)],
+    pub(super) slots: &'a [(u64, u16, u16)],
+    pub(super) lazy_drops: &'a [u64],
+    /// Unreadable inode blocks without live inodes, with their region's directory.
+    pub(super) reinit: &'a [(u64, u64)],
+    pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
+    pub(super) inode_count: Option<u64>,
+}
+
+/// Apply the safe repairs inside one delta of an opened volume.
+pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> {
+    let vol = Volume::open(dev, OpenOptions::default())?;
+    vol.repair(|st, state| {
+        if let Some(n) = f.inode_count {
+            state.inodes = n;
+        }
+        for &b in f.leaked {
+            st.space.free_deferred(b, 1);
+        }
+        for &(ino, _, want) in f.nlinks {
+            let mut i = st.inode(ino)?;
+            i.nlink = want;
+            st.put_inode(&i)?;
+        }
+        for &(b, _, want) in f.slots {
+            // The block's mask becomes exact, so any lazy-free record for it goes.
+            st.drop_lazy_freed(b)?;
+            put_u16(st.block_mut(b, Some(INODE_MAGIC))?, IB_USED, want);
+        }
+        for &b in f.lazy_drops {
+            st.drop_lazy_freed(b)?;
+        }
+        for &(b, owner) in f.reinit {
+            st.drop_lazy_freed(b)?;
+            st.blank_inode_block(b, owner);
+        }
+        for &(ino, fix, _) in f.inode_fixes {
+            let mut i = st.inode(ino)?;
+            match fix {
+                InodeFix::Entries(n) => i.dir_mut()?.entries = n,
+                InodeFix::Blocks(n) => i.blocks = n,
+                InodeFix::XattrFilter(m) => i.xattr_filter = m,
+                InodeFix::Parent(p) => i.parent = p,
+            }
+            st.put_inode(&i)?;
+        }
+        Ok(())
+    })?;
+    vol.sync()
+}

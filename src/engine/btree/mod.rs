@@ -166,6 +166,7 @@ fn step(
 }
 
 /// Look up `key`.
+#[cfg(test)]
 pub fn get(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);

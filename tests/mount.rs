@@ -189,6 +189,13 @@ impl Scratch {
     }
 }
 
+/// The per-mount options of the mount on `mnt`, as /proc/self/mountinfo lists them.
+fn mount_options(mnt: &Path) -> String {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap())).unwrap().to_string();
+    line.split(' ').nth(5).unwrap().to_string()
+}
+
 fn is_mounted(mnt: &Path) -> bool {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let want = mnt.as_os_str().as_bytes();
@@ -1538,14 +1545,9 @@ fn atime_policies() {
         utimensat(AT_FDCWD, p, &TimeSpec::new(sec, 0), &TimeSpec::UTIME_OMIT, UtimensatFlags::FollowSymlink).unwrap();
     };
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let mount_opts = |mnt: &Path| {
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let line = info.lines().find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap())).unwrap().to_string();
-        line.split(' ').nth(5).unwrap().to_string()
-    };
     {
         let m = s.mount(&[]);
-        assert!(mount_opts(&s.mnt).contains("relatime"), "{}", mount_opts(&s.mnt));
+        assert!(mount_options(&s.mnt).contains("relatime"), "{}", mount_options(&s.mnt));
         fs::write(s.path("f"), b"hello").unwrap();
         fs::create_dir(s.path("d")).unwrap();
         fs::write(s.path("d/x"), b"").unwrap();
@@ -1570,7 +1572,7 @@ fn atime_policies() {
     }
     {
         let m = s.mount(&["-o", "strictatime"]);
-        assert!(!mount_opts(&s.mnt).contains("relatime"), "{}", mount_opts(&s.mnt));
+        assert!(!mount_options(&s.mnt).contains("relatime"), "{}", mount_options(&s.mnt));
         let a0 = atime(&s.path("f"));
         std::thread::sleep(Duration::from_millis(1100));
         fs::read(s.path("f")).unwrap();
@@ -1579,7 +1581,7 @@ fn atime_policies() {
     }
     {
         let m = s.mount(&["-o", "noatime"]);
-        assert!(mount_opts(&s.mnt).contains("noatime"), "{}", mount_opts(&s.mnt));
+        assert!(mount_options(&s.mnt).contains("noatime"), "{}", mount_options(&s.mnt));
         set_atime(&s.path("f"), 1000);
         fs::read(s.path("f")).unwrap();
         assert_eq!(atime(&s.path("f")).0, 1000, "noatime: a read moved atime");
@@ -1598,14 +1600,9 @@ fn atime_policies() {
 fn dev_suid_and_exec_flags() {
     require_fuse!();
     let s = Scratch::new(32);
-    let mount_opts = |mnt: &Path| {
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let line = info.lines().find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap())).unwrap().to_string();
-        line.split(' ').nth(5).unwrap().to_string()
-    };
     {
         let m = s.mount(&[]);
-        let o = mount_opts(&s.mnt);
+        let o = mount_options(&s.mnt);
         assert!(o.contains("nodev") && o.contains("nosuid"), "defaults: {o}");
         nix::sys::stat::mknod(
             &s.path("null"),
@@ -1620,7 +1617,7 @@ fn dev_suid_and_exec_flags() {
     }
     {
         let m = s.mount(&["-o", "dev,suid,noexec"]);
-        let o = mount_opts(&s.mnt);
+        let o = mount_options(&s.mnt);
         assert!(!o.contains("nodev") && !o.contains("nosuid") && o.contains("noexec"), "dev,suid,noexec: {o}");
         // dev: the node is /dev/null.
         let mut f = OpenOptions::new().read(true).write(true).open(s.path("null")).unwrap();

@@ -267,8 +267,18 @@ impl Mounted {
         let mut child = self.child.take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
-        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "fusermount3 -u of a dead mount: {st}");
+        // Over io_uring the kernel tears the dead daemon's rings down asynchronously: the
+        // connection ends (and a caller blocked on it lets go of its file) a moment after
+        // the process is gone, so the unmount may find the mount busy until then.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).stderr(Stdio::null()).status().unwrap();
+            if st.success() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "fusermount3 -u of a dead mount: {st}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // Nothing is left to stop: the drop must not go after other holders of the image
         // (an NBD server serving it, when the suite runs over NBD).
         self.image = PathBuf::new();
@@ -1110,6 +1120,58 @@ fn dxfs_sync_and_df_after_rm() {
     // The rm came after the last commit: the volume is as of `dxfs sync`.
     assert_eq!(fs::metadata(s.path("big")).unwrap().len(), 24 << 20, "the volume is as of the sync");
     m.unmount();
+    s.fsck();
+}
+
+/// The transport is the one asked for: `-o transport=classic` never uses the ring;
+/// `-o transport=uring` uses it when the kernel offers it (module parameter
+/// `enable_uring` Y) and otherwise serves through /dev/fuse, saying why in the log. With
+/// `DXFS_TRANSPORT` set (CI runs the suite once per transport) the default mount must use
+/// that transport, so a fallback cannot pass the uring run silently.
+#[test]
+fn transport_is_the_one_asked_for() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let stats = |mnt: &Path| -> serde_json::Value {
+        let out = dxfs().arg("stats").arg("--json").arg(mnt).output().unwrap();
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    for (opt, env) in
+        [("transport=classic", None), ("transport=uring", None), ("", std::env::var("DXFS_TRANSPORT").ok())]
+    {
+        let Some(want) = (if opt.is_empty() { env.clone() } else { Some(opt[10..].to_string()) }) else { continue };
+        let args: Vec<&str> = if opt.is_empty() { vec!["-v"] } else { vec!["-v", "-o", opt] };
+        let m = s.mount(&args);
+        for i in 0..20 {
+            fs::write(s.path(&format!("f{i}")), b"x").unwrap();
+            fs::remove_file(s.path(&format!("f{i}"))).unwrap();
+        }
+        let v = stats(&s.mnt);
+        let transport = v["transport"].as_str().unwrap().to_string();
+        let via_ring = v["via_ring"].as_u64().unwrap();
+        let log = m.log.clone().unwrap();
+        m.unmount();
+        let log = fs::read_to_string(log).unwrap();
+        match want.as_str() {
+            "classic" => {
+                assert!(transport.starts_with("/dev/fuse"), "{opt:?}: {transport}");
+                assert_eq!(via_ring, 0, "{opt:?}: classic requests came through a ring");
+            }
+            "uring" if offered || !opt.is_empty() => {
+                if offered {
+                    assert!(transport.starts_with("io_uring"), "{opt:?}: {transport}\n{log}");
+                    assert!(via_ring >= 40, "{opt:?}: only {via_ring} requests through the ring");
+                } else {
+                    eprintln!("enable_uring is not Y: checking the fallback to /dev/fuse");
+                    assert!(transport.starts_with("/dev/fuse"), "{transport}");
+                    assert!(log.contains("enable_uring"), "the fallback must say why: {log}");
+                }
+            }
+            "uring" => panic!("DXFS_TRANSPORT=uring but the kernel does not offer FUSE over io_uring"),
+            other => panic!("DXFS_TRANSPORT={other}"),
+        }
+    }
     s.fsck();
 }
 

@@ -43,6 +43,12 @@ pub fn run(a: StatsArgs) -> i32 {
             );
         }
     }
-    println!("{} requests in {:.1} s", v["requests"], v["seconds"].as_f64().unwrap_or(0.0));
+    println!(
+        "{} requests in {:.1} s, {} through io_uring; transport: {}",
+        v["requests"],
+        v["seconds"].as_f64().unwrap_or(0.0),
+        v["via_ring"],
+        v["transport"].as_str().unwrap_or("?")
+    );
     0
 }

@@ -1,5 +1,5 @@
-//! The transport seam: how requests travel between the kernel and a request handler,
-//! once dxfs owns its FUSE session (a sketch; `dxfs mount` still serves through `fuser`).
+//! The transport seam: how requests travel between the kernel and a request handler
+//! (`server.rs` in `dxfs mount`, an in-memory file system in the transport probe).
 //!
 //! A [`Handler`] answers parsed requests ([`Request`]) with a [`Reply`]; it does not know
 //! how they came. Two transports carry them:

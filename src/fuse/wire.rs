@@ -36,7 +36,14 @@ pub mod opcode {
     pub const FORGET: u32 = 2;
     pub const GETATTR: u32 = 3;
     pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
     pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
     pub const WRITE: u32 = 16;
@@ -45,17 +52,34 @@ pub mod opcode {
     pub const FSYNC: u32 = 20;
     pub const SETXATTR: u32 = 21;
     pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
     pub const FLUSH: u32 = 25;
     pub const INIT: u32 = 26;
     pub const OPENDIR: u32 = 27;
     pub const READDIR: u32 = 28;
     pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const GETLK: u32 = 31;
+    pub const SETLK: u32 = 32;
+    pub const SETLKW: u32 = 33;
     pub const ACCESS: u32 = 34;
     pub const CREATE: u32 = 35;
     pub const INTERRUPT: u32 = 36;
+    pub const BMAP: u32 = 37;
     pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
+    pub const POLL: u32 = 40;
+    pub const NOTIFY_REPLY: u32 = 41;
     pub const BATCH_FORGET: u32 = 42;
+    pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
+    pub const SYNCFS: u32 = 50;
+    pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
 }
 
 /// INIT flags, as one 64-bit set: bits 32..63 travel in `flags2` when both sides set
@@ -76,7 +100,9 @@ pub mod init {
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
+    pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     /// `flags2` is valid (in both directions).
     pub const INIT_EXT: u64 = 1 << 30;
     pub const SECURITY_CTX: u64 = 1 << 32;
@@ -269,16 +295,25 @@ pub fn op_in_size(opcode: u32) -> usize {
         opcode::FORGET => 8,
         opcode::GETATTR => 16,
         opcode::SETATTR => 88,
+        opcode::MKNOD => 16,
+        opcode::MKDIR => 8,
+        opcode::RENAME => 8,
+        opcode::RENAME2 => 16,
+        opcode::LINK => 8,
         opcode::OPEN | opcode::OPENDIR => 8,
-        opcode::CREATE => 16,
+        opcode::CREATE | opcode::TMPFILE => 16,
         opcode::READ | opcode::WRITE => 40,
         opcode::RELEASE | opcode::RELEASEDIR | opcode::FLUSH => 24,
-        opcode::FSYNC => 16,
-        opcode::GETXATTR | opcode::SETXATTR => 8,
+        opcode::FSYNC | opcode::FSYNCDIR => 16,
+        // Without FUSE_SETXATTR_EXT (never asked for) SETXATTR's is the 8-byte old one.
+        opcode::GETXATTR | opcode::SETXATTR | opcode::LISTXATTR => 8,
         opcode::ACCESS => 8,
         opcode::INTERRUPT => 8,
         opcode::BATCH_FORGET => 8,
         opcode::READDIR | opcode::READDIRPLUS => 40,
+        opcode::FALLOCATE => 32,
+        opcode::LSEEK => 24,
+        opcode::COPY_FILE_RANGE => 56,
         _ => 0,
     }
 }
@@ -549,6 +584,56 @@ impl StatfsOut {
     }
 }
 
+/// `fuse_setattr_in`: which attributes to change (`valid`, `FATTR_*`) and their values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[allow(missing_docs)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub fh: u64,
+    pub size: u64,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `fuse_setattr_in.valid` bits.
+pub mod fattr {
+    #![allow(missing_docs)]
+    pub const MODE: u32 = 1 << 0;
+    pub const UID: u32 = 1 << 1;
+    pub const GID: u32 = 1 << 2;
+    pub const SIZE: u32 = 1 << 3;
+    pub const ATIME: u32 = 1 << 4;
+    pub const MTIME: u32 = 1 << 5;
+    pub const FH: u32 = 1 << 6;
+    pub const ATIME_NOW: u32 = 1 << 7;
+    pub const MTIME_NOW: u32 = 1 << 8;
+    pub const LOCKOWNER: u32 = 1 << 9;
+    pub const CTIME: u32 = 1 << 10;
+    /// The caller lacks CAP_FSETID: drop setuid/setgid (HANDLE_KILLPRIV_V2).
+    pub const KILL_SUIDGID: u32 = 1 << 11;
+}
+
+/// `fuse_write_in.write_flags`: the caller lacks CAP_FSETID (HANDLE_KILLPRIV_V2).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// `fuse_fsync_in.fsync_flags`: data only (fdatasync).
+pub const FSYNC_FDATASYNC: u32 = 1 << 0;
+
+/// `FOPEN_*` flags of an open reply.
+pub mod fopen {
+    #![allow(missing_docs)]
+    pub const DIRECT_IO: u32 = 1 << 0;
+    pub const KEEP_CACHE: u32 = 1 << 1;
+    pub const CACHE_DIR: u32 = 1 << 3;
+    pub const NOFLUSH: u32 = 1 << 5;
+}
+
 /// A parsed request: the opcodes this module knows, the rest as [`Request::Other`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
@@ -573,6 +658,60 @@ pub enum Request<'a> {
         /// File handle.
         fh: u64,
     },
+    /// Change attributes.
+    Setattr(SetattrIn),
+    /// A symlink's target.
+    Readlink,
+    /// Make symlink `name` pointing at `target` in the node.
+    Symlink {
+        /// The new name.
+        name: &'a [u8],
+        /// Its target.
+        target: &'a [u8],
+    },
+    /// Make a special or regular file `name` in the node.
+    Mknod {
+        /// Type and permissions.
+        mode: u32,
+        /// Device number.
+        rdev: u32,
+        /// Caller's umask.
+        umask: u32,
+        /// The name.
+        name: &'a [u8],
+    },
+    /// Make directory `name` in the node.
+    Mkdir {
+        /// Permissions.
+        mode: u32,
+        /// Caller's umask.
+        umask: u32,
+        /// The name.
+        name: &'a [u8],
+    },
+    /// Remove directory `name` from the node.
+    Rmdir {
+        /// The name.
+        name: &'a [u8],
+    },
+    /// Rename `name` in the node to `newname` in `newdir` (RENAME and RENAME2).
+    Rename {
+        /// The target directory's node id.
+        newdir: u64,
+        /// `RENAME_*` flags (0 for RENAME).
+        flags: u32,
+        /// The old name.
+        name: &'a [u8],
+        /// The new name.
+        newname: &'a [u8],
+    },
+    /// Link node `oldnodeid` as `name` in the node.
+    Link {
+        /// The inode to link.
+        oldnodeid: u64,
+        /// The new name.
+        name: &'a [u8],
+    },
     /// Open the node.
     Open {
         /// `open(2)` flags.
@@ -588,6 +727,15 @@ pub enum Request<'a> {
         umask: u32,
         /// The name.
         name: &'a [u8],
+    },
+    /// Create an unnamed file in the node's directory (`O_TMPFILE`).
+    Tmpfile {
+        /// `open(2)` flags.
+        flags: u32,
+        /// Mode of the new file.
+        mode: u32,
+        /// Caller's umask.
+        umask: u32,
     },
     /// Read.
     Read {
@@ -606,6 +754,8 @@ pub enum Request<'a> {
         offset: u64,
         /// `write_flags`.
         write_flags: u32,
+        /// The descriptor's `open(2)` flags (0 before 7.9).
+        flags: u32,
         /// The data.
         data: &'a [u8],
     },
@@ -625,10 +775,28 @@ pub enum Request<'a> {
         /// `release_flags`.
         release_flags: u32,
     },
+    /// Make the file (`dir` false) or directory durable.
+    Fsync {
+        /// File handle.
+        fh: u64,
+        /// `fsync_flags`.
+        fsync_flags: u32,
+        /// FSYNCDIR rather than FSYNC.
+        dir: bool,
+    },
     /// Remove `name` from the node.
     Unlink {
         /// The name.
         name: &'a [u8],
+    },
+    /// Set an xattr.
+    Setxattr {
+        /// `XATTR_CREATE` / `XATTR_REPLACE`.
+        flags: u32,
+        /// The xattr's name.
+        name: &'a [u8],
+        /// Its value.
+        value: &'a [u8],
     },
     /// Read an xattr (`size` 0: its size only).
     Getxattr {
@@ -636,6 +804,74 @@ pub enum Request<'a> {
         size: u32,
         /// The xattr's name.
         name: &'a [u8],
+    },
+    /// List xattr names (`size` 0: the list's size only).
+    Listxattr {
+        /// Buffer size.
+        size: u32,
+    },
+    /// Remove an xattr.
+    Removexattr {
+        /// The xattr's name.
+        name: &'a [u8],
+    },
+    /// Open the node as a directory.
+    Opendir {
+        /// `open(2)` flags.
+        flags: u32,
+    },
+    /// Directory entries from cookie `offset` on, at most `size` bytes of them (with
+    /// attributes when `plus`: READDIRPLUS).
+    Readdir {
+        /// File handle.
+        fh: u64,
+        /// Cookie of the last entry returned (0: from the start).
+        offset: u64,
+        /// Reply buffer size.
+        size: u32,
+        /// READDIRPLUS rather than READDIR.
+        plus: bool,
+    },
+    /// The last reference to the open directory is gone.
+    Releasedir {
+        /// File handle.
+        fh: u64,
+    },
+    /// May the caller access the node (`R_OK|W_OK|X_OK`, or `F_OK`)?
+    Access {
+        /// The mask.
+        mask: u32,
+    },
+    /// Preallocate, punch, zero, collapse or insert a range.
+    Fallocate {
+        /// File handle.
+        fh: u64,
+        /// Offset.
+        offset: u64,
+        /// Length.
+        length: u64,
+        /// `FALLOC_FL_*`.
+        mode: u32,
+    },
+    /// `SEEK_DATA` / `SEEK_HOLE` (the kernel does the others).
+    Lseek {
+        /// File handle.
+        fh: u64,
+        /// Offset.
+        offset: u64,
+        /// `SEEK_*`.
+        whence: u32,
+    },
+    /// Copy `len` bytes from this node to `nodeid_out` inside the file system.
+    CopyFileRange {
+        /// Source offset.
+        off_in: u64,
+        /// Destination node id.
+        nodeid_out: u64,
+        /// Destination offset.
+        off_out: u64,
+        /// Bytes.
+        len: u64,
     },
     /// File system statistics.
     Statfs,
@@ -648,6 +884,13 @@ pub enum Request<'a> {
     },
     /// An opcode this module does not parse.
     Other(u32),
+}
+
+/// Two NUL-terminated names, one after the other.
+fn two_names<'a>(what: &'static str, b: &'a [u8]) -> Result<(&'a [u8], &'a [u8])> {
+    let first = cstr(what, b)?;
+    let second = cstr(what, &b[first.len() + 1..])?;
+    Ok((first, second))
 }
 
 impl<'a> Request<'a> {
@@ -670,6 +913,56 @@ impl<'a> Request<'a> {
                 need("fuse_getattr_in", arg, 16)?;
                 Request::Getattr { flags: u32_at(arg, 0), fh: u64_at(arg, 8) }
             }
+            opcode::SETATTR => {
+                need("fuse_setattr_in", arg, 88)?;
+                Request::Setattr(SetattrIn {
+                    valid: u32_at(arg, 0),
+                    fh: u64_at(arg, 8),
+                    size: u64_at(arg, 16),
+                    atime: u64_at(arg, 32) as i64,
+                    mtime: u64_at(arg, 40) as i64,
+                    ctime: u64_at(arg, 48) as i64,
+                    atimensec: u32_at(arg, 56),
+                    mtimensec: u32_at(arg, 60),
+                    ctimensec: u32_at(arg, 64),
+                    mode: u32_at(arg, 68),
+                    uid: u32_at(arg, 76),
+                    gid: u32_at(arg, 80),
+                })
+            }
+            opcode::READLINK => Request::Readlink,
+            opcode::SYMLINK => {
+                let (name, target) = two_names("SYMLINK", rest)?;
+                Request::Symlink { name, target }
+            }
+            opcode::MKNOD => {
+                need("fuse_mknod_in", arg, 16)?;
+                Request::Mknod {
+                    mode: u32_at(arg, 0),
+                    rdev: u32_at(arg, 4),
+                    umask: u32_at(arg, 8),
+                    name: cstr("MKNOD", rest)?,
+                }
+            }
+            opcode::MKDIR => {
+                need("fuse_mkdir_in", arg, 8)?;
+                Request::Mkdir { mode: u32_at(arg, 0), umask: u32_at(arg, 4), name: cstr("MKDIR", rest)? }
+            }
+            opcode::RMDIR => Request::Rmdir { name: cstr("RMDIR", rest)? },
+            opcode::RENAME => {
+                need("fuse_rename_in", arg, 8)?;
+                let (name, newname) = two_names("RENAME", rest)?;
+                Request::Rename { newdir: u64_at(arg, 0), flags: 0, name, newname }
+            }
+            opcode::RENAME2 => {
+                need("fuse_rename2_in", arg, 16)?;
+                let (name, newname) = two_names("RENAME2", rest)?;
+                Request::Rename { newdir: u64_at(arg, 0), flags: u32_at(arg, 8), name, newname }
+            }
+            opcode::LINK => {
+                need("fuse_link_in", arg, 8)?;
+                Request::Link { oldnodeid: u64_at(arg, 0), name: cstr("LINK", rest)? }
+            }
             opcode::OPEN => {
                 need("fuse_open_in", arg, 8)?;
                 Request::Open { flags: u32_at(arg, 0) }
@@ -683,6 +976,10 @@ impl<'a> Request<'a> {
                     name: cstr("CREATE", rest)?,
                 }
             }
+            opcode::TMPFILE => {
+                need("fuse_create_in", arg, 16)?;
+                Request::Tmpfile { flags: u32_at(arg, 0), mode: u32_at(arg, 4), umask: u32_at(arg, 8) }
+            }
             opcode::READ => {
                 need("fuse_read_in", arg, 24)?;
                 Request::Read { fh: u64_at(arg, 0), offset: u64_at(arg, 8), size: u32_at(arg, 16) }
@@ -695,6 +992,7 @@ impl<'a> Request<'a> {
                     fh: u64_at(arg, 0),
                     offset: u64_at(arg, 8),
                     write_flags: u32_at(arg, 20),
+                    flags: if arg.len() >= 40 { u32_at(arg, 32) } else { 0 },
                     data: &rest[..size],
                 }
             }
@@ -706,10 +1004,70 @@ impl<'a> Request<'a> {
                 need("fuse_release_in", arg, 16)?;
                 Request::Release { fh: u64_at(arg, 0), flags: u32_at(arg, 8), release_flags: u32_at(arg, 12) }
             }
+            opcode::FSYNC | opcode::FSYNCDIR => {
+                need("fuse_fsync_in", arg, 16)?;
+                Request::Fsync { fh: u64_at(arg, 0), fsync_flags: u32_at(arg, 8), dir: opcode == opcode::FSYNCDIR }
+            }
             opcode::UNLINK => Request::Unlink { name: cstr("UNLINK", rest)? },
+            opcode::SETXATTR => {
+                need("fuse_setxattr_in", arg, 8)?;
+                let size = u32_at(arg, 0) as usize;
+                let name = cstr("SETXATTR", rest)?;
+                let value = &rest[name.len() + 1..];
+                need("SETXATTR value", value, size)?;
+                Request::Setxattr { flags: u32_at(arg, 4), name, value: &value[..size] }
+            }
             opcode::GETXATTR => {
                 need("fuse_getxattr_in", arg, 8)?;
                 Request::Getxattr { size: u32_at(arg, 0), name: cstr("GETXATTR", rest)? }
+            }
+            opcode::LISTXATTR => {
+                need("fuse_getxattr_in", arg, 8)?;
+                Request::Listxattr { size: u32_at(arg, 0) }
+            }
+            opcode::REMOVEXATTR => Request::Removexattr { name: cstr("REMOVEXATTR", rest)? },
+            opcode::OPENDIR => {
+                need("fuse_open_in", arg, 8)?;
+                Request::Opendir { flags: u32_at(arg, 0) }
+            }
+            opcode::READDIR | opcode::READDIRPLUS => {
+                need("fuse_read_in", arg, 24)?;
+                Request::Readdir {
+                    fh: u64_at(arg, 0),
+                    offset: u64_at(arg, 8),
+                    size: u32_at(arg, 16),
+                    plus: opcode == opcode::READDIRPLUS,
+                }
+            }
+            opcode::RELEASEDIR => {
+                need("fuse_release_in", arg, 8)?;
+                Request::Releasedir { fh: u64_at(arg, 0) }
+            }
+            opcode::ACCESS => {
+                need("fuse_access_in", arg, 8)?;
+                Request::Access { mask: u32_at(arg, 0) }
+            }
+            opcode::FALLOCATE => {
+                need("fuse_fallocate_in", arg, 28)?;
+                Request::Fallocate {
+                    fh: u64_at(arg, 0),
+                    offset: u64_at(arg, 8),
+                    length: u64_at(arg, 16),
+                    mode: u32_at(arg, 24),
+                }
+            }
+            opcode::LSEEK => {
+                need("fuse_lseek_in", arg, 20)?;
+                Request::Lseek { fh: u64_at(arg, 0), offset: u64_at(arg, 8), whence: u32_at(arg, 16) }
+            }
+            opcode::COPY_FILE_RANGE => {
+                need("fuse_copy_file_range_in", arg, 48)?;
+                Request::CopyFileRange {
+                    off_in: u64_at(arg, 8),
+                    nodeid_out: u64_at(arg, 16),
+                    off_out: u64_at(arg, 32),
+                    len: u64_at(arg, 40),
+                }
             }
             opcode::STATFS => Request::Statfs,
             opcode::DESTROY => Request::Destroy,
@@ -725,6 +1083,51 @@ impl<'a> Request<'a> {
     pub fn no_reply(&self) -> bool {
         matches!(self, Request::Forget { .. } | Request::BatchForget(_) | Request::Interrupt { .. })
     }
+}
+
+/// `FUSE_NAME_OFFSET`: where a `fuse_dirent`'s name starts.
+const DIRENT_NAME_OFFSET: usize = 24;
+
+/// The bytes one `fuse_dirent` takes (8-byte aligned), `plus` with its `fuse_entry_out`.
+pub fn dirent_size(name_len: usize, plus: bool) -> usize {
+    let base = (DIRENT_NAME_OFFSET + name_len + 7) & !7;
+    if plus {
+        EntryOut::SIZE + base
+    } else {
+        base
+    }
+}
+
+/// Append a `fuse_dirent`: inode number, the cookie of the next entry, the `DT_*` type and
+/// the name, padded to 8 bytes.
+pub fn encode_dirent(out: &mut Vec<u8>, ino: u64, next: u64, dtype: u32, name: &[u8]) {
+    let start = out.len();
+    put_u64(out, ino);
+    put_u64(out, next);
+    put_u32(out, name.len() as u32);
+    put_u32(out, dtype);
+    out.extend_from_slice(name);
+    out.resize(start + dirent_size(name.len(), false), 0);
+}
+
+/// `FUSE_NOTIFY_INVAL_INODE`: a message (unique 0) telling the kernel to drop node
+/// `ino`'s cached attributes and the pages of `[offset, offset + len)` (len 0: to the end).
+pub fn notify_inval_inode(ino: u64, offset: i64, len: i64) -> Vec<u8> {
+    const NOTIFY_INVAL_INODE: i32 = 2;
+    let mut body = Vec::with_capacity(24);
+    put_u64(&mut body, ino);
+    put_u64(&mut body, offset as u64);
+    put_u64(&mut body, len as u64);
+    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
+    // A notification's code travels in the error field, positive.
+    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_INODE, unique: 0 }.encode(&mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// `struct fuse_lseek_out`.
+pub fn encode_lseek_out(offset: u64, out: &mut Vec<u8>) {
+    put_u64(out, offset);
 }
 
 /// FUSE over io_uring: the buffers and commands of `fs/fuse/dev_uring.c` (7.42).
@@ -909,13 +1312,14 @@ mod tests {
             0, 0x10, 0, 0, 0, 0, 0, 0, // offset 4096
             3, 0, 0, 0, 1, 0, 0, 0, // size 3, write_flags 1
         ];
-        w.extend_from_slice(&[0; 16]); // lock_owner, flags, padding
+        w.extend_from_slice(&[0; 8]); // lock_owner
+        w.extend_from_slice(&[0, 0x40, 0, 0, 0, 0, 0, 0]); // flags O_DIRECT, padding
         w.extend_from_slice(b"xyz");
         let b = classic(16, 1, 2, &w);
         let (h, arg, rest) = split_classic(&b).unwrap();
         assert_eq!(
             Request::parse(h.opcode, arg, rest).unwrap(),
-            Request::Write { fh: 5, offset: 4096, write_flags: 1, data: b"xyz" }
+            Request::Write { fh: 5, offset: 4096, write_flags: 1, flags: 0x4000, data: b"xyz" }
         );
         assert!(matches!(Request::parse(16, arg, b"xy"), Err(WireError::Short { what: "WRITE data", .. })));
 

@@ -225,6 +225,20 @@ impl Server {
         }
     }
 
+    /// The reply to CREATE and TMPFILE: the entry (a lookup reference) and the open file.
+    fn created(&self, r: Res<Attr>) -> Reply {
+        match r {
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
+                self.entry_out(&a).encode(&mut out);
+                OpenOut { fh: 0, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
     fn lookup(&self, op: u32, parent: u64, name: &[u8]) -> Reply {
         if name == b"." {
             // Only sent to decode a file handle (fs/fuse/inode.c, fuse_get_dentry): the
@@ -437,16 +451,12 @@ impl Server {
                 // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
                 // sends CREATE only for a missing name, then a SETATTR for a truncate.
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                match self.call(op, |v| v.make_open(ino, name, n)) {
-                    Ok(a) => {
-                        self.lookups.add(a.ino);
-                        let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
-                        self.entry_out(&a).encode(&mut out);
-                        OpenOut { fh: 0, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
-                        Reply::Data(out)
-                    }
-                    Err(e) => Reply::Error(e),
-                }
+                self.created(self.call(op, |v| v.make_open(ino, name, n)))
+            }
+            Request::Tmpfile { mode, umask, .. } => {
+                // O_TMPFILE: an unnamed file, open; linkat(AT_EMPTY_PATH) names it (LINK).
+                let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
+                self.created(self.call(op, |v| v.make_tmpfile(ino, n)))
             }
             Request::Read { offset, size, .. } => match self.call(op, |v| v.read(ino, offset, size as usize)) {
                 Ok(d) => Reply::Data(d),
@@ -530,11 +540,9 @@ impl Server {
             // fuseblk and virtiofs only; nothing to do (the session commits at its end).
             Request::Destroy => Reply::Data(Vec::new()),
             // INIT is answered by the session before any thread serves; everything else
-            // (locks, ioctl, poll, bmap, lseek, statx, tmpfile) is left to the kernel's
-            // defaults or refused, as ENOSYS tells it.
-            Request::Init(_) | Request::Tmpfile { .. } | Request::Lseek { .. } | Request::Other(_) => {
-                Reply::Error(libc::ENOSYS)
-            }
+            // (locks, ioctl, poll, bmap, lseek, statx) is left to the kernel's defaults or
+            // refused, as ENOSYS tells it.
+            Request::Init(_) | Request::Lseek { .. } | Request::Other(_) => Reply::Error(libc::ENOSYS),
         }
     }
 }

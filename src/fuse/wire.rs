@@ -1467,6 +1467,98 @@ mod tests {
         assert_eq!(OutHeader::parse(&r).unwrap(), OutHeader { len: 16, error: -61, unique: 5 });
     }
 
+    fn le(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn namespace_requests_with_two_names_or_an_argument() {
+        assert_eq!(
+            Request::parse(opcode::SYMLINK, &[], b"ln\0target/x\0").unwrap(),
+            Request::Symlink { name: b"ln", target: b"target/x" }
+        );
+        assert_eq!(Request::parse(opcode::SYMLINK, &[], b"ln\0target"), Err(WireError::NoNul("SYMLINK")));
+        let r2 = le(&[&9u64.to_ne_bytes(), &1u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::RENAME2, &r2, b"a\0b\0").unwrap(),
+            Request::Rename { newdir: 9, flags: 1, name: b"a", newname: b"b" }
+        );
+        assert_eq!(
+            Request::parse(opcode::RENAME, &9u64.to_ne_bytes(), b"a\0b\0").unwrap(),
+            Request::Rename { newdir: 9, flags: 0, name: b"a", newname: b"b" }
+        );
+        assert_eq!(
+            Request::parse(opcode::LINK, &5u64.to_ne_bytes(), b"n\0").unwrap(),
+            Request::Link { oldnodeid: 5, name: b"n" }
+        );
+        let mk = le(&[&0o40755u32.to_ne_bytes(), &0o22u32.to_ne_bytes()]);
+        assert_eq!(
+            Request::parse(opcode::MKDIR, &mk, b"d\0").unwrap(),
+            Request::Mkdir { mode: 0o40755, umask: 0o22, name: b"d" }
+        );
+        let tmp = le(&[&2u32.to_ne_bytes(), &0o100600u32.to_ne_bytes(), &0o77u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::TMPFILE, &tmp, b"/\0").unwrap(),
+            Request::Tmpfile { flags: 2, mode: 0o100600, umask: 0o77 }
+        );
+    }
+
+    #[test]
+    fn setattr_xattr_readdir_fallocate_copy() {
+        let mut sa = vec![0u8; 88];
+        sa[0..4].copy_from_slice(&(fattr::MODE | fattr::SIZE | fattr::MTIME).to_ne_bytes());
+        sa[16..24].copy_from_slice(&4096u64.to_ne_bytes());
+        sa[40..48].copy_from_slice(&(-5i64).to_ne_bytes());
+        sa[60..64].copy_from_slice(&7u32.to_ne_bytes());
+        sa[68..72].copy_from_slice(&0o100644u32.to_ne_bytes());
+        let Request::Setattr(s) = Request::parse(opcode::SETATTR, &sa, &[]).unwrap() else { panic!() };
+        assert_eq!((s.size, s.mtime, s.mtimensec, s.mode), (4096, -5, 7, 0o100644));
+        assert!(Request::parse(opcode::SETATTR, &sa[..87], &[]).is_err());
+
+        let sx = le(&[&3u32.to_ne_bytes(), &1u32.to_ne_bytes()]);
+        assert_eq!(
+            Request::parse(opcode::SETXATTR, &sx, b"user.a\0xyzTRAILING").unwrap(),
+            Request::Setxattr { flags: 1, name: b"user.a", value: b"xyz" }
+        );
+        assert!(Request::parse(opcode::SETXATTR, &sx, b"user.a\0xy").is_err(), "value shorter than its size");
+
+        let rd = le(&[&1u64.to_ne_bytes(), &77u64.to_ne_bytes(), &4096u32.to_ne_bytes(), &[0; 12]]);
+        assert_eq!(
+            Request::parse(opcode::READDIRPLUS, &rd, &[]).unwrap(),
+            Request::Readdir { fh: 1, offset: 77, size: 4096, plus: true }
+        );
+        let fa = le(&[&0u64.to_ne_bytes(), &8u64.to_ne_bytes(), &16u64.to_ne_bytes(), &3u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::FALLOCATE, &fa, &[]).unwrap(),
+            Request::Fallocate { fh: 0, offset: 8, length: 16, mode: 3 }
+        );
+        let cf: Vec<u8> = [0u64, 10, 42, 0, 20, 30, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        assert_eq!(
+            Request::parse(opcode::COPY_FILE_RANGE, &cf, &[]).unwrap(),
+            Request::CopyFileRange { off_in: 10, nodeid_out: 42, off_out: 20, len: 30 }
+        );
+    }
+
+    #[test]
+    fn dirent_and_notification_layout() {
+        let mut out = Vec::new();
+        encode_dirent(&mut out, 5, 9, 8, b"abc");
+        assert_eq!(out.len(), 32, "24 bytes and the name, padded to 8");
+        assert_eq!(out.len(), dirent_size(3, false));
+        assert_eq!(dirent_size(3, true), 128 + 32);
+        assert_eq!(&out[0..8], &5u64.to_ne_bytes());
+        assert_eq!(&out[8..16], &9u64.to_ne_bytes());
+        assert_eq!(&out[16..20], &3u32.to_ne_bytes());
+        assert_eq!(&out[20..24], &8u32.to_ne_bytes());
+        assert_eq!(&out[24..27], b"abc");
+        assert_eq!(&out[27..], &[0; 5]);
+        let n = notify_inval_inode(7, 4096, -1);
+        let h = OutHeader::parse(&n).unwrap();
+        assert_eq!((h.len as usize, h.error, h.unique), (n.len(), 2, 0));
+        assert_eq!(&n[16..24], &7u64.to_ne_bytes());
+        assert_eq!(&n[32..40], &(-1i64).to_ne_bytes());
+    }
+
     #[test]
     fn uring_command_and_entry_header() {
         let c = uring::CmdReq { flags: 0, commit_id: 0x1122, qid: 1 }.encode();

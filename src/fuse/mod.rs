@@ -73,6 +73,10 @@ pub struct FuseOptions {
     pub threads: usize,
     /// Which transport serves requests (`-o transport=auto|uring|classic`).
     pub transport: TransportChoice,
+    /// The kernel's readahead for files of this mount, in KiB (`-o readahead_kb=N`; 0
+    /// leaves the kernel's default of 128). Set through the mount's bdi in sysfs, which
+    /// only root may write.
+    pub readahead_kb: u32,
     /// When the kernel asks for READDIRPLUS instead of READDIR.
     pub readdirplus: ReaddirPlus,
     /// Source shown in the mount table (the image or device).
@@ -170,6 +174,9 @@ impl Default for FuseOptions {
             // (measured in docs/BENCHMARKS.md, "Daemon threads").
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             transport: TransportChoice::Auto,
+            // One 1 MiB READ (the largest request, 256 pages) instead of eight 128 KiB
+            // ones: a cold sequential read went from 0.34 to 1.3 GB/s on this host.
+            readahead_kb: 1024,
             readdirplus: ReaddirPlus::Always,
             fsname: "dxfs".into(),
             sync_interval: Duration::from_secs(5),

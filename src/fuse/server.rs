@@ -552,6 +552,11 @@ impl Handler for Server {
         let _t = self.stats.timer(h.opcode, via_ring);
         self.serve(h, req)
     }
+
+    /// An fsync commits the volume and waits for the device.
+    fn blocks(&self, req: &Request<'_>) -> bool {
+        matches!(req, Request::Fsync { .. })
+    }
 }
 
 /// The identity of a request's caller: its user and group from the request, its

@@ -73,6 +73,9 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
             return Err(e);
         }
     };
+    if opts.readahead_kb > 0 && mount_id.is_some() {
+        set_readahead(conn, opts.readahead_kb);
+    }
     tracing::info!("serving {} with {transport}", mountpoint.display());
     let _ = server.transport.set(transport.clone());
     Ok(Mounted {
@@ -284,6 +287,15 @@ fn abort_connection(conn: Option<u64>) {
     };
     if let Err(e) = r {
         tracing::error!("cannot abort the FUSE connection ({e}); unmount it by hand");
+    }
+}
+
+/// Set the kernel's readahead for the mount's files: the bdi of a FUSE connection is
+/// named after its device number, 0:N. (The INIT reply can only lower it.)
+fn set_readahead(conn: Option<u64>, kb: u32) {
+    let Some(n) = conn else { return };
+    if let Err(e) = std::fs::write(format!("/sys/class/bdi/0:{n}/read_ahead_kb"), kb.to_string()) {
+        tracing::info!("cannot set readahead to {kb} KiB: {e}");
     }
 }
 

@@ -117,6 +117,7 @@ fn mount_option(
         "threads" => o.threads = num(val)? as usize,
         "transport" => o.transport = val.unwrap_or("").parse()?,
         "readahead_kb" => o.readahead_kb = num(val)? as u32,
+        "spin_us" => o.spin = std::time::Duration::from_micros(num(val)? as u64),
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
         "negative_timeout" => o.negative_timeout = seconds(num(val)?)?,

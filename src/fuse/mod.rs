@@ -73,6 +73,9 @@ pub struct FuseOptions {
     pub threads: usize,
     /// Which transport serves requests (`-o transport=auto|uring|classic`).
     pub transport: TransportChoice,
+    /// Classic transport: how long a serving thread polls for the next request before
+    /// it sleeps (`-o spin_us=N`; zero: it sleeps at once). Threads beyond the first.
+    pub spin: Duration,
     /// The kernel's readahead for files of this mount, in KiB (`-o readahead_kb=N`; 0
     /// leaves the kernel's default of 128). Set through the mount's bdi in sysfs, which
     /// only root may write.
@@ -174,6 +177,7 @@ impl Default for FuseOptions {
             // (measured in docs/BENCHMARKS.md, "Daemon threads").
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             transport: TransportChoice::Auto,
+            spin: Duration::ZERO,
             // One 1 MiB READ (the largest request, 256 pages) instead of eight 128 KiB
             // ones: a cold sequential read went from 0.34 to 1.3 GB/s on this host.
             readahead_kb: 1024,

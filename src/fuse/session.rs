@@ -16,7 +16,7 @@ use crate::Volume;
 
 use super::mountinfo::{connection_of, mount_id_of};
 use super::server::Server;
-use super::transport::{self, TransportChoice};
+use super::transport::{self, Device, TransportChoice};
 use super::uring::{Queue, QueueConfig};
 use super::wire::{self, init, opcode, InitIn};
 use super::{FuseOptions, ReaddirPlus};
@@ -168,10 +168,12 @@ fn serve(
 ) -> io::Result<(Vec<JoinHandle<()>>, String)> {
     start_invalidator(dev, server)?;
     let mut threads = Vec::new();
-    // One reader of /dev/fuse always: FORGETs, INTERRUPTs and, until every queue has
-    // registered, everything else come that way.
-    threads.push(spawn_classic(dev.clone(), server.clone(), "dxfs-fuse-0")?);
+    let mut first = 0;
     if uring {
+        // One reader of /dev/fuse always: FORGETs, INTERRUPTs and, until every queue has
+        // registered, everything else come that way.
+        threads.push(spawn_device(dev.clone(), server.clone(), "dxfs-fuse-0")?);
+        first = 1;
         match start_queues(dev, server, conn) {
             Ok(mut queues) => {
                 let n = queues.len();
@@ -181,21 +183,29 @@ fn serve(
             Err(e) => tracing::warn!("{e}; serving through /dev/fuse instead"),
         }
     }
-    for i in 1..opts.threads.max(1) {
-        // Each further thread reads its own clone of the descriptor.
-        let d = match super::devfd::clone(dev) {
+    for i in first..opts.threads.max(1) {
+        let name = format!("dxfs-fuse-{i}");
+        // The first thread reads the descriptor itself; the others, and every polling
+        // one (O_NONBLOCK belongs to the open file), read clones of it.
+        if i == 0 && opts.spin.is_zero() {
+            threads.push(spawn_device(dev.clone(), server.clone(), &name)?);
+            continue;
+        }
+        let d: Arc<dyn Device> = match super::devfd::clone(dev) {
+            Ok(d) if !opts.spin.is_zero() => Arc::new(transport::Spinning::new(d, opts.spin)?),
             Ok(d) => Arc::new(d),
             Err(e) => {
                 tracing::info!("cannot clone /dev/fuse ({e}); threads share one descriptor");
                 dev.clone()
             }
         };
-        threads.push(spawn_classic(d, server.clone(), &format!("dxfs-fuse-{i}"))?);
+        threads.push(spawn_device(d, server.clone(), &name)?);
     }
-    Ok((threads, format!("/dev/fuse ({} threads)", opts.threads.max(1))))
+    let spin = if opts.spin.is_zero() { String::new() } else { format!(", polling {:?} before sleeping", opts.spin) };
+    Ok((threads, format!("/dev/fuse ({} threads{spin})", opts.threads.max(1))))
 }
 
-fn spawn_classic(dev: Arc<File>, server: Arc<Server>, name: &str) -> io::Result<JoinHandle<()>> {
+fn spawn_device(dev: Arc<dyn Device>, server: Arc<Server>, name: &str) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name.into()).spawn(move || {
         if let Err(e) = transport::serve_classic(&*dev, &*server, CLASSIC_BUFFER) {
             tracing::error!("/dev/fuse: {e}");

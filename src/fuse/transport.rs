@@ -101,6 +101,53 @@ impl Device for File {
     }
 }
 
+/// A `/dev/fuse` descriptor read by polling for a while before sleeping: a thread that
+/// answered a request keeps trying to read for `spin` (the descriptor is non-blocking),
+/// so a caller's next request, which often follows within microseconds, finds it awake
+/// instead of waking it; after that it waits in poll(2). Each serving thread needs its
+/// own descriptor (a clone): O_NONBLOCK belongs to the open file.
+pub struct Spinning {
+    file: File,
+    spin: std::time::Duration,
+}
+
+impl Spinning {
+    /// Make `file` non-blocking and spin up to `spin` before each sleep.
+    pub fn new(file: File, spin: std::time::Duration) -> io::Result<Spinning> {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
+        fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        Ok(Spinning { file, spin })
+    }
+}
+
+impl Device for Spinning {
+    fn receive(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let start = std::time::Instant::now();
+        loop {
+            match (&self.file).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            if start.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut fds = [PollFd::new(self.file.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        self.file.send(msg)
+    }
+}
+
 /// What [`negotiate`] settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiated {

@@ -232,6 +232,9 @@ impl Mounted {
         let mut child = self.child.take().expect("a foreground child");
         let st = wait_timeout(&mut child, Duration::from_secs(20));
         assert_eq!(st.code(), Some(0), "dxfs mount exit status");
+        // The daemon is gone: nothing for the drop to stop (over NBD, killing the image's
+        // users would kill the nbdkit serving it, racing the next mount's connect).
+        self.image = PathBuf::new();
     }
 
     /// `unmount`, waiting up to 5 s for the mount to stop being busy: the kernel drops
@@ -1996,6 +1999,48 @@ fn tmpfile_through_the_mount() {
     let m = s.mount(&[]);
     let names: Vec<_> = fs::read_dir(&s.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    m.unmount();
+    s.fsck();
+}
+
+/// Opens cost no request (zero-message opens): an open, unlinked file lives by the kernel's
+/// reference, across commits; its space comes back once it is closed and forgotten; one
+/// open at a kill -9 after a commit is freed by the next mount.
+#[test]
+fn unlinked_open_file_outlives_commits() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    let free = || nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
+    let start = free();
+    fs::write(s.path("f"), pattern(7, 8 << 20)).unwrap();
+    let mut f = File::open(s.path("f")).unwrap();
+    fs::remove_file(s.path("f")).unwrap();
+    let st = dxfs().arg("sync").arg(&s.mnt).status().unwrap();
+    assert!(st.success());
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == pattern(7, 8 << 20), "an unlinked open file must stay readable across a commit");
+    assert!(free() < start - 1000, "its blocks are still in use while it is open");
+    drop(f);
+    // The FORGET follows the close once the kernel drops the inode.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while free() < start - 16 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(free() >= start - 16, "space not back after close: {} of {start}", free());
+    let v: serde_json::Value =
+        serde_json::from_slice(&dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap().stdout).unwrap();
+    assert!(v["ops"]["OPEN"]["count"].as_u64().unwrap_or(0) <= 1, "opens cost no request: {v}");
+
+    fs::write(s.path("g"), pattern(8, 1 << 20)).unwrap();
+    let g = File::open(s.path("g")).unwrap();
+    fs::remove_file(s.path("g")).unwrap();
+    assert!(dxfs().arg("sync").arg(&s.mnt).status().unwrap().success());
+    m.kill9_and(|| drop(g));
+    s.fsck();
+    let m = s.mount(&[]);
+    assert_eq!(fs::read_dir(&s.mnt).unwrap().count(), 0);
     m.unmount();
     s.fsck();
 }

@@ -19,6 +19,10 @@ use super::FuseOptions;
 /// (`dxfs stats MOUNTPOINT` reads it). Not stored, not listed; setting it is refused.
 pub const STATS_XATTR: &str = "user.dxfs.stats";
 
+/// The file handle of an open the volume counted (OPEN, OPENDIR, CREATE, TMPFILE); its
+/// RELEASE gives the count back. Zero-message opens have handle 0.
+const COUNTED: u64 = 1;
+
 /// Entries fetched from the volume per batch while filling a readdir reply.
 const READDIR_BATCH: usize = 256;
 /// readdirplus entries are about five times bigger, so fetch fewer to waste less.
@@ -34,8 +38,12 @@ pub(super) struct Server {
     /// The volume's root inode, which FUSE calls 1.
     root: u64,
     opts: FuseOptions,
-    /// Lookup counts handed to the kernel and not yet forgotten.
-    lookups: LookupCounts,
+    /// Lookup counts handed to the kernel and not yet forgotten; the volume asks them
+    /// whether an inode that lost its last link is still in use.
+    lookups: Arc<LookupCounts>,
+    /// The kernel opens files without OPEN (NO_OPEN_SUPPORT was offered) and directories
+    /// without OPENDIR (NO_OPENDIR_SUPPORT): set once INIT is answered.
+    zero_message_open: [std::sync::atomic::AtomicBool; 2],
     /// Requests served, per opcode.
     pub(super) stats: RequestStats,
     invalidate: parking_lot::Mutex<Option<Invalidations>>,
@@ -119,11 +127,15 @@ fn done(r: Res<()>) -> Reply {
 impl Server {
     pub(super) fn new(vol: Arc<Volume>, opts: FuseOptions) -> Server {
         let root = vol.root();
+        let lookups = Arc::new(LookupCounts::default());
+        let held = lookups.clone();
+        vol.set_holder(Arc::new(move |ino| held.holds(ino)));
         Server {
             vol,
             root,
             opts,
-            lookups: LookupCounts::default(),
+            lookups,
+            zero_message_open: Default::default(),
             stats: RequestStats::default(),
             invalidate: parking_lot::Mutex::new(None),
             transport: std::sync::OnceLock::new(),
@@ -135,14 +147,39 @@ impl Server {
         *self.invalidate.lock() = Some(tx);
     }
 
-    /// Log the lookup balance and the request counters (at the end of the session).
-    pub(super) fn log_summary(&self) {
+    /// The kernel accepted zero-message opens: OPEN and OPENDIR are answered ENOSYS (the
+    /// kernel then stops sending them, and their RELEASEs), and inodes live by the
+    /// kernel's lookup references instead.
+    pub(super) fn set_zero_message_open(&self, files: bool, dirs: bool) {
+        self.zero_message_open[0].store(files, std::sync::atomic::Ordering::Relaxed);
+        self.zero_message_open[1].store(dirs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn zero_message_open(&self, dir: bool) -> bool {
+        self.zero_message_open[dir as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The session is over: log the lookup balance and the request counters, and let go
+    /// of every inode the kernel still referenced (it dropped them without FORGETs).
+    pub(super) fn end(&self) {
         match self.lookups.outstanding() {
             (0, _) => tracing::info!("lookup counts balanced: the kernel forgot every inode it was given"),
             // The kernel drops its references without FORGETs at unmount: not a fault.
             (n, refs) => tracing::debug!("lookup counts unbalanced: {n} inodes ({refs} references) never forgotten"),
         }
         tracing::info!("requests served: {}", self.stats.summary());
+        for ino in self.lookups.drain() {
+            if let Err(e) = self.vol.forgotten(ino) {
+                tracing::error!("freeing unlinked inode {ino} at the end of the session: {e}");
+            }
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`: with none left, an unlinked inode goes.
+    fn forget(&self, op: u32, ino: u64, n: u64) {
+        if self.lookups.forget(ino, n) {
+            let _ = self.call(op, |v| v.forgotten(ino));
+        }
     }
 
     fn vol_ino(&self, ino: u64) -> u64 {
@@ -218,7 +255,7 @@ impl Server {
         match r {
             Ok(()) => {
                 let mut out = Vec::with_capacity(OpenOut::SIZE);
-                OpenOut { fh: 0, open_flags }.encode(&mut out);
+                OpenOut { fh: COUNTED, open_flags }.encode(&mut out);
                 Reply::Data(out)
             }
             Err(e) => Reply::Error(e),
@@ -232,7 +269,7 @@ impl Server {
                 self.lookups.add(a.ino);
                 let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
                 self.entry_out(&a).encode(&mut out);
-                OpenOut { fh: 0, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
+                OpenOut { fh: COUNTED, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
                 Reply::Data(out)
             }
             Err(e) => Reply::Error(e),
@@ -399,12 +436,12 @@ impl Server {
         let ino = self.vol_ino(h.nodeid);
         match *req {
             Request::Forget { nlookup } => {
-                self.lookups.forget(ino, nlookup);
+                self.forget(op, ino, nlookup);
                 Reply::None
             }
             Request::BatchForget(ref list) => {
                 for &(node, n) in list {
-                    self.lookups.forget(self.vol_ino(node), n);
+                    self.forget(op, self.vol_ino(node), n);
                 }
                 Reply::None
             }
@@ -443,7 +480,10 @@ impl Server {
                 let old = self.vol_ino(oldnodeid);
                 self.entry(self.call(op, |v| v.link(old, ino, name)))
             }
-            // Counting the handle keeps an unlinked file alive until its release.
+            // Zero-message opens: ENOSYS once and the kernel opens files by itself (the
+            // inode lives by the kernel's lookup reference). Otherwise the handle is
+            // counted, which keeps an unlinked file alive until its release.
+            Request::Open { .. } if self.zero_message_open(false) => Reply::Error(libc::ENOSYS),
             Request::Open { .. } => {
                 Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), fopen::NOFLUSH | fopen::KEEP_CACHE)
             }
@@ -469,15 +509,25 @@ impl Server {
             // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback
             // cache it ignores FOPEN_NOFLUSH), saving a round trip per close.
             Request::Flush { .. } => Reply::Error(libc::ENOSYS),
-            Request::Release { .. } | Request::Releasedir { .. } => done(self.call(op, |v| v.release(ino))),
+            // Only handles the volume counted (fh COUNTED) are released: after a zero-message
+            // open the kernel may still send a RELEASE for the one open it tried.
+            Request::Release { fh, .. } | Request::Releasedir { fh } if fh == COUNTED => {
+                done(self.call(op, |v| v.release(ino)))
+            }
+            Request::Release { .. } | Request::Releasedir { .. } => done(Ok(())),
             Request::Fsync { .. } => done(self.call(op, |v| v.fsync(ino))),
-            // Directory handles carry no state (readdir positions are stable cookies),
-            // but an open directory must outlive its last link, as a file does: fstat on
-            // a directory removed or renamed over while open still works. So OPENDIR and
-            // RELEASEDIR are not switched off (NO_OPENDIR_SUPPORT would save them).
+            // Directory handles carry no state (readdir positions are stable cookies); an
+            // open directory outlives its name like a file, by the kernel's reference or,
+            // without zero-message opens, by its counted handle.
+            Request::Opendir { .. } if self.zero_message_open(true) => Reply::Error(libc::ENOSYS),
             Request::Opendir { .. } => Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), 0),
             Request::Readdir { offset, size, plus, .. } => self.readdir(op, ino, offset, size, plus),
-            Request::Statfs => match self.call(op, |v| Ok(v.statfs())) {
+            // Files the kernel dropped at an unlink are freed by their FORGET, which may
+            // still be on its way: wait a moment for it, so `df` right after `rm` is true.
+            Request::Statfs => match self.call(op, |v| {
+                v.settle_unlinked(std::time::Duration::from_millis(5));
+                Ok(v.statfs())
+            }) {
                 Ok(s) => {
                     let mut out = Vec::with_capacity(StatfsOut::SIZE);
                     StatfsOut {

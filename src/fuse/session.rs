@@ -64,7 +64,7 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     let dev = Arc::new(File::from(fd));
     let server = Arc::new(Server::new(vol.clone(), opts.clone()));
     let conn = connection_of(mountpoint);
-    let started = handshake(&dev, opts).and_then(|uring| serve(&dev, &server, opts, uring, conn));
+    let started = handshake(&dev, opts, &server).and_then(|uring| serve(&dev, &server, opts, uring, conn));
     let (threads, transport) = match started {
         Ok(t) => t,
         Err(e) => {
@@ -105,7 +105,11 @@ fn wanted_flags(opts: &FuseOptions) -> u64 {
         // File handles (name_to_handle_at, open_by_handle_at, NFS export): node ids are
         // inode numbers and carry their generation, so a handle stays valid across
         // remounts and turns stale (ESTALE) once its inode slot is reused.
-        | init::EXPORT_SUPPORT;
+        | init::EXPORT_SUPPORT
+        // Zero-message opens: OPEN/RELEASE and OPENDIR/RELEASEDIR round trips go away;
+        // inodes the kernel references live on after their last link instead.
+        | init::NO_OPEN_SUPPORT
+        | init::NO_OPENDIR_SUPPORT;
     match opts.readdirplus {
         ReaddirPlus::Auto => want |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO,
         ReaddirPlus::Always => want |= init::DO_READDIRPLUS,
@@ -124,7 +128,7 @@ fn wanted_flags(opts: &FuseOptions) -> u64 {
 }
 
 /// Read INIT from `/dev/fuse` and answer it. Returns whether to start io_uring queues.
-fn handshake(dev: &File, opts: &FuseOptions) -> io::Result<bool> {
+fn handshake(dev: &File, opts: &FuseOptions, server: &Server) -> io::Result<bool> {
     let mut buf = vec![0u8; CLASSIC_BUFFER];
     let n = (&*dev).read(&mut buf)?;
     let (h, arg, _) = wire::split_classic(&buf[..n]).map_err(io::Error::other)?;
@@ -148,6 +152,7 @@ fn handshake(dev: &File, opts: &FuseOptions) -> io::Result<bool> {
     }
     let mut body = Vec::with_capacity(wire::InitOut::SIZE);
     n.out.encode(&mut body);
+    server.set_zero_message_open(n.out.flags & init::NO_OPEN_SUPPORT != 0, n.out.flags & init::NO_OPENDIR_SUPPORT != 0);
     (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
     if opts.transport == TransportChoice::Uring && !n.uring {
         tracing::warn!("-o transport=uring: {}", n.why);
@@ -418,7 +423,7 @@ impl Mounted {
         }
         drop(stop);
         let _ = syncer.join();
-        self.server.log_summary();
+        self.server.end();
         self.vol.shutdown().map_err(|e| io::Error::other(format!("final commit failed: {e}")))
     }
 }

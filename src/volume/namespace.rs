@@ -87,7 +87,32 @@ impl Inner {
             self.state.orphan_head = i.ino;
             return self.st.put_inode(&i);
         }
+        if self.is_held(i.ino) {
+            // Unlinked, not open, but still referenced by the holder (the kernel, which
+            // may still have it open): alive until `forgotten`. Usually that comes before
+            // the next commit and the inode is freed as if now; if not, the commit puts it
+            // on the orphan list, so a crash frees it.
+            self.held.insert(i.ino);
+            self.unlinked_at.insert(i.ino, std::time::Instant::now());
+            return self.st.put_inode(&i);
+        }
         self.free_inode(i)
+    }
+
+    /// Put the held unlinked inodes on the orphan list (before a commit, so every inode
+    /// with no link on disk is on it).
+    pub(super) fn list_held(&mut self) -> Result<()> {
+        let mut held: Vec<u64> = self.held.drain().collect();
+        held.sort_unstable();
+        for ino in held {
+            let mut i = self.st.inode(ino)?;
+            if i.nlink == 0 {
+                i.next_orphan = self.state.orphan_head;
+                self.state.orphan_head = ino;
+                self.st.put_inode(&i)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
@@ -323,12 +348,16 @@ impl Volume {
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
-        if i.nlink == 0 && !g.open.contains_key(&ino) {
-            // Unlinked and closed: it is about to be freed (or already was).
+        let held = g.held.contains(&ino);
+        if i.nlink == 0 && !g.open.contains_key(&ino) && !held && !g.is_held(ino) {
+            // Unlinked and unused: it is about to be freed (or already was).
             return Err(Error::NotFound);
         }
         dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
-        if i.nlink == 0 {
+        g.unlinked_at.remove(&ino);
+        if held {
+            g.held.remove(&ino);
+        } else if i.nlink == 0 {
             // An O_TMPFILE file (or one unlinked while open) gets a name: off the orphan
             // list, or a crash would free a linked inode.
             i = g.unlist_orphan(ino)?;

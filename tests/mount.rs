@@ -1185,6 +1185,33 @@ fn transport_is_the_one_asked_for() {
     s.fsck();
 }
 
+/// A ring whose setup fails half way (one queue's registration refused, the others
+/// registered) leaves the mount on /dev/fuse, saying why, never hanging or half mounted.
+#[test]
+fn uring_failing_half_way_falls_back_to_dev_fuse() {
+    require_fuse!();
+    if !fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y") {
+        eprintln!("skipping uring_failing_half_way_falls_back_to_dev_fuse: enable_uring is not Y");
+        return;
+    }
+    let s = Scratch::new(32);
+    let queues = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    for broken in ["0", queues.trim().rsplit(['-', ',']).next().unwrap()] {
+        let m = s.mount_with_env(&["-v", "-o", "transport=uring"], &[("DXFS_TEST_BREAK_URING_QUEUE", broken)]);
+        fs::write(s.path("f"), b"served").unwrap();
+        assert_eq!(fs::read(s.path("f")).unwrap(), b"served");
+        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["transport"].as_str().unwrap().starts_with("/dev/fuse"), "queue {broken}: {v}");
+        assert_eq!(v["via_ring"].as_u64(), Some(0));
+        let log = m.log.clone().unwrap();
+        m.unmount();
+        let log = fs::read_to_string(log).unwrap();
+        assert!(log.contains("not registered") && log.contains("serving through /dev/fuse"), "{log}");
+    }
+    s.fsck();
+}
+
 /// `dxfs stats` reads a live mount's request counters: every create shows up, and the
 /// counters cannot be set.
 #[test]

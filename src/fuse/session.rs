@@ -240,8 +240,12 @@ fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<u64>) -> io:
     };
     let (tx, rx) = mpsc::channel::<io::Result<()>>();
     let mut threads = Vec::new();
+    // Fault injection for the tests: queue N gets a payload buffer the kernel refuses,
+    // so registration fails half way (the other queues registered).
+    let broken: Option<usize> = std::env::var("DXFS_TEST_BREAK_URING_QUEUE").ok().and_then(|v| v.parse().ok());
     for qid in 0..cpus {
         let (dev, server, tx) = (dev.clone(), server.clone(), tx.clone());
+        let cfg = if broken == Some(qid) { QueueConfig { payload_size: 4096, ..cfg } } else { cfg };
         threads.push(
             std::thread::Builder::new()
                 .name(format!("dxfs-queue-{qid}"))

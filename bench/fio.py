@@ -12,13 +12,10 @@ IOPS, MB/s and completion latency (mean, p99, p99.9, max) per job, and the ratio
 ext4. `dxfs` mounts with `--writeback-cache off`, `dxfs-wb` with it on. Needs root and
 fio. A benchmark, not a test: it asserts nothing.
 """
-import argparse, json, os, platform, subprocess, sys, tempfile, time
+import argparse, json, os, platform, sys, time
 
-URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
-
-
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopvol import LoopVolume, run  # noqa: E402
 
 
 def drop_page_cache():
@@ -39,53 +36,6 @@ JOBS = [
     ("rand write 4 KiB, fsync every 1,000", ["--rw=randwrite", "--bs=4k", "--size=256M", "--fsync=1000", "TIMED"]),
     ("rand write 4 KiB, fsync every write", ["--rw=randwrite", "--bs=4k", "--size=256M", "--fsync=1", "TIMED"]),
 ]
-
-
-class Target:
-    def __init__(self, kind, dxfs, transport):
-        self.kind, self.dxfs, self.transport = kind, dxfs, transport
-        self.daemon = None
-        self.old_param = None
-
-    def __enter__(self):
-        self.tmp = tempfile.mkdtemp(dir="/dev/shm", prefix="dxfs-fio-")
-        self.img, self.mnt = os.path.join(self.tmp, "img"), os.path.join(self.tmp, "mnt")
-        os.mkdir(self.mnt)
-        with open(self.img, "wb") as f:
-            f.truncate(4 << 30)
-        self.dev = run(["losetup", "--find", "--show", self.img]).stdout.strip()
-        if self.kind == "ext4":
-            run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
-            run(["mount", self.dev, self.mnt])
-            return self
-        if self.transport == "uring" and os.path.exists(URING_PARAM):
-            self.old_param = open(URING_PARAM).read().strip()
-            with open(URING_PARAM, "w") as f:
-                f.write("Y\n")
-        run([self.dxfs, "mkfs", "-f", self.dev])
-        wb = "on" if self.kind == "dxfs-wb" else "off"
-        self.daemon = subprocess.Popen(
-            [self.dxfs, "mount", self.dev, self.mnt, "--writeback-cache", wb, "-o", f"transport={self.transport}"],
-            stderr=subprocess.DEVNULL)
-        for _ in range(1000):
-            if os.path.ismount(self.mnt):
-                return self
-            time.sleep(0.01)
-        raise RuntimeError("dxfs did not mount")
-
-    def __exit__(self, *exc):
-        try:
-            subprocess.run(["umount", self.mnt], capture_output=True)
-            if self.daemon is not None:
-                self.daemon.wait(timeout=300)
-        finally:
-            if self.old_param is not None:
-                with open(URING_PARAM, "w") as f:
-                    f.write(self.old_param + "\n")
-            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
-            os.unlink(self.img)
-            os.rmdir(self.mnt)
-            os.rmdir(self.tmp)
 
 
 def fio(mnt, name, args, size_mib, runtime):
@@ -135,7 +85,9 @@ def main():
     for t in targets:
         for label, args in jobs:
             # A fresh volume per job, so no job finds another's files or fragmentation.
-            with Target(t, dxfs, a.transport) as tg:
+            fs = "ext4" if t == "ext4" else "dxfs"
+            wb = ["--writeback-cache", "on" if t == "dxfs-wb" else "off"]
+            with LoopVolume(fs, 4, dxfs, a.transport, wb) as tg:
                 res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
             print(f"{t}: {label} done", file=sys.stderr)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")

@@ -11,105 +11,40 @@ ratio to ext4, and for dxfs the FUSE requests per operation from the mount's cou
 The io_uring target turns the fuse module's enable_uring parameter on for its run and
 puts back what it found. Needs root. A benchmark, not a test: it asserts nothing.
 """
-import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time
+import argparse, os, platform, statistics, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import metaops  # noqa: E402
 
-URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+from loopvol import URING_PARAM, LoopVolume  # noqa: E402
 
 
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-def wait_mounted(mnt, proc):
-    for _ in range(1000):
-        if os.path.ismount(mnt):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"dxfs mount exited with {proc.returncode}")
-        time.sleep(0.01)
-    raise RuntimeError("mount did not come up")
-
-
-class Target:
-    def __init__(self, kind, dxfs, size_gib):
-        self.kind, self.dxfs, self.size_gib = kind, dxfs, size_gib
-        self.daemon = None
-        self.old_param = None
-
-    def __enter__(self):
-        self.tmp = tempfile.mkdtemp(dir="/dev/shm", prefix="dxfs-meta-")
-        self.img, self.mnt = os.path.join(self.tmp, "img"), os.path.join(self.tmp, "mnt")
-        os.mkdir(self.mnt)
-        with open(self.img, "wb") as f:
-            f.truncate(self.size_gib << 30)
-        self.dev = run(["losetup", "--find", "--show", self.img]).stdout.strip()
-        if self.kind == "ext4":
-            run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
-            run(["mount", self.dev, self.mnt])
-        else:
-            if self.kind == "uring":
-                self.old_param = open(URING_PARAM).read().strip()
-                with open(URING_PARAM, "w") as f:
-                    f.write("Y\n")
-            run([self.dxfs, "mkfs", "-f", self.dev])
-            transport = "classic" if self.kind == "classic" else "uring"
-            self.daemon = subprocess.Popen([self.dxfs, "mount", self.dev, self.mnt, "-o", f"transport={transport}"],
-                                           stderr=subprocess.DEVNULL)
-            wait_mounted(self.mnt, self.daemon)
-        return self
-
-    def requests(self):
-        if self.daemon is None:
-            return {}
-        out = run([self.dxfs, "stats", "--json", self.mnt]).stdout
-        return {k: v["count"] for k, v in json.loads(out)["ops"].items()}
-
-    def transport(self):
-        if self.daemon is None:
-            return "kernel"
-        return json.loads(run([self.dxfs, "stats", "--json", self.mnt]).stdout)["transport"]
-
-    def __exit__(self, *exc):
-        try:
-            if self.daemon is not None:
-                subprocess.run(["umount", self.mnt], capture_output=True)
-                self.daemon.wait(timeout=120)
-            else:
-                subprocess.run(["umount", self.mnt], capture_output=True)
-        finally:
-            if self.old_param is not None:
-                with open(URING_PARAM, "w") as f:
-                    f.write(self.old_param + "\n")
-            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
-            os.unlink(self.img)
-            os.rmdir(self.mnt)
-            os.rmdir(self.tmp)
+def requests(v):
+    return {k: c["count"] for k, c in v.stats().get("ops", {}).items()}
 
 
 def one_run(kind, dxfs, n, size_gib):
     """{op label: (µs per op, {opcode: requests per op})} for one fresh volume."""
     out = {}
-    with Target(kind, dxfs, size_gib) as t:
+    fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", kind)
+    with LoopVolume(fs, size_gib, dxfs, transport) as t:
         d = os.path.join(t.mnt, "d")
         os.mkdir(d)
         names = [os.path.join(d, f"f{i:07}") for i in range(n)]
         for label, fn, setup, teardown, count in metaops.make_ops(d, names):
             if setup:
                 setup()
-            before = t.requests()
+            before = requests(t)
             start = time.perf_counter()
             fn()
             us = (time.perf_counter() - start) * 1e6 / count
-            after = t.requests()
+            after = requests(t)
             if teardown:
                 teardown()
             reqs = {k: (after.get(k, 0) - before.get(k, 0)) / count for k in after}
             reqs["GETXATTR"] = reqs.get("GETXATTR", 0) - 1 / count  # the stats read itself
             out[label] = (us, {k: v for k, v in reqs.items() if v > 0.005})
-        out["transport"] = t.transport()
+        out["transport"] = t.stats().get("transport", "kernel")
     return out
 
 

@@ -64,7 +64,8 @@ pub use volume::{
 pub mod internals {
     pub use crate::disk::codec::{get_u32, seal, Block};
     pub use crate::disk::format::{
-        ino_loc, INCOMPAT_SPILLED_BITMAP, KNOWN_INCOMPAT, LOG_START, RO_COMPAT_GROW_PENDING, STATE_BLOCK,
+        ino_loc, MountMark, INCOMPAT_SPILLED_BITMAP, KNOWN_INCOMPAT, LOG_START, RO_COMPAT_GROW_PENDING,
+        RO_COMPAT_MOUNT_MARK, STATE_BLOCK,
     };
     pub use crate::fs::dir::name_key;
     pub use crate::fs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};

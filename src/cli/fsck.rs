@@ -45,8 +45,14 @@ pub fn run(a: FsckArgs) -> i32 {
     bar.finish_and_clear();
     let r = match r {
         Ok(r) => r,
+        Err(e @ dxfs::Error::Busy(_)) => {
+            return fail(format!("{}: {e}; or check it read-only with -n", a.image.display()), 8)
+        }
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
+    for w in &r.warnings {
+        eprintln!("dxfs: warning: {w}");
+    }
     let _ = a.yes;
     for f in &r.fixed {
         println!("fixed: {f}");

@@ -52,7 +52,9 @@ pub fn run(a: InfoArgs) -> i32 {
             "hash_seed": format_seed(sb.hash_seed),
             "region_blocks": sb.region_blocks,
             "features": {"compat": sb.compat, "incompat": sb.incompat, "ro_compat": sb.ro_compat,
-                         "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free()},
+                         "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free(),
+                         "mount_mark": sb.mount_mark()},
+            "mount_mark_block": sb.mount_mark().then_some(l.mark_block),
             "xattr_filter_hashes": if sb.xattr_filter() { Some(sb.filter_hashes()) } else { None },
             "mkfs_time": sb.mkfs_time,
             "free_blocks": sf.map(|s| s.bfree),
@@ -65,12 +67,13 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Filesystem UUID:          {uuid}");
         println!("Format version:           {}", sb.version);
         println!(
-            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{} incompat {:#x}{}",
+            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{}{} incompat {:#x}{}",
             sb.compat,
             if sb.compat & 1 != 0 { " (dir_reservation)" } else { "" },
             sb.ro_compat,
             if sb.xattr_filter() { " (xattr_filter)" } else { "" },
             if sb.lazy_inode_free() { " (lazy_inode_free)" } else { "" },
+            if sb.mount_mark() { " (mount_mark)" } else { "" },
             if sb.grow_from != 0 {
                 format!(" (grow_pending from {} blocks: the next read-write open finishes it)", sb.grow_from)
             } else {

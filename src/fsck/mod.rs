@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::fs::dir;
 use crate::fs::file;
 use crate::fs::xattr;
-use crate::volume::{read_usable_superblock, OpenOptions, Volume};
+use crate::volume::{mark, read_usable_superblock, OpenOptions, Volume};
 
 mod repair;
 use repair::*;
@@ -30,6 +30,8 @@ pub struct Report {
     pub errors: Vec<String>,
     /// Problems repaired.
     pub fixed: Vec<String>,
+    /// Worth saying, but not wrong with the volume (it is in use elsewhere, say).
+    pub warnings: Vec<String>,
     pub inodes: u64,
     pub directories: u64,
     pub files: u64,
@@ -240,8 +242,39 @@ impl Walk<'_> {
 
 /// Check (and with `repair`, fix) the volume on `dev`. `progress` gets the number of
 /// inodes checked so far.
+///
+/// A volume with a mount mark (ro_compat MOUNT_MARK): a repair takes the mark for its
+/// whole length, so it is refused ([`Error::Busy`](crate::Error::Busy)) while another host
+/// or process holds the volume; a check without repair says in `warnings` that the volume
+/// is in use (what it reads may lag behind the holder's memory).
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
-    check_pass(dev, repair, progress, 0)
+    let sb = read_usable_superblock(&*dev)?;
+    let repair_ok = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
+    let (mut warnings, mut errors, mut fixed) = (Vec::new(), Vec::new(), Vec::new());
+    match mark::inspect(&*dev, &sb)? {
+        Some(Ok(m)) if m.in_use && !repair_ok => {
+            if mark::looks_held(&m) {
+                warnings.push(format!(
+                    "the volume is in use by {}: checking what is on disk, which may lag behind",
+                    mark::describe(&m)
+                ));
+            } else {
+                warnings.push(format!(
+                    "the volume was not closed cleanly by {} (a read-write open takes it over once it is sure the mark is stale)",
+                    mark::describe(&m)
+                ));
+            }
+        }
+        Some(Err(e)) if repair_ok => fixed.push(format!("mount mark unreadable ({e}): written again")),
+        Some(Err(e)) => errors.push(format!("mount mark unreadable ({e}); a repair writes it again")),
+        _ => {}
+    }
+    let _held = if repair_ok { mark::acquire(&dev, &sb, mark::DEFAULT_INTERVAL_MS)? } else { None };
+    let mut r = check_pass(dev, repair, progress, 0)?;
+    r.warnings.splice(0..0, warnings);
+    r.errors.splice(0..0, errors);
+    r.fixed.splice(0..0, fixed);
+    Ok(r)
 }
 
 fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64), pass: u32) -> Result<Report> {
@@ -304,9 +337,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         salvage: HashSet::new(),
         progress,
     };
-    // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
+    // A grown volume's bitmap blocks beyond the contiguous ones, and the mount mark, lie
+    // in the data area.
     for b in w_sb.layout.spilled_bitmap_blocks() {
         w.own(b, 0, "free-space bitmap");
+    }
+    if w_sb.layout.mark_block != 0 {
+        w.own(w_sb.layout.mark_block, 0, "mount mark");
     }
     // Walk the namespace breadth first.
     // Each queued inode comes with the entry it was found through: (key, name).

@@ -320,7 +320,7 @@ impl Volume {
         let mut journal = self.journal.lock();
         let mut flight = {
             let mut g = self.lock();
-            if g.failed {
+            if g.is_failed() {
                 return Err(Error::Failed);
             }
             if g.opts.read_only {
@@ -474,7 +474,7 @@ impl Volume {
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.journal.lock();
         let mut g = self.lock();
-        if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
+        if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());
         }
         let dev = g.st.dev().clone();

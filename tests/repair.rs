@@ -150,6 +150,25 @@ fn a_file_with_a_broken_extent_tree_is_dropped() {
     repaired_without(&dev, &kept, &["frag"]);
 }
 
+/// The path of every inode reachable from the root (the first one found).
+fn paths_by_ino(vol: &Volume) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(vol.root(), String::new())];
+    while let Some((d, path)) = stack.pop() {
+        for e in vol.readdir(d, 0, 100_000).unwrap() {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+            if vol.getattr(e.ino).unwrap().kind == dxfs::FileType::Directory {
+                stack.push((e.ino, p.clone()));
+            }
+            out.entry(e.ino).or_insert(p);
+        }
+    }
+    out
+}
+
 /// What a volume holds, by path: file contents, symlink targets, directories.
 fn contents(vol: &Volume) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -196,6 +215,8 @@ fn every_smashed_metadata_block_ends_repaired_or_reported() {
     }
     let img = base.to_bytes();
     let want = contents(&Volume::open(base.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap());
+    let names =
+        paths_by_ino(&Volume::open(base.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap());
     let log_end = 2 + 2 * u64::from(u32::from_le_bytes(img[84..88].try_into().unwrap()));
     let (mut whole, mut partial, mut refused, mut tried) = (0, 0, 0, 0);
     for b in log_end..base.block_count() - 1 {
@@ -222,6 +243,19 @@ fn every_smashed_metadata_block_ends_repaired_or_reported() {
             .unwrap_or_else(|e| panic!("block {b}: repaired but does not open: {e}"));
         let got = contents(&vol);
         vol.close().unwrap();
+        // What came back through lost+found is compared under its old path.
+        let got: BTreeMap<String, Vec<u8>> = got
+            .into_iter()
+            .filter(|(p, _)| p != "/lost+found")
+            .map(|(p, data)| match p.strip_prefix("/lost+found/#") {
+                Some(rest) => {
+                    let (n, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                    let old = names.get(&n.parse::<u64>().unwrap()).unwrap_or_else(|| panic!("block {b}: {p}"));
+                    (format!("{old}{tail}"), data)
+                }
+                None => (p, data),
+            })
+            .collect();
         for (p, data) in &got {
             assert_eq!(want.get(p), Some(data), "block {b}: {p} is not what was written");
         }
@@ -315,6 +349,92 @@ fn an_unreadable_root_inode_is_recreated_with_its_entries() {
         assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
     }
     vol.create(vol.root(), b"after", 0o644, 0, 0).unwrap();
+    vol.close().unwrap();
+    common::assert_clean(dev);
+}
+
+/// Every regular file reachable from the root, by inode: (path, contents).
+fn files_by_ino(vol: &Volume) -> BTreeMap<u64, (String, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(vol.root(), String::new())];
+    while let Some((d, path)) = stack.pop() {
+        for e in vol.readdir(d, 0, 100_000).unwrap() {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+            let a = vol.getattr(e.ino).unwrap_or_else(|err| panic!("{p}: {err}"));
+            match a.kind {
+                dxfs::FileType::Directory => stack.push((e.ino, p)),
+                dxfs::FileType::RegularFile => {
+                    out.insert(e.ino, (p, vol.read(e.ino, 0, a.size as usize + 1).unwrap()));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Files and directories whose entries went with an unreadable directory leaf are not
+/// lost: fsck links them into /lost+found as `#INO` (a lost directory with everything
+/// below it), says so for each, and the volume checks clean afterwards.
+#[test]
+fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
+    let dev = Arc::new(MemDevice::new(8192));
+    mkfs(dev.clone(), &MkfsOptions { seed: Some([1, 2, 3, 4]), ..Default::default() }).unwrap();
+    let (big, before) = {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let big = vol.mkdir(vol.root(), b"big", 0o755, 0, 0).unwrap().ino;
+        for i in 0..300u32 {
+            let f = vol.create(big, format!("file-with-a-long-name-{i:04}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            let data: Vec<u8> = (0..(i * 37 + 1)).map(|b| (b * 7 + i) as u8).collect();
+            vol.write(f, 0, &data).unwrap();
+            if i % 8 == 0 {
+                let d = vol.mkdir(big, format!("subdirectory-number-{i:04}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+                let g = vol.create(d, b"inner", 0o600, 0, 0).unwrap().ino;
+                vol.write(g, 0, format!("inner {i}").as_bytes()).unwrap();
+            }
+        }
+        let before = files_by_ino(&vol);
+        vol.close().unwrap();
+        (big, before)
+    };
+    let leaf = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.dir_blocks(big).unwrap()[1]
+    };
+    smash(&dev, leaf);
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    let back: Vec<&String> = r.fixed.iter().filter(|f| f.contains("reattached as /lost+found/#")).collect();
+    assert!(!back.is_empty(), "nothing reattached: {:#?}", r.fixed);
+    assert!(back.iter().any(|f| f.contains("(directory)")), "no directory among {back:#?}");
+    assert!(r.fixed.iter().any(|f| f.contains("created /lost+found")), "{:#?}", r.fixed);
+    let again = check(&dev, false);
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "not clean after repair: {:#?}", again.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let after = files_by_ino(&vol);
+    // Every file is there with its data, under its name or in lost+found.
+    for (ino, (path, data)) in &before {
+        let (now, got) = after.get(ino).unwrap_or_else(|| panic!("{path} (inode {ino}) is gone"));
+        assert_eq!(got, data, "{path} now at {now}");
+        if now != path {
+            assert!(now.starts_with("/lost+found/#"), "{path} moved to {now}");
+        }
+    }
+    assert_eq!(after.len(), before.len());
+    let moved = before.iter().filter(|(ino, (p, _))| &after[*ino].0 != p).count();
+    assert!(moved > 10, "only {moved} files came back through lost+found");
+    // A reattached directory knows its new parent, and the volume takes changes.
+    let lf = vol.lookup(vol.root(), b"lost+found").unwrap().ino;
+    for e in vol.readdir(lf, 0, 1000).unwrap() {
+        if e.name != b"." && e.name != b".." && vol.getattr(e.ino).unwrap().kind == dxfs::FileType::Directory {
+            assert_eq!(vol.lookup(e.ino, b"..").unwrap().ino, lf);
+            assert!(vol.lookup(e.ino, b"inner").is_ok());
+        }
+    }
+    vol.create(lf, b"after", 0o644, 0, 0).unwrap();
     vol.close().unwrap();
     common::assert_clean(dev);
 }

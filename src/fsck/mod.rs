@@ -90,11 +90,139 @@ enum InodeFix {
     Parent(u64),
 }
 
+/// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
+#[derive(Clone, Copy, Debug)]
+struct LostInode {
+    ino: u64,
+    kind: FileType,
+    size: u64,
+}
+
+impl LostInode {
+    fn what(&self) -> String {
+        match self.kind {
+            FileType::Directory => "directory".into(),
+            FileType::RegularFile => format!("file of {} bytes", self.size),
+            FileType::Symlink => "symlink".into(),
+            _ => "special file".into(),
+        }
+    }
+}
+
 /// A directory entry a repair removes because the inode it names cannot be used:
 /// (directory, key, name, inode).
 type Drop = (u64, u64, Vec<u8>, u64);
 
 impl Walk<'_> {
+    /// Live inodes the walk did not reach, in the inode blocks it knows (`ib`) and in
+    /// leaked blocks that are inode blocks, that can be put back as they are: readable,
+    /// linked at least once, with a sound index or extent map and xattrs, owning no block
+    /// anything else owns. Returns the ones to link into /lost+found (those no other lost
+    /// directory names: the rest come back with it), every block they and their subtrees
+    /// own (their inode blocks too), and how many live inodes that is in all.
+    fn find_lost(
+        &mut self,
+        ib: &HashMap<u64, u16>,
+        lazy: &HashMap<u64, u16>,
+        leaked: &[u64],
+    ) -> (Vec<LostInode>, HashSet<u64>, u64) {
+        let mut blocks: Vec<u64> = ib.keys().copied().collect();
+        for &b in leaked {
+            if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
+                blocks.push(b);
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut claimed = HashSet::new();
+        let mut found: Vec<Inode> = Vec::new();
+        for b in blocks {
+            let used = match self.st.block(b, Some(INODE_MAGIC)) {
+                Ok(blk) => get_u16(blk, IB_USED) & !lazy.get(&b).copied().unwrap_or(0),
+                Err(_) => continue,
+            };
+            for s in 1..INODES_PER_BLOCK {
+                let ino = ino_of(b, s);
+                if used & (1 << s) == 0 || self.seen.contains(&ino) || self.bad.contains(&ino) {
+                    continue;
+                }
+                let Ok(i) = self.st.inode(ino) else { continue };
+                if i.nlink == 0 || i.file_type().is_none() {
+                    continue;
+                }
+                if let Some(own) = self.sound(&i, &claimed) {
+                    claimed.extend(own);
+                    claimed.insert(b);
+                    // Its initialised region blocks are inode blocks (shared: not checked).
+                    if let InodeData::Dir(d) = &i.data {
+                        claimed.extend((0..d.region_used as u64).map(|k| d.region_start + k));
+                    }
+                    found.push(i);
+                }
+            }
+        }
+        let mut named = HashSet::new();
+        for i in found.iter().filter(|i| i.is_dir()) {
+            if let Ok(d) = i.dir() {
+                let _ = btree::scan(&mut self.st, &d.tree, i.ino, 0, |_, v| {
+                    if let Ok((c, _, _)) = decode_dirent(v) {
+                        if c != i.ino {
+                            named.insert(c);
+                        }
+                    }
+                    true
+                });
+            }
+        }
+        let live = found.len() as u64;
+        let roots = found
+            .iter()
+            .filter(|i| !named.contains(&i.ino))
+            .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
+            .collect();
+        (roots, claimed, live)
+    }
+
+    /// The blocks inode `i` owns if it can be put back as it is, or `None`: its index,
+    /// extent map and xattrs read, and it owns nothing the walk or `claimed` already has.
+    fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<Vec<u64>> {
+        let ino = i.ino;
+        let mut own = Vec::new();
+        match &i.data {
+            InodeData::Dir(d) => {
+                own.extend(btree::check(&mut self.st, &d.tree, ino).ok()?.blocks);
+                own.extend((d.region_used as u64..d.region_len as u64).map(|k| d.region_start + k));
+            }
+            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
+                if let InodeData::ExtentTree { tree, .. } = &i.data {
+                    own.extend(btree::check(&mut self.st, tree, ino).ok()?.blocks);
+                }
+                for e in file::all_extents(&mut self.st, i).ok()? {
+                    own.extend(e.phys..e.phys + e.len);
+                }
+            }
+            InodeData::InlineSymlink(_) => {}
+        }
+        let xblocks = xattr::blocks_of(&mut self.st, i).ok()?;
+        xattr::load(&mut self.st, i).ok()?;
+        // A shared xattr head may already be owned (by the walk's inodes that share it).
+        if let Some((head, conts)) = xblocks.split_first() {
+            own.extend(conts);
+            if !self.owner.contains_key(head) {
+                own.push(*head);
+            }
+        }
+        let layout = self.st.sb.layout;
+        let ok = own.iter().all(|b| {
+            *b >= layout.first_free()
+                && *b < layout.backup_superblock()
+                && !self.owner.contains_key(b)
+                && !claimed.contains(b)
+                && self.st.space.is_used(*b)
+        });
+        ok.then_some(own)
+    }
+
     /// A finding the repair fixes by setting one inode field.
     fn fix(&mut self, ino: u64, f: InodeFix, m: String) {
         self.inode_fixes.push((ino, f, m));
@@ -508,6 +636,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     // The lazy-free tree: slots freed without rewriting their inode block.
     let mut lazy: HashMap<u64, u16> = HashMap::new();
+    // Every record, also those for blocks no reached inode lives in (to tell the live
+    // slots of a block only lost inodes live in).
+    let mut lazy_all: HashMap<u64, u16> = HashMap::new();
     let mut lazy_drops = Vec::new();
     if let Some(t) = w.st.lazy_frees.filter(|t| t.root != 0) {
         match btree::check(&mut w.st, &t, LAZY_FREE_OWNER) {
@@ -525,6 +656,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 }
                 for (b, v) in recs {
                     let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
+                    lazy_all.insert(b, mask);
                     if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
                         // Malformed, or for a block with no live inode (which should
                         // have been freed with its record): the record goes.
@@ -590,10 +722,32 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         }
     }
     w.r.blocks_used = used;
+    // Live inodes that no directory names (their entry went with a directory leaf, or was
+    // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
+    // not leaked, and their slots are live.
+    let (lost, claimed, lost_live) = w.find_lost(&ib, &lazy_all, &leaked);
+    if !lost.is_empty() {
+        leaked.retain(|b| !claimed.contains(b));
+        for &b in &claimed {
+            w.owner.entry(b).or_insert(u64::MAX);
+        }
+        let mut lost_slots: HashMap<u64, u16> = HashMap::new();
+        for l in &lost {
+            let (b, s) = ino_loc(l.ino);
+            *lost_slots.entry(b).or_insert(0) |= 1 << s;
+        }
+        slot_fixes.retain_mut(|(b, used, want)| {
+            *want |= lost_slots.get(b).copied().unwrap_or(0);
+            let freed = lazy.get(b).copied().unwrap_or(0);
+            freed & !*used != 0 || *used & !freed != *want
+        });
+    }
     // A wrong inode count is repaired with the rest (dropped entries leave one).
-    let inode_count_fix = (state.inodes != w.r.inodes && !rebuild_state).then_some((state.inodes, w.r.inodes));
+    let live = w.r.inodes + lost_live;
+    let inode_count_fix = (state.inodes != live && !rebuild_state).then_some((state.inodes, live));
     let mut r = w.r;
-    let fixable = !leaked.is_empty()
+    let fixable = !lost.is_empty()
+        || !leaked.is_empty()
         || !nlink_fixes.is_empty()
         || !slot_fixes.is_empty()
         || !lazy_drops.is_empty()
@@ -620,6 +774,10 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
         .chain(w.inode_fixes.iter().map(|(_, _, m)| m.clone()))
+        .collect();
+    let lost_msgs: Vec<String> = lost
+        .iter()
+        .map(|l| format!("inode {} ({}) is in no directory: a repair puts it into /lost+found", l.ino, l.what()))
         .collect();
     let mut msgs = msgs;
     if leaked.len() > 20 {
@@ -685,6 +843,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     if fixable && repair && r.errors.is_empty() {
         drop(w.st);
+        // A lazy-free record of a block lost inodes live in stays: it frees other slots.
+        lazy_drops.retain(|b| !claimed.contains(b));
         let fixes = Fixes {
             leaked: &leaked,
             nlinks: &nlink_fixes,
@@ -694,10 +854,21 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             inode_fixes: &w.inode_fixes,
             inode_count: inode_count_fix.map(|f| f.1),
         };
-        repair_volume(dev, &fixes)?;
+        repair_volume(dev.clone(), &fixes)?;
         r.fixed.extend(msgs);
+        if !lost.is_empty() && pass < MAX_DROP_PASSES {
+            // Back into the namespace, then checked again like any other inode (their
+            // link counts, a directory's parent).
+            let mut told = std::mem::take(&mut r.fixed);
+            told.extend(reattach(dev.clone(), &lost)?);
+            let mut next = check_pass(dev, repair, progress, pass + 1)?;
+            next.fixed.splice(0..0, told);
+            return Ok(next);
+        }
+        r.errors.extend(lost_msgs);
     } else {
         r.errors.extend(msgs);
+        r.errors.extend(lost_msgs);
     }
     Ok(r)
 }

@@ -438,3 +438,52 @@ fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
     vol.close().unwrap();
     common::assert_clean(dev);
 }
+
+/// Repairs are not all-or-nothing: with an error fsck cannot repair left (a file size
+/// beyond the largest file), it still repairs what it can (a link count, a damaged backup
+/// superblock, a block in use that the map marks free), and a second check finds only
+/// that error.
+#[test]
+fn what_can_be_repaired_is_repaired_even_when_an_error_remains() {
+    let (dev, kept) = volume();
+    let k1 = ino_of(&dev, &["keep", "k1"]);
+    let frag = ino_of(&dev, &["frag"]);
+    let node = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.extent_tree_blocks(frag).unwrap()[0]
+    };
+    poke(&dev, frag, 16, &(1u64 << 50).to_le_bytes()); // size: not repairable
+    poke(&dev, k1, 12, &3u32.to_le_bytes()); // nlink
+    smash(&dev, dev.block_count() - 1); // the backup superblock
+
+    // The extent-tree node marked free in the bitmap.
+    let sb = dxfs::read_superblock(&*dev).unwrap();
+    let bm = sb.layout.bitmap_block(node / 32512);
+    let mut blk = [0u8; BLOCK_SIZE];
+    dev.read(bm, &mut blk).unwrap();
+    let bit = node % 32512;
+    blk[32 + (bit / 8) as usize] &= !(1 << (bit % 8));
+    dxfs::internals::seal(&mut blk, bm);
+    dev.write(bm, &blk).unwrap();
+
+    let r = check(&dev, false);
+    assert_eq!(r.errors.len(), 4, "{:#?}", r.errors);
+    let r = check(&dev, true);
+    assert_eq!(r.errors.len(), 1, "{:#?}", r.errors);
+    assert!(r.errors[0].contains("beyond the largest file"), "{:#?}", r.errors);
+    for want in ["link count 3, should be 1", "superblock copy", &format!("block {node} is in use but marked free")] {
+        assert!(r.fixed.iter().any(|f| f.contains(want)), "{want} not fixed: {:#?}", r.fixed);
+    }
+    let again = check(&dev, false);
+    assert_eq!(again.errors, r.errors, "a second check finds more than the error left");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.getattr(k1).unwrap().nlink, 1);
+    let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+    for (name, data) in &kept {
+        let f = vol.lookup(keep, name.as_bytes()).unwrap().ino;
+        assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
+    }
+    vol.close().unwrap();
+    // The error left is still found by a clean open and close (nothing hid it).
+    assert_eq!(check(&dev, false).errors.len(), 1);
+}

@@ -74,6 +74,8 @@ struct Walk<'a> {
     inode_fixes: Vec<(u64, InodeFix, String)>,
     /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
     salvage: HashSet<u64>,
+    /// Whether the walk saw everything: no error left any part of the volume unread.
+    complete: bool,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -119,13 +121,13 @@ impl Walk<'_> {
     /// linked at least once, with a sound index or extent map and xattrs, owning no block
     /// anything else owns. Returns the ones to link into /lost+found (those no other lost
     /// directory names: the rest come back with it), every block they and their subtrees
-    /// own (their inode blocks too), and how many live inodes that is in all.
+    /// own (their inode blocks too), and every live inode among them.
     fn find_lost(
         &mut self,
         ib: &HashMap<u64, u16>,
         lazy: &HashMap<u64, u16>,
         leaked: &[u64],
-    ) -> (Vec<LostInode>, HashSet<u64>, u64) {
+    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>) {
         let mut blocks: Vec<u64> = ib.keys().copied().collect();
         for &b in leaked {
             if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
@@ -174,13 +176,13 @@ impl Walk<'_> {
                 });
             }
         }
-        let live = found.len() as u64;
+        let all = found.iter().map(|i| i.ino).collect();
         let roots = found
             .iter()
             .filter(|i| !named.contains(&i.ino))
             .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
             .collect();
-        (roots, claimed, live)
+        (roots, claimed, all)
     }
 
     /// The blocks inode `i` owns if it can be put back as it is, or `None`: its index,
@@ -228,6 +230,14 @@ impl Walk<'_> {
         self.inode_fixes.push((ino, f, m));
     }
 
+    /// An error that leaves part of the volume unseen (something unreadable): whatever
+    /// depends on a complete walk (leaks, link counts, slot masks, the rebuilt map) must
+    /// then not be repaired.
+    fn blind(&mut self, m: String) {
+        self.complete = false;
+        self.err(m);
+    }
+
     fn err(&mut self, m: String) {
         if self.r.errors.len() < 1000 {
             self.r.errors.push(m);
@@ -253,7 +263,7 @@ impl Walk<'_> {
                     Ok(s) => s,
                     Err(e) => {
                         self.salvage.insert(ino);
-                        self.err(format!("directory {ino}: index broken: {e}"));
+                        self.blind(format!("directory {ino}: index broken: {e}"));
                         return Ok(());
                     }
                 };
@@ -290,7 +300,7 @@ impl Walk<'_> {
                         }
                         Err(e) => {
                             self.bad.insert(ino);
-                            self.err(format!("inode {ino}: extent tree broken: {e}"));
+                            self.blind(format!("inode {ino}: extent tree broken: {e}"));
                             return Ok(());
                         }
                     }
@@ -311,7 +321,7 @@ impl Walk<'_> {
                     }
                     Err(e) => {
                         self.bad.insert(ino);
-                        self.err(format!("inode {ino}: extent map unreadable: {e}"))
+                        self.blind(format!("inode {ino}: extent map unreadable: {e}"))
                     }
                 }
             }
@@ -330,7 +340,7 @@ impl Walk<'_> {
             }
             Err(e) => {
                 self.bad.insert(ino);
-                self.err(format!("inode {ino}: xattr block unreadable: {e}"))
+                self.blind(format!("inode {ino}: xattr block unreadable: {e}"))
             }
         }
         match xattr::load(&mut self.st, i) {
@@ -351,7 +361,7 @@ impl Walk<'_> {
             }
             Err(e) => {
                 self.bad.insert(ino);
-                self.err(format!("inode {ino}: xattrs unreadable: {e}"))
+                self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
             }
         }
         if owned != i.blocks {
@@ -463,6 +473,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         bad: HashSet::new(),
         inode_fixes: Vec::new(),
         salvage: HashSet::new(),
+        complete: true,
         progress,
     };
     // A grown volume's bitmap blocks beyond the contiguous ones, and the mount mark, lie
@@ -484,7 +495,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         let i = match w.st.inode(ino) {
             Ok(i) => i,
             Err(e) => {
-                w.err(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
+                w.blind(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
                 if ino != root {
                     drops.push((parent, key, name, ino));
                 } else {
@@ -522,11 +533,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             });
             // A damaged index is rebuilt from what can still be read of it (`salvage`).
             if let Err(e) = r {
-                w.err(format!("directory {ino}: unreadable index: {e}"));
+                w.blind(format!("directory {ino}: unreadable index: {e}"));
                 w.salvage.insert(ino);
             }
             if let Some(e) = bad {
-                w.err(format!("directory {ino}: {e}"));
+                w.blind(format!("directory {ino}: {e}"));
                 w.salvage.insert(ino);
             }
             let mut names = HashSet::new();
@@ -548,7 +559,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 if ft == FileType::Directory {
                     *subdirs.entry(ino).or_insert(0) += 1;
                     if w.seen.contains(&c) {
-                        w.err(format!("directory {c} is linked more than once"));
+                        w.blind(format!("directory {c} is linked more than once"));
                         continue;
                     }
                 }
@@ -565,7 +576,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                         }
                     }
                     Err(e) => {
-                        w.err(format!(
+                        w.blind(format!(
                             "directory {ino}: entry {:?} points to inode {c}: {e}",
                             String::from_utf8_lossy(&name)
                         ));
@@ -591,7 +602,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 inodes.insert(i.ino, i);
             }
             Err(e) => {
-                w.err(format!("orphan list: inode {cur}: {e}"));
+                w.blind(format!("orphan list: inode {cur}: {e}"));
                 break;
             }
         }
@@ -652,7 +663,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                     true
                 });
                 if let Err(e) = r {
-                    w.err(format!("lazy-free tree: {e}"));
+                    w.blind(format!("lazy-free tree: {e}"));
                 }
                 for (b, v) in recs {
                     let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
@@ -666,7 +677,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                     }
                 }
             }
-            Err(e) => w.err(format!("lazy-free tree broken: {e}")),
+            Err(e) => w.blind(format!("lazy-free tree broken: {e}")),
         }
     }
     let mut slot_fixes = Vec::new();
@@ -686,7 +697,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
                 reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
             }
-            Err(e) => w.err(format!("inode block {b}: {e}")),
+            Err(e) => w.blind(format!("inode block {b}: {e}")),
         }
         match w.owner.get(&b) {
             Some(&o) if o != u64::MAX => w.err(format!("inode block {b} is also owned by inode {o}")),
@@ -698,6 +709,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Free-space map against use.
     let layout = w.st.sb.layout;
     let mut leaked = Vec::new();
+    let mut marked_free = Vec::new();
     let mut used = layout.first_free() + 1;
     // The old tail of a grow cut short is marked used and owned by nothing until the next
     // read-write open frees it (ro_compat GROW_PENDING): not a leak.
@@ -710,13 +722,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             used += 1;
         }
         if owned && in_tail {
-            w.err(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
+            w.blind(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
         }
         if rebuild_bitmap {
             continue; // the map is rebuilt from `owner` below
         }
         if owned && !marked {
-            w.err(format!("block {b} is in use but marked free"));
+            marked_free.push(b);
         } else if marked && !owned && !in_tail {
             leaked.push(b);
         }
@@ -725,15 +737,15 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Live inodes that no directory names (their entry went with a directory leaf, or was
     // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
     // not leaked, and their slots are live.
-    let (lost, claimed, lost_live) = w.find_lost(&ib, &lazy_all, &leaked);
+    let (lost, claimed, lost_all) = w.find_lost(&ib, &lazy_all, &leaked);
     if !lost.is_empty() {
         leaked.retain(|b| !claimed.contains(b));
         for &b in &claimed {
             w.owner.entry(b).or_insert(u64::MAX);
         }
         let mut lost_slots: HashMap<u64, u16> = HashMap::new();
-        for l in &lost {
-            let (b, s) = ino_loc(l.ino);
+        for &ino in &lost_all {
+            let (b, s) = ino_loc(ino);
             *lost_slots.entry(b).or_insert(0) |= 1 << s;
         }
         slot_fixes.retain_mut(|(b, used, want)| {
@@ -743,18 +755,16 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         });
     }
     // A wrong inode count is repaired with the rest (dropped entries leave one).
-    let live = w.r.inodes + lost_live;
+    let live = w.r.inodes + lost_all.len() as u64;
     let inode_count_fix = (state.inodes != live && !rebuild_state).then_some((state.inodes, live));
     let mut r = w.r;
-    let fixable = !lost.is_empty()
-        || !leaked.is_empty()
-        || !nlink_fixes.is_empty()
-        || !slot_fixes.is_empty()
-        || !lazy_drops.is_empty()
-        || !reinit.is_empty()
-        || !w.inode_fixes.is_empty()
-        || inode_count_fix.is_some();
-    let msgs: Vec<String> = leaked
+    // Repairs in two kinds. Global ones follow from the whole walk (a leak is a block
+    // nothing seen owns; a link count counts the entries seen), so they are made only when
+    // the walk saw everything: no error at all, or only errors that hid nothing (a bad
+    // name, a size out of range). Local ones follow from one inode or block and are made
+    // whatever else is wrong.
+    let global_ok = r.errors.is_empty() || w.complete;
+    let mut global: Vec<String> = leaked
         .iter()
         .take(20)
         .map(|b| format!("block {b} is marked in use but owned by nothing"))
@@ -773,18 +783,30 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
-        .chain(w.inode_fixes.iter().map(|(_, _, m)| m.clone()))
+        .collect();
+    if leaked.len() > 20 {
+        // A repairable finding like the rest: it must not block the repair itself.
+        global.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
+    }
+    // Inode fields of an inode that is itself unusable are not worth setting.
+    let inode_fixes: Vec<(u64, InodeFix, String)> =
+        w.inode_fixes.iter().filter(|(ino, ..)| !w.bad.contains(ino)).cloned().collect();
+    let local: Vec<String> = marked_free
+        .iter()
+        .take(20)
+        .map(|b| format!("block {b} is in use but marked free"))
+        .chain(
+            (marked_free.len() > 20)
+                .then(|| format!("... and {} more blocks in use but marked free", marked_free.len() - 20)),
+        )
+        .chain(inode_fixes.iter().map(|(_, _, m)| m.clone()))
         .collect();
     let lost_msgs: Vec<String> = lost
         .iter()
         .map(|l| format!("inode {} ({}) is in no directory: a repair puts it into /lost+found", l.ino, l.what()))
         .collect();
-    let mut msgs = msgs;
-    if leaked.len() > 20 {
-        // A repairable finding like the rest: it must not block the repair itself.
-        msgs.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
-    }
-    if repair && r.errors.is_empty() {
+    // The superblock copies: rewritten from the one in use, whatever else is wrong.
+    if repair {
         for (at, msg) in sb_fixes {
             dev.write(at, &w_sb.encode(at)[..])?;
             dev.flush()?;
@@ -794,7 +816,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
     if !r.rebuilt.is_empty() {
-        if repair && r.errors.is_empty() {
+        if repair && global_ok {
             // Written in place, outside any delta: a crash half way leaves them damaged
             // again, and the next fsck rebuilds them again.
             let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
@@ -841,22 +863,31 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         next.fixed.splice(0..0, told);
         return Ok(next);
     }
-    if fixable && repair && r.errors.is_empty() {
+    let do_global = repair && global_ok && (!global.is_empty() || !lost.is_empty());
+    let do_local = repair && !local.is_empty();
+    if do_global || do_local {
         drop(w.st);
         // A lazy-free record of a block lost inodes live in stays: it frees other slots.
         lazy_drops.retain(|b| !claimed.contains(b));
+        let none: &[u64] = &[];
         let fixes = Fixes {
-            leaked: &leaked,
-            nlinks: &nlink_fixes,
-            slots: &slot_fixes,
-            lazy_drops: &lazy_drops,
-            reinit: &reinit,
-            inode_fixes: &w.inode_fixes,
-            inode_count: inode_count_fix.map(|f| f.1),
+            leaked: if do_global { &leaked } else { none },
+            nlinks: if do_global { &nlink_fixes } else { &[] },
+            slots: if do_global { &slot_fixes } else { &[] },
+            lazy_drops: if do_global { &lazy_drops } else { none },
+            reinit: if do_global { &reinit } else { &[] },
+            marked_free: &marked_free,
+            inode_fixes: &inode_fixes,
+            inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
         };
         repair_volume(dev.clone(), &fixes)?;
-        r.fixed.extend(msgs);
-        if !lost.is_empty() && pass < MAX_DROP_PASSES {
+        r.fixed.extend(local);
+        if do_global {
+            r.fixed.extend(global);
+        } else {
+            r.errors.extend(global);
+        }
+        if do_global && !lost.is_empty() && pass < MAX_DROP_PASSES {
             // Back into the namespace, then checked again like any other inode (their
             // link counts, a directory's parent).
             let mut told = std::mem::take(&mut r.fixed);
@@ -867,7 +898,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         }
         r.errors.extend(lost_msgs);
     } else {
-        r.errors.extend(msgs);
+        r.errors.extend(local);
+        r.errors.extend(global);
         r.errors.extend(lost_msgs);
     }
     Ok(r)

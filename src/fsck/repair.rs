@@ -193,6 +193,8 @@ pub(super) struct Fixes<'a> {
     pub(super) lazy_drops: &'a [u64],
     /// Unreadable inode blocks without live inodes, with their region's directory.
     pub(super) reinit: &'a [(u64, u64)],
+    /// Blocks something owns that the map marks free.
+    pub(super) marked_free: &'a [u64],
     pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
     pub(super) inode_count: Option<u64>,
 }
@@ -206,6 +208,9 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
         }
         for &b in f.leaked {
             st.space.free_deferred(b, 1);
+        }
+        for &b in f.marked_free {
+            st.space.mark_used(b);
         }
         for &(ino, _, want) in f.nlinks {
             let mut i = st.inode(ino)?;

@@ -80,6 +80,13 @@ fn open_marks_the_volume_and_close_marks_it_clean() {
     std::thread::sleep(Duration::from_millis(350));
     let later = read_mark(&*dev);
     assert!(later.in_use && later.seq != m.seq && later.time_ms > m.time_ms, "{m:?} then {later:?}");
+    // A check without repair says the volume is in use, and by whom.
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert!(
+        r.warnings.iter().any(|w| w.contains("in use by host") && w.contains(&format!("pid {}", std::process::id()))),
+        "{:?}",
+        r.warnings
+    );
     // A read-only open neither needs nor changes it.
     let ro = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
     drop(ro);
@@ -265,7 +272,7 @@ fn a_volume_without_the_mark_still_opens_and_checks() {
 }
 
 #[test]
-fn an_image_file_open_twice_is_refused_and_the_cli_says_by_whom() {
+fn the_cli_names_the_holder_of_a_fresh_mark() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.img");
     let img = path.to_str().unwrap();

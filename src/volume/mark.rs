@@ -144,7 +144,7 @@ pub fn looks_held(m: &MountMark) -> bool {
         return false;
     }
     if same_host(m) {
-        return m.pid != std::process::id() && pid_alive(m.pid);
+        return if m.pid == std::process::id() { held_here(m.seq) } else { pid_alive(m.pid) };
     }
     let age = now_ms() as i128 - m.time_ms as i128;
     age >= 0 && age as u64 <= FRESH_INTERVALS * interval_of(m)
@@ -185,6 +185,13 @@ fn held() -> &'static Held {
     HELD.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// Whether an open of this process holds a mark with sequence number `seq`.
+fn held_here(seq: u64) -> bool {
+    // Upgraded outside the registry's lock: dropping the last reference takes it.
+    let live: Vec<Arc<Holder>> = held().lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
+    live.iter().any(|h| h.shared.seq.load(Ordering::Acquire) == seq)
+}
+
 fn key_of(dev: &Arc<dyn BlockDevice>) -> usize {
     Arc::as_ptr(dev) as *const u8 as usize
 }
@@ -220,11 +227,7 @@ pub fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) ->
         Ok(m) if m.pid == std::process::id() && same_host(m) => {
             // This process: through another device handle that is still open, or left
             // by an open of an earlier process with our pid, or a copy of the image.
-            // (Upgraded outside the registry's lock: dropping the last reference takes it.)
-            let live: Vec<Arc<Holder>> = held().lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
-            let open_here = live.iter().any(|h| h.shared.seq.load(Ordering::Acquire) == m.seq);
-            drop(live);
-            if open_here {
+            if held_here(m.seq) {
                 return Err(Error::Busy(
                     "the volume is already open read-write in this process, through another device handle".into(),
                 ));

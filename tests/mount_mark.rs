@@ -293,4 +293,5 @@ fn the_cli_names_the_holder_of_a_fresh_mark() {
     let (code, out, _) = common::dxfs(&["info", img]);
     assert_eq!(code, 0);
     assert!(out.contains("mount_mark"), "{out}");
+    assert!(out.contains("Mount mark:") && out.contains("in use by host other-host, pid 4242"), "{out}");
 }

@@ -26,6 +26,7 @@ pub fn run(a: InfoArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
+    let mark = dxfs::mount_mark_status(&*dev).unwrap_or_else(|e| Some(format!("cannot be read: {e}")));
     let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: true, ..Default::default() }) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -55,6 +56,7 @@ pub fn run(a: InfoArgs) -> i32 {
                          "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free(),
                          "mount_mark": sb.mount_mark()},
             "mount_mark_block": sb.mount_mark().then_some(l.mark_block),
+            "mount_mark": mark,
             "xattr_filter_hashes": if sb.xattr_filter() { Some(sb.filter_hashes()) } else { None },
             "mkfs_time": sb.mkfs_time,
             "free_blocks": sf.map(|s| s.bfree),
@@ -95,6 +97,9 @@ pub fn run(a: InfoArgs) -> i32 {
             l.bitmap_start,
             if spilled > 0 { format!(", {spilled} more in the data area (grown volume)") } else { String::new() }
         );
+        if let Some(m) = &mark {
+            println!("Mount mark:               block {}, {m}", l.mark_block);
+        }
         println!("Root inode:               {}", sb.root_ino);
         println!("Directory hash:           {}", sb.hash.name());
         println!("Directory hash seed:      {}", format_seed(sb.hash_seed));

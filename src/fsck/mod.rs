@@ -116,7 +116,8 @@ impl LostInode {
 type Drop = (u64, u64, Vec<u8>, u64);
 
 impl Walk<'_> {
-    /// Live inodes the walk did not reach, in the inode blocks it knows (`ib`) and in
+    /// Live inodes the walk did not reach, in the inode blocks it knows whose slot mask
+    /// does not match what it found (`mismatched`) and in
     /// leaked blocks that are inode blocks, that can be put back as they are: readable,
     /// linked at least once, with a sound index or extent map and xattrs, owning no block
     /// anything else owns. Returns the ones to link into /lost+found (those no other lost
@@ -124,11 +125,11 @@ impl Walk<'_> {
     /// own (their inode blocks too), and every live inode among them.
     fn find_lost(
         &mut self,
-        ib: &HashMap<u64, u16>,
+        mismatched: &[u64],
         lazy: &HashMap<u64, u16>,
         leaked: &[u64],
     ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>) {
-        let mut blocks: Vec<u64> = ib.keys().copied().collect();
+        let mut blocks: Vec<u64> = mismatched.to_vec();
         for &b in leaked {
             if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
                 blocks.push(b);
@@ -737,7 +738,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Live inodes that no directory names (their entry went with a directory leaf, or was
     // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
     // not leaked, and their slots are live.
-    let (lost, claimed, lost_all) = w.find_lost(&ib, &lazy_all, &leaked);
+    // (A known inode block holding such an inode is one whose slot mask is off.)
+    let mismatched: Vec<u64> = slot_fixes.iter().map(|f| f.0).collect();
+    let (lost, claimed, lost_all) = w.find_lost(&mismatched, &lazy_all, &leaked);
     if !lost.is_empty() {
         leaked.retain(|b| !claimed.contains(b));
         for &b in &claimed {

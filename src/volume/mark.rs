@@ -137,6 +137,18 @@ pub fn inspect(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Result<M
     Ok(Some(read_mark(dev, sb.layout.mark_block)?))
 }
 
+/// The mount mark of the volume on `dev` in words: `None` for a volume without one, else
+/// "clean", "in use by host …, pid …, …" or why it cannot be read (`dxfs info`).
+pub fn status(dev: &dyn BlockDevice) -> Result<Option<String>> {
+    let sb = crate::volume::read_superblock(dev)?;
+    Ok(inspect(dev, &sb)?.map(|m| match m {
+        Ok(m) if m.in_use && looks_held(&m) => format!("in use by {}", describe(&m)),
+        Ok(m) if m.in_use => format!("left in use by {} (a crash?)", describe(&m)),
+        Ok(_) => "clean".to_string(),
+        Err(e) => format!("unreadable ({e}); dxfs fsck writes it again"),
+    }))
+}
+
 /// Whether a mark read now has a live holder as far as one read can tell: in use, and
 /// either of a live process of this host or rewritten within `FRESH_INTERVALS` intervals.
 pub fn looks_held(m: &MountMark) -> bool {

@@ -36,6 +36,7 @@ mod types;
 pub use contention::LockStats;
 use contention::{Held, LockCounters};
 use delta::{Cost, Delta};
+pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub use resize::{grow, Grown};

@@ -116,6 +116,8 @@ fn a_fresh_mark_of_another_host_refuses_the_open_at_once() {
         "{:?}",
         r.warnings
     );
+    // Nor is it made anew over the other host's volume.
+    assert!(matches!(mkfs(dev.clone(), &MkfsOptions::default()), Err(Error::Busy(_))));
     // Read-only opens still work.
     let ro = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
     let f = ro.lookup(ro.root(), b"f").unwrap().ino;

@@ -68,6 +68,17 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     if o.xattr_filter && !(1..=MAX_FILTER_HASHES).contains(&o.filter_hashes) {
         return Err(Error::Invalid(format!("xattr filter hashes must be 1..={MAX_FILTER_HASHES}")));
     }
+    // A volume another host (or process) holds is not overwritten, even when asked to.
+    if let Ok(old) = read_superblock(&*dev) {
+        if let Ok(Some(Ok(m))) = mark::inspect(&*dev, &old) {
+            if mark::looks_held(&m) {
+                return Err(Error::Busy(format!(
+                    "the volume on it is in use by {}: unmount it there first",
+                    mark::describe(&m)
+                )));
+            }
+        }
+    }
     let blocks = dev.block_count();
     let mut layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
     if o.mount_mark {

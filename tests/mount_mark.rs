@@ -297,3 +297,39 @@ fn the_cli_names_the_holder_of_a_fresh_mark() {
     assert!(out.contains("mount_mark"), "{out}");
     assert!(out.contains("Mount mark:") && out.contains("in use by host other-host, pid 4242"), "{out}");
 }
+
+/// `Volume::shutdown` leaves the volume clean, and its mark too, even if the volume is
+/// never dropped (a daemon that exits right after): the next change takes it back, unless
+/// another host took the volume meanwhile.
+#[test]
+fn a_volume_left_clean_frees_its_mark_until_it_changes_again() {
+    let dev = volume();
+    let vol = Volume::open(dev.clone(), OpenOptions { mark_interval_ms: 100, ..Default::default() }).unwrap();
+    let f = vol.lookup(vol.root(), b"f").unwrap().ino;
+    vol.shutdown().unwrap();
+    assert!(!read_mark(&*dev).in_use, "clean after shutdown");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!read_mark(&*dev).in_use, "not rewritten while clean");
+    // A sync with nothing to commit leaves it clean; a change takes it back.
+    vol.sync().unwrap();
+    assert!(!read_mark(&*dev).in_use);
+    vol.write(f, 0, b"again").unwrap();
+    vol.sync().unwrap();
+    let m = read_mark(&*dev);
+    assert!(m.in_use && m.pid == std::process::id(), "{m:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_ne!(read_mark(&*dev).seq, m.seq, "rewritten again");
+    vol.shutdown().unwrap();
+    // Another host opens it now: this open may not change it any more.
+    write_mark(&*dev, &foreign(8, now_ms(), 5000));
+    vol.write(f, 0, b"late!").unwrap();
+    assert!(matches!(vol.sync(), Err(Error::Busy(_))));
+    assert!(matches!(vol.write(f, 0, b"later"), Err(Error::Failed)));
+    drop(vol);
+    assert_eq!(read_mark(&*dev).host, "other-host");
+    let ro = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    assert_eq!(ro.read(f, 0, 100).unwrap(), b"againe");
+    drop(ro);
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}

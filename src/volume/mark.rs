@@ -91,7 +91,16 @@ fn pid_alive(pid: u32) -> bool {
     if p <= 0 {
         return true;
     }
-    !matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None), Err(nix::errno::Errno::ESRCH))
+    if matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None), Err(nix::errno::Errno::ESRCH)) {
+        return false;
+    }
+    // A process that has exited but is not yet reaped (a zombie) holds nothing any more.
+    match std::fs::read_to_string(format!("/proc/{p}/stat")) {
+        Ok(stat) => {
+            !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z' | 'X'))
+        }
+        Err(_) => true,
+    }
 }
 
 /// The interval a mark states, within sane bounds.
@@ -169,7 +178,8 @@ pub struct Holder {
     dev: Arc<dyn BlockDevice>,
     block: u64,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    /// The refresh thread; `None` while parked.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -181,12 +191,97 @@ struct Shared {
     seq: AtomicU64,
     /// Our mark, as last written.
     mark: Mutex<MountMark>,
+    /// The volume was left clean (`Volume::shutdown`): the mark is written clean and the
+    /// thread stopped, until the next commit takes the mark again (`Holder::unpark`).
+    parked: AtomicBool,
 }
 
 impl Holder {
     /// Whether another host has taken the volume over.
     pub fn lost(&self) -> bool {
         self.shared.lost.load(Ordering::Acquire)
+    }
+
+    fn start(&self, thread: &mut Option<JoinHandle<()>>) -> Result<()> {
+        *self.shared.stop.lock() = false;
+        let (dev, shared, block) = (self.dev.clone(), self.shared.clone(), self.block);
+        *thread = Some(
+            std::thread::Builder::new()
+                .name("dxfs-mark".into())
+                .spawn(move || refresh(&*dev, block, &shared))
+                .map_err(Error::Io)?,
+        );
+        Ok(())
+    }
+
+    fn stop(&self, thread: &mut Option<JoinHandle<()>>) {
+        *self.shared.stop.lock() = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Write the mark clean, if it is still ours (else it is someone else's to clear).
+    fn release(&self) {
+        let ours = self.shared.seq.load(Ordering::Acquire);
+        match read_mark(&*self.dev, self.block) {
+            Ok(Ok(m)) if m.seq == ours => {
+                let mut m = self.shared.mark.lock();
+                m.in_use = false;
+                m.seq = m.seq.wrapping_add(1).max(1);
+                m.time_ms = now_ms();
+                match write_mark(&*self.dev, self.block, &m) {
+                    Ok(()) => self.shared.seq.store(m.seq, Ordering::Release),
+                    Err(e) => tracing::warn!("marking the volume closed failed: {e}"),
+                }
+            }
+            Ok(_) => tracing::warn!("the mount mark is no longer this open's: left as it is"),
+            Err(e) => tracing::warn!("reading the mount mark at close failed: {e}"),
+        }
+    }
+
+    /// The volume was left clean and nothing is changing it: write the mark clean and
+    /// stop rewriting it, so that the next open (here or on another host) finds the volume
+    /// free even if this process never drops the volume. The next commit takes it again.
+    pub fn park(&self) {
+        let mut t = self.thread.lock();
+        if self.shared.parked.load(Ordering::Acquire) || self.lost() {
+            return;
+        }
+        self.stop(&mut t);
+        self.release();
+        self.shared.parked.store(true, Ordering::Release);
+    }
+
+    /// Before a parked volume changes again: take the mark back, if nobody else took it
+    /// meanwhile (then the volume must not change: `Error::Busy`, and it is lost).
+    pub fn unpark(&self) -> Result<()> {
+        if !self.shared.parked.load(Ordering::Acquire) {
+            return if self.lost() { Err(Error::Failed) } else { Ok(()) };
+        }
+        let mut t = self.thread.lock();
+        if !self.shared.parked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Ok(m) = read_mark(&*self.dev, self.block)? {
+            if m.in_use {
+                self.shared.lost.store(true, Ordering::Release);
+                return Err(Error::Busy(format!(
+                    "the volume was taken over by {} since it was left clean here",
+                    describe(&m)
+                )));
+            }
+        }
+        let mut m = self.shared.mark.lock();
+        m.in_use = true;
+        m.seq = m.seq.wrapping_add(1).max(1);
+        m.time_ms = now_ms();
+        write_mark(&*self.dev, self.block, &m)?;
+        self.shared.seq.store(m.seq, Ordering::Release);
+        drop(m);
+        self.shared.parked.store(false, Ordering::Release);
+        self.start(&mut t)
     }
 }
 
@@ -306,15 +401,13 @@ pub fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) ->
         lost: AtomicBool::new(false),
         seq: AtomicU64::new(seq),
         mark: Mutex::new(mark),
+        parked: AtomicBool::new(false),
     });
-    let thread = {
-        let (dev, shared) = (dev.clone(), shared.clone());
-        std::thread::Builder::new()
-            .name("dxfs-mark".into())
-            .spawn(move || refresh(&*dev, block, &shared))
-            .map_err(Error::Io)?
-    };
-    let holder = Arc::new(Holder { dev: dev.clone(), block, shared, thread: Some(thread) });
+    let holder = Arc::new(Holder { dev: dev.clone(), block, shared, thread: Mutex::new(None) });
+    {
+        let mut t = holder.thread.lock();
+        holder.start(&mut t)?;
+    }
     held().lock().push((key, Arc::downgrade(&holder)));
     Ok(Some(holder))
 }
@@ -369,29 +462,13 @@ fn refresh(dev: &dyn BlockDevice, block: u64, shared: &Shared) {
 
 impl Drop for Holder {
     fn drop(&mut self) {
-        *self.shared.stop.lock() = true;
-        self.shared.wake.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let mut t = self.thread.lock();
+        self.stop(&mut t);
+        drop(t);
         held().lock().retain(|(_, w)| w.strong_count() > 0);
-        if self.lost() {
+        if self.lost() || self.shared.parked.load(Ordering::Acquire) {
             return;
         }
-        // Clean, unless the mark is no longer ours (then it is someone else's to clear).
-        let ours = self.shared.seq.load(Ordering::Acquire);
-        match read_mark(&*self.dev, self.block) {
-            Ok(Ok(m)) if m.seq == ours => {
-                let mut m = self.shared.mark.lock().clone();
-                m.in_use = false;
-                m.seq = m.seq.wrapping_add(1).max(1);
-                m.time_ms = now_ms();
-                if let Err(e) = write_mark(&*self.dev, self.block, &m) {
-                    tracing::warn!("marking the volume closed failed: {e}");
-                }
-            }
-            Ok(_) => tracing::warn!("the mount mark is no longer this open's: left as it is"),
-            Err(e) => tracing::warn!("reading the mount mark at close failed: {e}"),
-        }
+        self.release();
     }
 }

@@ -383,6 +383,7 @@ fn files_by_ino(vol: &Volume) -> BTreeMap<u64, (String, Vec<u8>)> {
 fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
     let dev = Arc::new(MemDevice::new(8192));
     mkfs(dev.clone(), &MkfsOptions { seed: Some([1, 2, 3, 4]), ..Default::default() }).unwrap();
+    let mut tagged = Vec::new();
     let (big, before) = {
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         let big = vol.mkdir(vol.root(), b"big", 0o755, 0, 0).unwrap().ino;
@@ -390,6 +391,11 @@ fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
             let f = vol.create(big, format!("file-with-a-long-name-{i:04}").as_bytes(), 0o644, 0, 0).unwrap().ino;
             let data: Vec<u8> = (0..(i * 37 + 1)).map(|b| (b * 7 + i) as u8).collect();
             vol.write(f, 0, &data).unwrap();
+            if i % 3 == 0 {
+                // One xattr block shared by all of them (too big to be inline).
+                vol.setxattr(f, b"user.shared", &[9u8; 200], dxfs::XattrMode::Any).unwrap();
+                tagged.push(f);
+            }
             if i % 8 == 0 {
                 let d = vol.mkdir(big, format!("subdirectory-number-{i:04}").as_bytes(), 0o755, 0, 0).unwrap().ino;
                 let g = vol.create(d, b"inner", 0o600, 0, 0).unwrap().ino;
@@ -424,6 +430,9 @@ fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
         }
     }
     assert_eq!(after.len(), before.len());
+    for f in &tagged {
+        assert_eq!(vol.getxattr(*f, b"user.shared").unwrap(), [9u8; 200], "{}", after[f].0);
+    }
     let moved = before.iter().filter(|(ino, (p, _))| &after[*ino].0 != p).count();
     assert!(moved > 10, "only {moved} files came back through lost+found");
     // A reattached directory knows its new parent, and the volume takes changes.
@@ -446,6 +455,15 @@ fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
 #[test]
 fn what_can_be_repaired_is_repaired_even_when_an_error_remains() {
     let (dev, kept) = volume();
+    {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+        for k in [b"k2", b"k3"] {
+            let f = vol.lookup(keep, k).unwrap().ino;
+            vol.setxattr(f, b"user.shared", &[3u8; 300], dxfs::XattrMode::Any).unwrap();
+        }
+        vol.close().unwrap();
+    }
     let k1 = ino_of(&dev, &["keep", "k1"]);
     let frag = ino_of(&dev, &["frag"]);
     let node = {
@@ -465,13 +483,28 @@ fn what_can_be_repaired_is_repaired_even_when_an_error_remains() {
     blk[32 + (bit / 8) as usize] &= !(1 << (bit % 8));
     dxfs::internals::seal(&mut blk, bm);
     dev.write(bm, &blk).unwrap();
+    // The shared xattr block (the only one) says 5 users.
+    let xb = (0..dev.block_count())
+        .find(|&b| {
+            dev.read(b, &mut blk).unwrap();
+            &blk[..4] == b"DXXA" && blk[8..16] == b.to_le_bytes() // not a copy in the log
+        })
+        .unwrap();
+    blk[16..20].copy_from_slice(&5u32.to_le_bytes());
+    dxfs::internals::seal(&mut blk, xb);
+    dev.write(xb, &blk).unwrap();
 
     let r = check(&dev, false);
-    assert_eq!(r.errors.len(), 4, "{:#?}", r.errors);
+    assert_eq!(r.errors.len(), 5, "{:#?}", r.errors);
     let r = check(&dev, true);
     assert_eq!(r.errors.len(), 1, "{:#?}", r.errors);
     assert!(r.errors[0].contains("beyond the largest file"), "{:#?}", r.errors);
-    for want in ["link count 3, should be 1", "superblock copy", &format!("block {node} is in use but marked free")] {
+    for want in [
+        "link count 3, should be 1",
+        "superblock copy",
+        &format!("block {node} is in use but marked free"),
+        &format!("xattr block {xb}: reference count 5, used by 2 inodes"),
+    ] {
         assert!(r.fixed.iter().any(|f| f.contains(want)), "{want} not fixed: {:#?}", r.fixed);
     }
     let again = check(&dev, false);
@@ -486,4 +519,45 @@ fn what_can_be_repaired_is_repaired_even_when_an_error_remains() {
     vol.close().unwrap();
     // The error left is still found by a clean open and close (nothing hid it).
     assert_eq!(check(&dev, false).errors.len(), 1);
+}
+
+/// A directory whose inode is unreadable loses its entry, but not its files: they come
+/// back in /lost+found with their data and their xattrs, which they share in one block
+/// that nothing else still names.
+#[test]
+fn files_of_an_unreadable_directory_come_back_with_their_shared_xattrs() {
+    let dev = Arc::new(MemDevice::new(8192));
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let (sub, files) = {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let sub = vol.mkdir(vol.root(), b"sub", 0o755, 0, 0).unwrap().ino;
+        let mut files = Vec::new();
+        for i in 0..10u8 {
+            let f = vol.create(sub, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            vol.write(f, 0, &[i; 5000]).unwrap();
+            vol.setxattr(f, b"user.shared", &[7u8; 300], dxfs::XattrMode::Any).unwrap();
+            files.push((f, i));
+        }
+        vol.close().unwrap();
+        (sub, files)
+    };
+    assert_ne!(ino_loc(sub).0, ino_loc(files[0].0).0, "the files live in the directory's own region");
+    smash(&dev, ino_loc(sub).0);
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    let back = r.fixed.iter().filter(|f| f.contains("reattached as /lost+found/#")).count();
+    assert_eq!(back, files.len(), "{:#?}", r.fixed);
+    let again = check(&dev, false);
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "not clean after repair: {:#?}", again.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let lf = vol.lookup(vol.root(), b"lost+found").unwrap().ino;
+    for (f, i) in &files {
+        let a = vol.lookup(lf, format!("#{f}").as_bytes()).unwrap();
+        assert_eq!(a.ino, *f);
+        assert_eq!(a.nlink, 1);
+        assert_eq!(vol.read(*f, 0, 6000).unwrap(), vec![*i; 5000]);
+        assert_eq!(vol.getxattr(*f, b"user.shared").unwrap(), [7u8; 300]);
+    }
+    vol.close().unwrap();
+    common::assert_clean(dev);
 }

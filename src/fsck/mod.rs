@@ -122,13 +122,14 @@ impl Walk<'_> {
     /// linked at least once, with a sound index or extent map and xattrs, owning no block
     /// anything else owns. Returns the ones to link into /lost+found (those no other lost
     /// directory names: the rest come back with it), every block they and their subtrees
-    /// own (their inode blocks too), and every live inode among them.
+    /// own (their inode blocks too), every live inode among them, and how many of them use
+    /// each xattr head block.
     fn find_lost(
         &mut self,
         mismatched: &[u64],
         lazy: &HashMap<u64, u16>,
         leaked: &[u64],
-    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>) {
+    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>, HashMap<u64, u32>) {
         let mut blocks: Vec<u64> = mismatched.to_vec();
         for &b in leaked {
             if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
@@ -138,6 +139,7 @@ impl Walk<'_> {
         blocks.sort_unstable();
         blocks.dedup();
         let mut claimed = HashSet::new();
+        let mut heads: HashMap<u64, u32> = HashMap::new();
         let mut found: Vec<Inode> = Vec::new();
         for b in blocks {
             let used = match self.st.block(b, Some(INODE_MAGIC)) {
@@ -153,8 +155,11 @@ impl Walk<'_> {
                 if i.nlink == 0 || i.file_type().is_none() {
                     continue;
                 }
-                if let Some(own) = self.sound(&i, &claimed) {
+                if let Some((own, head)) = self.sound(&i, &claimed) {
                     claimed.extend(own);
+                    if let Some(h) = head {
+                        *heads.entry(h).or_insert(0) += 1;
+                    }
                     claimed.insert(b);
                     // Its initialised region blocks are inode blocks (shared: not checked).
                     if let InodeData::Dir(d) = &i.data {
@@ -183,12 +188,13 @@ impl Walk<'_> {
             .filter(|i| !named.contains(&i.ino))
             .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
             .collect();
-        (roots, claimed, all)
+        (roots, claimed, all, heads)
     }
 
-    /// The blocks inode `i` owns if it can be put back as it is, or `None`: its index,
-    /// extent map and xattrs read, and it owns nothing the walk or `claimed` already has.
-    fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<Vec<u64>> {
+    /// The blocks inode `i` owns if it can be put back as it is, and its xattr head block,
+    /// or `None`: its index, extent map and xattrs read, and it owns nothing the walk or
+    /// `claimed` already has.
+    fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<(Vec<u64>, Option<u64>)> {
         let ino = i.ino;
         let mut own = Vec::new();
         match &i.data {
@@ -208,22 +214,20 @@ impl Walk<'_> {
         }
         let xblocks = xattr::blocks_of(&mut self.st, i).ok()?;
         xattr::load(&mut self.st, i).ok()?;
-        // A shared xattr head may already be owned (by the walk's inodes that share it).
-        if let Some((head, conts)) = xblocks.split_first() {
-            own.extend(conts);
-            if !self.owner.contains_key(head) {
-                own.push(*head);
-            }
-        }
+        // The head may be shared, with the walk's inodes or other lost ones: not checked
+        // against them, only claimed when nothing seen owns it yet.
+        let head = xblocks.first().copied();
+        own.extend(xblocks.iter().skip(1));
         let layout = self.st.sb.layout;
-        let ok = own.iter().all(|b| {
-            *b >= layout.first_free()
-                && *b < layout.backup_superblock()
-                && !self.owner.contains_key(b)
-                && !claimed.contains(b)
-                && self.st.space.is_used(*b)
-        });
-        ok.then_some(own)
+        let ok = own
+            .iter()
+            .chain(head.as_ref())
+            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.space.is_used(*b))
+            && own.iter().all(|b| !self.owner.contains_key(b) && !claimed.contains(b));
+        if let Some(h) = head.filter(|h| !self.owner.contains_key(h)) {
+            own.push(h);
+        }
+        ok.then_some((own, head))
     }
 
     /// A finding the repair fixes by setting one inode field.
@@ -608,13 +612,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             }
         }
     }
-    // Shared xattr blocks: owned once, reference count equal to the inodes using them.
+    // Shared xattr blocks: owned once, reference count equal to the inodes using them
+    // (compared once the lost inodes, which may use them too, are known).
+    let mut xattr_counts: Vec<(u64, u32, u32)> = Vec::new();
     let refs: Vec<(u64, u32)> = w.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
     for (b, n) in refs {
         w.own(b, 0, "xattr");
         match xattr::refcount(&mut w.st, b) {
-            Ok(c) if c == n => {}
-            Ok(c) => w.err(format!("xattr block {b}: reference count {c}, used by {n} inodes")),
+            Ok(c) => xattr_counts.push((b, c, n)),
             Err(e) => w.err(format!("xattr block {b}: {e}")),
         }
     }
@@ -740,7 +745,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // not leaked, and their slots are live.
     // (A known inode block holding such an inode is one whose slot mask is off.)
     let mismatched: Vec<u64> = slot_fixes.iter().map(|f| f.0).collect();
-    let (lost, claimed, lost_all) = w.find_lost(&mismatched, &lazy_all, &leaked);
+    let (lost, claimed, lost_all, lost_heads) = w.find_lost(&mismatched, &lazy_all, &leaked);
+    let xattr_fixes: Vec<(u64, u32, u32)> = xattr_counts
+        .iter()
+        .map(|&(b, c, n)| (b, c, n + lost_heads.get(&b).copied().unwrap_or(0)))
+        .filter(|&(_, c, n)| c != n)
+        .collect();
     if !lost.is_empty() {
         leaked.retain(|b| !claimed.contains(b));
         for &b in &claimed {
@@ -783,6 +793,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
+        .chain(xattr_fixes.iter().map(|(b, c, n)| format!("xattr block {b}: reference count {c}, used by {n} inodes")))
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
@@ -880,6 +891,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             lazy_drops: if do_global { &lazy_drops } else { none },
             reinit: if do_global { &reinit } else { &[] },
             marked_free: &marked_free,
+            xattr_refs: if do_global { &xattr_fixes } else { &[] },
             inode_fixes: &inode_fixes,
             inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
         };

@@ -195,6 +195,8 @@ pub(super) struct Fixes<'a> {
     pub(super) reinit: &'a [(u64, u64)],
     /// Blocks something owns that the map marks free.
     pub(super) marked_free: &'a [u64],
+    /// Shared xattr blocks whose reference count is wrong: (block, count, users).
+    pub(super) xattr_refs: &'a [(u64, u32, u32)],
     pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
     pub(super) inode_count: Option<u64>,
 }
@@ -211,6 +213,9 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
         }
         for &b in f.marked_free {
             st.space.mark_used(b);
+        }
+        for &(b, _, users) in f.xattr_refs {
+            put_u32(st.block_mut(b, Some(XATTR_MAGIC))?, 16, users);
         }
         for &(ino, _, want) in f.nlinks {
             let mut i = st.inode(ino)?;

@@ -333,3 +333,22 @@ fn a_volume_left_clean_frees_its_mark_until_it_changes_again() {
     let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
+
+/// A stale mark whose holder closes cleanly while it is being watched: the volume is free.
+#[test]
+fn a_mark_closed_while_watched_is_taken() {
+    let dev = volume();
+    write_mark(&*dev, &foreign(40, now_ms() - 3_600_000, 200));
+    let closer = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            write_mark(&*dev, &MountMark { in_use: false, ..foreign(41, now_ms(), 200) });
+        })
+    };
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    closer.join().unwrap();
+    assert_eq!(read_mark(&*dev).pid, std::process::id());
+    vol.close().unwrap();
+    common::assert_clean(dev);
+}

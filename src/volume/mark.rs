@@ -323,9 +323,10 @@ pub fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) ->
     let busy = |m: &MountMark| {
         Error::Busy(format!(
             "the volume is in use by {} (dxfs mount mark): unmount it there first; a mark its holder \
-             stopped rewriting is taken over once it is {} s old",
+             stopped rewriting is taken over once it is {} s old, after watching it for {} s",
             describe(m),
-            FRESH_INTERVALS * interval_of(m) / 1000
+            FRESH_INTERVALS * interval_of(m) / 1000,
+            watch_ms(interval_of(m)) / 1000
         ))
     };
     // How long to watch the mark found before taking it over, if at all.
@@ -363,6 +364,8 @@ pub fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) ->
         }
         std::thread::sleep(Duration::from_millis(ms));
         match (read_mark(&**dev, block)?, &found) {
+            // Closed meanwhile: free.
+            (Ok(now), _) if !now.in_use => {}
             (Ok(now), Ok(then)) if now != *then => return Err(busy(&now)),
             (Ok(now), Err(_)) => return Err(busy(&now)),
             _ => {}

@@ -9,13 +9,12 @@ opcode, and microseconds per operation. Needs root. Prints a Markdown table.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import metaops  # noqa: E402
+
 def stats(dxfs, mnt):
     out = subprocess.run([dxfs, "stats", "--json", mnt], check=True, capture_output=True).stdout
     return {k: v["count"] for k, v in json.loads(out)["ops"].items()}
-
-def drop_caches():
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("2\n")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,60 +38,19 @@ def main():
         os.mkdir(d)
         names = [os.path.join(d, f"f{i:06}") for i in range(n)]
 
-        def create():
-            for p in names:
-                os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        def open_close():
-            for p in names:
-                os.close(os.open(p, os.O_RDONLY))
-        def stat_warm():
-            for p in names:
-                os.stat(p)
-        def stat_cold():
-            drop_caches()
-            for p in names:
-                os.stat(p)
-        def chmod():
-            for p in names:
-                os.chmod(p, 0o600)
-        def setxattr():
-            for p in names:
-                os.setxattr(p, "user.foo", b"bar")
-        def getxattr_missing():
-            for p in names:
-                try:
-                    os.getxattr(p, "user.missing")
-                except OSError:
-                    pass
-        def ls_l():
-            drop_caches()
-            for e in os.scandir(d):
-                e.stat(follow_symlinks=False)
-        def rename():
-            for p in names:
-                os.rename(p, p + ".r")
-        def unlink():
-            for p in names:
-                os.unlink(p + ".r")
-        def mkdir():
-            for p in names:
-                os.mkdir(p)
-        def rmdir():
-            for p in names:
-                os.rmdir(p)
-        ops = [("create (O_CREAT|O_EXCL + close)", create), ("open + close", open_close),
-               ("stat, warm", stat_warm), ("stat, cold (dentries dropped)", stat_cold),
-               ("chmod", chmod), ("setxattr user.foo", setxattr),
-               ("getxattr of a missing name", getxattr_missing), ("ls -l, cold (per entry)", ls_l),
-               ("rename", rename), ("unlink", unlink), ("mkdir", mkdir), ("rmdir", rmdir)]
+        ops = metaops.make_ops(d, names)
         print(f"| operation ({n} each, -o {a.opts or 'defaults'}) | requests per operation | µs per operation |")
         print("|---|---|---|")
-        for name, fn in ops:
+        for name, fn, setup, teardown, n in ops:
+            if setup:
+                setup()
             before = stats(dxfs, mnt)
             t = time.perf_counter()
             fn()
             us = (time.perf_counter() - t) * 1e6 / n
             after = stats(dxfs, mnt)
+            if teardown:
+                teardown()
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             # The stats reads themselves cost one GETXATTR each on the root.
             delta["GETXATTR"] = delta.get("GETXATTR", 0) - 1

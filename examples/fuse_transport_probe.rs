@@ -262,9 +262,9 @@ impl Fs {
                 frsize: 4096,
             }
             .encode(&mut out),
-            Request::Other(opcode::OPENDIR) => OpenOut { fh: 0, open_flags: 0 }.encode(&mut out),
-            Request::Other(opcode::RELEASEDIR) | Request::Other(opcode::ACCESS) => {}
-            Request::Init(_) | Request::Other(_) => return Err(libc::ENOSYS),
+            Request::Opendir { .. } => OpenOut { fh: 0, open_flags: 0 }.encode(&mut out),
+            Request::Releasedir { .. } | Request::Access { .. } => {}
+            _ => return Err(libc::ENOSYS),
         }
         Ok(Some(out))
     }

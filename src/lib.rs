@@ -24,8 +24,9 @@
 //! let names: Vec<_> = vol.readdir(root, 0, 100).unwrap().into_iter().map(|e| e.name).collect();
 //! assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"hello.txt".to_vec()]);
 //! ```
-// Unsafe code is denied everywhere; the one exception is `fuse::uring` (the io_uring
-// buffers the kernel writes into), which allows it explicitly, block by block.
+// Unsafe code is denied everywhere; the exceptions are in `fuse`: `uring` (the io_uring
+// buffers the kernel writes into), `devfd` (one ioctl) and `fusermount` (taking a
+// descriptor passed over a socket), which allow it explicitly, block by block.
 #![deny(unsafe_code)]
 
 mod disk;

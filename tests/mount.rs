@@ -232,6 +232,9 @@ impl Mounted {
         let mut child = self.child.take().expect("a foreground child");
         let st = wait_timeout(&mut child, Duration::from_secs(20));
         assert_eq!(st.code(), Some(0), "dxfs mount exit status");
+        // The daemon is gone: nothing for the drop to stop (over NBD, killing the image's
+        // users would kill the nbdkit serving it, racing the next mount's connect).
+        self.image = PathBuf::new();
     }
 
     /// `unmount`, waiting up to 5 s for the mount to stop being busy: the kernel drops
@@ -263,12 +266,29 @@ impl Mounted {
     }
 
     /// SIGKILL the daemon mid-flight and detach the dead mount.
-    fn kill9(mut self) {
+    fn kill9(self) {
+        self.kill9_and(|| {});
+    }
+
+    /// `kill9`, running `after_kill` once the daemon is dead and before the unmount (to
+    /// close files that would keep the mount busy).
+    fn kill9_and(mut self, after_kill: impl FnOnce()) {
         let mut child = self.child.take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
-        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "fusermount3 -u of a dead mount: {st}");
+        after_kill();
+        // Over io_uring the kernel tears the dead daemon's rings down asynchronously: the
+        // connection ends (and a caller blocked on it lets go of its file) a moment after
+        // the process is gone, so the unmount may find the mount busy until then.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).stderr(Stdio::null()).status().unwrap();
+            if st.success() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "fusermount3 -u of a dead mount: {st}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // Nothing is left to stop: the drop must not go after other holders of the image
         // (an NBD server serving it, when the suite runs over NBD).
         self.image = PathBuf::new();
@@ -1113,6 +1133,85 @@ fn dxfs_sync_and_df_after_rm() {
     s.fsck();
 }
 
+/// The transport is the one asked for: `-o transport=classic` never uses the ring;
+/// `-o transport=uring` uses it when the kernel offers it (module parameter
+/// `enable_uring` Y) and otherwise serves through /dev/fuse, saying why in the log. With
+/// `DXFS_TRANSPORT` set (CI runs the suite once per transport) the default mount must use
+/// that transport, so a fallback cannot pass the uring run silently.
+#[test]
+fn transport_is_the_one_asked_for() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let stats = |mnt: &Path| -> serde_json::Value {
+        let out = dxfs().arg("stats").arg("--json").arg(mnt).output().unwrap();
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    for (opt, env) in
+        [("transport=classic", None), ("transport=uring", None), ("", std::env::var("DXFS_TRANSPORT").ok())]
+    {
+        let Some(want) = (if opt.is_empty() { env.clone() } else { Some(opt[10..].to_string()) }) else { continue };
+        let args: Vec<&str> = if opt.is_empty() { vec!["-v"] } else { vec!["-v", "-o", opt] };
+        let m = s.mount(&args);
+        for i in 0..20 {
+            fs::write(s.path(&format!("f{i}")), b"x").unwrap();
+            fs::remove_file(s.path(&format!("f{i}"))).unwrap();
+        }
+        let v = stats(&s.mnt);
+        let transport = v["transport"].as_str().unwrap().to_string();
+        let via_ring = v["via_ring"].as_u64().unwrap();
+        let log = m.log.clone().unwrap();
+        m.unmount();
+        let log = fs::read_to_string(log).unwrap();
+        match want.as_str() {
+            "classic" => {
+                assert!(transport.starts_with("/dev/fuse"), "{opt:?}: {transport}");
+                assert_eq!(via_ring, 0, "{opt:?}: classic requests came through a ring");
+            }
+            "uring" if offered || !opt.is_empty() => {
+                if offered {
+                    assert!(transport.starts_with("io_uring"), "{opt:?}: {transport}\n{log}");
+                    assert!(via_ring >= 40, "{opt:?}: only {via_ring} requests through the ring");
+                } else {
+                    eprintln!("enable_uring is not Y: checking the fallback to /dev/fuse");
+                    assert!(transport.starts_with("/dev/fuse"), "{transport}");
+                    assert!(log.contains("enable_uring"), "the fallback must say why: {log}");
+                }
+            }
+            "uring" => panic!("DXFS_TRANSPORT=uring but the kernel does not offer FUSE over io_uring"),
+            other => panic!("DXFS_TRANSPORT={other}"),
+        }
+    }
+    s.fsck();
+}
+
+/// A ring whose setup fails half way (one queue's registration refused, the others
+/// registered) leaves the mount on /dev/fuse, saying why, never hanging or half mounted.
+#[test]
+fn uring_failing_half_way_falls_back_to_dev_fuse() {
+    require_fuse!();
+    if !fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y") {
+        eprintln!("skipping uring_failing_half_way_falls_back_to_dev_fuse: enable_uring is not Y");
+        return;
+    }
+    let s = Scratch::new(32);
+    let queues = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    for broken in ["0", queues.trim().rsplit(['-', ',']).next().unwrap()] {
+        let m = s.mount_with_env(&["-v", "-o", "transport=uring"], &[("DXFS_TEST_BREAK_URING_QUEUE", broken)]);
+        fs::write(s.path("f"), b"served").unwrap();
+        assert_eq!(fs::read(s.path("f")).unwrap(), b"served");
+        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["transport"].as_str().unwrap().starts_with("/dev/fuse"), "queue {broken}: {v}");
+        assert_eq!(v["via_ring"].as_u64(), Some(0));
+        let log = m.log.clone().unwrap();
+        m.unmount();
+        let log = fs::read_to_string(log).unwrap();
+        assert!(log.contains("not registered") && log.contains("serving through /dev/fuse"), "{log}");
+    }
+    s.fsck();
+}
+
 /// `dxfs stats` reads a live mount's request counters: every create shows up, and the
 /// counters cannot be set.
 #[test]
@@ -1871,5 +1970,104 @@ fn aio_direct_write_then_buffered_read() {
     }
     assert_eq!(stale, 0, "{stale} of 200 rounds read stale data after an AIO O_DIRECT write");
     m.unmount_when_idle();
+    s.fsck();
+}
+
+/// `linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, dst, AT_SYMLINK_FOLLOW)`: how a program
+/// names an O_TMPFILE file without CAP_DAC_READ_SEARCH.
+fn link_open_file(f: &File, dst: &Path) -> io::Result<()> {
+    let src = cstr(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())));
+    let dst = cstr(dst);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let r =
+        unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// O_TMPFILE through the mount (FUSE_TMPFILE): an unnamed file, named later by linkat;
+/// one opened with O_EXCL cannot be named; one never named is gone at close, and one
+/// open when the daemon is killed is freed at the next mount. fsck is clean throughout.
+#[test]
+fn tmpfile_through_the_mount() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    let tmp = |extra: i32| {
+        OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE | extra).mode(0o640).open(&s.mnt)
+    };
+    let mut f = tmp(0).expect("O_TMPFILE");
+    f.write_all(&pattern(1, 100_000)).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    assert_eq!(fs::read_dir(&s.mnt).unwrap().count(), 0, "a tmpfile has no name");
+    link_open_file(&f, &s.path("named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    drop(f);
+    assert!(fs::read(s.path("named")).unwrap() == pattern(1, 100_000));
+
+    let excl = tmp(libc::O_EXCL).unwrap();
+    assert_eq!(errno(link_open_file(&excl, &s.path("never"))), libc::ENOENT);
+    drop(excl);
+    let mut gone = tmp(0).unwrap();
+    gone.write_all(&pattern(2, 300_000)).unwrap();
+    drop(gone);
+    m.unmount();
+    s.fsck();
+
+    // Open at a kill -9: an orphan, freed by the next mount.
+    let m = s.mount(&[]);
+    let mut open = tmp(0).unwrap();
+    open.write_all(&pattern(3, 200_000)).unwrap();
+    open.sync_all().unwrap();
+    m.kill9_and(|| drop(open));
+    let m = s.mount(&[]);
+    let names: Vec<_> = fs::read_dir(&s.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    m.unmount();
+    s.fsck();
+}
+
+/// Opens cost no request (zero-message opens): an open, unlinked file lives by the kernel's
+/// reference, across commits; its space comes back once it is closed and forgotten; one
+/// open at a kill -9 after a commit is freed by the next mount.
+#[test]
+fn unlinked_open_file_outlives_commits() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    let free = || nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
+    let start = free();
+    fs::write(s.path("f"), pattern(7, 8 << 20)).unwrap();
+    let mut f = File::open(s.path("f")).unwrap();
+    fs::remove_file(s.path("f")).unwrap();
+    let st = dxfs().arg("sync").arg(&s.mnt).status().unwrap();
+    assert!(st.success());
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == pattern(7, 8 << 20), "an unlinked open file must stay readable across a commit");
+    assert!(free() < start - 1000, "its blocks are still in use while it is open");
+    drop(f);
+    // The FORGET follows the close once the kernel drops the inode.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while free() < start - 16 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(free() >= start - 16, "space not back after close: {} of {start}", free());
+    let v: serde_json::Value =
+        serde_json::from_slice(&dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap().stdout).unwrap();
+    assert!(v["ops"]["OPEN"]["count"].as_u64().unwrap_or(0) <= 1, "opens cost no request: {v}");
+
+    fs::write(s.path("g"), pattern(8, 1 << 20)).unwrap();
+    let g = File::open(s.path("g")).unwrap();
+    fs::remove_file(s.path("g")).unwrap();
+    assert!(dxfs().arg("sync").arg(&s.mnt).status().unwrap().success());
+    m.kill9_and(|| drop(g));
+    s.fsck();
+    let m = s.mount(&[]);
+    assert_eq!(fs::read_dir(&s.mnt).unwrap().count(), 0);
+    m.unmount();
     s.fsck();
 }

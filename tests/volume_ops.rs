@@ -596,3 +596,95 @@ fn st_blocks_counts_only_new_blocks() {
     assert_eq!(vol.getattr(f).unwrap().blocks, 3 * 8, "truncated: three blocks left");
     close_and_check(dev, vol);
 }
+
+/// O_TMPFILE: an unnamed open file, with no link until `link` names it; one never named
+/// is freed at its last release, and one still open when the volume closes (as at a
+/// crash) is freed by the next open, from the orphan list.
+#[test]
+fn tmpfile_is_unnamed_until_linked() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let node = dxfs::NewNode { mode: libc::S_IFREG | 0o640, uid: 7, gid: 8, rdev: 0, umask: 0o022 };
+    let names =
+        |vol: &Volume| -> Vec<Vec<u8>> { vol.readdir(root, 0, 100).unwrap().into_iter().map(|e| e.name).collect() };
+    let inodes = |vol: &Volume| vol.statfs().files - vol.statfs().ffree;
+
+    let t = vol.make_tmpfile(root, node).unwrap();
+    assert_eq!((t.nlink, t.mode, t.uid, t.gid), (0, libc::S_IFREG | 0o640, 7, 8));
+    vol.write(t.ino, 0, b"kept data").unwrap();
+    assert_eq!(names(&vol), vec![b".".to_vec(), b"..".to_vec()], "a tmpfile has no name");
+    assert_eq!(vol.link(t.ino, root, b"kept").unwrap().nlink, 1);
+    vol.release(t.ino).unwrap();
+    assert_eq!(vol.lookup(root, b"kept").unwrap().ino, t.ino);
+
+    let before = inodes(&vol);
+    let u = vol.make_tmpfile(root, node).unwrap();
+    vol.write(u.ino, 0, &[7u8; 10_000]).unwrap();
+    assert_eq!(inodes(&vol), before + 1);
+    vol.release(u.ino).unwrap();
+    assert!(matches!(vol.getattr(u.ino), Err(Error::NotFound)), "freed at its last release");
+    assert!(matches!(vol.link(u.ino, root, b"late"), Err(Error::NotFound)));
+    assert_eq!(inodes(&vol), before);
+
+    let w = vol.make_tmpfile(root, node).unwrap();
+    vol.write(w.ino, 0, &[9u8; 50_000]).unwrap();
+    vol.sync().unwrap();
+    assert!(matches!(vol.make_tmpfile(t.ino, node), Err(Error::NotDir)));
+    // Closed with `w` still open: the next open frees it.
+    let vol = reopen(&dev, vol);
+    assert!(matches!(vol.getattr(w.ino), Err(Error::NotFound)), "an orphan at open is freed");
+    assert_eq!(inodes(&vol), before);
+    assert_eq!(vol.read(t.ino, 0, 100).unwrap(), b"kept data");
+    assert_eq!(names(&vol), vec![b".".to_vec(), b"..".to_vec(), b"kept".to_vec()]);
+    close_and_check(dev, vol);
+}
+
+/// A holder (the FUSE kernel's references) keeps an inode that lost its last link alive,
+/// readable and linkable, until `forgotten`; one still held at a commit is on the orphan
+/// list, so closing the volume (as a crash would) leaves it to the next open to free.
+#[test]
+fn a_holder_keeps_an_unlinked_inode_until_forgotten() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    let (dev, vol) = mem_volume(4096);
+    let held: Arc<Mutex<HashSet<u64>>> = Arc::default();
+    let h = held.clone();
+    vol.set_holder(Arc::new(move |ino| h.lock().unwrap().contains(&ino)));
+    let root = vol.root();
+    let inodes = |vol: &Volume| vol.statfs().files - vol.statfs().ffree;
+    let before = inodes(&vol);
+
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap();
+    vol.write(f.ino, 0, &[5u8; 9000]).unwrap();
+    held.lock().unwrap().insert(f.ino);
+    vol.unlink(root, b"f").unwrap();
+    assert_eq!(vol.getattr(f.ino).unwrap().nlink, 0);
+    assert_eq!(vol.read(f.ino, 0, 9000).unwrap(), vec![5u8; 9000]);
+    vol.forgotten(f.ino).unwrap();
+    assert!(vol.getattr(f.ino).is_ok(), "still held: forgotten must not free it");
+    held.lock().unwrap().remove(&f.ino);
+    vol.forgotten(f.ino).unwrap();
+    assert!(matches!(vol.getattr(f.ino), Err(Error::NotFound)));
+    assert_eq!(inodes(&vol), before);
+
+    // Held across a commit, then named again (linkat of an open file).
+    let g = vol.create(root, b"g", 0o644, 0, 0).unwrap();
+    vol.write(g.ino, 0, b"relinked").unwrap();
+    held.lock().unwrap().insert(g.ino);
+    vol.unlink(root, b"g").unwrap();
+    vol.sync().unwrap();
+    assert_eq!(vol.link(g.ino, root, b"g2").unwrap().nlink, 1);
+    held.lock().unwrap().remove(&g.ino);
+    vol.forgotten(g.ino).unwrap();
+    assert_eq!(vol.read(g.ino, 0, 100).unwrap(), b"relinked", "a named inode is not freed");
+
+    // Held at close: freed by the next open.
+    let k = vol.create(root, b"k", 0o644, 0, 0).unwrap();
+    vol.write(k.ino, 0, &[1u8; 50_000]).unwrap();
+    held.lock().unwrap().insert(k.ino);
+    vol.unlink(root, b"k").unwrap();
+    let vol = reopen(&dev, vol);
+    assert!(matches!(vol.getattr(k.ino), Err(Error::NotFound)));
+    assert_eq!(inodes(&vol), before + 1, "only g2 is left");
+    close_and_check(dev, vol);
+}

@@ -115,6 +115,9 @@ fn mount_option(
         "writeback_cache" => o.writeback_cache = true,
         "no_writeback_cache" => o.writeback_cache = false,
         "threads" => o.threads = num(val)? as usize,
+        "transport" => o.transport = val.unwrap_or("").parse()?,
+        "readahead_kb" => o.readahead_kb = num(val)? as u32,
+        "spin_us" => o.spin = std::time::Duration::from_micros(num(val)? as u64),
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
         "negative_timeout" => o.negative_timeout = seconds(num(val)?)?,
@@ -160,6 +163,14 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         return spawn_daemon(raw);
     }
     let mut o = FuseOptions::default();
+    // The default transport may come from the environment (the test suite runs once per
+    // transport this way); `-o transport=` still wins.
+    if let Some(t) = std::env::var_os("DXFS_TRANSPORT") {
+        match t.to_string_lossy().parse() {
+            Ok(t) => o.transport = t,
+            Err(e) => return fail(format!("DXFS_TRANSPORT: {e}"), 8),
+        }
+    }
     let mut vol_opts = dxfs::OpenOptions::default();
     let mut lock_wait = std::time::Duration::from_secs(10);
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
@@ -209,7 +220,7 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},fuser=error")));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     // Colours only for a terminal: a log file or a pipe gets plain text. The background
     // copy started by --daemon points its stderr at a file or /dev/null later.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os(DAEMON_CHILD_ENV).is_none();

@@ -22,20 +22,19 @@ pub fn run(a: StatsArgs) -> i32 {
     };
     let text = String::from_utf8_lossy(&raw);
     if a.json {
-        println!("{text}");
-        return 0;
+        return emit(&format!("{text}\n"));
     }
     let v: serde_json::Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => return fail(format!("bad counters from the daemon: {e}"), 8),
     };
-    println!("{:<12} {:>12} {:>12} {:>12}", "request", "count", "mean µs", "total ms");
+    let mut out = format!("{:<12} {:>12} {:>12} {:>12}\n", "request", "count", "mean µs", "total ms");
     if let Some(ops) = v["ops"].as_object() {
         let mut rows: Vec<_> = ops.iter().collect();
         rows.sort_by_key(|(_, o)| std::cmp::Reverse(o["count"].as_u64().unwrap_or(0)));
         for (name, o) in rows {
-            println!(
-                "{:<12} {:>12} {:>12.2} {:>12.1}",
+            out += &format!(
+                "{:<12} {:>12} {:>12.2} {:>12.1}\n",
                 name,
                 o["count"].as_u64().unwrap_or(0),
                 o["mean_us"].as_f64().unwrap_or(0.0),
@@ -43,6 +42,21 @@ pub fn run(a: StatsArgs) -> i32 {
             );
         }
     }
-    println!("{} requests in {:.1} s", v["requests"], v["seconds"].as_f64().unwrap_or(0.0));
-    0
+    out += &format!(
+        "{} requests in {:.1} s, {} through io_uring; transport: {}\n",
+        v["requests"],
+        v["seconds"].as_f64().unwrap_or(0.0),
+        v["via_ring"],
+        v["transport"].as_str().unwrap_or("?")
+    );
+    emit(&out)
+}
+
+/// Print `text`; a reader that went away (`| head`) is not an error.
+fn emit(text: &str) -> i32 {
+    use std::io::Write;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => fail(format!("stdout: {e}"), 8),
+        _ => 0,
+    }
 }

@@ -1,8 +1,9 @@
-//! FUSE frontend: serves a [`Volume`](crate::Volume) to the kernel through `fuser`.
+//! FUSE frontend: serves a [`Volume`](crate::Volume) to the kernel, speaking the kernel's
+//! FUSE protocol itself (classic `/dev/fuse` or FUSE over io_uring).
 //!
 //! This layer only translates: FUSE inode numbers to volume inode numbers (FUSE's root is
 //! always 1, the volume's root is not), requests to [`Volume`](crate::Volume) calls, [`Error`](crate::Error)s to
-//! errnos and attributes to `FileAttr`s. Every filesystem rule lives in the volume; the
+//! errnos and attributes to `fuse_attr`s. Every filesystem rule lives in the volume; the
 //! kernel enforces permissions (`default_permissions`) and keeps the page, entry and
 //! attribute caches.
 //!
@@ -11,19 +12,24 @@
 //! the volume every few seconds and once more at the end; a [`Stopper`] unmounts from
 //! another thread.
 //!
-//! Files: `adapter` (the `fuser::Filesystem`: translation only), `lookups` (the kernel's
-//! inode references), `session` (mounting and the request loop: the transport seam).
+//! Files: `wire` (the kernel's wire format), `server` (the request handler over the
+//! volume: translation only), `transport` (the classic and io_uring request loops),
+//! `uring` (one io_uring queue: the buffers the kernel writes into), `session` (mounting,
+//! INIT, starting the transport), `lookups` (the kernel's inode references), `stats`
+//! (requests per opcode), `devfd` (cloned descriptors), `fusermount` (mounts by users
+//! other than root), `mountinfo`.
 
 use std::time::Duration;
 
-mod adapter;
+mod devfd;
 mod fusermount;
 mod lookups;
 mod mountinfo;
+mod server;
 mod session;
 mod stats;
-// The kernel's wire format and FUSE over io_uring queues: the pieces of a session that
-// dxfs owns itself (not yet used by `mount`; see docs/DESIGN.md "FUSE over io_uring").
+// The kernel's wire format, the transports and one io_uring queue: public for the
+// transport probe (examples/fuse_transport_probe.rs), not part of the stable API.
 #[doc(hidden)]
 pub mod transport;
 #[doc(hidden)]
@@ -31,9 +37,10 @@ pub mod uring;
 #[doc(hidden)]
 pub mod wire;
 
-pub use adapter::{DxFuse, STATS_XATTR};
 pub use mountinfo::dxfs_mounts;
+pub use server::STATS_XATTR;
 pub use session::{mount, Mounted, Stopper};
+pub use transport::TransportChoice;
 
 /// How a volume is served.
 #[derive(Clone, Debug)]
@@ -61,9 +68,18 @@ pub struct FuseOptions {
     pub allow_other: bool,
     /// Mount read-only (the volume should be opened read-only too).
     pub read_only: bool,
-    /// Request-serving threads, each with its own /dev/fuse descriptor (default: one per
-    /// CPU).
+    /// Request-serving threads of the classic transport, each with its own /dev/fuse
+    /// descriptor (default: one per CPU).
     pub threads: usize,
+    /// Which transport serves requests (`-o transport=auto|uring|classic`).
+    pub transport: TransportChoice,
+    /// Classic transport: how long a serving thread polls for the next request before
+    /// it sleeps (`-o spin_us=N`; zero: it sleeps at once). Threads beyond the first.
+    pub spin: Duration,
+    /// The kernel's readahead for files of this mount, in KiB (`-o readahead_kb=N`; 0
+    /// leaves the kernel's default of 128). Set through the mount's bdi in sysfs, which
+    /// only root may write.
+    pub readahead_kb: u32,
     /// When the kernel asks for READDIRPLUS instead of READDIR.
     pub readdirplus: ReaddirPlus,
     /// Source shown in the mount table (the image or device).
@@ -160,6 +176,11 @@ impl Default for FuseOptions {
             // less for a wake-up, and requests of different processes run side by side
             // (measured in docs/BENCHMARKS.md, "Daemon threads").
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            transport: TransportChoice::Auto,
+            spin: Duration::ZERO,
+            // One 1 MiB READ (the largest request, 256 pages) instead of eight 128 KiB
+            // ones: a cold sequential read went from 0.34 to 1.3 GB/s on this host.
+            readahead_kb: 1024,
             readdirplus: ReaddirPlus::Always,
             fsname: "dxfs".into(),
             sync_interval: Duration::from_secs(5),

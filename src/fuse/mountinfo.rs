@@ -23,6 +23,19 @@ pub(super) fn mount_id_of(path: &Path) -> Option<u64> {
     entries().into_iter().rev().find(|(_, p, _)| *p == want).map(|(id, _, _)| id)
 }
 
+/// The FUSE connection number of the mount on `path` (the minor of its device number,
+/// as /sys/fs/fuse/connections names it).
+pub(super) fn connection_of(path: &Path) -> Option<u64> {
+    let want = path.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let point = unescape(f.nth(1)?);
+        (point == want).then(|| dev.split_once(':')?.1.parse().ok()).flatten()
+    })
+}
+
 /// Where volumes are mounted through FUSE as type `fuse.dxfs`.
 pub fn dxfs_mounts() -> Vec<PathBuf> {
     entries().into_iter().filter(|(_, _, t)| t == "fuse.dxfs").map(|(_, p, _)| p).collect()
@@ -57,5 +70,6 @@ mod tests {
     #[test]
     fn the_root_mount_is_found() {
         assert!(super::mount_id_of(std::path::Path::new("/")).is_some());
+        assert!(super::connection_of(std::path::Path::new("/")).is_some());
     }
 }

@@ -1,31 +1,49 @@
-//! Mounting and serving: the session that carries requests between the kernel and the
-//! adapter. This is the transport seam: the classic `/dev/fuse` loop of `fuser` today.
+//! Mounting and serving: the FUSE session dxfs owns. It mounts (mount(2) as root,
+//! fusermount3 otherwise), answers INIT, and starts the transport `negotiate` chose:
+//! io_uring queues, one per CPU on a thread pinned there (plus one `/dev/fuse` reader for
+//! what the kernel still sends there), or classic `/dev/fuse` reader threads.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
-
-use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 use crate::Volume;
 
-use super::adapter::DxFuse;
-use super::mountinfo::mount_id_of;
-use super::FuseOptions;
+use super::mountinfo::{connection_of, mount_id_of};
+use super::server::Server;
+use super::transport::{self, Device, TransportChoice};
+use super::uring::{Queue, QueueConfig};
+use super::wire::{self, init, opcode, InitIn};
+use super::{FuseOptions, ReaddirPlus};
+
+/// Largest WRITE (and READ) the kernel sends: 1 MiB, the kernel's default
+/// `max_pages_limit` of 256 pages. Each io_uring entry holds a payload buffer this big.
+const MAX_WRITE: u32 = 1 << 20;
+const MAX_PAGES: u16 = 256;
+/// A `/dev/fuse` read must hold the largest request: a WRITE's data and its headers.
+const CLASSIC_BUFFER: usize = MAX_WRITE as usize + 4096;
+/// Entries per io_uring queue: requests one CPU can have in flight (its serving thread
+/// answers them one after another; the rest wait in the kernel's queue).
+const QUEUE_DEPTH: usize = 8;
 
 /// A live mount: the kernel has completed INIT, so the file system is usable.
 pub struct Mounted {
-    session: Session<DxFuse>,
+    server: Arc<Server>,
     vol: Arc<Volume>,
     mountpoint: PathBuf,
     sync_interval: Duration,
     /// Our mount's id in /proc/self/mountinfo, when dxfs mounted it itself (as root):
     /// only that mount is ever unmounted, never a later one on the same path.
     mount_id: Option<u64>,
+    /// The serving threads; they end when the kernel ends the session.
+    threads: Vec<JoinHandle<()>>,
+    /// Which transport serves, and why (for the log and `dxfs stats`).
+    pub transport: String,
 }
 
 /// Mount `vol` on `mountpoint` and return once the mount is live.
@@ -33,65 +51,288 @@ pub struct Mounted {
 /// As root dxfs mounts the kernel side itself (mount(2) on a /dev/fuse descriptor), so
 /// it knows its mount's id and unmounts nothing else: after `umount` and a quick
 /// remount on the same directory, the exiting daemon leaves the new mount alone.
-/// Other users mount through fusermount3 with auto_unmount (fuser's own mount, which
-/// may unmount the path at exit).
+/// Other users mount through fusermount3, which hands the descriptor back.
 pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
-    let mut cfg = Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName(opts.fsname.clone()),
-        // The kernel's own option: the mount table then shows type fuse.dxfs.
-        MountOption::CUSTOM("subtype=dxfs".into()),
-        if opts.read_only { MountOption::RO } else { MountOption::RW },
-    ];
-    if opts.default_permissions {
-        cfg.mount_options.push(MountOption::DefaultPermissions);
-    }
-
-    if opts.allow_other {
-        cfg.acl = SessionACL::All;
-    }
-    cfg.n_threads = Some(opts.threads.max(1));
-    // Each thread gets its own /dev/fuse descriptor, so they do not contend on one.
-    cfg.clone_fd = opts.threads > 1;
-    let invalidate: super::adapter::Invalidations = Default::default();
-    let fs = DxFuse::new(vol.clone(), opts.clone(), invalidate.clone());
-    let (session, mount_id) = if nix::unistd::geteuid().is_root() {
+    let (fd, mount_id) = if nix::unistd::geteuid().is_root() {
         let fd = kernel_mount(mountpoint, opts)?;
         // The kernel answers nothing on the mount until INIT: find our mount's id in the
         // mount table (which does not ask the file system) before the handshake.
-        let id = mount_id_of(mountpoint);
-        match Session::from_fd(fs, fd, cfg.acl, cfg) {
-            Ok(s) => (s, id),
-            Err(e) => {
-                let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
-                return Err(e);
-            }
-        }
+        (fd, mount_id_of(mountpoint))
     } else {
-        // fuser mounts directly when it can open /dev/fuse and gives up when it cannot
-        // (mode 0600 on some systems) instead of asking fusermount3: ask it ourselves.
-        let fd = super::fusermount::mount(mountpoint, &fusermount_options(opts))?;
-        (Session::from_fd(fs, fd, cfg.acl, cfg)?, None)
+        (super::fusermount::mount(mountpoint, &fusermount_options(opts))?, None)
     };
-    start_invalidator(&session, &invalidate)?;
-    Ok(Mounted { session, vol, mountpoint: mountpoint.to_path_buf(), sync_interval: opts.sync_interval, mount_id })
+    let dev = Arc::new(File::from(fd));
+    let server = Arc::new(Server::new(vol.clone(), opts.clone()));
+    let conn = connection_of(mountpoint);
+    let started = handshake(&dev, opts, &server).and_then(|uring| serve(&dev, &server, opts, uring, conn));
+    let (threads, transport) = match started {
+        Ok(t) => t,
+        Err(e) => {
+            // Never leave a mount nobody serves.
+            detach(mountpoint, mount_id);
+            return Err(e);
+        }
+    };
+    if opts.readahead_kb > 0 && mount_id.is_some() {
+        set_readahead(conn, opts.readahead_kb);
+    }
+    tracing::info!("serving {} with {transport}", mountpoint.display());
+    let _ = server.transport.set(transport.clone());
+    Ok(Mounted {
+        server,
+        vol,
+        mountpoint: mountpoint.to_path_buf(),
+        sync_interval: opts.sync_interval,
+        mount_id,
+        threads,
+        transport,
+    })
+}
+
+/// The INIT flags dxfs asks for.
+fn wanted_flags(opts: &FuseOptions) -> u64 {
+    let mut want = init::PARALLEL_DIROPS
+        | init::ASYNC_READ
+        | init::BIG_WRITES
+        | init::ASYNC_DIO
+        | init::MAX_PAGES
+        // Symlinks never change, so the kernel may keep their targets.
+        | init::CACHE_SYMLINKS
+        // The daemon drops setuid/setgid bits and file capabilities on write, truncate
+        // and chown itself: the kernel then marks inodes S_NOSEC and stops asking for
+        // security.capability (one GETXATTR) before every write.
+        | init::HANDLE_KILLPRIV_V2
+        // File handles (name_to_handle_at, open_by_handle_at, NFS export): node ids are
+        // inode numbers and carry their generation, so a handle stays valid across
+        // remounts and turns stale (ESTALE) once its inode slot is reused.
+        | init::EXPORT_SUPPORT
+        // Zero-message opens: OPEN/RELEASE and OPENDIR/RELEASEDIR round trips go away;
+        // inodes the kernel references live on after their last link instead.
+        | init::NO_OPEN_SUPPORT
+        | init::NO_OPENDIR_SUPPORT;
+    match opts.readdirplus {
+        ReaddirPlus::Auto => want |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO,
+        ReaddirPlus::Always => want |= init::DO_READDIRPLUS,
+        ReaddirPlus::Never => {}
+    }
+    if opts.writeback_cache {
+        want |= init::WRITEBACK_CACHE;
+    }
+    // POSIX_ACL makes the kernel enforce ACLs, and it turns default_permissions on, so
+    // it is only asked for when permissions are the kernel's job anyway. DONT_MASK hands
+    // the umask to the volume, which ignores it when a default ACL is inherited.
+    if opts.default_permissions {
+        want |= init::POSIX_ACL | init::DONT_MASK;
+    }
+    want
+}
+
+/// Read INIT from `/dev/fuse` and answer it. Returns whether to start io_uring queues.
+fn handshake(dev: &File, opts: &FuseOptions, server: &Server) -> io::Result<bool> {
+    let mut buf = vec![0u8; CLASSIC_BUFFER];
+    let n = (&*dev).read(&mut buf)?;
+    let (h, arg, _) = wire::split_classic(&buf[..n]).map_err(io::Error::other)?;
+    if h.opcode != opcode::INIT {
+        return Err(io::Error::other(format!("first request is opcode {}, not INIT", h.opcode)));
+    }
+    let i = InitIn::parse(arg).map_err(io::Error::other)?;
+    let mut n = match transport::negotiate(&i, opts.transport, wanted_flags(opts), MAX_WRITE, MAX_PAGES) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = (&*dev).write_all(&wire::reply(h.unique, libc::EPROTO, &[]));
+            return Err(io::Error::other(e));
+        }
+    };
+    // More background requests keep readahead and asynchronous writes flowing.
+    n.out.max_background = 64;
+    n.out.congestion_threshold = 48;
+    let missing = wanted_flags(opts) & !n.out.flags;
+    if missing != 0 {
+        tracing::info!("kernel lacks FUSE capabilities {missing:#x}");
+    }
+    let mut body = Vec::with_capacity(wire::InitOut::SIZE);
+    n.out.encode(&mut body);
+    server.set_zero_message_open(n.out.flags & init::NO_OPEN_SUPPORT != 0, n.out.flags & init::NO_OPENDIR_SUPPORT != 0);
+    (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
+    if opts.transport == TransportChoice::Uring && !n.uring {
+        tracing::warn!("-o transport=uring: {}", n.why);
+    } else {
+        tracing::info!("{}", n.why);
+    }
+    Ok(n.uring)
+}
+
+/// Start the serving threads: io_uring queues when `uring`, falling back to classic
+/// threads when they cannot be registered. Returns the threads and a description.
+fn serve(
+    dev: &Arc<File>,
+    server: &Arc<Server>,
+    opts: &FuseOptions,
+    uring: bool,
+    conn: Option<u64>,
+) -> io::Result<(Vec<JoinHandle<()>>, String)> {
+    start_invalidator(dev, server)?;
+    let mut threads = Vec::new();
+    let mut first = 0;
+    if uring {
+        // One reader of /dev/fuse always: FORGETs, INTERRUPTs and, until every queue has
+        // registered, everything else come that way.
+        threads.push(spawn_device(dev.clone(), server.clone(), "dxfs-fuse-0")?);
+        first = 1;
+        match start_queues(dev, server, conn) {
+            Ok(mut queues) => {
+                let n = queues.len();
+                threads.append(&mut queues);
+                return Ok((threads, format!("io_uring ({n} queues, one per CPU, threads pinned)")));
+            }
+            Err(e) => tracing::warn!("{e}; serving through /dev/fuse instead"),
+        }
+    }
+    for i in first..opts.threads.max(1) {
+        let name = format!("dxfs-fuse-{i}");
+        // The first thread reads the descriptor itself; the others, and every polling
+        // one (O_NONBLOCK belongs to the open file), read clones of it.
+        if i == 0 && opts.spin.is_zero() {
+            threads.push(spawn_device(dev.clone(), server.clone(), &name)?);
+            continue;
+        }
+        let d: Arc<dyn Device> = match super::devfd::clone(dev) {
+            Ok(d) if !opts.spin.is_zero() => Arc::new(transport::Spinning::new(d, opts.spin)?),
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                tracing::info!("cannot clone /dev/fuse ({e}); threads share one descriptor");
+                dev.clone()
+            }
+        };
+        threads.push(spawn_device(d, server.clone(), &name)?);
+    }
+    let spin = if opts.spin.is_zero() { String::new() } else { format!(", polling {:?} before sleeping", opts.spin) };
+    Ok((threads, format!("/dev/fuse ({} threads{spin})", opts.threads.max(1))))
+}
+
+fn spawn_device(dev: Arc<dyn Device>, server: Arc<Server>, name: &str) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.into()).spawn(move || {
+        if let Err(e) = transport::serve_classic(&*dev, &*server, CLASSIC_BUFFER) {
+            tracing::error!("/dev/fuse: {e}");
+        }
+    })
+}
+
+/// The queues the kernel waits for before it uses the ring: one per possible CPU.
+fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| transport::parse_possible_cpus(&s))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// One thread per possible CPU, pinned there, each registering its queue. Returns once
+/// every queue has registered, or the first failure. A failed REGISTER leaves the kernel
+/// on `/dev/fuse` (it switches to the ring only when every queue has an entry), so the
+/// caller may fall back to classic threads; queue threads that did register then idle
+/// until the session ends.
+fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<u64>) -> io::Result<Vec<JoinHandle<()>>> {
+    let cpus = possible_cpus();
+    let cfg = QueueConfig {
+        depth: QUEUE_DEPTH,
+        payload_size: wire::uring::payload_size(MAX_WRITE, MAX_PAGES, 4096),
+        defer_taskrun: true,
+    };
+    let (tx, rx) = mpsc::channel::<io::Result<()>>();
+    let mut threads = Vec::new();
+    // Fault injection for the tests: queue N gets a payload buffer the kernel refuses,
+    // so registration fails half way (the other queues registered).
+    let broken: Option<usize> = std::env::var("DXFS_TEST_BREAK_URING_QUEUE").ok().and_then(|v| v.parse().ok());
+    for qid in 0..cpus {
+        let (dev, server, tx) = (dev.clone(), server.clone(), tx.clone());
+        let cfg = if broken == Some(qid) { QueueConfig { payload_size: 4096, ..cfg } } else { cfg };
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("dxfs-queue-{qid}"))
+                .spawn(move || serve_queue(dev, server, qid as u16, cfg, conn, tx))?,
+        );
+    }
+    drop(tx);
+    // One message per queue; a thread that died without one ends the iteration early.
+    let results: Vec<io::Result<()>> = rx.iter().take(cpus).collect();
+    let failures: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(|e| e.to_string())).collect();
+    if !failures.is_empty() || results.len() < cpus {
+        return Err(io::Error::other(format!("io_uring queues not registered ({})", failures.join("; "))));
+    }
+    Ok(threads)
+}
+
+/// One io_uring queue: pin, register, then answer requests until the connection ends.
+fn serve_queue(
+    dev: Arc<File>,
+    server: Arc<Server>,
+    qid: u16,
+    cfg: QueueConfig,
+    conn: Option<u64>,
+    registered: mpsc::Sender<io::Result<()>>,
+) {
+    let setup = || -> io::Result<Queue> {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(qid as usize).map_err(io::Error::other)?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+            .map_err(|e| io::Error::other(format!("pinning queue {qid} to its CPU: {e}")))?;
+        let mut q = Queue::new(dev.clone(), qid, cfg)
+            .map_err(|e| io::Error::other(format!("io_uring setup for queue {qid}: {e}")))?;
+        q.register().map_err(|e| io::Error::other(format!("FUSE_IO_URING_CMD_REGISTER on queue {qid}: {e}")))?;
+        Ok(q)
+    };
+    let mut q = match setup() {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = registered.send(Err(e));
+            return;
+        }
+    };
+    let _ = registered.send(Ok(()));
+    drop(registered);
+    if let Err(e) = transport::serve_queue(&mut q, &*server) {
+        // Once the ring is in use, this CPU's requests would hang: end the connection.
+        tracing::error!("queue {qid}: {e}; aborting the FUSE connection");
+        abort_connection(conn);
+    }
+}
+
+/// Abort FUSE connection `conn` (`echo 1 > /sys/fs/fuse/connections/N/abort`): every
+/// waiting request fails with ENOTCONN and the mount answers nothing more.
+fn abort_connection(conn: Option<u64>) {
+    let r = match conn {
+        Some(n) => std::fs::write(format!("/sys/fs/fuse/connections/{n}/abort"), "1"),
+        None => Err(io::Error::other("connection number unknown")),
+    };
+    if let Err(e) = r {
+        tracing::error!("cannot abort the FUSE connection ({e}); unmount it by hand");
+    }
+}
+
+/// Set the kernel's readahead for the mount's files: the bdi of a FUSE connection is
+/// named after its device number, 0:N. (The INIT reply can only lower it.)
+fn set_readahead(conn: Option<u64>, kb: u32) {
+    let Some(n) = conn else { return };
+    if let Err(e) = std::fs::write(format!("/sys/class/bdi/0:{n}/read_ahead_kb"), kb.to_string()) {
+        tracing::info!("cannot set readahead to {kb} KiB: {e}");
+    }
 }
 
 /// The thread that tells the kernel to drop cached pages of ranges written with
-/// O_DIRECT (see the adapter's `write`). It ends when the adapter, and with it the
+/// O_DIRECT (see the server's `write`). It ends when the server, and with it the
 /// channel's sender, goes away.
-fn start_invalidator(session: &Session<DxFuse>, slot: &super::adapter::Invalidations) -> io::Result<()> {
-    let notifier = session.notifier();
+fn start_invalidator(dev: &Arc<File>, server: &Server) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<(u64, i64, i64)>();
+    let dev = dev.clone();
     std::thread::Builder::new().name("dxfs-inval".into()).spawn(move || {
         for (ino, offset, len) in rx {
-            if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), offset, len) {
+            if let Err(e) = (&*dev).write_all(&wire::notify_inval_inode(ino, offset, len)) {
                 // ENOENT: the kernel holds no inode for it, so nothing is cached.
                 tracing::debug!("page-cache invalidation of node {ino}: {e}");
             }
         }
     })?;
-    let _ = slot.set(tx);
+    server.set_invalidations(tx);
     Ok(())
 }
 
@@ -150,15 +391,22 @@ fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Take a mount that failed to start off its directory: ours by id as root, else through
+/// fusermount3.
+fn detach(mountpoint: &Path, mount_id: Option<u64>) {
+    if mount_id.is_some() {
+        if mount_id_of(mountpoint) == mount_id {
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+    } else {
+        let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).status();
+    }
+}
+
 impl Mounted {
     /// A handle that ends this mount from another thread (a signal thread, say).
     pub fn stopper(&mut self) -> Stopper {
-        Stopper {
-            unmounter: self.session.unmount_callable(),
-            mountpoint: self.mountpoint.clone(),
-            vol: self.vol.clone(),
-            mount_id: self.mount_id,
-        }
+        Stopper { mountpoint: self.mountpoint.clone(), vol: self.vol.clone(), mount_id: self.mount_id }
     }
 
     /// Serve requests until the file system is unmounted (`umount`, `fusermount3 -u`,
@@ -174,17 +422,18 @@ impl Mounted {
                 }
             }
         })?;
-        let served = self.session.run();
+        for t in self.threads {
+            let _ = t.join();
+        }
         drop(stop);
         let _ = syncer.join();
-        let synced = self.vol.shutdown().map_err(|e| io::Error::other(format!("final commit failed: {e}")));
-        served.and(synced)
+        self.server.end();
+        self.vol.shutdown().map_err(|e| io::Error::other(format!("final commit failed: {e}")))
     }
 }
 
 /// Ends a mount: see [`Mounted::stopper`].
 pub struct Stopper {
-    unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     vol: Arc<Volume>,
     mount_id: Option<u64>,
@@ -197,35 +446,25 @@ impl Stopper {
         if let Err(e) = self.vol.sync() {
             tracing::error!("commit failed: {e}");
         }
-        if let Some(id) = self.mount_id {
-            // Our own mount: unmount it only if it is still the one on the path.
-            if mount_id_of(&self.mountpoint) != Some(id) {
-                tracing::info!("{} no longer holds this mount; nothing to unmount", self.mountpoint.display());
-                return Ok(());
-            }
-            return match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::empty()) {
-                Ok(()) => Ok(()),
-                Err(nix::errno::Errno::EBUSY) => {
-                    tracing::info!("{} is busy; detaching it", self.mountpoint.display());
-                    nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
-                }
-                Err(e) => Err(e.into()),
+        let Some(id) = self.mount_id else {
+            // Mounted by fusermount3: unmount through it too (lazily if busy).
+            let st = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint).status()?;
+            return if st.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
             };
+        };
+        // Our own mount: unmount it only if it is still the one on the path.
+        if mount_id_of(&self.mountpoint) != Some(id) {
+            tracing::info!("{} no longer holds this mount; nothing to unmount", self.mountpoint.display());
+            return Ok(());
         }
-        // fuser's unmount gives up its claim on the mount even when it fails, so it
-        // never unmounts the same path again (which might by then be another mount).
-        let Err(e) = self.unmounter.unmount() else { return Ok(()) };
-        tracing::info!("unmounting {}: {e}; detaching it", self.mountpoint.display());
-        match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+        match nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::empty()) {
             Ok(()) => Ok(()),
-            Err(nix::errno::Errno::EPERM) => {
-                let st =
-                    std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint).status()?;
-                if st.success() {
-                    Ok(())
-                } else {
-                    Err(io::Error::other(format!("fusermount3 -u -z failed: {st}")))
-                }
+            Err(nix::errno::Errno::EBUSY) => {
+                tracing::info!("{} is busy; detaching it", self.mountpoint.display());
+                nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
             }
             Err(e) => Err(e.into()),
         }

@@ -5,115 +5,63 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The requests the adapter serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
-    Lookup,
-    Forget,
-    Getattr,
-    Setattr,
-    Readlink,
-    Mknod,
-    Mkdir,
-    Unlink,
-    Rmdir,
-    Symlink,
-    Rename,
-    Link,
-    Open,
-    Read,
-    Write,
-    Flush,
-    Release,
-    Fsync,
-    Opendir,
-    Releasedir,
-    Readdir,
-    Readdirplus,
-    Fsyncdir,
-    Statfs,
-    Setxattr,
-    Getxattr,
-    Listxattr,
-    Removexattr,
-    Access,
-    Create,
-    Fallocate,
-    CopyFileRange,
-}
+use super::wire::opcode;
 
-const OPS: [Op; 32] = [
-    Op::Lookup,
-    Op::Forget,
-    Op::Getattr,
-    Op::Setattr,
-    Op::Readlink,
-    Op::Mknod,
-    Op::Mkdir,
-    Op::Unlink,
-    Op::Rmdir,
-    Op::Symlink,
-    Op::Rename,
-    Op::Link,
-    Op::Open,
-    Op::Read,
-    Op::Write,
-    Op::Flush,
-    Op::Release,
-    Op::Fsync,
-    Op::Opendir,
-    Op::Releasedir,
-    Op::Readdir,
-    Op::Readdirplus,
-    Op::Fsyncdir,
-    Op::Statfs,
-    Op::Setxattr,
-    Op::Getxattr,
-    Op::Listxattr,
-    Op::Removexattr,
-    Op::Access,
-    Op::Create,
-    Op::Fallocate,
-    Op::CopyFileRange,
-];
+/// Opcodes counted: every one below this (the kernel's are all below 64).
+const OPCODES: usize = 64;
 
-impl Op {
-    /// The kernel's name of the opcode (FUSE_LOOKUP is "LOOKUP").
-    fn name(self) -> &'static str {
-        match self {
-            Op::Lookup => "LOOKUP",
-            Op::Forget => "FORGET",
-            Op::Getattr => "GETATTR",
-            Op::Setattr => "SETATTR",
-            Op::Readlink => "READLINK",
-            Op::Mknod => "MKNOD",
-            Op::Mkdir => "MKDIR",
-            Op::Unlink => "UNLINK",
-            Op::Rmdir => "RMDIR",
-            Op::Symlink => "SYMLINK",
-            Op::Rename => "RENAME",
-            Op::Link => "LINK",
-            Op::Open => "OPEN",
-            Op::Read => "READ",
-            Op::Write => "WRITE",
-            Op::Flush => "FLUSH",
-            Op::Release => "RELEASE",
-            Op::Fsync => "FSYNC",
-            Op::Opendir => "OPENDIR",
-            Op::Releasedir => "RELEASEDIR",
-            Op::Readdir => "READDIR",
-            Op::Readdirplus => "READDIRPLUS",
-            Op::Fsyncdir => "FSYNCDIR",
-            Op::Statfs => "STATFS",
-            Op::Setxattr => "SETXATTR",
-            Op::Getxattr => "GETXATTR",
-            Op::Listxattr => "LISTXATTR",
-            Op::Removexattr => "REMOVEXATTR",
-            Op::Access => "ACCESS",
-            Op::Create => "CREATE",
-            Op::Fallocate => "FALLOCATE",
-            Op::CopyFileRange => "COPY_FILE_RANGE",
-        }
+/// The kernel's name of an opcode (FUSE_LOOKUP is "LOOKUP").
+fn name(op: u32) -> &'static str {
+    match op {
+        opcode::LOOKUP => "LOOKUP",
+        opcode::FORGET => "FORGET",
+        opcode::GETATTR => "GETATTR",
+        opcode::SETATTR => "SETATTR",
+        opcode::READLINK => "READLINK",
+        opcode::SYMLINK => "SYMLINK",
+        opcode::MKNOD => "MKNOD",
+        opcode::MKDIR => "MKDIR",
+        opcode::UNLINK => "UNLINK",
+        opcode::RMDIR => "RMDIR",
+        opcode::RENAME => "RENAME",
+        opcode::LINK => "LINK",
+        opcode::OPEN => "OPEN",
+        opcode::READ => "READ",
+        opcode::WRITE => "WRITE",
+        opcode::STATFS => "STATFS",
+        opcode::RELEASE => "RELEASE",
+        opcode::FSYNC => "FSYNC",
+        opcode::SETXATTR => "SETXATTR",
+        opcode::GETXATTR => "GETXATTR",
+        opcode::LISTXATTR => "LISTXATTR",
+        opcode::REMOVEXATTR => "REMOVEXATTR",
+        opcode::FLUSH => "FLUSH",
+        opcode::INIT => "INIT",
+        opcode::OPENDIR => "OPENDIR",
+        opcode::READDIR => "READDIR",
+        opcode::RELEASEDIR => "RELEASEDIR",
+        opcode::FSYNCDIR => "FSYNCDIR",
+        opcode::GETLK => "GETLK",
+        opcode::SETLK => "SETLK",
+        opcode::SETLKW => "SETLKW",
+        opcode::ACCESS => "ACCESS",
+        opcode::CREATE => "CREATE",
+        opcode::INTERRUPT => "INTERRUPT",
+        opcode::BMAP => "BMAP",
+        opcode::DESTROY => "DESTROY",
+        opcode::IOCTL => "IOCTL",
+        opcode::POLL => "POLL",
+        opcode::NOTIFY_REPLY => "NOTIFY_REPLY",
+        opcode::BATCH_FORGET => "BATCH_FORGET",
+        opcode::FALLOCATE => "FALLOCATE",
+        opcode::READDIRPLUS => "READDIRPLUS",
+        opcode::RENAME2 => "RENAME2",
+        opcode::LSEEK => "LSEEK",
+        opcode::COPY_FILE_RANGE => "COPY_FILE_RANGE",
+        opcode::SYNCFS => "SYNCFS",
+        opcode::TMPFILE => "TMPFILE",
+        opcode::STATX => "STATX",
+        _ => "OTHER",
     }
 }
 
@@ -125,13 +73,19 @@ struct Counter {
 
 /// Counters of one mount.
 pub(super) struct RequestStats {
-    counters: [Counter; OPS.len()],
+    counters: [Counter; OPCODES],
+    /// Requests that came through io_uring queues (the rest came through /dev/fuse).
+    via_ring: AtomicU64,
     since: Instant,
 }
 
 impl Default for RequestStats {
     fn default() -> Self {
-        RequestStats { counters: Default::default(), since: Instant::now() }
+        RequestStats {
+            counters: std::array::from_fn(|_| Counter::default()),
+            via_ring: AtomicU64::new(0),
+            since: Instant::now(),
+        }
     }
 }
 
@@ -150,18 +104,25 @@ impl Drop for Timer<'_> {
 }
 
 impl RequestStats {
-    /// Count a request of kind `op`, timing it until the returned guard drops.
-    pub(super) fn timer(&self, op: Op) -> Timer<'_> {
-        Timer { counter: &self.counters[op as usize], start: Instant::now() }
+    /// Count a request with opcode `op`, timing it until the returned guard drops.
+    pub(super) fn timer(&self, op: u32, via_ring: bool) -> Timer<'_> {
+        if via_ring {
+            self.via_ring.fetch_add(1, Ordering::Relaxed);
+        }
+        let i = (op as usize).min(OPCODES - 1);
+        Timer { counter: &self.counters[i], start: Instant::now() }
     }
 
     /// (opcode name, requests, time spent) of every opcode seen, busiest first.
     pub(super) fn snapshot(&self) -> Vec<(&'static str, u64, Duration)> {
-        let mut v: Vec<_> = OPS
-            .iter()
-            .map(|&op| {
-                let c = &self.counters[op as usize];
-                (op.name(), c.count.load(Ordering::Relaxed), Duration::from_nanos(c.nanos.load(Ordering::Relaxed)))
+        let mut v: Vec<_> = (0..OPCODES)
+            .map(|op| {
+                let c = &self.counters[op];
+                (
+                    name(op as u32),
+                    c.count.load(Ordering::Relaxed),
+                    Duration::from_nanos(c.nanos.load(Ordering::Relaxed)),
+                )
             })
             .filter(|&(_, n, _)| n > 0)
             .collect();
@@ -169,9 +130,10 @@ impl RequestStats {
         v
     }
 
-    /// The counters as one JSON object: `{"seconds": S, "requests": N, "ops": {"LOOKUP":
+    /// The counters as one JSON object: `{"transport": T, "seconds": S, "requests": N, "via_ring": R,
+    /// "ops": {"LOOKUP":
     /// {"count": n, "total_us": t, "mean_us": m}, ...}}`.
-    pub(super) fn json(&self) -> String {
+    pub(super) fn json(&self, transport: &str) -> String {
         let snap = self.snapshot();
         let total: u64 = snap.iter().map(|s| s.1).sum();
         let ops: Vec<String> = snap
@@ -182,8 +144,10 @@ impl RequestStats {
             })
             .collect();
         format!(
-            "{{\"seconds\":{:.3},\"requests\":{total},\"ops\":{{{}}}}}",
+            "{{\"transport\":\"{}\",\"seconds\":{:.3},\"requests\":{total},\"via_ring\":{},\"ops\":{{{}}}}}",
+            transport.replace(['"', '\\'], ""),
             self.since.elapsed().as_secs_f64(),
+            self.via_ring.load(Ordering::Relaxed),
             ops.join(",")
         )
     }
@@ -210,17 +174,20 @@ mod tests {
     #[test]
     fn counts_and_reports_every_op() {
         let s = RequestStats::default();
-        for (i, &op) in OPS.iter().enumerate() {
-            assert_eq!(op as usize, i, "OPS is in declaration order");
-        }
         for _ in 0..3 {
-            drop(s.timer(Op::Lookup));
+            drop(s.timer(opcode::LOOKUP, false));
         }
-        drop(s.timer(Op::Create));
+        drop(s.timer(opcode::CREATE, true));
+        drop(s.timer(999, false)); // out of range: counted as OTHER
         let snap = s.snapshot();
-        assert_eq!(snap.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(), vec![("LOOKUP", 3), ("CREATE", 1)]);
-        let j = s.json();
-        assert!(j.contains("\"requests\":4"), "{j}");
+        assert_eq!(
+            snap.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            vec![("LOOKUP", 3), ("CREATE", 1), ("OTHER", 1)]
+        );
+        let j = s.json("io_uring");
+        assert!(j.starts_with("{\"transport\":\"io_uring\","), "{j}");
+        assert!(j.contains("\"requests\":5"), "{j}");
+        assert!(j.contains("\"via_ring\":1"), "{j}");
         assert!(j.contains("\"LOOKUP\":{\"count\":3,"), "{j}");
         assert!(s.summary().starts_with("LOOKUP 3 ("), "{}", s.summary());
     }

@@ -1,5 +1,5 @@
-//! The transport seam: how requests travel between the kernel and a request handler,
-//! once dxfs owns its FUSE session (a sketch; `dxfs mount` still serves through `fuser`).
+//! The transport seam: how requests travel between the kernel and a request handler
+//! (`server.rs` in `dxfs mount`, an in-memory file system in the transport probe).
 //!
 //! A [`Handler`] answers parsed requests ([`Request`]) with a [`Reply`]; it does not know
 //! how they came. Two transports carry them:
@@ -59,10 +59,28 @@ pub enum Reply {
     Error(i32),
 }
 
+impl Reply {
+    /// (errno, body) as a ring entry carries them: no reply is an empty success.
+    fn into_parts(self) -> (i32, Vec<u8>) {
+        match self {
+            Reply::Data(b) => (0, b),
+            Reply::None => (0, Vec::new()),
+            Reply::Error(errno) => (errno, Vec::new()),
+        }
+    }
+}
+
 /// Answers requests; called from every serving thread at once.
 pub trait Handler: Send + Sync {
     /// Answer `req`; `via_ring` says which transport brought it (for counters).
     fn handle(&self, header: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply;
+
+    /// Whether answering `req` may block for long (an fsync waits for a commit). An
+    /// io_uring queue answers such a request on a thread of its own, so that the other
+    /// requests made on its CPU do not wait behind it.
+    fn blocks(&self, _req: &Request<'_>) -> bool {
+        false
+    }
 }
 
 /// A FUSE device as the classic loop uses it: one message per read and per write.
@@ -80,6 +98,53 @@ impl Device for File {
 
     fn send(&self, msg: &[u8]) -> io::Result<()> {
         (&*self).write_all(msg)
+    }
+}
+
+/// A `/dev/fuse` descriptor read by polling for a while before sleeping: a thread that
+/// answered a request keeps trying to read for `spin` (the descriptor is non-blocking),
+/// so a caller's next request, which often follows within microseconds, finds it awake
+/// instead of waking it; after that it waits in poll(2). Each serving thread needs its
+/// own descriptor (a clone): O_NONBLOCK belongs to the open file.
+pub struct Spinning {
+    file: File,
+    spin: std::time::Duration,
+}
+
+impl Spinning {
+    /// Make `file` non-blocking and spin up to `spin` before each sleep.
+    pub fn new(file: File, spin: std::time::Duration) -> io::Result<Spinning> {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
+        fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        Ok(Spinning { file, spin })
+    }
+}
+
+impl Device for Spinning {
+    fn receive(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let start = std::time::Instant::now();
+        loop {
+            match (&self.file).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            if start.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut fds = [PollFd::new(self.file.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        self.file.send(msg)
     }
 }
 
@@ -203,15 +268,41 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
     }
 }
 
+/// A request copied out of its ring entry, to be answered on another thread.
+struct Deferred {
+    ent: usize,
+    commit_id: u64,
+    header: InHeader,
+    op_in: Vec<u8>,
+    payload: Vec<u8>,
+}
+
 /// Serve one registered io_uring queue until the connection ends (every entry given
-/// back by the kernel: `Ok`).
+/// back by the kernel: `Ok`). Requests the handler says may block are answered on
+/// threads of their own; their replies come back through a channel and an eventfd the
+/// ring polls, and this thread commits them (only it may submit to the ring).
 pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
-    loop {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::sync::mpsc;
+
+    let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+    q.watch(wake.as_fd().as_raw_fd())?;
+    let (done_tx, done_rx) = mpsc::channel::<(usize, u64, Reply)>();
+    std::thread::scope(|scope| loop {
         let c = match q.wait() {
             Ok(c) => c,
             Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
             Err(e) => return Err(e),
         };
+        if c.ent == super::uring::WAKE {
+            let _ = wake.read();
+            for (ent, commit_id, reply) in done_rx.try_iter() {
+                let (errno, body) = reply.into_parts();
+                q.commit(ent, commit_id, errno, &body)?;
+            }
+            continue;
+        }
         if c.res != 0 {
             // ENOTCONN: teardown; anything else is worth a line, then the entry is idle.
             if c.res != -libc::ENOTCONN {
@@ -219,21 +310,37 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
             }
             continue;
         }
-        let (commit_id, errno, body) = match q.request(c.ent) {
-            Ok(inc) => match dispatch(handler, &inc.header, inc.op_in, inc.payload, true) {
-                Reply::Data(b) => (inc.commit_id, 0, b),
-                Reply::None => (inc.commit_id, 0, Vec::new()),
-                Reply::Error(errno) => (inc.commit_id, errno, Vec::new()),
-            },
+        let (commit_id, reply) = match q.request(c.ent) {
+            Ok(inc) => {
+                let parsed = Request::parse(inc.header.opcode, inc.op_in, inc.payload);
+                if parsed.as_ref().is_ok_and(|r| handler.blocks(r)) {
+                    let d = Deferred {
+                        ent: c.ent,
+                        commit_id: inc.commit_id,
+                        header: inc.header,
+                        op_in: inc.op_in.to_vec(),
+                        payload: inc.payload.to_vec(),
+                    };
+                    let (tx, wake) = (done_tx.clone(), &wake);
+                    scope.spawn(move || {
+                        let reply = dispatch(handler, &d.header, &d.op_in, &d.payload, true);
+                        let _ = tx.send((d.ent, d.commit_id, reply));
+                        let _ = wake.write(1);
+                    });
+                    continue;
+                }
+                (inc.commit_id, dispatch(handler, &inc.header, inc.op_in, inc.payload, true))
+            }
             // Answer what cannot be read with EIO: a request left unanswered would hang
             // its caller, and the entry with it.
             Err(e) => {
                 tracing::warn!("queue {}: malformed request: {e}", q.qid());
-                (q.commit_id(c.ent), libc::EIO, Vec::new())
+                (q.commit_id(c.ent), Reply::Error(libc::EIO))
             }
         };
+        let (errno, body) = reply.into_parts();
         q.commit(c.ent, commit_id, errno, &body)?;
-    }
+    })
 }
 
 #[cfg(all(test, target_endian = "little"))]

@@ -95,8 +95,11 @@ struct Ent {
 // SAFETY: the iovecs only hold the addresses of this entry's own buffers.
 unsafe impl Send for Ent {}
 
+/// [`Completion::ent`] of a wake-up: the descriptor [`Queue::watch`] polls became readable.
+pub const WAKE: usize = usize::MAX;
+
 /// A completion: entry `ent` came back with result `res` (0: it holds a request;
-/// negative errno: registration failed, or the connection is going away).
+/// negative errno: registration failed, or the connection is going away), or [`WAKE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
     /// The entry.
@@ -137,6 +140,8 @@ pub struct Queue {
     qid: u16,
     ents: Vec<Ent>,
     ready: VecDeque<Completion>,
+    /// The descriptor `watch` polls, and whether its multishot poll is armed.
+    watched: Option<(i32, bool)>,
 }
 
 /// Set `sqe->len` (offset 24 of `struct io_uring_sqe`), which `io-uring`'s `UringCmd80`
@@ -171,7 +176,7 @@ impl Queue {
                 Ent { header, payload, iov, state: EntState::Idle }
             })
             .collect();
-        Ok(Queue { ring, dev, qid, ents, ready: VecDeque::new() })
+        Ok(Queue { ring, dev, qid, ents, ready: VecDeque::new(), watched: None })
     }
 
     /// This queue's id.
@@ -192,7 +197,8 @@ impl Queue {
     fn push(&mut self, e: &squeue::Entry128) -> io::Result<()> {
         // SAFETY: every SQE this module pushes points only at buffers and iovecs owned by
         // `self.ents`, which live at fixed heap addresses until `Queue::drop`, and that
-        // drop leaks (never frees) those of entries still with the kernel.
+        // drop leaks (never frees) those of entries still with the kernel; the poll of
+        // `watch` points at no memory.
         let pushed = unsafe { self.ring.submission().push(e) };
         if pushed.is_err() {
             self.ring.submit()?;
@@ -228,10 +234,36 @@ impl Queue {
         Ok(())
     }
 
+    /// Also wake [`Queue::wait`] (with a [`WAKE`] completion) whenever `fd` becomes
+    /// readable: how replies finished on other threads reach this one, which alone may
+    /// submit to the ring. The caller keeps `fd` open while the queue lives.
+    pub fn watch(&mut self, fd: i32) -> io::Result<()> {
+        self.watched = Some((fd, false));
+        self.arm_watch()
+    }
+
+    fn arm_watch(&mut self) -> io::Result<()> {
+        let Some((fd, false)) = self.watched else { return Ok(()) };
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).multi(true).build().user_data(WAKE as u64);
+        self.push(&e.into())?;
+        self.watched = Some((fd, true));
+        Ok(())
+    }
+
     fn reap(&mut self) {
         for c in self.ring.completion() {
             let ent = c.user_data() as usize;
             let res = c.result();
+            if ent == WAKE {
+                // A multishot poll that ends (no F_MORE) is armed again by the next wait.
+                if !cqueue::more(c.flags()) {
+                    if let Some((fd, _)) = self.watched {
+                        self.watched = Some((fd, false));
+                    }
+                }
+                self.ready.push_back(Completion { ent, res });
+                continue;
+            }
             if let Some(e) = self.ents.get_mut(ent) {
                 e.state = if res == 0 { EntState::User } else { EntState::Idle };
                 self.ready.push_back(Completion { ent, res });
@@ -239,15 +271,17 @@ impl Queue {
         }
     }
 
-    /// Submit queued commits and wait for the next completion.
+    /// Submit queued commits and wait for the next completion. Ends (NotConnected) once
+    /// every entry is back from the kernel and none holds a request being answered.
     pub fn wait(&mut self) -> io::Result<Completion> {
         loop {
             if let Some(c) = self.ready.pop_front() {
                 return Ok(c);
             }
-            if !self.ents.iter().any(|e| e.state == EntState::Kernel) {
+            if self.ents.iter().all(|e| e.state == EntState::Idle) {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, "no entry is with the kernel"));
             }
+            self.arm_watch()?;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

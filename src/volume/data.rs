@@ -137,10 +137,63 @@ impl Volume {
                 return Ok(());
             }
         }
-        // The last handle of an unlinked inode: free it (a deletion, so it may use the
-        // reserve), unless it was opened again meanwhile.
+        self.free_if_unused(ino)
+    }
+
+    /// Let a holder (see [`Volume::set_holder`]) say which inodes it still uses: an inode
+    /// that loses its last link while `holder(ino)` is true and no handle is open stays
+    /// alive, with no link, until [`Volume::forgotten`]. The FUSE frontend holds every
+    /// inode the kernel has a reference to, so a file the kernel has open without telling
+    /// the daemon (FUSE's zero-message opens) outlives its name. `holder` is called with
+    /// the volume locked and must not call the volume.
+    pub fn set_holder(&self, holder: Holder) {
+        self.lock().holder = Some(holder);
+    }
+
+    /// Wait up to `within` for inodes that lost their last link less than `within` ago,
+    /// while their holder still held them, to be forgotten: a FUSE kernel sends the
+    /// FORGET of a file it drops at unlink right after the UNLINK, and `df` right after
+    /// `rm` must count its blocks. One still held after that (open) stays counted as used.
+    pub fn settle_unlinked(&self, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            {
+                let mut g = self.lock();
+                let now = std::time::Instant::now();
+                g.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
+                if g.unlinked_at.is_empty() || now >= deadline {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
+    /// The holder no longer uses `ino`: free it if it has no link and no open handle.
+    pub fn forgotten(&self, ino: u64) -> Result<()> {
+        {
+            let g = self.lock();
+            if g.opts.read_only || g.failed || !g.held.contains(&ino) && g.state.orphan_head == 0 {
+                // Nothing unlinked is alive: nothing to free (the common case, no lookup).
+                return Ok(());
+            }
+        }
+        self.free_if_unused(ino)
+    }
+
+    /// Free `ino` if it has no link, no open handle and no holder (a deletion, so it may
+    /// use the reserve).
+    fn free_if_unused(&self, ino: u64) -> Result<()> {
         let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
-        if !g.open.contains_key(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+        if g.open.contains_key(&ino) || g.is_held(ino) {
+            return Ok(());
+        }
+        g.unlinked_at.remove(&ino);
+        if g.held.remove(&ino) {
+            let i = g.st.inode(ino)?;
+            return g.free_inode(i);
+        }
+        if g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
             g.remove_orphan(ino)?;
         }
         Ok(())

@@ -306,6 +306,7 @@ impl Inner {
 
     /// Write back and snapshot the delta (see [`Delta::prepare_commit`]).
     fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
+        self.list_held()?;
         self.delta.prepare_commit(&mut self.st, &mut self.state, journal)
     }
 

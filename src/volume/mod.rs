@@ -91,7 +91,20 @@ struct Inner {
     /// The mount mark this read-write open holds (ro_compat MOUNT_MARK), kept fresh by
     /// its own thread until the volume is dropped.
     mark: Option<Arc<mark::Holder>>,
+    /// Who else may still use an inode that loses its last link (the FUSE kernel's
+    /// references): see [`Volume::set_holder`].
+    holder: Option<Holder>,
+    /// Inodes with no link and no open handle that the holder still holds: alive, not yet
+    /// on the orphan list (the next commit puts them there), freed by
+    /// [`Volume::forgotten`].
+    held: rustc_hash::FxHashSet<u64>,
+    /// When each inode still held after losing its last link lost it (held or already on
+    /// the orphan list): what `settle_unlinked` waits for.
+    unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
 }
+
+/// See [`Volume::set_holder`].
+pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
 ///
@@ -125,6 +138,11 @@ impl Inner {
             return Err(Error::ReadOnly);
         }
         Ok(())
+    }
+
+    /// Whether something besides open handles still uses `ino` (the holder says so).
+    fn is_held(&self, ino: u64) -> bool {
+        self.holder.as_ref().is_some_and(|h| h(ino))
     }
 
     fn dir_inode(&mut self, ino: u64) -> Result<Inode> {
@@ -191,6 +209,9 @@ impl Volume {
             failed: false,
             readahead: HashMap::new(),
             mark,
+            holder: None,
+            held: Default::default(),
+            unlinked_at: Default::default(),
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;

@@ -87,7 +87,32 @@ impl Inner {
             self.state.orphan_head = i.ino;
             return self.st.put_inode(&i);
         }
+        if self.is_held(i.ino) {
+            // Unlinked, not open, but still referenced by the holder (the kernel, which
+            // may still have it open): alive until `forgotten`. Usually that comes before
+            // the next commit and the inode is freed as if now; if not, the commit puts it
+            // on the orphan list, so a crash frees it.
+            self.held.insert(i.ino);
+            self.unlinked_at.insert(i.ino, std::time::Instant::now());
+            return self.st.put_inode(&i);
+        }
         self.free_inode(i)
+    }
+
+    /// Put the held unlinked inodes on the orphan list (before a commit, so every inode
+    /// with no link on disk is on it).
+    pub(super) fn list_held(&mut self) -> Result<()> {
+        let mut held: Vec<u64> = self.held.drain().collect();
+        held.sort_unstable();
+        for ino in held {
+            let mut i = self.st.inode(ino)?;
+            if i.nlink == 0 {
+                i.next_orphan = self.state.orphan_head;
+                self.state.orphan_head = ino;
+                self.st.put_inode(&i)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
@@ -106,8 +131,15 @@ impl Inner {
         Ok(())
     }
 
+    /// Free orphan `ino`: off the orphan list, then its inode and blocks.
     pub(super) fn remove_orphan(&mut self, ino: u64) -> Result<()> {
-        let target = self.st.inode(ino)?;
+        let target = self.unlist_orphan(ino)?;
+        self.free_inode(target)
+    }
+
+    /// Take `ino` off the orphan list; returns its inode, no longer pointing into it.
+    pub(super) fn unlist_orphan(&mut self, ino: u64) -> Result<Inode> {
+        let mut target = self.st.inode(ino)?;
         if self.state.orphan_head == ino {
             self.state.orphan_head = target.next_orphan;
         } else {
@@ -127,7 +159,9 @@ impl Inner {
                 }
             }
         }
-        self.free_inode(target)
+        target.next_orphan = 0;
+        self.st.put_inode(&target)?;
+        Ok(target)
     }
 }
 
@@ -211,6 +245,40 @@ impl Volume {
         g.attr(&i)
     }
 
+    /// An unnamed regular file in directory `parent`, open (`O_TMPFILE`): no link, on
+    /// the orphan list until [`Volume::link`] gives it a name or its last release frees
+    /// it (a crash before either frees it at the next open). Owner, group and ACLs are
+    /// decided as for [`Volume::make`].
+    pub fn make_tmpfile(&self, parent: u64, n: NewNode) -> Result<Attr> {
+        if type_of(n.mode)? != FileType::RegularFile {
+            return Err(Error::Invalid("O_TMPFILE makes regular files only".into()));
+        }
+        let (mut g, mut p) = self.charged_with(|g| {
+            let p = g.dir_inode(parent)?;
+            Ok((Cost::new(g.inode_cost() + 1, 0, false), p))
+        })?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let (mode, gid) = new_owner(&p, n.mode, n.gid);
+        let (mode, acls) = g.inherited(&p, mode, n.umask)?;
+        let saved = p;
+        let mut i = g.new_inode(&mut p, mode, n.uid, gid, 0)?;
+        if saved != p {
+            // The allocation moved the directory's inode region.
+            g.st.put_inode(&p)?;
+        }
+        i.nlink = 0;
+        i.next_orphan = g.state.orphan_head;
+        g.state.orphan_head = i.ino;
+        if !acls.is_empty() {
+            xattr::store(&mut g.st, &mut i, &acls)?;
+        }
+        g.st.put_inode(&i)?;
+        *g.open.entry(i.ino).or_insert(0) += 1;
+        g.attr(&i)
+    }
+
     /// Create a regular file with permission bits `perm`.
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
         self.mknod(parent, name, libc::S_IFREG | (perm & 0o7777), 0, uid, gid)
@@ -280,7 +348,20 @@ impl Volume {
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        let held = g.held.contains(&ino);
+        if i.nlink == 0 && !g.open.contains_key(&ino) && !held && !g.is_held(ino) {
+            // Unlinked and unused: it is about to be freed (or already was).
+            return Err(Error::NotFound);
+        }
         dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
+        g.unlinked_at.remove(&ino);
+        if held {
+            g.held.remove(&ino);
+        } else if i.nlink == 0 {
+            // An O_TMPFILE file (or one unlinked while open) gets a name: off the orphan
+            // list, or a crash would free a linked inode.
+            i = g.unlist_orphan(ino)?;
+        }
         let t = now();
         i.nlink += 1;
         i.ctime = t;

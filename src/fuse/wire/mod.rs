@@ -19,6 +19,9 @@
 
 use std::fmt;
 
+mod request;
+pub use request::*;
+
 /// The protocol's major version.
 pub const KERNEL_VERSION: u32 = 7;
 /// The minor version this code speaks; the connection uses the smaller of this and the
@@ -36,7 +39,14 @@ pub mod opcode {
     pub const FORGET: u32 = 2;
     pub const GETATTR: u32 = 3;
     pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
     pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
     pub const WRITE: u32 = 16;
@@ -45,17 +55,34 @@ pub mod opcode {
     pub const FSYNC: u32 = 20;
     pub const SETXATTR: u32 = 21;
     pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
     pub const FLUSH: u32 = 25;
     pub const INIT: u32 = 26;
     pub const OPENDIR: u32 = 27;
     pub const READDIR: u32 = 28;
     pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const GETLK: u32 = 31;
+    pub const SETLK: u32 = 32;
+    pub const SETLKW: u32 = 33;
     pub const ACCESS: u32 = 34;
     pub const CREATE: u32 = 35;
     pub const INTERRUPT: u32 = 36;
+    pub const BMAP: u32 = 37;
     pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
+    pub const POLL: u32 = 40;
+    pub const NOTIFY_REPLY: u32 = 41;
     pub const BATCH_FORGET: u32 = 42;
+    pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
+    pub const SYNCFS: u32 = 50;
+    pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
 }
 
 /// INIT flags, as one 64-bit set: bits 32..63 travel in `flags2` when both sides set
@@ -76,7 +103,9 @@ pub mod init {
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
+    pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     /// `flags2` is valid (in both directions).
     pub const INIT_EXT: u64 = 1 << 30;
     pub const SECURITY_CTX: u64 = 1 << 32;
@@ -269,16 +298,25 @@ pub fn op_in_size(opcode: u32) -> usize {
         opcode::FORGET => 8,
         opcode::GETATTR => 16,
         opcode::SETATTR => 88,
+        opcode::MKNOD => 16,
+        opcode::MKDIR => 8,
+        opcode::RENAME => 8,
+        opcode::RENAME2 => 16,
+        opcode::LINK => 8,
         opcode::OPEN | opcode::OPENDIR => 8,
-        opcode::CREATE => 16,
+        opcode::CREATE | opcode::TMPFILE => 16,
         opcode::READ | opcode::WRITE => 40,
         opcode::RELEASE | opcode::RELEASEDIR | opcode::FLUSH => 24,
-        opcode::FSYNC => 16,
-        opcode::GETXATTR | opcode::SETXATTR => 8,
+        opcode::FSYNC | opcode::FSYNCDIR => 16,
+        // Without FUSE_SETXATTR_EXT (never asked for) SETXATTR's is the 8-byte old one.
+        opcode::GETXATTR | opcode::SETXATTR | opcode::LISTXATTR => 8,
         opcode::ACCESS => 8,
         opcode::INTERRUPT => 8,
         opcode::BATCH_FORGET => 8,
         opcode::READDIR | opcode::READDIRPLUS => 40,
+        opcode::FALLOCATE => 32,
+        opcode::LSEEK => 24,
+        opcode::COPY_FILE_RANGE => 56,
         _ => 0,
     }
 }
@@ -549,182 +587,49 @@ impl StatfsOut {
     }
 }
 
-/// A parsed request: the opcodes this module knows, the rest as [`Request::Other`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request<'a> {
-    /// Version and flag negotiation.
-    Init(InitIn),
-    /// Look `name` up in the node.
-    Lookup {
-        /// The name.
-        name: &'a [u8],
-    },
-    /// Drop `nlookup` references to the node (no reply).
-    Forget {
-        /// References to drop.
-        nlookup: u64,
-    },
-    /// Drop references to many nodes (no reply): (node id, count) pairs.
-    BatchForget(Vec<(u64, u64)>),
-    /// Attributes of the node (`fh` when `GETATTR_FH` is set).
-    Getattr {
-        /// `getattr_flags`.
-        flags: u32,
-        /// File handle.
-        fh: u64,
-    },
-    /// Open the node.
-    Open {
-        /// `open(2)` flags.
-        flags: u32,
-    },
-    /// Create and open `name` in the node.
-    Create {
-        /// `open(2)` flags.
-        flags: u32,
-        /// Mode of the new file.
-        mode: u32,
-        /// Caller's umask.
-        umask: u32,
-        /// The name.
-        name: &'a [u8],
-    },
-    /// Read.
-    Read {
-        /// File handle.
-        fh: u64,
-        /// Offset.
-        offset: u64,
-        /// Bytes wanted.
-        size: u32,
-    },
-    /// Write `data` at `offset`.
-    Write {
-        /// File handle.
-        fh: u64,
-        /// Offset.
-        offset: u64,
-        /// `write_flags`.
-        write_flags: u32,
-        /// The data.
-        data: &'a [u8],
-    },
-    /// A `close` of one descriptor of the file.
-    Flush {
-        /// File handle.
-        fh: u64,
-        /// Lock owner.
-        lock_owner: u64,
-    },
-    /// The last reference to the open file is gone.
-    Release {
-        /// File handle.
-        fh: u64,
-        /// `open(2)` flags.
-        flags: u32,
-        /// `release_flags`.
-        release_flags: u32,
-    },
-    /// Remove `name` from the node.
-    Unlink {
-        /// The name.
-        name: &'a [u8],
-    },
-    /// Read an xattr (`size` 0: its size only).
-    Getxattr {
-        /// Buffer size.
-        size: u32,
-        /// The xattr's name.
-        name: &'a [u8],
-    },
-    /// File system statistics.
-    Statfs,
-    /// The connection is going away (fuseblk and virtiofs only).
-    Destroy,
-    /// Interrupt request `unique` (no reply needed).
-    Interrupt {
-        /// The interrupted request.
-        unique: u64,
-    },
-    /// An opcode this module does not parse.
-    Other(u32),
+/// `FUSE_NAME_OFFSET`: where a `fuse_dirent`'s name starts.
+const DIRENT_NAME_OFFSET: usize = 24;
+
+/// The bytes one `fuse_dirent` takes (8-byte aligned), `plus` with its `fuse_entry_out`.
+pub fn dirent_size(name_len: usize, plus: bool) -> usize {
+    let base = (DIRENT_NAME_OFFSET + name_len + 7) & !7;
+    if plus {
+        EntryOut::SIZE + base
+    } else {
+        base
+    }
 }
 
-impl<'a> Request<'a> {
-    /// Parse request `opcode` from its fixed argument `arg` and the `rest`.
-    pub fn parse(opcode: u32, arg: &'a [u8], rest: &'a [u8]) -> Result<Request<'a>> {
-        Ok(match opcode {
-            opcode::INIT => Request::Init(InitIn::parse(arg)?),
-            opcode::LOOKUP => Request::Lookup { name: cstr("LOOKUP", rest)? },
-            opcode::FORGET => {
-                need("fuse_forget_in", arg, 8)?;
-                Request::Forget { nlookup: u64_at(arg, 0) }
-            }
-            opcode::BATCH_FORGET => {
-                need("fuse_batch_forget_in", arg, 8)?;
-                let count = u32_at(arg, 0) as usize;
-                need("fuse_forget_one[]", rest, count.saturating_mul(16))?;
-                Request::BatchForget((0..count).map(|i| (u64_at(rest, i * 16), u64_at(rest, i * 16 + 8))).collect())
-            }
-            opcode::GETATTR => {
-                need("fuse_getattr_in", arg, 16)?;
-                Request::Getattr { flags: u32_at(arg, 0), fh: u64_at(arg, 8) }
-            }
-            opcode::OPEN => {
-                need("fuse_open_in", arg, 8)?;
-                Request::Open { flags: u32_at(arg, 0) }
-            }
-            opcode::CREATE => {
-                need("fuse_create_in", arg, 16)?;
-                Request::Create {
-                    flags: u32_at(arg, 0),
-                    mode: u32_at(arg, 4),
-                    umask: u32_at(arg, 8),
-                    name: cstr("CREATE", rest)?,
-                }
-            }
-            opcode::READ => {
-                need("fuse_read_in", arg, 24)?;
-                Request::Read { fh: u64_at(arg, 0), offset: u64_at(arg, 8), size: u32_at(arg, 16) }
-            }
-            opcode::WRITE => {
-                need("fuse_write_in", arg, 24)?;
-                let size = u32_at(arg, 16) as usize;
-                need("WRITE data", rest, size)?;
-                Request::Write {
-                    fh: u64_at(arg, 0),
-                    offset: u64_at(arg, 8),
-                    write_flags: u32_at(arg, 20),
-                    data: &rest[..size],
-                }
-            }
-            opcode::FLUSH => {
-                need("fuse_flush_in", arg, 24)?;
-                Request::Flush { fh: u64_at(arg, 0), lock_owner: u64_at(arg, 16) }
-            }
-            opcode::RELEASE => {
-                need("fuse_release_in", arg, 16)?;
-                Request::Release { fh: u64_at(arg, 0), flags: u32_at(arg, 8), release_flags: u32_at(arg, 12) }
-            }
-            opcode::UNLINK => Request::Unlink { name: cstr("UNLINK", rest)? },
-            opcode::GETXATTR => {
-                need("fuse_getxattr_in", arg, 8)?;
-                Request::Getxattr { size: u32_at(arg, 0), name: cstr("GETXATTR", rest)? }
-            }
-            opcode::STATFS => Request::Statfs,
-            opcode::DESTROY => Request::Destroy,
-            opcode::INTERRUPT => {
-                need("fuse_interrupt_in", arg, 8)?;
-                Request::Interrupt { unique: u64_at(arg, 0) }
-            }
-            other => Request::Other(other),
-        })
-    }
+/// Append a `fuse_dirent`: inode number, the cookie of the next entry, the `DT_*` type and
+/// the name, padded to 8 bytes.
+pub fn encode_dirent(out: &mut Vec<u8>, ino: u64, next: u64, dtype: u32, name: &[u8]) {
+    let start = out.len();
+    put_u64(out, ino);
+    put_u64(out, next);
+    put_u32(out, name.len() as u32);
+    put_u32(out, dtype);
+    out.extend_from_slice(name);
+    out.resize(start + dirent_size(name.len(), false), 0);
+}
 
-    /// Whether the kernel waits for no reply to this request.
-    pub fn no_reply(&self) -> bool {
-        matches!(self, Request::Forget { .. } | Request::BatchForget(_) | Request::Interrupt { .. })
-    }
+/// `FUSE_NOTIFY_INVAL_INODE`: a message (unique 0) telling the kernel to drop node
+/// `ino`'s cached attributes and the pages of `[offset, offset + len)` (len 0: to the end).
+pub fn notify_inval_inode(ino: u64, offset: i64, len: i64) -> Vec<u8> {
+    const NOTIFY_INVAL_INODE: i32 = 2;
+    let mut body = Vec::with_capacity(24);
+    put_u64(&mut body, ino);
+    put_u64(&mut body, offset as u64);
+    put_u64(&mut body, len as u64);
+    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
+    // A notification's code travels in the error field, positive.
+    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_INODE, unique: 0 }.encode(&mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// `struct fuse_lseek_out`.
+pub fn encode_lseek_out(offset: u64, out: &mut Vec<u8>) {
+    put_u64(out, offset);
 }
 
 /// FUSE over io_uring: the buffers and commands of `fs/fuse/dev_uring.c` (7.42).
@@ -909,13 +814,14 @@ mod tests {
             0, 0x10, 0, 0, 0, 0, 0, 0, // offset 4096
             3, 0, 0, 0, 1, 0, 0, 0, // size 3, write_flags 1
         ];
-        w.extend_from_slice(&[0; 16]); // lock_owner, flags, padding
+        w.extend_from_slice(&[0; 8]); // lock_owner
+        w.extend_from_slice(&[0, 0x40, 0, 0, 0, 0, 0, 0]); // flags O_DIRECT, padding
         w.extend_from_slice(b"xyz");
         let b = classic(16, 1, 2, &w);
         let (h, arg, rest) = split_classic(&b).unwrap();
         assert_eq!(
             Request::parse(h.opcode, arg, rest).unwrap(),
-            Request::Write { fh: 5, offset: 4096, write_flags: 1, data: b"xyz" }
+            Request::Write { fh: 5, offset: 4096, write_flags: 1, flags: 0x4000, data: b"xyz" }
         );
         assert!(matches!(Request::parse(16, arg, b"xy"), Err(WireError::Short { what: "WRITE data", .. })));
 
@@ -1061,6 +967,98 @@ mod tests {
         assert_eq!(&r[..8], &[16, 0, 0, 0, 0xc3, 0xff, 0xff, 0xff]); // -61
         assert_eq!(r.len(), 16);
         assert_eq!(OutHeader::parse(&r).unwrap(), OutHeader { len: 16, error: -61, unique: 5 });
+    }
+
+    fn le(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn namespace_requests_with_two_names_or_an_argument() {
+        assert_eq!(
+            Request::parse(opcode::SYMLINK, &[], b"ln\0target/x\0").unwrap(),
+            Request::Symlink { name: b"ln", target: b"target/x" }
+        );
+        assert_eq!(Request::parse(opcode::SYMLINK, &[], b"ln\0target"), Err(WireError::NoNul("SYMLINK")));
+        let r2 = le(&[&9u64.to_ne_bytes(), &1u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::RENAME2, &r2, b"a\0b\0").unwrap(),
+            Request::Rename { newdir: 9, flags: 1, name: b"a", newname: b"b" }
+        );
+        assert_eq!(
+            Request::parse(opcode::RENAME, &9u64.to_ne_bytes(), b"a\0b\0").unwrap(),
+            Request::Rename { newdir: 9, flags: 0, name: b"a", newname: b"b" }
+        );
+        assert_eq!(
+            Request::parse(opcode::LINK, &5u64.to_ne_bytes(), b"n\0").unwrap(),
+            Request::Link { oldnodeid: 5, name: b"n" }
+        );
+        let mk = le(&[&0o40755u32.to_ne_bytes(), &0o22u32.to_ne_bytes()]);
+        assert_eq!(
+            Request::parse(opcode::MKDIR, &mk, b"d\0").unwrap(),
+            Request::Mkdir { mode: 0o40755, umask: 0o22, name: b"d" }
+        );
+        let tmp = le(&[&2u32.to_ne_bytes(), &0o100600u32.to_ne_bytes(), &0o77u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::TMPFILE, &tmp, b"/\0").unwrap(),
+            Request::Tmpfile { flags: 2, mode: 0o100600, umask: 0o77 }
+        );
+    }
+
+    #[test]
+    fn setattr_xattr_readdir_fallocate_copy() {
+        let mut sa = vec![0u8; 88];
+        sa[0..4].copy_from_slice(&(fattr::MODE | fattr::SIZE | fattr::MTIME).to_ne_bytes());
+        sa[16..24].copy_from_slice(&4096u64.to_ne_bytes());
+        sa[40..48].copy_from_slice(&(-5i64).to_ne_bytes());
+        sa[60..64].copy_from_slice(&7u32.to_ne_bytes());
+        sa[68..72].copy_from_slice(&0o100644u32.to_ne_bytes());
+        let Request::Setattr(s) = Request::parse(opcode::SETATTR, &sa, &[]).unwrap() else { panic!() };
+        assert_eq!((s.size, s.mtime, s.mtimensec, s.mode), (4096, -5, 7, 0o100644));
+        assert!(Request::parse(opcode::SETATTR, &sa[..87], &[]).is_err());
+
+        let sx = le(&[&3u32.to_ne_bytes(), &1u32.to_ne_bytes()]);
+        assert_eq!(
+            Request::parse(opcode::SETXATTR, &sx, b"user.a\0xyzTRAILING").unwrap(),
+            Request::Setxattr { flags: 1, name: b"user.a", value: b"xyz" }
+        );
+        assert!(Request::parse(opcode::SETXATTR, &sx, b"user.a\0xy").is_err(), "value shorter than its size");
+
+        let rd = le(&[&1u64.to_ne_bytes(), &77u64.to_ne_bytes(), &4096u32.to_ne_bytes(), &[0; 12]]);
+        assert_eq!(
+            Request::parse(opcode::READDIRPLUS, &rd, &[]).unwrap(),
+            Request::Readdir { fh: 1, offset: 77, size: 4096, plus: true }
+        );
+        let fa = le(&[&0u64.to_ne_bytes(), &8u64.to_ne_bytes(), &16u64.to_ne_bytes(), &3u32.to_ne_bytes(), &[0; 4]]);
+        assert_eq!(
+            Request::parse(opcode::FALLOCATE, &fa, &[]).unwrap(),
+            Request::Fallocate { fh: 0, offset: 8, length: 16, mode: 3 }
+        );
+        let cf: Vec<u8> = [0u64, 10, 42, 0, 20, 30, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        assert_eq!(
+            Request::parse(opcode::COPY_FILE_RANGE, &cf, &[]).unwrap(),
+            Request::CopyFileRange { off_in: 10, nodeid_out: 42, off_out: 20, len: 30 }
+        );
+    }
+
+    #[test]
+    fn dirent_and_notification_layout() {
+        let mut out = Vec::new();
+        encode_dirent(&mut out, 5, 9, 8, b"abc");
+        assert_eq!(out.len(), 32, "24 bytes and the name, padded to 8");
+        assert_eq!(out.len(), dirent_size(3, false));
+        assert_eq!(dirent_size(3, true), 128 + 32);
+        assert_eq!(&out[0..8], &5u64.to_ne_bytes());
+        assert_eq!(&out[8..16], &9u64.to_ne_bytes());
+        assert_eq!(&out[16..20], &3u32.to_ne_bytes());
+        assert_eq!(&out[20..24], &8u32.to_ne_bytes());
+        assert_eq!(&out[24..27], b"abc");
+        assert_eq!(&out[27..], &[0; 5]);
+        let n = notify_inval_inode(7, 4096, -1);
+        let h = OutHeader::parse(&n).unwrap();
+        assert_eq!((h.len as usize, h.error, h.unique), (n.len(), 2, 0));
+        assert_eq!(&n[16..24], &7u64.to_ne_bytes());
+        assert_eq!(&n[32..40], &(-1i64).to_ne_bytes());
     }
 
     #[test]

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""File data through the mount, side by side: kernel ext4 and dxfs, with fio.
+
+    python3 bench/fio.py [--targets ext4,dxfs,dxfs-wb] [--runtime 8] [--size-mib 1024]
+                         [--dxfs-bin target/release/dxfs] [--transport uring]
+
+Each target gets a fresh 4 GiB volume on a loop device over a sparse file in /dev/shm.
+Jobs: sequential write and read of SIZE (buffered and O_DIRECT, 1 MiB requests, cold
+read after dropping the page cache), random 4 KiB write and read over 256 MiB (1 job and
+4 jobs), random write with an fsync every 1,000 writes and after every write. Prints
+IOPS, MB/s and completion latency (mean, p99, p99.9, max) per job, and the ratio to
+ext4. `dxfs` mounts with `--writeback-cache off`, `dxfs-wb` with it on. Needs root and
+fio. A benchmark, not a test: it asserts nothing.
+"""
+import argparse, json, os, platform, subprocess, sys, tempfile, time
+
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def drop_page_cache():
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+JOBS = [
+    # (label, fio arguments)
+    ("seq write 1 MiB, buffered", ["--rw=write", "--bs=1M", "--end_fsync=1", "SIZE"]),
+    ("seq read 1 MiB, buffered, cold", ["--rw=read", "--bs=1M", "SIZE", "COLD"]),
+    ("seq write 1 MiB, O_DIRECT", ["--rw=write", "--bs=1M", "--direct=1", "--end_fsync=1", "SIZE"]),
+    ("seq read 1 MiB, O_DIRECT", ["--rw=read", "--bs=1M", "--direct=1", "SIZE", "COLD"]),
+    ("rand write 4 KiB, 1 job", ["--rw=randwrite", "--bs=4k", "--size=256M", "TIMED"]),
+    ("rand write 4 KiB, 4 jobs", ["--rw=randwrite", "--bs=4k", "--size=256M", "--numjobs=4", "TIMED"]),
+    ("rand read 4 KiB, 1 job", ["--rw=randread", "--bs=4k", "--size=256M", "TIMED"]),
+    ("rand read 4 KiB, 4 jobs", ["--rw=randread", "--bs=4k", "--size=256M", "--numjobs=4", "TIMED"]),
+    ("rand write 4 KiB, fsync every 1,000", ["--rw=randwrite", "--bs=4k", "--size=256M", "--fsync=1000", "TIMED"]),
+    ("rand write 4 KiB, fsync every write", ["--rw=randwrite", "--bs=4k", "--size=256M", "--fsync=1", "TIMED"]),
+]
+
+
+class Target:
+    def __init__(self, kind, dxfs, transport):
+        self.kind, self.dxfs, self.transport = kind, dxfs, transport
+        self.daemon = None
+        self.old_param = None
+
+    def __enter__(self):
+        self.tmp = tempfile.mkdtemp(dir="/dev/shm", prefix="dxfs-fio-")
+        self.img, self.mnt = os.path.join(self.tmp, "img"), os.path.join(self.tmp, "mnt")
+        os.mkdir(self.mnt)
+        with open(self.img, "wb") as f:
+            f.truncate(4 << 30)
+        self.dev = run(["losetup", "--find", "--show", self.img]).stdout.strip()
+        if self.kind == "ext4":
+            run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
+            run(["mount", self.dev, self.mnt])
+            return self
+        if self.transport == "uring" and os.path.exists(URING_PARAM):
+            self.old_param = open(URING_PARAM).read().strip()
+            with open(URING_PARAM, "w") as f:
+                f.write("Y\n")
+        run([self.dxfs, "mkfs", "-f", self.dev])
+        wb = "on" if self.kind == "dxfs-wb" else "off"
+        self.daemon = subprocess.Popen(
+            [self.dxfs, "mount", self.dev, self.mnt, "--writeback-cache", wb, "-o", f"transport={self.transport}"],
+            stderr=subprocess.DEVNULL)
+        for _ in range(1000):
+            if os.path.ismount(self.mnt):
+                return self
+            time.sleep(0.01)
+        raise RuntimeError("dxfs did not mount")
+
+    def __exit__(self, *exc):
+        try:
+            subprocess.run(["umount", self.mnt], capture_output=True)
+            if self.daemon is not None:
+                self.daemon.wait(timeout=300)
+        finally:
+            if self.old_param is not None:
+                with open(URING_PARAM, "w") as f:
+                    f.write(self.old_param + "\n")
+            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
+            os.unlink(self.img)
+            os.rmdir(self.mnt)
+            os.rmdir(self.tmp)
+
+
+def fio(mnt, name, args, size_mib, runtime):
+    cmd = ["fio", f"--name={name}", f"--directory={mnt}", "--ioengine=psync", "--group_reporting",
+           "--output-format=json", "--filename_format=f.$jobnum"]
+    for a in args:
+        if a == "SIZE":
+            cmd.append(f"--size={size_mib}M")
+        elif a == "TIMED":
+            cmd += [f"--runtime={runtime}", "--time_based"]
+        elif a != "COLD":
+            cmd.append(a)
+    if "COLD" in args:
+        # Lay the file out first (untimed), then read it with a cold page cache.
+        run([c for c in cmd if not c.startswith("--rw=") and c != "--direct=1"] + ["--rw=write", "--end_fsync=1"])
+        drop_page_cache()
+    out = json.loads(run(cmd).stdout)["jobs"][0]
+    side = out["write"] if out["write"]["io_bytes"] > 0 else out["read"]
+    clat = side["clat_ns"]
+    pct = clat.get("percentile", {})
+    sync = out.get("sync", {}).get("lat_ns", {})
+    return {
+        "iops": side["iops"],
+        "mbs": side["bw_bytes"] / 1e6,
+        "mean_us": clat["mean"] / 1e3,
+        "p99_us": pct.get("99.000000", 0) / 1e3,
+        "p999_us": pct.get("99.900000", 0) / 1e3,
+        "max_us": clat["max"] / 1e3,
+        "fsync_mean_ms": sync.get("mean", 0) / 1e6,
+        "fsync_max_ms": sync.get("max", 0) / 1e6,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="ext4,dxfs,dxfs-wb")
+    ap.add_argument("--runtime", type=int, default=8)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--transport", default="uring")
+    ap.add_argument("--jobs", default="", help="comma-separated job numbers (1-based) to run; default all")
+    ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
+    a = ap.parse_args()
+    dxfs = os.path.abspath(a.dxfs_bin)
+    targets = a.targets.split(",")
+    jobs = [JOBS[int(i) - 1] for i in a.jobs.split(",")] if a.jobs else JOBS
+    res = {}
+    for t in targets:
+        for label, args in jobs:
+            # A fresh volume per job, so no job finds another's files or fragmentation.
+            with Target(t, dxfs, a.transport) as tg:
+                res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
+            print(f"{t}: {label} done", file=sys.stderr)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"{time.strftime('%Y-%m-%d')}, {platform.release()}, {os.cpu_count()} vCPUs ({cpu}), load average "
+          f"{os.getloadavg()[0]:.2f} at the end; dxfs transport {a.transport}; loop devices over /dev/shm\n")
+    print("| job | target | IOPS | MB/s | × ext4 | clat mean / p99 / p99.9 / max µs | fsync mean / max ms |")
+    print("|---|---|---|---|---|---|---|")
+    for label, _ in jobs:
+        for t in targets:
+            r = res[(t, label)]
+            base = res.get(("ext4", label))
+            ratio = f"{r['iops'] / base['iops']:.2f}×" if base and t != "ext4" and base["iops"] else ""
+            sync = f"{r['fsync_mean_ms']:.2f} / {r['fsync_max_ms']:.1f}" if r["fsync_mean_ms"] else ""
+            print(f"| {label} | {t} | {r['iops']:,.0f} | {r['mbs']:,.0f} | {ratio} | {r['mean_us']:.1f} / "
+                  f"{r['p99_us']:.0f} / {r['p999_us']:.0f} / {r['max_us']:,.0f} | {sync} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Metadata operations side by side: kernel ext4 and dxfs on each FUSE transport.
+
+    python3 bench/metadata.py [--n 100000] [--runs 3] [--targets ext4,classic,uring]
+                              [--dxfs-bin target/release/dxfs]
+
+Each target gets a fresh volume on a loop device over a sparse file in /dev/shm (the
+same kind of device for all); the operations of bench/metaops.py run N times each, in
+one directory, from this process. Prints µs per operation (median over the runs), the
+ratio to ext4, and for dxfs the FUSE requests per operation from the mount's counters.
+The io_uring target turns the fuse module's enable_uring parameter on for its run and
+puts back what it found. Needs root. A benchmark, not a test: it asserts nothing.
+"""
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import metaops  # noqa: E402
+
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def wait_mounted(mnt, proc):
+    for _ in range(1000):
+        if os.path.ismount(mnt):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"dxfs mount exited with {proc.returncode}")
+        time.sleep(0.01)
+    raise RuntimeError("mount did not come up")
+
+
+class Target:
+    def __init__(self, kind, dxfs, size_gib):
+        self.kind, self.dxfs, self.size_gib = kind, dxfs, size_gib
+        self.daemon = None
+        self.old_param = None
+
+    def __enter__(self):
+        self.tmp = tempfile.mkdtemp(dir="/dev/shm", prefix="dxfs-meta-")
+        self.img, self.mnt = os.path.join(self.tmp, "img"), os.path.join(self.tmp, "mnt")
+        os.mkdir(self.mnt)
+        with open(self.img, "wb") as f:
+            f.truncate(self.size_gib << 30)
+        self.dev = run(["losetup", "--find", "--show", self.img]).stdout.strip()
+        if self.kind == "ext4":
+            run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
+            run(["mount", self.dev, self.mnt])
+        else:
+            if self.kind == "uring":
+                self.old_param = open(URING_PARAM).read().strip()
+                with open(URING_PARAM, "w") as f:
+                    f.write("Y\n")
+            run([self.dxfs, "mkfs", "-f", self.dev])
+            transport = "classic" if self.kind == "classic" else "uring"
+            self.daemon = subprocess.Popen([self.dxfs, "mount", self.dev, self.mnt, "-o", f"transport={transport}"],
+                                           stderr=subprocess.DEVNULL)
+            wait_mounted(self.mnt, self.daemon)
+        return self
+
+    def requests(self):
+        if self.daemon is None:
+            return {}
+        out = run([self.dxfs, "stats", "--json", self.mnt]).stdout
+        return {k: v["count"] for k, v in json.loads(out)["ops"].items()}
+
+    def transport(self):
+        if self.daemon is None:
+            return "kernel"
+        return json.loads(run([self.dxfs, "stats", "--json", self.mnt]).stdout)["transport"]
+
+    def __exit__(self, *exc):
+        try:
+            if self.daemon is not None:
+                subprocess.run(["umount", self.mnt], capture_output=True)
+                self.daemon.wait(timeout=120)
+            else:
+                subprocess.run(["umount", self.mnt], capture_output=True)
+        finally:
+            if self.old_param is not None:
+                with open(URING_PARAM, "w") as f:
+                    f.write(self.old_param + "\n")
+            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
+            os.unlink(self.img)
+            os.rmdir(self.mnt)
+            os.rmdir(self.tmp)
+
+
+def one_run(kind, dxfs, n, size_gib):
+    """{op label: (µs per op, {opcode: requests per op})} for one fresh volume."""
+    out = {}
+    with Target(kind, dxfs, size_gib) as t:
+        d = os.path.join(t.mnt, "d")
+        os.mkdir(d)
+        names = [os.path.join(d, f"f{i:07}") for i in range(n)]
+        for label, fn, setup, teardown, count in metaops.make_ops(d, names):
+            if setup:
+                setup()
+            before = t.requests()
+            start = time.perf_counter()
+            fn()
+            us = (time.perf_counter() - start) * 1e6 / count
+            after = t.requests()
+            if teardown:
+                teardown()
+            reqs = {k: (after.get(k, 0) - before.get(k, 0)) / count for k in after}
+            reqs["GETXATTR"] = reqs.get("GETXATTR", 0) - 1 / count  # the stats read itself
+            out[label] = (us, {k: v for k, v in reqs.items() if v > 0.005})
+        out["transport"] = t.transport()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--targets", default="ext4,classic,uring")
+    ap.add_argument("--size-gib", type=int, default=0, help="volume size (default: by N)")
+    ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
+    a = ap.parse_args()
+    dxfs = os.path.abspath(a.dxfs_bin)
+    targets = a.targets.split(",")
+    size = a.size_gib or max(2, a.n * 8 // 1_000_000 + 2)
+    if "uring" in targets and not os.path.exists(URING_PARAM):
+        print(f"skipping the io_uring target: {URING_PARAM} missing (kernel without CONFIG_FUSE_IO_URING)")
+        targets.remove("uring")
+    results = {t: [] for t in targets}
+    for r in range(a.runs):
+        for t in targets:
+            results[t].append(one_run(t, dxfs, a.n, size))
+            print(f"run {r + 1}/{a.runs}: {t} done", file=sys.stderr)
+    labels = [label for label, *_ in metaops.make_ops("", [])]
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"{time.strftime('%Y-%m-%d')}, {platform.release()}, {os.cpu_count()} vCPUs ({cpu}), load average "
+          f"{os.getloadavg()[0]:.2f} at the end; N = {a.n:,} in one directory, median of {a.runs} runs; "
+          f"µs per operation (× ext4)\n")
+    for t in targets:
+        if t != "ext4":
+            print(f"- {t}: {results[t][0]['transport']}")
+    print()
+    print("| operation | " + " | ".join(targets) + " | dxfs requests per operation |")
+    print("|---|" + "---|" * len(targets) + "---|")
+    for label in labels:
+        med = {t: statistics.median(run[label][0] for run in results[t]) for t in targets}
+        cells = []
+        for t in targets:
+            ratio = f" ({med[t] / med['ext4']:.2f}×)" if "ext4" in med and t != "ext4" else ""
+            cells.append(f"{med[t]:.1f}{ratio}")
+        dx = next((t for t in targets if t != "ext4"), None)
+        reqs = results[dx][0][label][1] if dx else {}
+        req_text = ", ".join(f"{k} {v:.2f}" for k, v in sorted(reqs.items(), key=lambda kv: -kv[1]))
+        print(f"| {label} | " + " | ".join(cells) + f" | {req_text or 'none'} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,624 @@
+//! The request handler over a [`Volume`]: parsed FUSE requests ([`wire::Request`]) to
+//! volume calls, [`Error`]s to errnos, attributes to `fuse_attr`s. No filesystem rule
+//! lives here; the transports (`transport.rs`) carry the requests and replies.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+// The frontend sees only the library's public API.
+use crate::{Attr, Caller, Error, FileType, NewNode, RenameFlags, Result, SetAttr, SetTime, Time, Volume, XattrMode};
+
+use super::lookups::LookupCounts;
+use super::stats::RequestStats;
+use super::transport::{Handler, Reply};
+use super::wire::{self, fattr, fopen, EntryOut, InHeader, OpenOut, Request, StatfsOut, Valid};
+use super::FuseOptions;
+
+/// The root directory's virtual xattr that holds the mount's request counters as JSON
+/// (`dxfs stats MOUNTPOINT` reads it). Not stored, not listed; setting it is refused.
+pub const STATS_XATTR: &str = "user.dxfs.stats";
+
+/// The file handle of an open the volume counted (OPEN, OPENDIR, CREATE, TMPFILE); its
+/// RELEASE gives the count back. Zero-message opens have handle 0.
+const COUNTED: u64 = 1;
+
+/// Entries fetched from the volume per batch while filling a readdir reply.
+const READDIR_BATCH: usize = 256;
+/// readdirplus entries are about five times bigger, so fetch fewer to waste less.
+const READDIRPLUS_BATCH: usize = 64;
+
+/// Where a direct write's (node id, offset, length) goes: a thread that tells the kernel to
+/// drop those cached pages (see `write`).
+pub(super) type Invalidations = Sender<(u64, i64, i64)>;
+
+/// Serves a volume's requests; shared by every serving thread.
+pub(super) struct Server {
+    vol: Arc<Volume>,
+    /// The volume's root inode, which FUSE calls 1.
+    root: u64,
+    opts: FuseOptions,
+    /// Lookup counts handed to the kernel and not yet forgotten; the volume asks them
+    /// whether an inode that lost its last link is still in use.
+    lookups: Arc<LookupCounts>,
+    /// The kernel opens files without OPEN (NO_OPEN_SUPPORT was offered) and directories
+    /// without OPENDIR (NO_OPENDIR_SUPPORT): set once INIT is answered.
+    zero_message_open: [std::sync::atomic::AtomicBool; 2],
+    /// Requests served, per opcode.
+    pub(super) stats: RequestStats,
+    invalidate: parking_lot::Mutex<Option<Invalidations>>,
+    /// Which transport serves this mount (shown by `dxfs stats`).
+    pub(super) transport: std::sync::OnceLock<String>,
+}
+
+type Res<T> = std::result::Result<T, i32>;
+
+fn errno_of(op: u32, e: &Error) -> i32 {
+    if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
+        tracing::error!("request {op}: {e}");
+    }
+    e.errno()
+}
+
+fn fuse_attr(ino: u64, a: &Attr) -> wire::Attr {
+    // Times before 1970 go out as the kernel reads them: seconds as a signed number.
+    let t = |t: Time| (t.0 as u64, t.1);
+    let ((atime, atimensec), (mtime, mtimensec), (ctime, ctimensec)) = (t(a.atime), t(a.mtime), t(a.ctime));
+    wire::Attr {
+        ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime,
+        mtime,
+        ctime,
+        atimensec,
+        mtimensec,
+        ctimensec,
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// The `DT_*` type of a directory entry.
+fn dtype(ft: FileType) -> u32 {
+    (match ft {
+        FileType::Fifo => libc::DT_FIFO,
+        FileType::CharDevice => libc::DT_CHR,
+        FileType::Directory => libc::DT_DIR,
+        FileType::BlockDevice => libc::DT_BLK,
+        FileType::RegularFile => libc::DT_REG,
+        FileType::Symlink => libc::DT_LNK,
+        FileType::Socket => libc::DT_SOCK,
+    }) as u32
+}
+
+fn set_time(now: bool, secs: i64, nsecs: u32) -> SetTime {
+    if now {
+        SetTime::Now
+    } else {
+        SetTime::At((secs, nsecs))
+    }
+}
+
+fn xattr_reply(size: u32, data: &[u8]) -> Reply {
+    if size == 0 {
+        let mut out = Vec::with_capacity(8);
+        wire::encode_size_out(data.len() as u32, &mut out);
+        Reply::Data(out)
+    } else if data.len() > size as usize {
+        Reply::Error(libc::ERANGE)
+    } else {
+        Reply::Data(data.to_vec())
+    }
+}
+
+fn done(r: Res<()>) -> Reply {
+    match r {
+        Ok(()) => Reply::Data(Vec::new()),
+        Err(e) => Reply::Error(e),
+    }
+}
+
+impl Server {
+    pub(super) fn new(vol: Arc<Volume>, opts: FuseOptions) -> Server {
+        let root = vol.root();
+        let lookups = Arc::new(LookupCounts::default());
+        let held = lookups.clone();
+        vol.set_holder(Arc::new(move |ino| held.holds(ino)));
+        Server {
+            vol,
+            root,
+            opts,
+            lookups,
+            zero_message_open: Default::default(),
+            stats: RequestStats::default(),
+            invalidate: parking_lot::Mutex::new(None),
+            transport: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Where direct writes send the ranges to drop from the kernel's page cache.
+    pub(super) fn set_invalidations(&self, tx: Invalidations) {
+        *self.invalidate.lock() = Some(tx);
+    }
+
+    /// The kernel accepted zero-message opens: OPEN and OPENDIR are answered ENOSYS (the
+    /// kernel then stops sending them, and their RELEASEs), and inodes live by the
+    /// kernel's lookup references instead.
+    pub(super) fn set_zero_message_open(&self, files: bool, dirs: bool) {
+        self.zero_message_open[0].store(files, std::sync::atomic::Ordering::Relaxed);
+        self.zero_message_open[1].store(dirs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn zero_message_open(&self, dir: bool) -> bool {
+        self.zero_message_open[dir as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The session is over: log the lookup balance and the request counters, and let go
+    /// of every inode the kernel still referenced (it dropped them without FORGETs).
+    pub(super) fn end(&self) {
+        match self.lookups.outstanding() {
+            (0, _) => tracing::info!("lookup counts balanced: the kernel forgot every inode it was given"),
+            // The kernel drops its references without FORGETs at unmount: not a fault.
+            (n, refs) => tracing::debug!("lookup counts unbalanced: {n} inodes ({refs} references) never forgotten"),
+        }
+        tracing::info!("requests served: {}", self.stats.summary());
+        for ino in self.lookups.drain() {
+            if let Err(e) = self.vol.forgotten(ino) {
+                tracing::error!("freeing unlinked inode {ino} at the end of the session: {e}");
+            }
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`: with none left, an unlinked inode goes.
+    fn forget(&self, op: u32, ino: u64, n: u64) {
+        if self.lookups.forget(ino, n) {
+            let _ = self.call(op, |v| v.forgotten(ino));
+        }
+    }
+
+    fn vol_ino(&self, ino: u64) -> u64 {
+        if ino == wire::ROOT_ID {
+            self.root
+        } else {
+            ino
+        }
+    }
+
+    fn fuse_ino(&self, ino: u64) -> u64 {
+        if ino == self.root {
+            wire::ROOT_ID
+        } else {
+            ino
+        }
+    }
+
+    /// Run a volume call. A panic in the volume is caught so the request still gets an
+    /// answer (EIO); the volume is then poisoned so that nothing half-done reaches the
+    /// disk.
+    fn call<T>(&self, op: u32, f: impl FnOnce(&Volume) -> Result<T>) -> Res<T> {
+        match catch_unwind(AssertUnwindSafe(|| f(&self.vol))) {
+            Ok(r) => r.map_err(|e| errno_of(op, &e)),
+            Err(_) => {
+                tracing::error!("request {op}: panic in the volume layer; no further changes will be committed");
+                self.vol.poison();
+                Err(libc::EIO)
+            }
+        }
+    }
+
+    fn entry_out(&self, a: &Attr) -> EntryOut {
+        let ino = self.fuse_ino(a.ino);
+        EntryOut {
+            nodeid: ino,
+            generation: u64::from(a.generation),
+            entry_valid: Valid::from(self.opts.entry_timeout),
+            attr_valid: Valid::from(self.opts.attr_timeout),
+            attr: fuse_attr(ino, a),
+        }
+    }
+
+    /// An entry reply, counted as a lookup the kernel will FORGET.
+    fn entry(&self, r: Res<Attr>) -> Reply {
+        match r {
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                let mut out = Vec::with_capacity(EntryOut::SIZE);
+                self.entry_out(&a).encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    fn attr(&self, r: Res<Attr>) -> Reply {
+        match r {
+            Ok(a) => {
+                let mut out = Vec::with_capacity(wire::AttrOut::SIZE);
+                let ino = self.fuse_ino(a.ino);
+                wire::AttrOut { attr_valid: Valid::from(self.opts.attr_timeout), attr: fuse_attr(ino, &a) }
+                    .encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    /// Open flags for files: no FLUSH on close (flush has nothing to do), and keep the
+    /// page cache across opens (every change goes through this mount).
+    fn open_reply(r: Res<()>, open_flags: u32) -> Reply {
+        match r {
+            Ok(()) => {
+                let mut out = Vec::with_capacity(OpenOut::SIZE);
+                OpenOut { fh: COUNTED, open_flags }.encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    /// The reply to CREATE and TMPFILE: the entry (a lookup reference) and the open file.
+    fn created(&self, r: Res<Attr>) -> Reply {
+        match r {
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
+                self.entry_out(&a).encode(&mut out);
+                OpenOut { fh: COUNTED, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    fn lookup(&self, op: u32, parent: u64, name: &[u8]) -> Reply {
+        if name == b"." {
+            // Only sent to decode a file handle (fs/fuse/inode.c, fuse_get_dentry): the
+            // node itself, whatever its type; a freed one is ENOENT, which the kernel
+            // turns into ESTALE.
+            return self.entry(self.call(op, |v| v.getattr(parent)));
+        }
+        match self.call(op, |v| v.lookup(parent, name)) {
+            // A miss answered as node 0 with a timeout is a negative entry the kernel
+            // caches: the next lookup of the name (every create's O_EXCL check, a PATH
+            // search) costs no request. Coherent because every change comes through this
+            // mount, and the kernel drops the negative entry when it creates the name.
+            Err(libc::ENOENT) if !self.opts.negative_timeout.is_zero() => {
+                let mut out = Vec::with_capacity(EntryOut::SIZE);
+                EntryOut { entry_valid: Valid::from(self.opts.negative_timeout), ..EntryOut::default() }
+                    .encode(&mut out);
+                Reply::Data(out)
+            }
+            r => self.entry(r),
+        }
+    }
+
+    fn setattr(&self, op: u32, ino: u64, s: &wire::SetattrIn) -> Reply {
+        let has = |f: u32| s.valid & f != 0;
+        // The kernel applies the setuid/setgid clearing rules of chown to `mode`; with
+        // HANDLE_KILLPRIV_V2 it says when a truncating caller lacks CAP_FSETID. An
+        // ftruncate's handle names the same inode, which stays alive while open.
+        let set = SetAttr {
+            mode: has(fattr::MODE).then_some(s.mode & 0o7777),
+            uid: has(fattr::UID).then_some(s.uid),
+            gid: has(fattr::GID).then_some(s.gid),
+            size: has(fattr::SIZE).then_some(s.size),
+            atime: has(fattr::ATIME).then(|| set_time(has(fattr::ATIME_NOW), s.atime, s.atimensec)),
+            mtime: has(fattr::MTIME).then(|| set_time(has(fattr::MTIME_NOW), s.mtime, s.mtimensec)),
+            ctime: has(fattr::CTIME).then_some((s.ctime, s.ctimensec)),
+            drop_privileges: has(fattr::KILL_SUIDGID),
+        };
+        self.attr(self.call(op, |v| v.setattr(ino, &set)))
+    }
+
+    fn new_node(h: &InHeader, mode: u32, rdev: u64, umask: u32) -> NewNode {
+        NewNode { mode, uid: h.uid, gid: h.gid, rdev, umask }
+    }
+
+    fn write(&self, op: u32, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8]) -> Reply {
+        let ino = self.vol_ino(h.nodeid);
+        // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
+        let r = if write_flags & wire::WRITE_KILL_SUIDGID != 0 {
+            self.call(op, |v| v.write_unprivileged(ino, offset, data))
+        } else {
+            self.call(op, |v| v.write(ino, offset, data))
+        };
+        match r {
+            Ok(n) => {
+                // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
+                // drop the pages other descriptors cached for the range, so buffered
+                // reads would see the old data. Drop them, from another thread: the
+                // kernel may wait for a page lock held by a reader this thread serves.
+                if flags & libc::O_DIRECT as u32 != 0 {
+                    if let Some(tx) = &*self.invalidate.lock() {
+                        let _ = tx.send((h.nodeid, offset as i64, n as i64));
+                    }
+                }
+                let mut out = Vec::with_capacity(8);
+                wire::encode_size_out(n as u32, &mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    fn readdir(&self, op: u32, ino: u64, offset: u64, size: u32, plus: bool) -> Reply {
+        let size = size as usize;
+        let mut out = Vec::with_capacity(size.min(1 << 16));
+        let mut pos = offset;
+        let batch_len = if plus { READDIRPLUS_BATCH } else { READDIR_BATCH };
+        loop {
+            let batch: Vec<(crate::DirEntry, Option<Attr>)> = if plus {
+                match self.call(op, |v| v.readdir_plus(ino, pos, batch_len)) {
+                    Ok(b) => b,
+                    Err(e) => return Reply::Error(e),
+                }
+            } else {
+                match self.call(op, |v| v.readdir(ino, pos, batch_len)) {
+                    Ok(b) => b.into_iter().map(|e| (e, None)).collect(),
+                    Err(e) => return Reply::Error(e),
+                }
+            };
+            for (e, a) in &batch {
+                if out.len() + wire::dirent_size(e.name.len(), plus) > size {
+                    return Reply::Data(out);
+                }
+                let fino = self.fuse_ino(e.ino);
+                if plus {
+                    let dots = e.name == b"." || e.name == b"..";
+                    match a {
+                        // Every entry but . and .. counts as a lookup.
+                        Some(a) if !dots => {
+                            self.lookups.add(e.ino);
+                            self.entry_out(a).encode(&mut out);
+                        }
+                        // Node 0: no attributes for this entry (the kernel skips it; for
+                        // an inode that cannot be read, any access then asks again and
+                        // fails with EIO). The name still lists, with its inode number.
+                        _ => EntryOut::default().encode(&mut out),
+                    }
+                }
+                wire::encode_dirent(&mut out, fino, e.next, dtype(e.ft), &e.name);
+                pos = e.next;
+            }
+            if batch.len() < batch_len {
+                return Reply::Data(out);
+            }
+        }
+    }
+
+    fn setxattr(&self, op: u32, h: &InHeader, ino: u64, flags: u32, name: &[u8], value: &[u8]) -> Reply {
+        if ino == self.root && name == STATS_XATTR.as_bytes() {
+            return Reply::Error(libc::EPERM);
+        }
+        let mode = match flags as i32 & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return Reply::Error(libc::EINVAL),
+        };
+        // Who sets an access ACL decides whether the setgid bit stays (the only rule
+        // that needs the caller; the groups come from /proc, so only then).
+        done(if name == b"system.posix_acl_access" {
+            let caller = caller_of(h);
+            self.call(op, |v| v.setxattr_as(ino, name, value, mode, &caller))
+        } else {
+            self.call(op, |v| v.setxattr(ino, name, value, mode))
+        })
+    }
+
+    fn fallocate(&self, op: u32, ino: u64, o: u64, n: u64, mode: u32) -> Reply {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        const ZERO_KEEP: i32 = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        const COLLAPSE: i32 = libc::FALLOC_FL_COLLAPSE_RANGE;
+        const INSERT: i32 = libc::FALLOC_FL_INSERT_RANGE;
+        done(match mode as i32 {
+            0 => self.call(op, |v| v.fallocate(ino, o, n, false, false)),
+            KEEP => self.call(op, |v| v.fallocate(ino, o, n, true, false)),
+            PUNCH => self.call(op, |v| v.fallocate(ino, o, n, true, true)),
+            ZERO => self.call(op, |v| v.zero_range(ino, o, n, false)),
+            ZERO_KEEP => self.call(op, |v| v.zero_range(ino, o, n, true)),
+            COLLAPSE => self.call(op, |v| v.collapse_range(ino, o, n)),
+            INSERT => self.call(op, |v| v.insert_range(ino, o, n)),
+            _ => Err(libc::EOPNOTSUPP),
+        })
+    }
+
+    fn serve(&self, h: &InHeader, req: &Request<'_>) -> Reply {
+        let op = h.opcode;
+        let ino = self.vol_ino(h.nodeid);
+        match *req {
+            Request::Forget { nlookup } => {
+                self.forget(op, ino, nlookup);
+                Reply::None
+            }
+            Request::BatchForget(ref list) => {
+                for &(node, n) in list {
+                    self.forget(op, self.vol_ino(node), n);
+                }
+                Reply::None
+            }
+            // Requests run to completion; an interrupt has nothing to stop.
+            Request::Interrupt { .. } => Reply::None,
+            Request::Lookup { name } => self.lookup(op, ino, name),
+            Request::Getattr { .. } => self.attr(self.call(op, |v| v.getattr(ino))),
+            Request::Setattr(ref s) => self.setattr(op, ino, s),
+            Request::Readlink => match self.call(op, |v| v.readlink(ino)) {
+                Ok(t) => Reply::Data(t),
+                Err(e) => Reply::Error(e),
+            },
+            Request::Mknod { mode, rdev, umask, name } => {
+                let n = Self::new_node(h, mode, u64::from(rdev), umask);
+                self.entry(self.call(op, |v| v.make(ino, name, n)))
+            }
+            Request::Mkdir { mode, umask, name } => {
+                let n = Self::new_node(h, libc::S_IFDIR | (mode & 0o7777), 0, umask);
+                self.entry(self.call(op, |v| v.make(ino, name, n)))
+            }
+            Request::Symlink { name, target } => {
+                self.entry(self.call(op, |v| v.symlink(ino, name, target, h.uid, h.gid)))
+            }
+            Request::Unlink { name } => done(self.call(op, |v| v.unlink(ino, name))),
+            Request::Rmdir { name } => done(self.call(op, |v| v.rmdir(ino, name))),
+            Request::Rename { newdir, flags, name, newname } => {
+                let f = RenameFlags {
+                    noreplace: flags & libc::RENAME_NOREPLACE != 0,
+                    exchange: flags & libc::RENAME_EXCHANGE != 0,
+                    whiteout: flags & libc::RENAME_WHITEOUT != 0,
+                };
+                let np = self.vol_ino(newdir);
+                done(self.call(op, |v| v.rename(ino, name, np, newname, f)))
+            }
+            Request::Link { oldnodeid, name } => {
+                let old = self.vol_ino(oldnodeid);
+                self.entry(self.call(op, |v| v.link(old, ino, name)))
+            }
+            // Zero-message opens: ENOSYS once and the kernel opens files by itself (the
+            // inode lives by the kernel's lookup reference). Otherwise the handle is
+            // counted, which keeps an unlinked file alive until its release.
+            Request::Open { .. } if self.zero_message_open(false) => Reply::Error(libc::ENOSYS),
+            Request::Open { .. } => {
+                Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), fopen::NOFLUSH | fopen::KEEP_CACHE)
+            }
+            Request::Create { mode, umask, name, .. } => {
+                // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
+                // sends CREATE only for a missing name, then a SETATTR for a truncate.
+                let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
+                self.created(self.call(op, |v| v.make_open(ino, name, n)))
+            }
+            Request::Tmpfile { mode, umask, .. } => {
+                // O_TMPFILE: an unnamed file, open; linkat(AT_EMPTY_PATH) names it (LINK).
+                let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
+                self.created(self.call(op, |v| v.make_tmpfile(ino, n)))
+            }
+            Request::Read { offset, size, .. } => match self.call(op, |v| v.read(ino, offset, size as usize)) {
+                Ok(d) => Reply::Data(d),
+                Err(e) => Reply::Error(e),
+            },
+            Request::Write { offset, write_flags, flags, data, .. } => {
+                self.write(op, h, offset, write_flags, flags, data)
+            }
+            // Writes are never deferred past the volume, so there is nothing to flush.
+            // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback
+            // cache it ignores FOPEN_NOFLUSH), saving a round trip per close.
+            Request::Flush { .. } => Reply::Error(libc::ENOSYS),
+            // Only handles the volume counted (fh COUNTED) are released: after a zero-message
+            // open the kernel may still send a RELEASE for the one open it tried.
+            Request::Release { fh, .. } | Request::Releasedir { fh } if fh == COUNTED => {
+                done(self.call(op, |v| v.release(ino)))
+            }
+            Request::Release { .. } | Request::Releasedir { .. } => done(Ok(())),
+            Request::Fsync { .. } => done(self.call(op, |v| v.fsync(ino))),
+            // Directory handles carry no state (readdir positions are stable cookies); an
+            // open directory outlives its name like a file, by the kernel's reference or,
+            // without zero-message opens, by its counted handle.
+            Request::Opendir { .. } if self.zero_message_open(true) => Reply::Error(libc::ENOSYS),
+            Request::Opendir { .. } => Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), 0),
+            Request::Readdir { offset, size, plus, .. } => self.readdir(op, ino, offset, size, plus),
+            // Files the kernel dropped at an unlink are freed by their FORGET, which may
+            // still be on its way: wait a moment for it, so `df` right after `rm` is true.
+            Request::Statfs => match self.call(op, |v| {
+                v.settle_unlinked(std::time::Duration::from_millis(5));
+                Ok(v.statfs())
+            }) {
+                Ok(s) => {
+                    let mut out = Vec::with_capacity(StatfsOut::SIZE);
+                    StatfsOut {
+                        blocks: s.blocks,
+                        bfree: s.bfree,
+                        bavail: s.bavail,
+                        files: s.files,
+                        ffree: s.ffree,
+                        bsize: s.bsize,
+                        namelen: s.namelen,
+                        frsize: s.bsize,
+                    }
+                    .encode(&mut out);
+                    Reply::Data(out)
+                }
+                Err(e) => Reply::Error(e),
+            },
+            Request::Setxattr { flags, name, value } => self.setxattr(op, h, ino, flags, name, value),
+            Request::Getxattr { size, name } => {
+                if ino == self.root && name == STATS_XATTR.as_bytes() {
+                    let transport = self.transport.get().map_or("", |t| t.as_str());
+                    return xattr_reply(size, self.stats.json(transport).as_bytes());
+                }
+                match self.call(op, |v| v.getxattr(ino, name)) {
+                    Ok(val) => xattr_reply(size, &val),
+                    Err(e) => Reply::Error(e),
+                }
+            }
+            Request::Listxattr { size } => match self.call(op, |v| v.listxattr(ino)) {
+                Ok(names) => {
+                    let mut buf = Vec::new();
+                    for n in names {
+                        buf.extend_from_slice(&n);
+                        buf.push(0);
+                    }
+                    xattr_reply(size, &buf)
+                }
+                Err(e) => Reply::Error(e),
+            },
+            Request::Removexattr { name } => done(self.call(op, |v| v.removexattr(ino, name))),
+            // Only sent without default_permissions; the volume decides.
+            Request::Access { mask } => {
+                let caller = caller_of(h);
+                done(self.call(op, |v| v.access(ino, &caller, mask & 7)))
+            }
+            Request::Fallocate { offset, length, mode, .. } => self.fallocate(op, ino, offset, length, mode),
+            Request::CopyFileRange { off_in, nodeid_out, off_out, len } => {
+                let dst = self.vol_ino(nodeid_out);
+                // The reply counts bytes in 32 bits.
+                let len = len.min(u64::from(u32::MAX) & !0xfff);
+                match self.call(op, |v| v.copy_range(ino, off_in, dst, off_out, len)) {
+                    Ok(n) => {
+                        let mut out = Vec::with_capacity(8);
+                        wire::encode_size_out(n as u32, &mut out);
+                        Reply::Data(out)
+                    }
+                    Err(e) => Reply::Error(e),
+                }
+            }
+            // fuseblk and virtiofs only; nothing to do (the session commits at its end).
+            Request::Destroy => Reply::Data(Vec::new()),
+            // INIT is answered by the session before any thread serves; everything else
+            // (locks, ioctl, poll, bmap, lseek, statx) is left to the kernel's defaults or
+            // refused, as ENOSYS tells it.
+            Request::Init(_) | Request::Lseek { .. } | Request::Other(_) => Reply::Error(libc::ENOSYS),
+        }
+    }
+}
+
+impl Handler for Server {
+    fn handle(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply {
+        let _t = self.stats.timer(h.opcode, via_ring);
+        self.serve(h, req)
+    }
+
+    /// An fsync commits the volume and waits for the device.
+    fn blocks(&self, req: &Request<'_>) -> bool {
+        matches!(req, Request::Fsync { .. })
+    }
+}
+
+/// The identity of a request's caller: its user and group from the request, its
+/// supplementary groups from /proc (the protocol does not carry them).
+fn caller_of(h: &InHeader) -> Caller {
+    let groups = std::fs::read_to_string(format!("/proc/{}/status", h.pid))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        })
+        .unwrap_or_default();
+    Caller { uid: h.uid, gid: h.gid, groups }
+}

@@ -55,8 +55,8 @@ pub use error::{Error, Result};
 pub use fs::acl;
 pub use fs::dir::DirEntry;
 pub use volume::{
-    grow, mkfs, read_superblock, AtimePolicy, Attr, Caller, Grown, LockStats, MkfsOptions, NewNode, OpenOptions,
-    RenameFlags, SetAttr, SetTime, StatFs, Time, Volume, XattrMode,
+    grow, mkfs, mount_mark_status, read_superblock, AtimePolicy, Attr, Caller, Grown, LockStats, MkfsOptions, NewNode,
+    OpenOptions, RenameFlags, SetAttr, SetTime, StatFs, Time, Volume, XattrMode,
 };
 
 /// Internals that the project's own tests, benchmarks and tools reach into (on-disk
@@ -65,7 +65,8 @@ pub use volume::{
 pub mod internals {
     pub use crate::disk::codec::{get_u32, seal, Block};
     pub use crate::disk::format::{
-        ino_loc, INCOMPAT_SPILLED_BITMAP, KNOWN_INCOMPAT, LOG_START, RO_COMPAT_GROW_PENDING, STATE_BLOCK,
+        ino_loc, MountMark, INCOMPAT_SPILLED_BITMAP, KNOWN_INCOMPAT, LOG_START, RO_COMPAT_GROW_PENDING,
+        RO_COMPAT_MOUNT_MARK, STATE_BLOCK,
     };
     pub use crate::fs::dir::name_key;
     pub use crate::fs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};

@@ -150,6 +150,25 @@ fn a_file_with_a_broken_extent_tree_is_dropped() {
     repaired_without(&dev, &kept, &["frag"]);
 }
 
+/// The path of every inode reachable from the root (the first one found).
+fn paths_by_ino(vol: &Volume) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(vol.root(), String::new())];
+    while let Some((d, path)) = stack.pop() {
+        for e in vol.readdir(d, 0, 100_000).unwrap() {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+            if vol.getattr(e.ino).unwrap().kind == dxfs::FileType::Directory {
+                stack.push((e.ino, p.clone()));
+            }
+            out.entry(e.ino).or_insert(p);
+        }
+    }
+    out
+}
+
 /// What a volume holds, by path: file contents, symlink targets, directories.
 fn contents(vol: &Volume) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -196,6 +215,8 @@ fn every_smashed_metadata_block_ends_repaired_or_reported() {
     }
     let img = base.to_bytes();
     let want = contents(&Volume::open(base.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap());
+    let names =
+        paths_by_ino(&Volume::open(base.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap());
     let log_end = 2 + 2 * u64::from(u32::from_le_bytes(img[84..88].try_into().unwrap()));
     let (mut whole, mut partial, mut refused, mut tried) = (0, 0, 0, 0);
     for b in log_end..base.block_count() - 1 {
@@ -222,6 +243,19 @@ fn every_smashed_metadata_block_ends_repaired_or_reported() {
             .unwrap_or_else(|e| panic!("block {b}: repaired but does not open: {e}"));
         let got = contents(&vol);
         vol.close().unwrap();
+        // What came back through lost+found is compared under its old path.
+        let got: BTreeMap<String, Vec<u8>> = got
+            .into_iter()
+            .filter(|(p, _)| p != "/lost+found")
+            .map(|(p, data)| match p.strip_prefix("/lost+found/#") {
+                Some(rest) => {
+                    let (n, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                    let old = names.get(&n.parse::<u64>().unwrap()).unwrap_or_else(|| panic!("block {b}: {p}"));
+                    (format!("{old}{tail}"), data)
+                }
+                None => (p, data),
+            })
+            .collect();
         for (p, data) in &got {
             assert_eq!(want.get(p), Some(data), "block {b}: {p} is not what was written");
         }
@@ -315,6 +349,215 @@ fn an_unreadable_root_inode_is_recreated_with_its_entries() {
         assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
     }
     vol.create(vol.root(), b"after", 0o644, 0, 0).unwrap();
+    vol.close().unwrap();
+    common::assert_clean(dev);
+}
+
+/// Every regular file reachable from the root, by inode: (path, contents).
+fn files_by_ino(vol: &Volume) -> BTreeMap<u64, (String, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(vol.root(), String::new())];
+    while let Some((d, path)) = stack.pop() {
+        for e in vol.readdir(d, 0, 100_000).unwrap() {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+            let a = vol.getattr(e.ino).unwrap_or_else(|err| panic!("{p}: {err}"));
+            match a.kind {
+                dxfs::FileType::Directory => stack.push((e.ino, p)),
+                dxfs::FileType::RegularFile => {
+                    out.insert(e.ino, (p, vol.read(e.ino, 0, a.size as usize + 1).unwrap()));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Files and directories whose entries went with an unreadable directory leaf are not
+/// lost: fsck links them into /lost+found as `#INO` (a lost directory with everything
+/// below it), says so for each, and the volume checks clean afterwards.
+#[test]
+fn inodes_cut_off_by_a_lost_leaf_come_back_in_lost_and_found() {
+    let dev = Arc::new(MemDevice::new(8192));
+    mkfs(dev.clone(), &MkfsOptions { seed: Some([1, 2, 3, 4]), ..Default::default() }).unwrap();
+    let mut tagged = Vec::new();
+    let (big, before) = {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let big = vol.mkdir(vol.root(), b"big", 0o755, 0, 0).unwrap().ino;
+        for i in 0..300u32 {
+            let f = vol.create(big, format!("file-with-a-long-name-{i:04}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            let data: Vec<u8> = (0..(i * 37 + 1)).map(|b| (b * 7 + i) as u8).collect();
+            vol.write(f, 0, &data).unwrap();
+            if i % 3 == 0 {
+                // One xattr block shared by all of them (too big to be inline).
+                vol.setxattr(f, b"user.shared", &[9u8; 200], dxfs::XattrMode::Any).unwrap();
+                tagged.push(f);
+            }
+            if i % 8 == 0 {
+                let d = vol.mkdir(big, format!("subdirectory-number-{i:04}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+                let g = vol.create(d, b"inner", 0o600, 0, 0).unwrap().ino;
+                vol.write(g, 0, format!("inner {i}").as_bytes()).unwrap();
+            }
+        }
+        let before = files_by_ino(&vol);
+        vol.close().unwrap();
+        (big, before)
+    };
+    let leaf = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.dir_blocks(big).unwrap()[1]
+    };
+    smash(&dev, leaf);
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    let back: Vec<&String> = r.fixed.iter().filter(|f| f.contains("reattached as /lost+found/#")).collect();
+    assert!(!back.is_empty(), "nothing reattached: {:#?}", r.fixed);
+    assert!(back.iter().any(|f| f.contains("(directory)")), "no directory among {back:#?}");
+    assert!(r.fixed.iter().any(|f| f.contains("created /lost+found")), "{:#?}", r.fixed);
+    let again = check(&dev, false);
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "not clean after repair: {:#?}", again.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let after = files_by_ino(&vol);
+    // Every file is there with its data, under its name or in lost+found.
+    for (ino, (path, data)) in &before {
+        let (now, got) = after.get(ino).unwrap_or_else(|| panic!("{path} (inode {ino}) is gone"));
+        assert_eq!(got, data, "{path} now at {now}");
+        if now != path {
+            assert!(now.starts_with("/lost+found/#"), "{path} moved to {now}");
+        }
+    }
+    assert_eq!(after.len(), before.len());
+    for f in &tagged {
+        assert_eq!(vol.getxattr(*f, b"user.shared").unwrap(), [9u8; 200], "{}", after[f].0);
+    }
+    let moved = before.iter().filter(|(ino, (p, _))| &after[*ino].0 != p).count();
+    assert!(moved > 10, "only {moved} files came back through lost+found");
+    // A reattached directory knows its new parent, and the volume takes changes.
+    let lf = vol.lookup(vol.root(), b"lost+found").unwrap().ino;
+    for e in vol.readdir(lf, 0, 1000).unwrap() {
+        if e.name != b"." && e.name != b".." && vol.getattr(e.ino).unwrap().kind == dxfs::FileType::Directory {
+            assert_eq!(vol.lookup(e.ino, b"..").unwrap().ino, lf);
+            assert!(vol.lookup(e.ino, b"inner").is_ok());
+        }
+    }
+    vol.create(lf, b"after", 0o644, 0, 0).unwrap();
+    vol.close().unwrap();
+    common::assert_clean(dev);
+}
+
+/// Repairs are not all-or-nothing: with an error fsck cannot repair left (a file size
+/// beyond the largest file), it still repairs what it can (a link count, a damaged backup
+/// superblock, a block in use that the map marks free), and a second check finds only
+/// that error.
+#[test]
+fn what_can_be_repaired_is_repaired_even_when_an_error_remains() {
+    let (dev, kept) = volume();
+    {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+        for k in [b"k2", b"k3"] {
+            let f = vol.lookup(keep, k).unwrap().ino;
+            vol.setxattr(f, b"user.shared", &[3u8; 300], dxfs::XattrMode::Any).unwrap();
+        }
+        vol.close().unwrap();
+    }
+    let k1 = ino_of(&dev, &["keep", "k1"]);
+    let frag = ino_of(&dev, &["frag"]);
+    let node = {
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        vol.extent_tree_blocks(frag).unwrap()[0]
+    };
+    poke(&dev, frag, 16, &(1u64 << 50).to_le_bytes()); // size: not repairable
+    poke(&dev, k1, 12, &3u32.to_le_bytes()); // nlink
+    smash(&dev, dev.block_count() - 1); // the backup superblock
+
+    // The extent-tree node marked free in the bitmap.
+    let sb = dxfs::read_superblock(&*dev).unwrap();
+    let bm = sb.layout.bitmap_block(node / 32512);
+    let mut blk = [0u8; BLOCK_SIZE];
+    dev.read(bm, &mut blk).unwrap();
+    let bit = node % 32512;
+    blk[32 + (bit / 8) as usize] &= !(1 << (bit % 8));
+    dxfs::internals::seal(&mut blk, bm);
+    dev.write(bm, &blk).unwrap();
+    // The shared xattr block (the only one) says 5 users.
+    let xb = (0..dev.block_count())
+        .find(|&b| {
+            dev.read(b, &mut blk).unwrap();
+            &blk[..4] == b"DXXA" && blk[8..16] == b.to_le_bytes() // not a copy in the log
+        })
+        .unwrap();
+    blk[16..20].copy_from_slice(&5u32.to_le_bytes());
+    dxfs::internals::seal(&mut blk, xb);
+    dev.write(xb, &blk).unwrap();
+
+    let r = check(&dev, false);
+    assert_eq!(r.errors.len(), 5, "{:#?}", r.errors);
+    let r = check(&dev, true);
+    assert_eq!(r.errors.len(), 1, "{:#?}", r.errors);
+    assert!(r.errors[0].contains("beyond the largest file"), "{:#?}", r.errors);
+    for want in [
+        "link count 3, should be 1",
+        "superblock copy",
+        &format!("block {node} is in use but marked free"),
+        &format!("xattr block {xb}: reference count 5, used by 2 inodes"),
+    ] {
+        assert!(r.fixed.iter().any(|f| f.contains(want)), "{want} not fixed: {:#?}", r.fixed);
+    }
+    let again = check(&dev, false);
+    assert_eq!(again.errors, r.errors, "a second check finds more than the error left");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.getattr(k1).unwrap().nlink, 1);
+    let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+    for (name, data) in &kept {
+        let f = vol.lookup(keep, name.as_bytes()).unwrap().ino;
+        assert_eq!(&vol.read(f, 0, data.len() + 1).unwrap(), data, "{name}");
+    }
+    vol.close().unwrap();
+    // The error left is still found by a clean open and close (nothing hid it).
+    assert_eq!(check(&dev, false).errors.len(), 1);
+}
+
+/// A directory whose inode is unreadable loses its entry, but not its files: they come
+/// back in /lost+found with their data and their xattrs, which they share in one block
+/// that nothing else still names.
+#[test]
+fn files_of_an_unreadable_directory_come_back_with_their_shared_xattrs() {
+    let dev = Arc::new(MemDevice::new(8192));
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let (sub, files) = {
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let sub = vol.mkdir(vol.root(), b"sub", 0o755, 0, 0).unwrap().ino;
+        let mut files = Vec::new();
+        for i in 0..10u8 {
+            let f = vol.create(sub, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            vol.write(f, 0, &[i; 5000]).unwrap();
+            vol.setxattr(f, b"user.shared", &[7u8; 300], dxfs::XattrMode::Any).unwrap();
+            files.push((f, i));
+        }
+        vol.close().unwrap();
+        (sub, files)
+    };
+    assert_ne!(ino_loc(sub).0, ino_loc(files[0].0).0, "the files live in the directory's own region");
+    smash(&dev, ino_loc(sub).0);
+    let r = check(&dev, true);
+    assert!(r.errors.is_empty(), "repair left errors: {:#?}", r.errors);
+    let back = r.fixed.iter().filter(|f| f.contains("reattached as /lost+found/#")).count();
+    assert_eq!(back, files.len(), "{:#?}", r.fixed);
+    let again = check(&dev, false);
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "not clean after repair: {:#?}", again.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let lf = vol.lookup(vol.root(), b"lost+found").unwrap().ino;
+    for (f, i) in &files {
+        let a = vol.lookup(lf, format!("#{f}").as_bytes()).unwrap();
+        assert_eq!(a.ino, *f);
+        assert_eq!(a.nlink, 1);
+        assert_eq!(vol.read(*f, 0, 6000).unwrap(), vec![*i; 5000]);
+        assert_eq!(vol.getxattr(*f, b"user.shared").unwrap(), [7u8; 300]);
+    }
     vol.close().unwrap();
     common::assert_clean(dev);
 }

@@ -25,12 +25,7 @@ pub fn run(a: FsckArgs) -> i32 {
     // A repairing fsck opens read-write, which a mounted volume's lock refuses; a
     // read-only check runs, but what it reads may be behind the mount's memory.
     let spec = a.image.to_string_lossy();
-    if a.no_change && !is_nbd_uri(&spec) && FileDevice::in_use(&a.image) {
-        eprintln!(
-            "dxfs: warning: {} is in use (mounted?): checking what is on disk, which may lag behind",
-            a.image.display()
-        );
-    }
+    let locked = a.no_change && !is_nbd_uri(&spec) && FileDevice::in_use(&a.image);
     let dev = match open_device(&spec, a.no_change) {
         Ok(d) => d,
         Err(e @ dxfs::Error::Busy(_)) => {
@@ -45,8 +40,21 @@ pub fn run(a: FsckArgs) -> i32 {
     bar.finish_and_clear();
     let r = match r {
         Ok(r) => r,
+        Err(e @ dxfs::Error::Busy(_)) => {
+            return fail(format!("{}: {e}; or check it read-only with -n", a.image.display()), 8)
+        }
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
+    // The mount mark's warning names the holder; the image's lock only says "in use".
+    if locked && !r.warnings.iter().any(|w| w.contains("in use by")) {
+        eprintln!(
+            "dxfs: warning: {} is in use (mounted?): checking what is on disk, which may lag behind",
+            a.image.display()
+        );
+    }
+    for w in &r.warnings {
+        eprintln!("dxfs: warning: {w}");
+    }
     let _ = a.yes;
     for f in &r.fixed {
         println!("fixed: {f}");

@@ -26,6 +26,7 @@ pub fn run(a: InfoArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
+    let mark = dxfs::mount_mark_status(&*dev).unwrap_or_else(|e| Some(format!("cannot be read: {e}")));
     let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: true, ..Default::default() }) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -52,7 +53,10 @@ pub fn run(a: InfoArgs) -> i32 {
             "hash_seed": format_seed(sb.hash_seed),
             "region_blocks": sb.region_blocks,
             "features": {"compat": sb.compat, "incompat": sb.incompat, "ro_compat": sb.ro_compat,
-                         "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free()},
+                         "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free(),
+                         "mount_mark": sb.mount_mark()},
+            "mount_mark_block": sb.mount_mark().then_some(l.mark_block),
+            "mount_mark": mark,
             "xattr_filter_hashes": if sb.xattr_filter() { Some(sb.filter_hashes()) } else { None },
             "mkfs_time": sb.mkfs_time,
             "free_blocks": sf.map(|s| s.bfree),
@@ -65,12 +69,13 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Filesystem UUID:          {uuid}");
         println!("Format version:           {}", sb.version);
         println!(
-            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{} incompat {:#x}{}",
+            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{}{} incompat {:#x}{}",
             sb.compat,
             if sb.compat & 1 != 0 { " (dir_reservation)" } else { "" },
             sb.ro_compat,
             if sb.xattr_filter() { " (xattr_filter)" } else { "" },
             if sb.lazy_inode_free() { " (lazy_inode_free)" } else { "" },
+            if sb.mount_mark() { " (mount_mark)" } else { "" },
             if sb.grow_from != 0 {
                 format!(" (grow_pending from {} blocks: the next read-write open finishes it)", sb.grow_from)
             } else {
@@ -92,6 +97,9 @@ pub fn run(a: InfoArgs) -> i32 {
             l.bitmap_start,
             if spilled > 0 { format!(", {spilled} more in the data area (grown volume)") } else { String::new() }
         );
+        if let Some(m) = &mark {
+            println!("Mount mark:               block {}, {m}", l.mark_block);
+        }
         println!("Root inode:               {}", sb.root_ino);
         println!("Directory hash:           {}", sb.hash.name());
         println!("Directory hash seed:      {}", format_seed(sb.hash_seed));

@@ -41,6 +41,10 @@ pub struct MkfsArgs {
     /// lacks the LAZY_INODE_FREE feature and older readers can write it).
     #[arg(long)]
     no_lazy_inode_free: bool,
+    /// No mount mark (MOUNT_MARK feature): a read-write open from another host sharing
+    /// the device is then not recognised, and older readers can write the volume.
+    #[arg(long)]
+    no_mount_mark: bool,
     /// Overwrite whatever the image or device holds (a filesystem, or any data).
     #[arg(long, short = 'f')]
     force: bool,
@@ -160,6 +164,7 @@ pub fn run(a: MkfsArgs) -> i32 {
         log_blocks: None,
         root_owner,
         lazy_inode_free: !a.no_lazy_inode_free,
+        mount_mark: !a.no_mount_mark,
     };
     match mkfs(dev.clone(), &o) {
         Ok(sb) => {

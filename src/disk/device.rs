@@ -98,6 +98,12 @@ pub trait BlockDevice: Send + Sync {
         let _ = (block, count);
         Ok(())
     }
+    /// Read as [`BlockDevice::read`] does, but what the storage holds now, past any cache
+    /// of this host that another host's writes would not reach (the mount mark). The
+    /// default is a plain read.
+    fn read_fresh(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        self.read(block, buf)
+    }
 }
 
 /// Lets `Arc<dyn BlockDevice>` (or `Arc<FileDevice>`, ...) go wherever a device is expected.
@@ -125,6 +131,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
     }
     fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
         (**self).write_many(reqs)
+    }
+    fn read_fresh(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        (**self).read_fresh(block, buf)
     }
 }
 
@@ -399,6 +408,18 @@ impl BlockDevice for FileDevice {
 
     fn stats(&self) -> IoStats {
         self.counters.snapshot()
+    }
+
+    /// Drops the range from this host's page cache first (`POSIX_FADV_DONTNEED`), so a
+    /// block device shared with another host is read from the device itself.
+    fn read_fresh(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = nix::fcntl::posix_fadvise(
+            &self.file,
+            (block * BS) as i64,
+            buf.len() as i64,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
+        self.read(block, buf)
     }
 
     /// Punches a hole (`fallocate(PUNCH_HOLE | KEEP_SIZE)`): an image file gives the

@@ -29,6 +29,8 @@ pub const BITMAP_MAGIC: u32 = u32::from_le_bytes(*b"DXBM");
 pub const INODE_MAGIC: u32 = u32::from_le_bytes(*b"DXIN");
 /// Xattr block magic, "DXXA".
 pub const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"DXXA");
+/// Mount mark magic, "DXMM".
+pub const MARK_MAGIC: u32 = u32::from_le_bytes(*b"DXMM");
 
 /// The format version this code writes and reads.
 pub const VERSION: u32 = 1;
@@ -54,14 +56,23 @@ pub const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
 /// this could free those blocks by other means (fsck) and reuse them before this code
 /// frees them again, so it must not write; a reader loses nothing.
 pub const RO_COMPAT_GROW_PENDING: u32 = 8;
+/// ro_compat: the volume has a mount mark (FORMAT.md §15): a block, named by the
+/// superblock's `mark_block`, where a read-write open records its host and process and
+/// which it rewrites every few seconds, so a second host (or a mount that crashed) is
+/// recognised, as ext4's MMP block does. A writer that does not know the mark would not
+/// honour it, and an old fsck would free its block as leaked; a reader loses nothing.
+pub const RO_COMPAT_MOUNT_MARK: u32 = 16;
 /// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
 pub const INCOMPAT_SPILLED_BITMAP: u32 = 1;
 /// Features this code understands (unknown compat features are harmless by definition).
 pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP;
-pub const KNOWN_RO_COMPAT: u32 =
-    RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K | RO_COMPAT_LAZY_INODE_FREE | RO_COMPAT_GROW_PENDING;
+pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
+    | RO_COMPAT_XATTR_FILTER_K
+    | RO_COMPAT_LAZY_INODE_FREE
+    | RO_COMPAT_GROW_PENDING
+    | RO_COMPAT_MOUNT_MARK;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
 pub const LAZY_FREE_OWNER: u64 = 1;
@@ -107,13 +118,16 @@ pub fn ino_loc(ino: u64) -> (u64, usize) {
     (ino / INODES_PER_BLOCK, (ino % INODES_PER_BLOCK) as usize)
 }
 
-/// Where everything fixed lives, derived from the block count.
+/// Where everything fixed lives, derived from the block count (and, for the mount mark,
+/// chosen by mkfs and named by the superblock).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub block_count: u64,
     pub log_blocks: u32,
     pub bitmap_start: u64,
     pub bitmap_blocks: u64,
+    /// The mount mark's block in the data area (ro_compat MOUNT_MARK), 0 without one.
+    pub mark_block: u64,
 }
 
 impl Layout {
@@ -135,7 +149,13 @@ impl Layout {
             return Err(Error::Invalid(format!("log areas must be 64..=65536 blocks, not {log_blocks}")));
         }
         let bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
-        let l = Layout { block_count, log_blocks, bitmap_start: LOG_START + 2 * log_blocks as u64, bitmap_blocks };
+        let l = Layout {
+            block_count,
+            log_blocks,
+            bitmap_start: LOG_START + 2 * log_blocks as u64,
+            bitmap_blocks,
+            mark_block: 0,
+        };
         // Room for the fixed part, the root directory and a little data.
         if l.first_free() + 64 > block_count {
             return Err(Error::Invalid(format!(
@@ -191,6 +211,12 @@ impl Layout {
     /// The bitmap blocks that live in the data area (a grown volume's), in order.
     pub fn spilled_bitmap_blocks(&self) -> impl Iterator<Item = u64> + '_ {
         (self.bitmap_blocks..self.bitmap_count()).map(|i| self.bitmap_block(i))
+    }
+
+    /// The fixed structures that live in the data area: spilled bitmap blocks and the
+    /// mount mark. Always marked used, owned by no inode.
+    pub fn fixed_data_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.spilled_bitmap_blocks().chain((self.mark_block != 0).then_some(self.mark_block))
     }
 
     /// First block of log area `i` (0 or 1).
@@ -257,6 +283,7 @@ impl Superblock {
         }
         put_i64(&mut b[..], 152, self.mkfs_time);
         put_u64(&mut b[..], 160, self.grow_from);
+        put_u64(&mut b[..], 168, self.layout.mark_block);
         seal(&mut b, blockno);
         b
     }
@@ -284,11 +311,12 @@ impl Superblock {
             Layout::new(block_count, get_u32(b, 84))
         }
         .map_err(|e| Error::corrupt(format!("implausible geometry: {e}")))?;
-        let layout = Layout {
+        let mut layout = Layout {
             block_count,
             log_blocks: get_u32(b, 84),
             bitmap_start: get_u64(b, 104),
             bitmap_blocks: get_u64(b, 112),
+            mark_block: 0,
         };
         if layout != expect || get_u64(b, 96) != LOG_START {
             return Err(Error::corrupt("superblock geometry is inconsistent"));
@@ -320,6 +348,18 @@ impl Superblock {
             return Err(Error::corrupt(format!(
                 "a pending grow from {grow_from} blocks to {block_count} is implausible"
             )));
+        }
+        // Without MOUNT_MARK bytes 168..176 are reserved: ignored.
+        if ro_compat & RO_COMPAT_MOUNT_MARK != 0 {
+            let m = get_u64(b, 168);
+            if m < layout.first_free()
+                || m >= layout.backup_superblock()
+                || m == rb
+                || layout.fixed_data_blocks().any(|f| f == m)
+            {
+                return Err(Error::corrupt(format!("mount mark block {m} is out of place")));
+            }
+            layout.mark_block = m;
         }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[32..48]);
@@ -353,6 +393,11 @@ impl Superblock {
         self.grow_from - 1..end
     }
 
+    /// Whether the volume has a mount mark (ro_compat MOUNT_MARK, FORMAT.md §15).
+    pub fn mount_mark(&self) -> bool {
+        self.ro_compat & RO_COMPAT_MOUNT_MARK != 0 && self.layout.mark_block != 0
+    }
+
     /// Whether inode slots may be freed through the lazy-free tree (FORMAT.md §6.1).
     pub fn lazy_inode_free(&self) -> bool {
         self.ro_compat & RO_COMPAT_LAZY_INODE_FREE != 0
@@ -370,6 +415,75 @@ impl Superblock {
         } else {
             1
         }
+    }
+}
+
+/// The mount mark (ro_compat MOUNT_MARK, FORMAT.md §15): who holds the volume open
+/// read-write, rewritten by the holder every `interval_ms`. Everything it says lies in
+/// the block's first 512 bytes, the rest is zero, so a torn write of it leaves either the
+/// old mark or the new one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountMark {
+    /// Changed at every rewrite by the holder (starts at a random value at each open).
+    pub seq: u64,
+    /// Whether a read-write open holds the volume (false: closed cleanly).
+    pub in_use: bool,
+    /// How often the holder rewrites the mark, in milliseconds.
+    pub interval_ms: u32,
+    /// When the holder last wrote the mark, in milliseconds since the Unix epoch (its clock).
+    pub time_ms: u64,
+    /// The holder's process id, in its pid namespace.
+    pub pid: u32,
+    /// The holder's pid namespace (the inode number of /proc/self/ns/pid), 0 if unknown.
+    pub pid_ns: u64,
+    /// The holder's kernel boot id (/proc/sys/kernel/random/boot_id), zero if unknown.
+    pub boot_id: [u8; 16],
+    /// The holder's host name, at most 64 bytes.
+    pub host: String,
+}
+
+/// The longest host name a mount mark keeps.
+pub const MARK_HOST_MAX: usize = 64;
+
+impl MountMark {
+    pub fn encode(&self, blockno: u64) -> Box<Block> {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        put_u32(&mut b[..], 0, MARK_MAGIC);
+        put_u64(&mut b[..], 16, self.seq);
+        put_u32(&mut b[..], 24, u32::from(self.in_use));
+        put_u32(&mut b[..], 28, self.interval_ms);
+        put_u64(&mut b[..], 32, self.time_ms);
+        put_u32(&mut b[..], 40, self.pid);
+        put_u64(&mut b[..], 48, self.pid_ns);
+        b[56..72].copy_from_slice(&self.boot_id);
+        let h = self.host.as_bytes();
+        let n = h.len().min(MARK_HOST_MAX);
+        b[72..72 + n].copy_from_slice(&h[..n]);
+        seal(&mut b, blockno);
+        b
+    }
+
+    /// Decode and validate a mark read from `blockno`.
+    pub fn decode(b: &Block, blockno: u64) -> Result<MountMark> {
+        verify(b, blockno, Some(MARK_MAGIC))?;
+        let state = get_u32(b, 24);
+        if state > 1 {
+            return Err(Error::corrupt(format!("mount mark state {state} is unknown")));
+        }
+        let raw = &b[72..72 + MARK_HOST_MAX];
+        let end = raw.iter().position(|&c| c == 0).unwrap_or(MARK_HOST_MAX);
+        let mut boot_id = [0u8; 16];
+        boot_id.copy_from_slice(&b[56..72]);
+        Ok(MountMark {
+            seq: get_u64(b, 16),
+            in_use: state == 1,
+            interval_ms: get_u32(b, 28),
+            time_ms: get_u64(b, 32),
+            pid: get_u32(b, 40),
+            pid_ns: get_u64(b, 48),
+            boot_id,
+            host: String::from_utf8_lossy(&raw[..end]).into_owned(),
+        })
     }
 }
 
@@ -854,6 +968,58 @@ mod tests {
         assert_eq!(&b[0x80..0x84], &[1, 11, 4, 0], "hash, filter_hashes, region_blocks");
         assert_eq!(get_u32(&b[..], 4), 0x7158_7e47, "crc of the worked example: {:#010x}", get_u32(&b[..], 4));
         assert!(b[160..].iter().all(|&x| x == 0));
+        // mkfs's defaults since MOUNT_MARK: the mark in block F + 1 = 132.
+        let marked = Superblock {
+            ro_compat: sb.ro_compat | RO_COMPAT_MOUNT_MARK,
+            layout: Layout { mark_block: 132, ..layout },
+            ..sb.clone()
+        };
+        let b = marked.encode(0);
+        assert_eq!(&b[0x1c..0x20], &[0x16, 0, 0, 0], "ro_compat");
+        assert_eq!(&b[168..176], &[132, 0, 0, 0, 0, 0, 0, 0], "mark_block");
+        assert_eq!(
+            get_u32(&b[..], 4),
+            0xc839_08e1,
+            "crc of the worked example with a mount mark: {:#010x}",
+            get_u32(&b[..], 4)
+        );
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), marked);
+        assert!(b[176..].iter().all(|&x| x == 0));
+        // Out of place: on the root's block, in the fixed area, on the backup superblock.
+        for bad in [131u64, 100, 4095] {
+            let mut b = marked.encode(0);
+            b[168..176].copy_from_slice(&bad.to_le_bytes());
+            seal(&mut b, 0);
+            assert!(Superblock::decode(&b, 0).is_err(), "mark block {bad}");
+        }
+    }
+
+    #[test]
+    fn mount_mark_round_trip_torn_and_damaged() {
+        let m = MountMark {
+            seq: 0x1122_3344_5566_7788,
+            in_use: true,
+            interval_ms: 5000,
+            time_ms: 1_735_689_600_000,
+            pid: 4242,
+            pid_ns: 4_026_531_836,
+            boot_id: [9; 16],
+            host: "h".repeat(80),
+        };
+        let b = m.encode(132);
+        let back = MountMark::decode(&b, 132).unwrap();
+        assert_eq!(back, MountMark { host: "h".repeat(MARK_HOST_MAX), ..m.clone() });
+        assert!(b[512..].iter().all(|&x| x == 0), "everything in the first sector");
+        // A write torn anywhere past the first sector leaves the new mark whole.
+        let old = MountMark { in_use: false, seq: 1, ..m.clone() }.encode(132);
+        let mut torn = old.clone();
+        torn[..2048].copy_from_slice(&b[..2048]);
+        assert_eq!(MountMark::decode(&torn, 132).unwrap(), back);
+        assert!(MountMark::decode(&b, 133).is_err(), "misdirected");
+        let mut bad = b.clone();
+        put_u32(&mut bad[..], 24, 7);
+        seal(&mut bad, 132);
+        assert!(MountMark::decode(&bad, 132).is_err(), "unknown state");
     }
 
     #[test]

@@ -122,7 +122,11 @@ impl Journal {
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let t = get_u64(&body, i * 8);
-            if t == 0 || (t >= layout.log_area(0) && t < log_end) || t >= layout.backup_superblock() {
+            if t == 0
+                || (t >= layout.log_area(0) && t < log_end)
+                || t >= layout.backup_superblock()
+                || (layout.mark_block != 0 && t == layout.mark_block)
+            {
                 return Err(Error::corrupt(format!("commit {seq} targets block {t}, which it may not")));
             }
             let mut img = Box::new([0u8; BLOCK_SIZE]);

@@ -66,7 +66,7 @@ impl Space {
         for b in layout.block_count..(nwords as u64 * 64) {
             s.words[(b / 64) as usize] |= 1 << (b % 64);
         }
-        for b in (0..layout.first_free()).chain(layout.spilled_bitmap_blocks()) {
+        for b in (0..layout.first_free()).chain(layout.fixed_data_blocks()) {
             s.set(b);
         }
         s.set(layout.backup_superblock());
@@ -114,7 +114,7 @@ impl Space {
         for b in layout.block_count..(s.words.len() as u64 * 64) {
             s.words[(b / 64) as usize] |= 1 << (b % 64);
         }
-        let fixed = (0..layout.first_free()).chain(layout.spilled_bitmap_blocks()).chain([layout.backup_superblock()]);
+        let fixed = (0..layout.first_free()).chain(layout.fixed_data_blocks()).chain([layout.backup_superblock()]);
         for b in fixed {
             if !s.is_used(b) {
                 return Err(Error::corrupt(format!("fixed block {b} is marked free")));

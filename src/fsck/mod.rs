@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::fs::dir;
 use crate::fs::file;
 use crate::fs::xattr;
-use crate::volume::{read_usable_superblock, OpenOptions, Volume};
+use crate::volume::{mark, read_usable_superblock, OpenOptions, Volume};
 
 mod repair;
 use repair::*;
@@ -30,6 +30,8 @@ pub struct Report {
     pub errors: Vec<String>,
     /// Problems repaired.
     pub fixed: Vec<String>,
+    /// Worth saying, but not wrong with the volume (it is in use elsewhere, say).
+    pub warnings: Vec<String>,
     pub inodes: u64,
     pub directories: u64,
     pub files: u64,
@@ -72,6 +74,8 @@ struct Walk<'a> {
     inode_fixes: Vec<(u64, InodeFix, String)>,
     /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
     salvage: HashSet<u64>,
+    /// Whether the walk saw everything: no error left any part of the volume unread.
+    complete: bool,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -88,14 +92,155 @@ enum InodeFix {
     Parent(u64),
 }
 
+/// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
+#[derive(Clone, Copy, Debug)]
+struct LostInode {
+    ino: u64,
+    kind: FileType,
+    size: u64,
+}
+
+impl LostInode {
+    fn what(&self) -> String {
+        match self.kind {
+            FileType::Directory => "directory".into(),
+            FileType::RegularFile => format!("file of {} bytes", self.size),
+            FileType::Symlink => "symlink".into(),
+            _ => "special file".into(),
+        }
+    }
+}
+
 /// A directory entry a repair removes because the inode it names cannot be used:
 /// (directory, key, name, inode).
 type Drop = (u64, u64, Vec<u8>, u64);
 
 impl Walk<'_> {
+    /// Live inodes the walk did not reach, in the inode blocks it knows whose slot mask
+    /// does not match what it found (`mismatched`) and in
+    /// leaked blocks that are inode blocks, that can be put back as they are: readable,
+    /// linked at least once, with a sound index or extent map and xattrs, owning no block
+    /// anything else owns. Returns the ones to link into /lost+found (those no other lost
+    /// directory names: the rest come back with it), every block they and their subtrees
+    /// own (their inode blocks too), every live inode among them, and how many of them use
+    /// each xattr head block.
+    fn find_lost(
+        &mut self,
+        mismatched: &[u64],
+        lazy: &HashMap<u64, u16>,
+        leaked: &[u64],
+    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>, HashMap<u64, u32>) {
+        let mut blocks: Vec<u64> = mismatched.to_vec();
+        for &b in leaked {
+            if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
+                blocks.push(b);
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut claimed = HashSet::new();
+        let mut heads: HashMap<u64, u32> = HashMap::new();
+        let mut found: Vec<Inode> = Vec::new();
+        for b in blocks {
+            let used = match self.st.block(b, Some(INODE_MAGIC)) {
+                Ok(blk) => get_u16(blk, IB_USED) & !lazy.get(&b).copied().unwrap_or(0),
+                Err(_) => continue,
+            };
+            for s in 1..INODES_PER_BLOCK {
+                let ino = ino_of(b, s);
+                if used & (1 << s) == 0 || self.seen.contains(&ino) || self.bad.contains(&ino) {
+                    continue;
+                }
+                let Ok(i) = self.st.inode(ino) else { continue };
+                if i.nlink == 0 || i.file_type().is_none() {
+                    continue;
+                }
+                if let Some((own, head)) = self.sound(&i, &claimed) {
+                    claimed.extend(own);
+                    if let Some(h) = head {
+                        *heads.entry(h).or_insert(0) += 1;
+                    }
+                    claimed.insert(b);
+                    // Its initialised region blocks are inode blocks (shared: not checked).
+                    if let InodeData::Dir(d) = &i.data {
+                        claimed.extend((0..d.region_used as u64).map(|k| d.region_start + k));
+                    }
+                    found.push(i);
+                }
+            }
+        }
+        let mut named = HashSet::new();
+        for i in found.iter().filter(|i| i.is_dir()) {
+            if let Ok(d) = i.dir() {
+                let _ = btree::scan(&mut self.st, &d.tree, i.ino, 0, |_, v| {
+                    if let Ok((c, _, _)) = decode_dirent(v) {
+                        if c != i.ino {
+                            named.insert(c);
+                        }
+                    }
+                    true
+                });
+            }
+        }
+        let all = found.iter().map(|i| i.ino).collect();
+        let roots = found
+            .iter()
+            .filter(|i| !named.contains(&i.ino))
+            .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
+            .collect();
+        (roots, claimed, all, heads)
+    }
+
+    /// The blocks inode `i` owns if it can be put back as it is, and its xattr head block,
+    /// or `None`: its index, extent map and xattrs read, and it owns nothing the walk or
+    /// `claimed` already has.
+    fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<(Vec<u64>, Option<u64>)> {
+        let ino = i.ino;
+        let mut own = Vec::new();
+        match &i.data {
+            InodeData::Dir(d) => {
+                own.extend(btree::check(&mut self.st, &d.tree, ino).ok()?.blocks);
+                own.extend((d.region_used as u64..d.region_len as u64).map(|k| d.region_start + k));
+            }
+            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
+                if let InodeData::ExtentTree { tree, .. } = &i.data {
+                    own.extend(btree::check(&mut self.st, tree, ino).ok()?.blocks);
+                }
+                for e in file::all_extents(&mut self.st, i).ok()? {
+                    own.extend(e.phys..e.phys + e.len);
+                }
+            }
+            InodeData::InlineSymlink(_) => {}
+        }
+        let xblocks = xattr::blocks_of(&mut self.st, i).ok()?;
+        xattr::load(&mut self.st, i).ok()?;
+        // The head may be shared, with the walk's inodes or other lost ones: not checked
+        // against them, only claimed when nothing seen owns it yet.
+        let head = xblocks.first().copied();
+        own.extend(xblocks.iter().skip(1));
+        let layout = self.st.sb.layout;
+        let ok = own
+            .iter()
+            .chain(head.as_ref())
+            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.space.is_used(*b))
+            && own.iter().all(|b| !self.owner.contains_key(b) && !claimed.contains(b));
+        if let Some(h) = head.filter(|h| !self.owner.contains_key(h)) {
+            own.push(h);
+        }
+        ok.then_some((own, head))
+    }
+
     /// A finding the repair fixes by setting one inode field.
     fn fix(&mut self, ino: u64, f: InodeFix, m: String) {
         self.inode_fixes.push((ino, f, m));
+    }
+
+    /// An error that leaves part of the volume unseen (something unreadable): whatever
+    /// depends on a complete walk (leaks, link counts, slot masks, the rebuilt map) must
+    /// then not be repaired.
+    fn blind(&mut self, m: String) {
+        self.complete = false;
+        self.err(m);
     }
 
     fn err(&mut self, m: String) {
@@ -123,7 +268,7 @@ impl Walk<'_> {
                     Ok(s) => s,
                     Err(e) => {
                         self.salvage.insert(ino);
-                        self.err(format!("directory {ino}: index broken: {e}"));
+                        self.blind(format!("directory {ino}: index broken: {e}"));
                         return Ok(());
                     }
                 };
@@ -160,7 +305,7 @@ impl Walk<'_> {
                         }
                         Err(e) => {
                             self.bad.insert(ino);
-                            self.err(format!("inode {ino}: extent tree broken: {e}"));
+                            self.blind(format!("inode {ino}: extent tree broken: {e}"));
                             return Ok(());
                         }
                     }
@@ -181,7 +326,7 @@ impl Walk<'_> {
                     }
                     Err(e) => {
                         self.bad.insert(ino);
-                        self.err(format!("inode {ino}: extent map unreadable: {e}"))
+                        self.blind(format!("inode {ino}: extent map unreadable: {e}"))
                     }
                 }
             }
@@ -200,7 +345,7 @@ impl Walk<'_> {
             }
             Err(e) => {
                 self.bad.insert(ino);
-                self.err(format!("inode {ino}: xattr block unreadable: {e}"))
+                self.blind(format!("inode {ino}: xattr block unreadable: {e}"))
             }
         }
         match xattr::load(&mut self.st, i) {
@@ -221,7 +366,7 @@ impl Walk<'_> {
             }
             Err(e) => {
                 self.bad.insert(ino);
-                self.err(format!("inode {ino}: xattrs unreadable: {e}"))
+                self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
             }
         }
         if owned != i.blocks {
@@ -240,8 +385,39 @@ impl Walk<'_> {
 
 /// Check (and with `repair`, fix) the volume on `dev`. `progress` gets the number of
 /// inodes checked so far.
+///
+/// A volume with a mount mark (ro_compat MOUNT_MARK): a repair takes the mark for its
+/// whole length, so it is refused ([`Error::Busy`](crate::Error::Busy)) while another host
+/// or process holds the volume; a check without repair says in `warnings` that the volume
+/// is in use (what it reads may lag behind the holder's memory).
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
-    check_pass(dev, repair, progress, 0)
+    let sb = read_usable_superblock(&*dev)?;
+    let repair_ok = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
+    let (mut warnings, mut errors, mut fixed) = (Vec::new(), Vec::new(), Vec::new());
+    match mark::inspect(&*dev, &sb)? {
+        Some(Ok(m)) if m.in_use && !repair_ok => {
+            if mark::looks_held(&m) {
+                warnings.push(format!(
+                    "the volume is in use by {}: checking what is on disk, which may lag behind",
+                    mark::describe(&m)
+                ));
+            } else {
+                warnings.push(format!(
+                    "the volume was not closed cleanly by {} (a read-write open takes it over once it is sure the mark is stale)",
+                    mark::describe(&m)
+                ));
+            }
+        }
+        Some(Err(e)) if repair_ok => fixed.push(format!("mount mark unreadable ({e}): written again")),
+        Some(Err(e)) => errors.push(format!("mount mark unreadable ({e}); a repair writes it again")),
+        _ => {}
+    }
+    let _held = if repair_ok { mark::acquire(&dev, &sb, mark::DEFAULT_INTERVAL_MS)? } else { None };
+    let mut r = check_pass(dev, repair, progress, 0)?;
+    r.warnings.splice(0..0, warnings);
+    r.errors.splice(0..0, errors);
+    r.fixed.splice(0..0, fixed);
+    Ok(r)
 }
 
 fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64), pass: u32) -> Result<Report> {
@@ -302,11 +478,16 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         bad: HashSet::new(),
         inode_fixes: Vec::new(),
         salvage: HashSet::new(),
+        complete: true,
         progress,
     };
-    // A grown volume's bitmap blocks beyond the contiguous ones lie in the data area.
+    // A grown volume's bitmap blocks beyond the contiguous ones, and the mount mark, lie
+    // in the data area.
     for b in w_sb.layout.spilled_bitmap_blocks() {
         w.own(b, 0, "free-space bitmap");
+    }
+    if w_sb.layout.mark_block != 0 {
+        w.own(w_sb.layout.mark_block, 0, "mount mark");
     }
     // Walk the namespace breadth first.
     // Each queued inode comes with the entry it was found through: (key, name).
@@ -319,7 +500,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         let i = match w.st.inode(ino) {
             Ok(i) => i,
             Err(e) => {
-                w.err(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
+                w.blind(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
                 if ino != root {
                     drops.push((parent, key, name, ino));
                 } else {
@@ -357,11 +538,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             });
             // A damaged index is rebuilt from what can still be read of it (`salvage`).
             if let Err(e) = r {
-                w.err(format!("directory {ino}: unreadable index: {e}"));
+                w.blind(format!("directory {ino}: unreadable index: {e}"));
                 w.salvage.insert(ino);
             }
             if let Some(e) = bad {
-                w.err(format!("directory {ino}: {e}"));
+                w.blind(format!("directory {ino}: {e}"));
                 w.salvage.insert(ino);
             }
             let mut names = HashSet::new();
@@ -383,7 +564,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 if ft == FileType::Directory {
                     *subdirs.entry(ino).or_insert(0) += 1;
                     if w.seen.contains(&c) {
-                        w.err(format!("directory {c} is linked more than once"));
+                        w.blind(format!("directory {c} is linked more than once"));
                         continue;
                     }
                 }
@@ -400,7 +581,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                         }
                     }
                     Err(e) => {
-                        w.err(format!(
+                        w.blind(format!(
                             "directory {ino}: entry {:?} points to inode {c}: {e}",
                             String::from_utf8_lossy(&name)
                         ));
@@ -426,18 +607,19 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 inodes.insert(i.ino, i);
             }
             Err(e) => {
-                w.err(format!("orphan list: inode {cur}: {e}"));
+                w.blind(format!("orphan list: inode {cur}: {e}"));
                 break;
             }
         }
     }
-    // Shared xattr blocks: owned once, reference count equal to the inodes using them.
+    // Shared xattr blocks: owned once, reference count equal to the inodes using them
+    // (compared once the lost inodes, which may use them too, are known).
+    let mut xattr_counts: Vec<(u64, u32, u32)> = Vec::new();
     let refs: Vec<(u64, u32)> = w.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
     for (b, n) in refs {
         w.own(b, 0, "xattr");
         match xattr::refcount(&mut w.st, b) {
-            Ok(c) if c == n => {}
-            Ok(c) => w.err(format!("xattr block {b}: reference count {c}, used by {n} inodes")),
+            Ok(c) => xattr_counts.push((b, c, n)),
             Err(e) => w.err(format!("xattr block {b}: {e}")),
         }
     }
@@ -471,6 +653,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     // The lazy-free tree: slots freed without rewriting their inode block.
     let mut lazy: HashMap<u64, u16> = HashMap::new();
+    // Every record, also those for blocks no reached inode lives in (to tell the live
+    // slots of a block only lost inodes live in).
+    let mut lazy_all: HashMap<u64, u16> = HashMap::new();
     let mut lazy_drops = Vec::new();
     if let Some(t) = w.st.lazy_frees.filter(|t| t.root != 0) {
         match btree::check(&mut w.st, &t, LAZY_FREE_OWNER) {
@@ -484,10 +669,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                     true
                 });
                 if let Err(e) = r {
-                    w.err(format!("lazy-free tree: {e}"));
+                    w.blind(format!("lazy-free tree: {e}"));
                 }
                 for (b, v) in recs {
                     let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
+                    lazy_all.insert(b, mask);
                     if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
                         // Malformed, or for a block with no live inode (which should
                         // have been freed with its record): the record goes.
@@ -497,7 +683,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                     }
                 }
             }
-            Err(e) => w.err(format!("lazy-free tree broken: {e}")),
+            Err(e) => w.blind(format!("lazy-free tree broken: {e}")),
         }
     }
     let mut slot_fixes = Vec::new();
@@ -517,7 +703,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
                 reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
             }
-            Err(e) => w.err(format!("inode block {b}: {e}")),
+            Err(e) => w.blind(format!("inode block {b}: {e}")),
         }
         match w.owner.get(&b) {
             Some(&o) if o != u64::MAX => w.err(format!("inode block {b} is also owned by inode {o}")),
@@ -529,6 +715,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Free-space map against use.
     let layout = w.st.sb.layout;
     let mut leaked = Vec::new();
+    let mut marked_free = Vec::new();
     let mut used = layout.first_free() + 1;
     // The old tail of a grow cut short is marked used and owned by nothing until the next
     // read-write open frees it (ro_compat GROW_PENDING): not a leak.
@@ -541,29 +728,56 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             used += 1;
         }
         if owned && in_tail {
-            w.err(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
+            w.blind(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
         }
         if rebuild_bitmap {
             continue; // the map is rebuilt from `owner` below
         }
         if owned && !marked {
-            w.err(format!("block {b} is in use but marked free"));
+            marked_free.push(b);
         } else if marked && !owned && !in_tail {
             leaked.push(b);
         }
     }
     w.r.blocks_used = used;
+    // Live inodes that no directory names (their entry went with a directory leaf, or was
+    // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
+    // not leaked, and their slots are live.
+    // (A known inode block holding such an inode is one whose slot mask is off.)
+    let mismatched: Vec<u64> = slot_fixes.iter().map(|f| f.0).collect();
+    let (lost, claimed, lost_all, lost_heads) = w.find_lost(&mismatched, &lazy_all, &leaked);
+    let xattr_fixes: Vec<(u64, u32, u32)> = xattr_counts
+        .iter()
+        .map(|&(b, c, n)| (b, c, n + lost_heads.get(&b).copied().unwrap_or(0)))
+        .filter(|&(_, c, n)| c != n)
+        .collect();
+    if !lost.is_empty() {
+        leaked.retain(|b| !claimed.contains(b));
+        for &b in &claimed {
+            w.owner.entry(b).or_insert(u64::MAX);
+        }
+        let mut lost_slots: HashMap<u64, u16> = HashMap::new();
+        for &ino in &lost_all {
+            let (b, s) = ino_loc(ino);
+            *lost_slots.entry(b).or_insert(0) |= 1 << s;
+        }
+        slot_fixes.retain_mut(|(b, used, want)| {
+            *want |= lost_slots.get(b).copied().unwrap_or(0);
+            let freed = lazy.get(b).copied().unwrap_or(0);
+            freed & !*used != 0 || *used & !freed != *want
+        });
+    }
     // A wrong inode count is repaired with the rest (dropped entries leave one).
-    let inode_count_fix = (state.inodes != w.r.inodes && !rebuild_state).then_some((state.inodes, w.r.inodes));
+    let live = w.r.inodes + lost_all.len() as u64;
+    let inode_count_fix = (state.inodes != live && !rebuild_state).then_some((state.inodes, live));
     let mut r = w.r;
-    let fixable = !leaked.is_empty()
-        || !nlink_fixes.is_empty()
-        || !slot_fixes.is_empty()
-        || !lazy_drops.is_empty()
-        || !reinit.is_empty()
-        || !w.inode_fixes.is_empty()
-        || inode_count_fix.is_some();
-    let msgs: Vec<String> = leaked
+    // Repairs in two kinds. Global ones follow from the whole walk (a leak is a block
+    // nothing seen owns; a link count counts the entries seen), so they are made only when
+    // the walk saw everything: no error at all, or only errors that hid nothing (a bad
+    // name, a size out of range). Local ones follow from one inode or block and are made
+    // whatever else is wrong.
+    let global_ok = r.errors.is_empty() || w.complete;
+    let mut global: Vec<String> = leaked
         .iter()
         .take(20)
         .map(|b| format!("block {b} is marked in use but owned by nothing"))
@@ -579,17 +793,34 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
+        .chain(xattr_fixes.iter().map(|(b, c, n)| format!("xattr block {b}: reference count {c}, used by {n} inodes")))
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
-        .chain(w.inode_fixes.iter().map(|(_, _, m)| m.clone()))
         .collect();
-    let mut msgs = msgs;
     if leaked.len() > 20 {
         // A repairable finding like the rest: it must not block the repair itself.
-        msgs.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
+        global.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
     }
-    if repair && r.errors.is_empty() {
+    // Inode fields of an inode that is itself unusable are not worth setting.
+    let inode_fixes: Vec<(u64, InodeFix, String)> =
+        w.inode_fixes.iter().filter(|(ino, ..)| !w.bad.contains(ino)).cloned().collect();
+    let local: Vec<String> = marked_free
+        .iter()
+        .take(20)
+        .map(|b| format!("block {b} is in use but marked free"))
+        .chain(
+            (marked_free.len() > 20)
+                .then(|| format!("... and {} more blocks in use but marked free", marked_free.len() - 20)),
+        )
+        .chain(inode_fixes.iter().map(|(_, _, m)| m.clone()))
+        .collect();
+    let lost_msgs: Vec<String> = lost
+        .iter()
+        .map(|l| format!("inode {} ({}) is in no directory: a repair puts it into /lost+found", l.ino, l.what()))
+        .collect();
+    // The superblock copies: rewritten from the one in use, whatever else is wrong.
+    if repair {
         for (at, msg) in sb_fixes {
             dev.write(at, &w_sb.encode(at)[..])?;
             dev.flush()?;
@@ -599,7 +830,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
     if !r.rebuilt.is_empty() {
-        if repair && r.errors.is_empty() {
+        if repair && global_ok {
             // Written in place, outside any delta: a crash half way leaves them damaged
             // again, and the next fsck rebuilds them again.
             let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
@@ -646,21 +877,45 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         next.fixed.splice(0..0, told);
         return Ok(next);
     }
-    if fixable && repair && r.errors.is_empty() {
+    let do_global = repair && global_ok && (!global.is_empty() || !lost.is_empty());
+    let do_local = repair && !local.is_empty();
+    if do_global || do_local {
         drop(w.st);
+        // A lazy-free record of a block lost inodes live in stays: it frees other slots.
+        lazy_drops.retain(|b| !claimed.contains(b));
+        let none: &[u64] = &[];
         let fixes = Fixes {
-            leaked: &leaked,
-            nlinks: &nlink_fixes,
-            slots: &slot_fixes,
-            lazy_drops: &lazy_drops,
-            reinit: &reinit,
-            inode_fixes: &w.inode_fixes,
-            inode_count: inode_count_fix.map(|f| f.1),
+            leaked: if do_global { &leaked } else { none },
+            nlinks: if do_global { &nlink_fixes } else { &[] },
+            slots: if do_global { &slot_fixes } else { &[] },
+            lazy_drops: if do_global { &lazy_drops } else { none },
+            reinit: if do_global { &reinit } else { &[] },
+            marked_free: &marked_free,
+            xattr_refs: if do_global { &xattr_fixes } else { &[] },
+            inode_fixes: &inode_fixes,
+            inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
         };
-        repair_volume(dev, &fixes)?;
-        r.fixed.extend(msgs);
+        repair_volume(dev.clone(), &fixes)?;
+        r.fixed.extend(local);
+        if do_global {
+            r.fixed.extend(global);
+        } else {
+            r.errors.extend(global);
+        }
+        if do_global && !lost.is_empty() && pass < MAX_DROP_PASSES {
+            // Back into the namespace, then checked again like any other inode (their
+            // link counts, a directory's parent).
+            let mut told = std::mem::take(&mut r.fixed);
+            told.extend(reattach(dev.clone(), &lost)?);
+            let mut next = check_pass(dev, repair, progress, pass + 1)?;
+            next.fixed.splice(0..0, told);
+            return Ok(next);
+        }
+        r.errors.extend(lost_msgs);
     } else {
-        r.errors.extend(msgs);
+        r.errors.extend(local);
+        r.errors.extend(global);
+        r.errors.extend(lost_msgs);
     }
     Ok(r)
 }

@@ -32,6 +32,51 @@ pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &
     Ok(told)
 }
 
+/// Link each of `lost` into /lost+found (made, mode 0700, owned by root, when missing)
+/// as `#INO`, in one delta. A lost directory's parent and lost+found's link count follow
+/// at once; the files' link counts are left to the next pass. Returns a line per inode.
+pub(super) fn reattach(dev: Arc<dyn BlockDevice>, lost: &[LostInode]) -> Result<Vec<String>> {
+    let vol = Volume::open(dev, OpenOptions::default())?;
+    let root = vol.root();
+    let mut told = Vec::new();
+    let lf = match vol.lookup(root, b"lost+found") {
+        Ok(a) if a.kind == FileType::Directory => a.ino,
+        Ok(_) => {
+            return Err(crate::error::Error::Invalid(
+                "/lost+found is not a directory: rename it, then run fsck again".into(),
+            ))
+        }
+        Err(crate::error::Error::NotFound) => {
+            let a = vol.mkdir(root, b"lost+found", 0o700, 0, 0)?;
+            told.push(format!("created /lost+found (directory {})", a.ino));
+            a.ino
+        }
+        Err(e) => return Err(e),
+    };
+    vol.repair(|st, _| {
+        let mut p = st.inode(lf)?;
+        for l in lost {
+            let name = format!("#{}", l.ino);
+            if dir::lookup(st, &p, name.as_bytes())?.is_some() {
+                continue;
+            }
+            dir::insert(st, &mut p, name.as_bytes(), l.ino, l.kind)?;
+            if l.kind == FileType::Directory {
+                p.nlink += 1;
+                let mut i = st.inode(l.ino)?;
+                i.parent = lf;
+                st.put_inode(&i)?;
+            }
+            told.push(format!("inode {} ({}) was in no directory: reattached as /lost+found/{name}", l.ino, l.what()));
+        }
+        let t = crate::volume::now();
+        (p.mtime, p.ctime) = (t, t);
+        st.put_inode(&p)
+    })?;
+    vol.close()?;
+    Ok(told)
+}
+
 /// The root's inode cannot be read: write a new one (a directory, mode 0755, owned by
 /// root, times now, no xattrs) whose index holds the records of every readable leaf that
 /// names the root as its owner, found by scanning the blocks in use. The root's own block
@@ -148,6 +193,10 @@ pub(super) struct Fixes<'a> {
     pub(super) lazy_drops: &'a [u64],
     /// Unreadable inode blocks without live inodes, with their region's directory.
     pub(super) reinit: &'a [(u64, u64)],
+    /// Blocks something owns that the map marks free.
+    pub(super) marked_free: &'a [u64],
+    /// Shared xattr blocks whose reference count is wrong: (block, count, users).
+    pub(super) xattr_refs: &'a [(u64, u32, u32)],
     pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
     pub(super) inode_count: Option<u64>,
 }
@@ -161,6 +210,12 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
         }
         for &b in f.leaked {
             st.space.free_deferred(b, 1);
+        }
+        for &b in f.marked_free {
+            st.space.mark_used(b);
+        }
+        for &(b, _, users) in f.xattr_refs {
+            put_u32(st.block_mut(b, Some(XATTR_MAGIC))?, 16, users);
         }
         for &(ino, _, want) in f.nlinks {
             let mut i = st.inode(ino)?;

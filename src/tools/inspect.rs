@@ -216,6 +216,17 @@ impl Inspector {
             ("commit", check(COMMIT_MAGIC), vec![("sequence", get_u64(&b, 16)), ("blocks", u64::from(get_u32(&b, 24)))])
         } else if n >= l.log_area(0) && n < l.bitmap_start {
             ("log body", None, Vec::new())
+        } else if l.mark_block != 0 && n == l.mark_block {
+            let m = MountMark::decode(&b, n).ok();
+            let f = m.map_or_else(Vec::new, |m| {
+                vec![
+                    ("in_use", u64::from(m.in_use)),
+                    ("pid", u64::from(m.pid)),
+                    ("sequence", m.seq),
+                    ("time_ms", m.time_ms),
+                ]
+            });
+            ("mount mark", check(MARK_MAGIC), f)
         } else if (n >= l.bitmap_start && n < l.first_free()) || l.spilled_bitmap_blocks().any(|b| b == n) {
             let used: u64 = b[BITMAP_HEADER..].iter().map(|x| u64::from(x.count_ones())).sum();
             (

@@ -360,11 +360,19 @@ impl Volume {
         let mut journal = self.journal.lock();
         let mut flight = {
             let mut g = self.lock();
-            if g.failed {
+            if g.is_failed() {
                 return Err(Error::Failed);
             }
             if g.opts.read_only {
                 return Ok(());
+            }
+            // A volume left clean by `shutdown` takes its mount mark back before it writes.
+            let pending = !g.delta.dirty.is_empty() || g.st.dirty_count() > 0 || g.st.space.pending_bitmap_blocks() > 0;
+            if pending {
+                if let Some(Err(e)) = g.mark.as_ref().map(|m| m.unpark()) {
+                    g.failed = true;
+                    return Err(e);
+                }
             }
             match g.prepare_commit(&mut journal) {
                 Ok(Some(f)) => f,
@@ -505,7 +513,14 @@ impl Volume {
         // A last flush even when nothing was written: the device is left with nothing of
         // ours in flight (an NBD device's readahead), whatever holds the volume after.
         let dev = self.lock().st.dev().clone();
-        dev.flush()
+        dev.flush()?;
+        // Clean: so is the mount mark, if this volume alone holds it (fsck and resize hold
+        // theirs for longer), even if the volume is never dropped (a daemon that exits).
+        let g = self.lock();
+        if let Some(m) = g.mark.as_ref().filter(|m| Arc::strong_count(m) == 1) {
+            m.park();
+        }
+        Ok(())
     }
 
     /// After the last commit: make its home writes durable and commit an empty delta, so
@@ -514,7 +529,7 @@ impl Volume {
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.journal.lock();
         let mut g = self.lock();
-        if g.failed || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
+        if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());
         }
         let dev = g.st.dev().clone();

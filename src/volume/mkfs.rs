@@ -34,6 +34,9 @@ pub struct MkfsOptions {
     pub root_owner: (u32, u32),
     /// Free inode slots lazily, through the lazy-free tree (ro_compat LAZY_INODE_FREE).
     pub lazy_inode_free: bool,
+    /// Give the volume a mount mark (ro_compat MOUNT_MARK), so a read-write open from
+    /// another host, which the image's lock cannot see, is refused.
+    pub mount_mark: bool,
 }
 
 impl Default for MkfsOptions {
@@ -49,6 +52,7 @@ impl Default for MkfsOptions {
             log_blocks: None,
             root_owner: (0, 0),
             lazy_inode_free: true,
+            mount_mark: true,
         }
     }
 }
@@ -64,8 +68,23 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     if o.xattr_filter && !(1..=MAX_FILTER_HASHES).contains(&o.filter_hashes) {
         return Err(Error::Invalid(format!("xattr filter hashes must be 1..={MAX_FILTER_HASHES}")));
     }
+    // A volume another host (or process) holds is not overwritten, even when asked to.
+    if let Ok(old) = read_superblock(&*dev) {
+        if let Ok(Some(Ok(m))) = mark::inspect(&*dev, &old) {
+            if mark::looks_held(&m) {
+                return Err(Error::Busy(format!(
+                    "the volume on it is in use by {}: unmount it there first",
+                    mark::describe(&m)
+                )));
+            }
+        }
+    }
     let blocks = dev.block_count();
-    let layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
+    let mut layout = Layout::new(blocks, o.log_blocks.unwrap_or_else(|| Layout::default_log_blocks(blocks)))?;
+    if o.mount_mark {
+        // The block after the root's (which is the first free one).
+        layout.mark_block = layout.first_free() + 1;
+    }
     let seed = o.seed.unwrap_or_else(|| {
         let u = uuid::Uuid::new_v4();
         crate::disk::hash::parse_seed(&u.to_string()).expect("uuid formats as a seed")
@@ -76,7 +95,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         compat: COMPAT_DIR_RESERVATION,
         incompat: 0,
         ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 }
-            | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 },
+            | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 }
+            | if o.mount_mark { RO_COMPAT_MOUNT_MARK } else { 0 },
         uuid,
         label: o.label.clone(),
         layout,
@@ -108,6 +128,10 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     let zero = vec![0u8; BLOCK_SIZE];
     dev.write(layout.log_area(0), &zero)?;
     dev.write(layout.log_area(1), &zero)?;
+    if o.mount_mark {
+        let clean = MountMark { seq: 1, interval_ms: mark::DEFAULT_INTERVAL_MS, ..Default::default() };
+        dev.write(layout.mark_block, &clean.encode(layout.mark_block)[..])?;
+    }
     for (b, img) in st.take_dirty() {
         dev.write(b, &img[..])?;
     }

@@ -24,6 +24,7 @@ mod attrs;
 mod contention;
 mod data;
 mod delta;
+pub(crate) mod mark;
 mod mkfs;
 mod namespace;
 mod ranges;
@@ -35,6 +36,7 @@ mod types;
 pub use contention::LockStats;
 use contention::{Held, LockCounters};
 use delta::{Cost, Delta};
+pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub use resize::{grow, Grown};
@@ -86,6 +88,9 @@ struct Inner {
     failed: bool,
     /// Per directory, the readdir position up to which readahead was issued.
     readahead: HashMap<u64, u64>,
+    /// The mount mark this read-write open holds (ro_compat MOUNT_MARK), kept fresh by
+    /// its own thread until the volume is dropped.
+    mark: Option<Arc<mark::Holder>>,
     /// Who else may still use an inode that loses its last link (the FUSE kernel's
     /// references): see [`Volume::set_holder`].
     holder: Option<Holder>,
@@ -119,8 +124,14 @@ pub struct Volume {
 }
 
 impl Inner {
+    /// Whether the volume must not change any more: a commit failed half way, or another
+    /// host took over its mount mark.
+    fn is_failed(&self) -> bool {
+        self.failed || self.mark.as_ref().is_some_and(|m| m.lost())
+    }
+
     fn check_writable(&self) -> Result<()> {
-        if self.failed {
+        if self.is_failed() {
             return Err(Error::Failed);
         }
         if self.opts.read_only {
@@ -162,6 +173,9 @@ impl Volume {
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
             opts.read_only = true;
         }
+        // A read-write open takes the mount mark before it writes anything (the log
+        // replay): another host's fresh mark refuses it.
+        let mark = if opts.read_only { None } else { mark::acquire(&dev, &sb, opts.mark_interval_ms)? };
         let opened = if opts.read_only {
             // A damaged free-space map or state block does not keep a read-only open from
             // reading the namespace (fsck rebuilds both from the tree).
@@ -194,6 +208,7 @@ impl Volume {
             opts,
             failed: false,
             readahead: HashMap::new(),
+            mark,
             holder: None,
             held: Default::default(),
             unlinked_at: Default::default(),
@@ -337,7 +352,7 @@ impl Drop for Volume {
     fn drop(&mut self) {
         let (ro, failed) = {
             let g = self.lock();
-            (g.opts.read_only, g.failed)
+            (g.opts.read_only, g.is_failed())
         };
         if !ro && !failed {
             if let Err(e) = self.commit().and_then(|_| self.checkpoint()) {

@@ -74,6 +74,8 @@ pub fn grow(dev: Arc<dyn BlockDevice>, blocks: u64) -> Result<Grown> {
         )));
     }
     let unchanged = Grown { old_blocks: n0, new_blocks: n0, new_bitmap_blocks: 0, finished_earlier };
+    // The mount mark is held for the whole grow, the opens below share it.
+    let _mark = super::mark::acquire(&dev, &sb, super::mark::DEFAULT_INTERVAL_MS)?;
     // 1. A clean start (and the end of any grow cut short).
     Volume::open(dev.clone(), OpenOptions::default())?.close()?;
     if blocks == n0 {
@@ -83,6 +85,7 @@ pub fn grow(dev: Arc<dyn BlockDevice>, blocks: u64) -> Result<Grown> {
     let old = sb.layout;
     let layout = Layout::grown(blocks, old.log_blocks, old.bitmap_blocks)
         .or_else(|_| Layout::grown(blocks - 1, old.log_blocks, old.bitmap_blocks))?;
+    let layout = Layout { mark_block: old.mark_block, ..layout };
     let n = layout.block_count;
     if n <= n0 {
         return Ok(unchanged);

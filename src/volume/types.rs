@@ -138,6 +138,10 @@ pub struct OpenOptions {
     /// When reads and directory listings update the access time (`-o relatime`, the
     /// default; `strictatime`; `noatime`).
     pub atime: AtimePolicy,
+    /// How often a read-write open rewrites the volume's mount mark (ro_compat
+    /// MOUNT_MARK), in milliseconds; 5000 by default. Another host's open waits about
+    /// twice this long before it takes over a mark that stopped changing.
+    pub mark_interval_ms: u32,
 }
 
 /// When an access updates an inode's atime. The FUSE client leaves atime to the daemon
@@ -178,6 +182,7 @@ impl Default for OpenOptions {
             allow_rollback: false,
             discard: false,
             atime: AtimePolicy::Relative,
+            mark_interval_ms: 5000,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Volumes on NBD servers: nbdkit (memory, file, error and delay filters) and qemu-nbd,
 //! started by the tests on Unix sockets in temporary directories, plus tiny fake servers
 //! for broken handshakes. A test whose server binary is missing says so and passes (CI
-//! installs nbdkit and qemu-utils, so there they run).
+//! installs nbdkit and qemu-utils, so there they run). `DXFS_NBD_LOG=FILE` appends the
+//! servers' stderr (nbdkit with `-v`) to FILE.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dxfs::block::{open_device, BlockDevice, FileDevice, NbdDevice};
-use dxfs::{mkfs, Error, MkfsOptions, OpenOptions, Volume, BLOCK_SIZE};
+use dxfs::{mkfs, Error, MkfsOptions, OpenOptions, SetAttr, Volume, BLOCK_SIZE};
 
 use common::{assert_clean, dump};
 
@@ -45,7 +46,10 @@ impl Server {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("DXFS_NBD_LOG") {
+                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p).unwrap().into(),
+                None => Stdio::null(),
+            })
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         let mut s = Server { child, sock: sock.to_path_buf() };
@@ -79,6 +83,9 @@ impl Drop for Server {
 
 fn nbdkit(sock: &Path, args: &[&str]) -> Server {
     let mut a: Vec<String> = vec!["-f".into(), "-U".into(), sock.display().to_string()];
+    if std::env::var_os("DXFS_NBD_LOG").is_some() {
+        a.push("-v".into());
+    }
     a.extend(args.iter().map(|s| s.to_string()));
     Server::start("nbdkit", &a, sock)
 }
@@ -536,4 +543,330 @@ fn readahead_sees_writes() {
     }
     assert!(rewritten.len() > 20);
     assert_eq!(dev.stats().reads, (total / piece) as u64, "one counted read per call");
+}
+
+// ---------------------------------------------------------------------------------------
+// Crashes at chosen requests: a proxy between the client and nbdkit
+
+/// What the proxy does when request number `cut_at` arrives (it is never forwarded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Drop the client's connection only; the server keeps everything it acknowledged.
+    Connection,
+    /// SIGKILL the server (with `cache=writeback` it loses every write not flushed)
+    /// and leave it down: the client must fail with EIO.
+    KillServer,
+    /// SIGKILL the server and start it again at once: the client must reconnect,
+    /// replay what was acknowledged but not flushed, and go on.
+    RestartServer,
+}
+
+/// One request as the proxy saw it: (command, flags, offset, length).
+type SeenRequest = (u16, u16, u64, u32);
+
+struct ProxyCtl {
+    seen: std::sync::atomic::AtomicUsize,
+    cut_at: usize,
+    cut: Cut,
+    /// Starts the server again (for [`Cut::RestartServer`]); the slot holds the server.
+    server: std::sync::Mutex<Option<Server>>,
+    restart: Box<dyn Fn() -> Server + Send + Sync>,
+    log: std::sync::Mutex<Vec<SeenRequest>>,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// A man in the middle on `listen`, forwarding to the server's socket `upstream`: it
+/// parses the client's side of each connection (flags, options up to `NBD_OPT_GO`,
+/// then requests), logs every request and acts on request number `cut_at` (counted
+/// over all connections).
+struct Proxy {
+    ctl: Arc<ProxyCtl>,
+    sock: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(
+        sock: &Path,
+        upstream: &Path,
+        server: Server,
+        cut_at: usize,
+        cut: Cut,
+        restart: Box<dyn Fn() -> Server + Send + Sync>,
+    ) -> Proxy {
+        let _ = std::fs::remove_file(sock);
+        let l = UnixListener::bind(sock).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let ctl = Arc::new(ProxyCtl {
+            seen: 0.into(),
+            cut_at,
+            cut,
+            server: std::sync::Mutex::new(Some(server)),
+            restart,
+            log: Default::default(),
+            stop: false.into(),
+        });
+        let (c, up) = (ctl.clone(), upstream.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            while !c.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        let (c, up) = (c.clone(), up.clone());
+                        conns.push(std::thread::spawn(move || proxy_conn(s, &up, &c)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for t in conns {
+                let _ = t.join();
+            }
+        });
+        Proxy { ctl, sock: sock.to_path_buf(), thread: Some(thread) }
+    }
+
+    fn uri(&self, timeout_s: u32) -> String {
+        format!("nbd+unix:///?socket={}&timeout={timeout_s}", self.sock.display())
+    }
+
+    fn requests(&self) -> Vec<SeenRequest> {
+        self.ctl.log.lock().unwrap().clone()
+    }
+
+    /// Stop the server (SIGKILL, by its pid) and the proxy.
+    fn stop(mut self) {
+        if let Some(mut s) = self.ctl.server.lock().unwrap().take() {
+            s.kill();
+        }
+        self.ctl.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.ctl.server.lock().unwrap().take() {
+            s.kill();
+        }
+        self.ctl.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &ProxyCtl) {
+    use std::net::Shutdown;
+    use std::sync::atomic::Ordering;
+    let Ok(server) = std::os::unix::net::UnixStream::connect(upstream) else { return };
+    let (mut from_server, mut to_client) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+    let back = std::thread::spawn(move || {
+        // Server to client until the server closes; once the client is gone, the rest
+        // is read and dropped (nbdkit 1.32 aborts if its client leaves with requests out).
+        let mut buf = vec![0u8; 256 << 10];
+        let mut client_gone = false;
+        while let Ok(n @ 1..) = from_server.read(&mut buf) {
+            if !client_gone && to_client.write_all(&buf[..n]).is_err() {
+                client_gone = true;
+            }
+        }
+        let _ = to_client.shutdown(Shutdown::Both);
+    });
+    let (mut c, mut s) = (client, server);
+    let be16 = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().unwrap());
+    let be64 = |b: &[u8], at: usize| u64::from_be_bytes(b[at..at + 8].try_into().unwrap());
+    let _ = (|| -> std::io::Result<()> {
+        let mut flags = [0u8; 4];
+        c.read_exact(&mut flags)?;
+        s.write_all(&flags)?;
+        loop {
+            let mut h = [0u8; 16];
+            c.read_exact(&mut h)?;
+            let mut d = vec![0u8; be32(&h, 12) as usize];
+            c.read_exact(&mut d)?;
+            s.write_all(&h)?;
+            s.write_all(&d)?;
+            if matches!(be32(&h, 8), 1 | 7) {
+                break; // NBD_OPT_EXPORT_NAME or NBD_OPT_GO: transmission follows
+            }
+        }
+        loop {
+            let mut h = [0u8; 28];
+            c.read_exact(&mut h)?;
+            let (flags, cmd, off, len) = (be16(&h, 4), be16(&h, 6), be64(&h, 16), be32(&h, 24));
+            let mut payload = Vec::new();
+            if cmd == 1 {
+                payload = vec![0u8; len as usize];
+                c.read_exact(&mut payload)?;
+            }
+            if ctl.seen.fetch_add(1, Ordering::SeqCst) == ctl.cut_at {
+                if ctl.cut != Cut::Connection {
+                    let mut slot = ctl.server.lock().unwrap();
+                    if let Some(mut old) = slot.take() {
+                        old.kill();
+                    }
+                    if ctl.cut == Cut::RestartServer {
+                        *slot = Some((ctl.restart)());
+                    }
+                }
+                // Dropped: the client's side closes now; the server is told to
+                // disconnect once it has answered what it has (NBD_CMD_DISC).
+                let _ = c.shutdown(Shutdown::Both);
+                let mut disc = [0u8; 28];
+                disc[..4].copy_from_slice(&h[..4]);
+                disc[7] = 2;
+                s.write_all(&disc)?;
+                return Ok(());
+            }
+            ctl.log.lock().unwrap().push((cmd, flags, off, len));
+            s.write_all(&h)?;
+            s.write_all(&payload)?;
+        }
+    })();
+    let _ = c.shutdown(Shutdown::Both);
+    let _ = s.shutdown(Shutdown::Write);
+    let _ = back.join();
+}
+
+/// The crash workload: files created, written and fsynced one by one, every third step
+/// also rewriting an earlier file (redirect on write: blocks freed by the delta) and
+/// deleting another. Stops at the first error; returns the files whose last change was
+/// made durable by a successful fsync, with their contents, and the error if any.
+fn crash_workload(vol: &Volume, steps: usize) -> (std::collections::BTreeMap<String, Vec<u8>>, Option<Error>) {
+    let root = vol.root();
+    let mut durable = std::collections::BTreeMap::new();
+    for i in 0..steps {
+        let name = format!("c{i}");
+        let data = content(i, 12_000 + i * 100);
+        let r = vol
+            .create(root, name.as_bytes(), 0o644, 0, 0)
+            .and_then(|f| vol.write(f.ino, 0, &data).map(|_| f))
+            .and_then(|f| vol.fsync(f.ino));
+        if let Err(e) = r {
+            return (durable, Some(e));
+        }
+        durable.insert(name, data);
+        if i % 3 == 2 {
+            let (old, gone) = (format!("c{}", i - 1), format!("c{}", i - 2));
+            let data = content(i + 1000, 9_000);
+            durable.remove(&old);
+            durable.remove(&gone);
+            let r = vol
+                .lookup(root, old.as_bytes())
+                .and_then(|f| vol.setattr(f.ino, &SetAttr { size: Some(0), ..Default::default() }).map(|_| f))
+                .and_then(|f| vol.write(f.ino, 0, &data).map(|_| f))
+                .and_then(|_| vol.unlink(root, gone.as_bytes()))
+                .and_then(|_| vol.sync());
+            if let Err(e) = r {
+                return (durable, Some(e));
+            }
+            durable.insert(old, data);
+        }
+    }
+    (durable, None)
+}
+
+/// The image after a crash: it opens (recovery replays the log), every durable file is
+/// intact, and fsck is clean before and after.
+fn check_after_crash(img: &Path, durable: &std::collections::BTreeMap<String, Vec<u8>>, what: &str) {
+    let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(img, false).unwrap());
+    let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+    for (name, data) in durable {
+        let f = vol.lookup(vol.root(), name.as_bytes()).unwrap_or_else(|e| panic!("{what}: {name} lost: {e}"));
+        assert!(vol.read(f.ino, 0, data.len() + 10).unwrap() == *data, "{what}: {name} was fsynced, contents differ");
+    }
+    vol.close().unwrap();
+    assert_clean(file);
+}
+
+/// Crash at a chosen request of a workload, for every request of its first deltas: the
+/// connection dropped; the server killed (losing what it had not flushed: nbdkit's cache
+/// filter in writeback mode keeps writes in memory until a flush) and left down; the
+/// server killed and started again. Dropped or restarted, the client must ride it out
+/// (every fsync succeeds); left down, the workload fails with EIO. Either way the image
+/// opens, every file whose fsync returned is intact and fsck is clean: no delta is
+/// committed whose writes the server had not acknowledged and flushed.
+#[test]
+fn crash_at_each_request() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+    let img_arg = format!("file={}", img.display());
+    let serve = {
+        let (s, a) = (srv_sock.clone(), img_arg.clone());
+        move || nbdkit(&s, &["--filter=cache", "file", &a, "cache=writeback"])
+    };
+    let fresh = || {
+        let _ = std::fs::remove_file(&img);
+        sparse_image(&img, 32 << 20);
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        mkfs(file, &MkfsOptions::default()).unwrap();
+    };
+    const STEPS: usize = 9;
+    // Restarts run on this long-lived thread: an nbdkit started from a proxy thread that
+    // then ends was seen to shut down right after binding its socket (it logs cleanup
+    // and exits, no connection taken).
+    let (spawn_tx, spawn_rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<Server>>();
+    let spawner = {
+        let serve = serve.clone();
+        std::thread::spawn(move || {
+            for reply in spawn_rx {
+                let _ = reply.send(serve());
+            }
+        })
+    };
+    let spawn_tx = Arc::new(std::sync::Mutex::new(spawn_tx));
+    let restart = move || -> Server {
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_tx.lock().unwrap().send(tx).unwrap();
+        rx.recv().unwrap()
+    };
+
+    // A run without a cut: how many requests the open and the workload take.
+    fresh();
+    let px = Proxy::start(&px_sock, &srv_sock, serve(), usize::MAX, Cut::Connection, Box::new(restart.clone()));
+    let dev = open_device(&px.uri(5), false).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let opened = px.requests().len();
+    let (durable, err) = crash_workload(&vol, STEPS);
+    assert!(err.is_none(), "{err:?}");
+    let total = px.requests().len();
+    drop(vol);
+    drop(dev);
+    let log = px.requests();
+    px.stop();
+    let flushes = log.iter().filter(|r| r.0 == 3).count();
+    assert!(flushes >= 2 * STEPS, "{flushes} flushes for {STEPS} fsyncs");
+    check_after_crash(&img, &durable, "no cut");
+
+    // Cut points: every request of the first three deltas, then every sixth one.
+    let points: Vec<usize> = (opened..total).filter(|&k| k < opened + 24 || k % 6 == 0).collect();
+    eprintln!("{} requests to open, {total} in all; {} cut points", opened, points.len());
+    for cut in [Cut::Connection, Cut::RestartServer, Cut::KillServer] {
+        for &k in &points {
+            let what = format!("{cut:?} at request {k}");
+            fresh();
+            let px = Proxy::start(&px_sock, &srv_sock, serve(), k, cut, Box::new(restart.clone()));
+            let timeout = if cut == Cut::KillServer { 1 } else { 20 };
+            let dev = open_device(&px.uri(timeout), false).unwrap();
+            let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+            let t0 = Instant::now();
+            let (durable, err) = crash_workload(&vol, STEPS);
+            match (cut, err) {
+                (Cut::KillServer, Some(Error::Io(_) | Error::Failed)) => {}
+                (Cut::KillServer, e) => panic!("{what}: the workload must fail with EIO, got {e:?}"),
+                (_, None) => vol.sync().unwrap(),
+                (_, Some(e)) => panic!("{what}: the client did not ride it out: {e}"),
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{what}: took {:?}", t0.elapsed());
+            drop(vol);
+            drop(dev);
+            px.stop();
+            check_after_crash(&img, &durable, &what);
+        }
+    }
+    drop(restart);
+    spawner.join().unwrap();
 }

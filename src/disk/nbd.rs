@@ -7,8 +7,8 @@
 //!   `NBD_INFO_BLOCK_SIZE` (the reply's `NBD_INFO_EXPORT` gives size and transmission
 //!   flags); a server that answers `NBD_REP_ERR_UNSUP` gets `NBD_OPT_EXPORT_NAME`
 //!   instead. Every option error becomes a sentence naming the server and export.
-//! - **Transmission**: READ, WRITE, FLUSH (if offered), TRIM (if offered), DISC on drop;
-//!   simple replies. Any number of requests are in flight on the one connection: callers
+//! - **Transmission**: READ, WRITE (with FUA for [`BlockDevice::write_durable`] if
+//!   offered), FLUSH (if offered), TRIM (if offered), DISC on drop; simple replies. Any number of requests are in flight on the one connection: callers
 //!   write requests under a send lock, one reader thread reads the replies and hands each
 //!   to its caller by cookie. [`BlockDevice::read_many`] puts a whole batch in flight
 //!   before waiting for the first reply.
@@ -62,6 +62,7 @@ const INFO_BLOCK_SIZE: u16 = 3;
 // Transmission flags.
 const TFLAG_READ_ONLY: u16 = 1 << 1;
 const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+const TFLAG_SEND_FUA: u16 = 1 << 3;
 const TFLAG_SEND_TRIM: u16 = 1 << 5;
 const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
@@ -73,6 +74,8 @@ const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
+/// Command flag: the reply comes once the write is durable.
+const CMD_FLAG_FUA: u16 = 1;
 
 /// The protocol's default largest payload when the server names none (32 MiB).
 const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
@@ -472,9 +475,10 @@ fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
     s.write_all(&m)
 }
 
-fn request_header(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
+fn request_header(cmd: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
     let mut h = [0u8; 28];
     h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
     h[6..8].copy_from_slice(&cmd.to_be_bytes());
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
     h[16..24].copy_from_slice(&offset.to_be_bytes());
@@ -488,6 +492,8 @@ fn request_header(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
 /// A request waiting for its reply (kept until then, so it can be sent again).
 struct Pending {
     cmd: u16,
+    /// Command flags (`CMD_FLAG_FUA`), kept so a re-sent request keeps them.
+    flags: u16,
     offset: u64,
     len: u32,
     data: Option<Arc<Vec<u8>>>,
@@ -656,6 +662,11 @@ impl NbdDevice {
         self.shared.info.flags & TFLAG_SEND_TRIM != 0
     }
 
+    /// Whether the server takes forced-unit-access writes (`NBD_FLAG_SEND_FUA`).
+    pub fn can_fua(&self) -> bool {
+        self.shared.info.flags & TFLAG_SEND_FUA != 0
+    }
+
     /// Whether the server allows several connections (`NBD_FLAG_CAN_MULTI_CONN`).
     pub fn can_multi_conn(&self) -> bool {
         self.shared.info.flags & TFLAG_CAN_MULTI_CONN != 0
@@ -665,6 +676,7 @@ impl NbdDevice {
     fn submit(
         &self,
         cmd: u16,
+        flags: u16,
         offset: u64,
         len: u32,
         data: Option<Arc<Vec<u8>>>,
@@ -683,7 +695,8 @@ impl NbdDevice {
         if cmd == CMD_WRITE || cmd == CMD_TRIM {
             st.writes_in_flight.insert(cookie);
         }
-        st.pending.insert(cookie, Pending { cmd, offset, len, data: data.clone(), sent: Instant::now(), done: tx });
+        st.pending
+            .insert(cookie, Pending { cmd, flags, offset, len, data: data.clone(), sent: Instant::now(), done: tx });
         let (connected, gen) = (st.connected, st.gen);
         drop(st);
         if connected {
@@ -691,7 +704,7 @@ impl NbdDevice {
             // A different generation means a reconnection has already sent it again.
             if s.gen == gen {
                 if let Some(stream) = s.stream.as_mut() {
-                    if send_request(stream, cmd, cookie, offset, len, data.as_deref().map(|v| &v[..])).is_err() {
+                    if send_request(stream, cmd, flags, cookie, offset, len, data.as_deref().map(|v| &v[..])).is_err() {
                         // The reader sees the shutdown and reconnects; the request stays
                         // pending and goes out again then.
                         stream.shutdown();
@@ -713,10 +726,36 @@ impl NbdDevice {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(max);
-            out.push(self.submit(CMD_READ, block * BS + done as u64, n as u32, None)?);
+            out.push(self.submit(CMD_READ, 0, block * BS + done as u64, n as u32, None)?);
             done += n;
         }
         Ok(out)
+    }
+
+    /// One write (split at the server's largest payload), with command flags.
+    fn write_flagged(&self, block: u64, buf: &[u8], flags: u16) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let n = check_request("write", block, buf.len(), self.blocks)?;
+        let _fresh = Fresh::new(&self.ahead, block, n);
+        let max = self.shared.info.max_payload as usize;
+        let mut rxs = Vec::new();
+        for (i, chunk) in buf.chunks(max).enumerate() {
+            let off = block * BS + (i * max) as u64;
+            rxs.push(self.submit(CMD_WRITE, flags, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec())))?);
+        }
+        let mut first_err = None;
+        for rx in rxs {
+            if let Err(e) = Self::wait(rx) {
+                first_err = first_err.or(Some(e));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.counters.write(n);
+        Ok(())
     }
 
     fn finish_read(rxs: Vec<mpsc::Receiver<Result<Vec<u8>>>>, buf: &mut [u8]) -> Result<()> {
@@ -814,7 +853,7 @@ impl NbdDevice {
             let mut at = ra.chunks.back().map_or(block + n, |c| c.start + c.blocks);
             while at < (block + n + RA_WINDOW).min(self.blocks) {
                 let k = piece.min(self.blocks - at);
-                match self.submit(CMD_READ, at * BS, (k * BS) as u32, None) {
+                match self.submit(CMD_READ, 0, at * BS, (k * BS) as u32, None) {
                     Ok(rx) => ra.chunks.push_back(Chunk { start: at, blocks: k, rx: Some(rx), data: None }),
                     Err(_) => break,
                 }
@@ -825,8 +864,16 @@ impl NbdDevice {
     }
 }
 
-fn send_request(s: &mut Stream, cmd: u16, cookie: u64, offset: u64, len: u32, data: Option<&[u8]>) -> io::Result<()> {
-    s.write_all(&request_header(cmd, cookie, offset, len))?;
+fn send_request(
+    s: &mut Stream,
+    cmd: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    data: Option<&[u8]>,
+) -> io::Result<()> {
+    s.write_all(&request_header(cmd, flags, cookie, offset, len))?;
     if let Some(d) = data {
         s.write_all(d)?;
     }
@@ -862,7 +909,7 @@ impl Drop for NbdDevice {
             let mut s = sh.send.lock();
             if let Some(stream) = s.stream.as_mut() {
                 // Soft disconnect; the server closes, which wakes the reader.
-                let _ = send_request(stream, CMD_DISC, 0, 0, 0, None);
+                let _ = send_request(stream, CMD_DISC, 0, 0, 0, 0, None);
                 stream.shutdown();
             }
             s.stream = None;
@@ -922,28 +969,16 @@ impl BlockDevice for NbdDevice {
     }
 
     fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
+        self.write_flagged(block, buf, 0)
+    }
+
+    fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
+        if self.can_fua() {
+            self.write_flagged(block, buf, CMD_FLAG_FUA)
+        } else {
+            self.write(block, buf)?;
+            self.flush()
         }
-        let n = check_request("write", block, buf.len(), self.blocks)?;
-        let _fresh = Fresh::new(&self.ahead, block, n);
-        let max = self.shared.info.max_payload as usize;
-        let mut rxs = Vec::new();
-        for (i, chunk) in buf.chunks(max).enumerate() {
-            let off = block * BS + (i * max) as u64;
-            rxs.push(self.submit(CMD_WRITE, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec())))?);
-        }
-        let mut first_err = None;
-        for rx in rxs {
-            if let Err(e) = Self::wait(rx) {
-                first_err = first_err.or(Some(e));
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        self.counters.write(n);
-        Ok(())
     }
 
     fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
@@ -962,7 +997,7 @@ impl BlockDevice for NbdDevice {
         'submit: for (block, buf) in reqs {
             for (i, chunk) in buf.chunks(max).enumerate() {
                 let off = block * BS + (i * max) as u64;
-                match self.submit(CMD_WRITE, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec()))) {
+                match self.submit(CMD_WRITE, 0, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec()))) {
                     Ok(rx) => rxs.push(rx),
                     Err(e) => {
                         first_err = Some(e);
@@ -1019,7 +1054,7 @@ impl BlockDevice for NbdDevice {
             mark
         };
         if sh.info.flags & TFLAG_SEND_FLUSH != 0 {
-            Self::wait(self.submit(CMD_FLUSH, 0, 0, None)?)?;
+            Self::wait(self.submit(CMD_FLUSH, 0, 0, 0, None)?)?;
         }
         let mut st = sh.state.lock();
         st.replay.retain(|a| a.cookie >= mark);
@@ -1045,7 +1080,7 @@ impl BlockDevice for NbdDevice {
         let mut rxs = Vec::new();
         while off < end {
             let n = (end - off).min(MAX_TRIM);
-            rxs.push(self.submit(CMD_TRIM, off, n as u32, None)?);
+            rxs.push(self.submit(CMD_TRIM, 0, off, n as u32, None)?);
             off += n;
         }
         let mut first_err = None;
@@ -1182,7 +1217,7 @@ fn reconnect(sh: &Shared) -> Result<Stream> {
     // Replay synchronously (this thread is the only reader), in acknowledgement order.
     let replay: Vec<(u64, Arc<Vec<u8>>)> = sh.state.lock().replay.iter().map(|a| (a.offset, a.data.clone())).collect();
     for (offset, data) in replay {
-        send_request(&mut stream, CMD_WRITE, 0, offset, data.len() as u32, Some(&data))?;
+        send_request(&mut stream, CMD_WRITE, 0, 0, offset, data.len() as u32, Some(&data))?;
         let mut h = [0u8; 16];
         stream.read_exact(&mut h)?;
         if get_u32(&h, 0) != SIMPLE_REPLY_MAGIC || get_u32(&h, 4) != 0 {
@@ -1206,12 +1241,12 @@ fn reconnect(sh: &Shared) -> Result<Stream> {
     for c in cookies {
         let p = st.pending.get_mut(&c).expect("listed");
         p.sent = now;
-        resend.push((c, p.cmd, p.offset, p.len, p.data.clone()));
+        resend.push((c, p.cmd, p.flags, p.offset, p.len, p.data.clone()));
     }
     s.gen = st.gen;
     drop(st);
-    for (c, cmd, offset, len, data) in resend {
-        if let Err(e) = send_request(&mut stream, cmd, c, offset, len, data.as_deref().map(|v| &v[..])) {
+    for (c, cmd, flags, offset, len, data) in resend {
+        if let Err(e) = send_request(&mut stream, cmd, flags, c, offset, len, data.as_deref().map(|v| &v[..])) {
             stream.shutdown();
             s.stream = Some(stream);
             return Err(e.into());
@@ -1334,9 +1369,10 @@ mod tests {
 
     #[test]
     fn request_header_layout() {
-        let h = request_header(CMD_WRITE, 0x0102030405060708, 4096, 8192);
+        let h = request_header(CMD_WRITE, 0, 0x0102030405060708, 4096, 8192);
         assert_eq!(&h[0..4], &[0x25, 0x60, 0x95, 0x13]);
         assert_eq!(&h[4..6], &[0, 0], "no command flags");
+        assert_eq!(&request_header(CMD_WRITE, CMD_FLAG_FUA, 1, 0, 4096)[4..6], &[0, 1], "FUA");
         assert_eq!(&h[6..8], &[0, 1]);
         assert_eq!(get_u64(&h, 8), 0x0102030405060708);
         assert_eq!(get_u64(&h, 16), 4096);

@@ -572,6 +572,8 @@ struct ProxyCtl {
     server: std::sync::Mutex<Option<Server>>,
     restart: Box<dyn Fn() -> Server + Send + Sync>,
     log: std::sync::Mutex<Vec<SeenRequest>>,
+    /// Requests forwarded on each connection, in the order they were accepted.
+    per_conn: std::sync::Mutex<Vec<usize>>,
     stop: std::sync::atomic::AtomicBool,
 }
 
@@ -604,6 +606,7 @@ impl Proxy {
             server: std::sync::Mutex::new(Some(server)),
             restart,
             log: Default::default(),
+            per_conn: Default::default(),
             stop: false.into(),
         });
         let (c, up) = (ctl.clone(), upstream.to_path_buf());
@@ -632,6 +635,10 @@ impl Proxy {
 
     fn requests(&self) -> Vec<SeenRequest> {
         self.ctl.log.lock().unwrap().clone()
+    }
+
+    fn per_connection(&self) -> Vec<usize> {
+        self.ctl.per_conn.lock().unwrap().clone()
     }
 
     /// Stop the server (SIGKILL, by its pid) and the proxy.
@@ -673,6 +680,12 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
         let _ = to_client.shutdown(Shutdown::Both);
     });
     let (mut c, mut s) = (client, server);
+    let id = {
+        let mut p = ctl.per_conn.lock().unwrap();
+        p.push(0);
+        p.len() - 1
+    };
+    let mut transmission = false;
     let be16 = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
     let be32 = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().unwrap());
     let be64 = |b: &[u8], at: usize| u64::from_be_bytes(b[at..at + 8].try_into().unwrap());
@@ -691,6 +704,7 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
                 break; // NBD_OPT_EXPORT_NAME or NBD_OPT_GO: transmission follows
             }
         }
+        transmission = true;
         loop {
             let mut h = [0u8; 28];
             c.read_exact(&mut h)?;
@@ -711,20 +725,24 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
                     }
                 }
                 // Dropped: the client's side closes now; the server is told to
-                // disconnect once it has answered what it has (NBD_CMD_DISC).
-                let _ = c.shutdown(Shutdown::Both);
-                let mut disc = [0u8; 28];
-                disc[..4].copy_from_slice(&h[..4]);
-                disc[7] = 2;
-                s.write_all(&disc)?;
+                // disconnect (below) once it has answered what it has.
                 return Ok(());
             }
             ctl.log.lock().unwrap().push((cmd, flags, off, len));
+            ctl.per_conn.lock().unwrap()[id] += 1;
             s.write_all(&h)?;
             s.write_all(&payload)?;
         }
     })();
     let _ = c.shutdown(Shutdown::Both);
+    if transmission {
+        // NBD_CMD_DISC rather than a bare close: nbdkit 1.32 was seen to die when its
+        // client left with requests out.
+        let mut disc = [0u8; 28];
+        disc[..4].copy_from_slice(&0x2560_9513u32.to_be_bytes());
+        disc[7] = 2;
+        let _ = s.write_all(&disc);
+    }
     let _ = s.shutdown(Shutdown::Write);
     let _ = back.join();
 }
@@ -836,6 +854,8 @@ fn crash_at_each_request() {
     drop(vol);
     drop(dev);
     let log = px.requests();
+    // The cache filter allows multi-conn: the default four connections are under test.
+    assert_eq!(px.per_connection().len(), 4, "connections: {:?}", px.per_connection());
     px.stop();
     let flushes = log.iter().filter(|r| r.0 == 3).count();
     let fua = log.iter().filter(|r| r.0 == 1 && r.1 & 1 != 0).count();
@@ -923,5 +943,75 @@ fn commit_block_uses_fua_when_offered() {
         drop(dev);
         px.stop();
         check_after_crash(&img, &Default::default(), "after close");
+    }
+}
+
+/// Multi-conn: with a server that allows it, `conns=4` opens four connections and
+/// spreads requests over them (by 1 MiB region: all requests for a block take one
+/// connection); a flush on one covers writes completed on all. A server that does not
+/// allow it (nbdkit's multi-conn filter, `multi-conn-mode=disable`) gets one.
+#[test]
+fn multi_conn_spreads_requests() {
+    need!("nbdkit");
+    for allowed in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        sparse_image(&img, 64 << 20);
+        let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+        let img_arg = format!("file={}", img.display());
+        let mut args = vec!["file", &img_arg];
+        if !allowed {
+            args = vec!["--filter=multi-conn", "file", &img_arg, "multi-conn-mode=disable"];
+        }
+        let srv = nbdkit(&srv_sock, &args);
+        let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
+        let dev = NbdDevice::open(&format!("{}&conns=4", px.uri(5)), false).unwrap();
+        assert_eq!(dev.can_multi_conn(), allowed);
+        assert_eq!(dev.connections(), if allowed { 4 } else { 1 });
+        let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+
+        // Raw: a 16 MiB write and its sequential read back in 128 KiB pieces (the
+        // readahead's 1 MiB pieces go over every connection), interleaved rewrites.
+        let pat = |b: u64, gen: u8| -> Vec<u8> { vec![(b as u8).wrapping_mul(5).wrapping_add(gen); BLOCK_SIZE] };
+        let all: Vec<u8> = (0..4096u64).flat_map(|b| pat(b, 0)).collect();
+        dev.write(100, &all).unwrap();
+        let mut buf = vec![0u8; 32 * BLOCK_SIZE];
+        for (step, start) in (0..4096u64).step_by(32).enumerate() {
+            dev.read(100 + start, &mut buf).unwrap();
+            for k in 0..32u64 {
+                let gen = if step > 0 && k == 0 && start % 96 == 64 { 1 } else { 0 };
+                assert!(
+                    buf[(k as usize) * BLOCK_SIZE..][..BLOCK_SIZE] == pat(start + k, gen)[..],
+                    "block {}",
+                    start + k
+                );
+            }
+            // A block ahead of the reader, in the window, rewritten (read-after-write
+            // across the regions' connections).
+            if start % 96 == 32 && start + 32 < 4096 {
+                dev.write(100 + start + 32, &pat(start + 32, 1)).unwrap();
+            }
+        }
+        dev.flush().unwrap();
+
+        // A volume on it, checked through a fresh single connection and fsck.
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let d = populate(&vol, 100, 30_000);
+        vol.close().unwrap();
+        drop(dev);
+        let per = px.per_connection();
+        px.stop();
+        if allowed {
+            assert_eq!(per.len(), 4, "connections opened: {per:?}");
+            assert!(per.iter().all(|&n| n > 20), "requests per connection: {per:?}");
+        } else {
+            assert_eq!(per.len(), 1, "connections opened: {per:?}");
+        }
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+        check_files(&vol, d, 100, 30_000);
+        vol.close().unwrap();
+        assert_clean(file);
     }
 }

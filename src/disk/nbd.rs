@@ -87,6 +87,14 @@ const MAX_OPTION_REPLY: u32 = 64 << 10;
 const REPLAY_LIMIT: usize = 256 << 20;
 /// Requests in flight at once unless the address says otherwise.
 const DEFAULT_IN_FLIGHT: usize = 128;
+/// Connections opened to a multi-conn server unless the address says otherwise.
+const DEFAULT_CONNECTIONS: usize = 4;
+/// Most connections an address may ask for.
+const MAX_CONNECTIONS: usize = 16;
+/// With several connections, requests are routed by the region of the export they
+/// touch (and split at region boundaries), so every request for a block goes over the
+/// same connection: a read sees a completed write without waiting for a flush.
+const REGION: u64 = 1 << 20;
 /// How often the reader wakes up to look for a stalled connection.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -101,8 +109,9 @@ pub enum NbdEndpoint {
 
 /// An NBD export and how to talk to it: parsed from `nbd://HOST[:PORT]/EXPORT` or
 /// `nbd+unix:///EXPORT?socket=PATH` (the forms qemu and nbdkit use); both take the
-/// optional query parameters `timeout=SECONDS` (default 30) and `inflight=N` (most
-/// requests in flight at once, default 128; 1 makes every request a round trip).
+/// optional query parameters `timeout=SECONDS` (default 30), `inflight=N` (most
+/// requests in flight at once, default 128; 1 makes every request a round trip) and
+/// `conns=N` (connections to a server that allows several, default 4, 1 to 16).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdTarget {
     /// The server's address.
@@ -112,8 +121,11 @@ pub struct NbdTarget {
     /// How long a lost connection is retried, and how long a request may go unanswered,
     /// before requests fail with EIO.
     pub timeout: Duration,
-    /// Most requests in flight on the connection at once.
+    /// Most requests in flight at once (over all connections).
     pub max_in_flight: usize,
+    /// Connections to open when the server allows several (`NBD_FLAG_CAN_MULTI_CONN`);
+    /// one otherwise.
+    pub connections: usize,
 }
 
 /// Whether `spec` is an NBD address rather than a path.
@@ -166,6 +178,7 @@ impl NbdTarget {
         let mut socket = None;
         let mut timeout = Duration::from_secs(30);
         let mut max_in_flight = DEFAULT_IN_FLIGHT;
+        let mut connections = DEFAULT_CONNECTIONS;
         for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
@@ -181,6 +194,12 @@ impl NbdTarget {
                     max_in_flight = match v.parse::<usize>() {
                         Ok(n) if (1..=65_536).contains(&n) => n,
                         _ => return Err(bad_uri(uri, "inflight must be a number from 1 to 65536")),
+                    }
+                }
+                "conns" => {
+                    connections = match v.parse::<usize>() {
+                        Ok(n) if (1..=MAX_CONNECTIONS).contains(&n) => n,
+                        _ => return Err(bad_uri(uri, "conns must be a number from 1 to 16")),
                     }
                 }
                 _ => return Err(bad_uri(uri, &format!("unknown parameter {k:?}"))),
@@ -210,7 +229,7 @@ impl NbdTarget {
             };
             NbdEndpoint::Tcp { host: host.to_string(), port }
         };
-        Ok(NbdTarget { endpoint, export, timeout, max_in_flight })
+        Ok(NbdTarget { endpoint, export, timeout, max_in_flight, connections })
     }
 }
 
@@ -243,6 +262,15 @@ impl Stream {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+    /// Soft disconnect (`NBD_CMD_DISC`, then our half closed): the server answers what
+    /// it has, then closes, which ends the reader.
+    fn disconnect(&mut self) {
+        let _ = send_request(self, CMD_DISC, 0, 0, 0, 0, None);
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(Shutdown::Write),
         };
     }
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
@@ -355,6 +383,31 @@ fn connect(t: &NbdTarget) -> Result<(Stream, ExportInfo)> {
     s.set_timeouts(hs_timeout, hs_timeout).map_err(|e| hs_io(t, e))?;
     let info = handshake(t, &mut s)?;
     Ok((s, info))
+}
+
+/// Open the connections of one device: the first says whether the server allows
+/// several; then `want` (at open: the address's `conns`, or 1 without multi-conn; at a
+/// reconnection: as many as before) are opened, all to the same export.
+fn connect_all(t: &NbdTarget, want: Option<usize>) -> Result<(Vec<Stream>, ExportInfo)> {
+    let (first, info) = connect(t)?;
+    let multi = info.flags & TFLAG_CAN_MULTI_CONN != 0;
+    let n = match want {
+        Some(n) if n > 1 && !multi => {
+            return Err(eio(format!("{t}: the server no longer allows several connections")));
+        }
+        Some(n) => n,
+        None if multi => t.connections,
+        None => 1,
+    };
+    let mut streams = vec![first];
+    while streams.len() < n {
+        let (s, i) = connect(t)?;
+        if i.size != info.size || i.flags != info.flags {
+            return Err(eio(format!("{t}: another connection to the export saw a different size or flags")));
+        }
+        streams.push(s);
+    }
+    Ok((streams, info))
 }
 
 fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
@@ -539,8 +592,32 @@ struct Shared {
     drained: Condvar,
     /// Signalled when a request completes (room under `max_in_flight`).
     room: Condvar,
-    send: Mutex<Sender>,
+    /// One per connection.
+    send: Vec<Mutex<Sender>>,
     closing: AtomicBool,
+}
+
+impl Shared {
+    /// The connection a request at `offset` goes over (flushes: the first).
+    fn route(&self, offset: u64) -> usize {
+        (offset / REGION) as usize % self.send.len()
+    }
+
+    /// Where a request of `len` bytes at `offset` must be cut: at `max` bytes, and at
+    /// region boundaries when there are several connections.
+    fn pieces(&self, offset: u64, len: u64, max: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::with_capacity(1);
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let mut n = (end - at).min(max);
+            if self.send.len() > 1 {
+                n = n.min(REGION - at % REGION);
+            }
+            out.push((at, n));
+            at += n;
+        }
+        out
+    }
 }
 
 /// A block device served by an NBD server. See the module documentation.
@@ -611,12 +688,17 @@ impl NbdDevice {
     /// no such export, hangs up during the handshake, or offers a size that is not a
     /// multiple of 4 KiB; a writable open of a read-only export is refused.
     pub fn connect(target: NbdTarget, read_only: bool) -> Result<NbdDevice> {
-        let (stream, info) = connect(&target)?;
+        let (streams, info) = connect_all(&target, None)?;
         if !read_only && info.flags & TFLAG_READ_ONLY != 0 {
             return Err(Error::ReadOnly);
         }
-        let reader = stream.try_clone()?;
-        stream.set_timeouts(Some(POLL), Some(target.timeout))?;
+        let mut readers = Vec::with_capacity(streams.len());
+        let mut send = Vec::with_capacity(streams.len());
+        for stream in streams {
+            readers.push(stream.try_clone()?);
+            stream.set_timeouts(Some(POLL), Some(target.timeout))?;
+            send.push(Mutex::new(Sender { gen: 1, stream: Some(stream) }));
+        }
         let shared = Arc::new(Shared {
             target,
             info,
@@ -634,13 +716,13 @@ impl NbdDevice {
             }),
             drained: Condvar::new(),
             room: Condvar::new(),
-            send: Mutex::new(Sender { gen: 1, stream: Some(stream) }),
+            send,
             closing: AtomicBool::new(false),
         });
         let sh = shared.clone();
         let handle = std::thread::Builder::new()
             .name("dxfs-nbd".into())
-            .spawn(move || supervise(sh, reader))
+            .spawn(move || supervise(sh, readers))
             .map_err(Error::Io)?;
         Ok(NbdDevice {
             shared,
@@ -665,6 +747,11 @@ impl NbdDevice {
     /// Whether the server takes forced-unit-access writes (`NBD_FLAG_SEND_FUA`).
     pub fn can_fua(&self) -> bool {
         self.shared.info.flags & TFLAG_SEND_FUA != 0
+    }
+
+    /// Connections in use (more than one only if the server allows multi-conn).
+    pub fn connections(&self) -> usize {
+        self.shared.send.len()
     }
 
     /// Whether the server allows several connections (`NBD_FLAG_CAN_MULTI_CONN`).
@@ -700,7 +787,7 @@ impl NbdDevice {
         let (connected, gen) = (st.connected, st.gen);
         drop(st);
         if connected {
-            let mut s = sh.send.lock();
+            let mut s = sh.send[if cmd == CMD_FLUSH { 0 } else { sh.route(offset) }].lock();
             // A different generation means a reconnection has already sent it again.
             if s.gen == gen {
                 if let Some(stream) = s.stream.as_mut() {
@@ -721,13 +808,11 @@ impl NbdDevice {
 
     /// Queue the reads of one run, split at the server's largest payload.
     fn submit_read(&self, block: u64, len: usize) -> Result<Vec<mpsc::Receiver<Result<Vec<u8>>>>> {
-        let max = self.shared.info.max_payload as usize;
-        let mut out = Vec::with_capacity(len.div_ceil(max));
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(max);
-            out.push(self.submit(CMD_READ, 0, block * BS + done as u64, n as u32, None)?);
-            done += n;
+        let sh = &*self.shared;
+        let pieces = sh.pieces(block * BS, len as u64, u64::from(sh.info.max_payload));
+        let mut out = Vec::with_capacity(pieces.len());
+        for (off, n) in pieces {
+            out.push(self.submit(CMD_READ, 0, off, n as u32, None)?);
         }
         Ok(out)
     }
@@ -739,11 +824,11 @@ impl NbdDevice {
         }
         let n = check_request("write", block, buf.len(), self.blocks)?;
         let _fresh = Fresh::new(&self.ahead, block, n);
-        let max = self.shared.info.max_payload as usize;
+        let sh = &*self.shared;
         let mut rxs = Vec::new();
-        for (i, chunk) in buf.chunks(max).enumerate() {
-            let off = block * BS + (i * max) as u64;
-            rxs.push(self.submit(CMD_WRITE, flags, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec())))?);
+        for (off, len) in sh.pieces(block * BS, buf.len() as u64, u64::from(sh.info.max_payload)) {
+            let chunk = &buf[(off - block * BS) as usize..(off - block * BS + len) as usize];
+            rxs.push(self.submit(CMD_WRITE, flags, off, len as u32, Some(Arc::new(chunk.to_vec())))?);
         }
         let mut first_err = None;
         for rx in rxs {
@@ -852,7 +937,8 @@ impl NbdDevice {
             let piece = RA_PIECE.min(u64::from(self.shared.info.max_payload) / BS).max(1);
             let mut at = ra.chunks.back().map_or(block + n, |c| c.start + c.blocks);
             while at < (block + n + RA_WINDOW).min(self.blocks) {
-                let k = piece.min(self.blocks - at);
+                // Aligned pieces: with several connections each is one region.
+                let k = (piece - at % piece).min(self.blocks - at);
                 match self.submit(CMD_READ, 0, at * BS, (k * BS) as u32, None) {
                     Ok(rx) => ra.chunks.push_back(Chunk { start: at, blocks: k, rx: Some(rx), data: None }),
                     Err(_) => break,
@@ -905,8 +991,8 @@ impl Drop for NbdDevice {
             }
         }
         sh.closing.store(true, Ordering::SeqCst);
-        {
-            let mut s = sh.send.lock();
+        for send in &sh.send {
+            let mut s = send.lock();
             if let Some(stream) = s.stream.as_mut() {
                 // Soft disconnect; the server closes, which wakes the reader.
                 let _ = send_request(stream, CMD_DISC, 0, 0, 0, 0, None);
@@ -991,13 +1077,13 @@ impl BlockDevice for NbdDevice {
         }
         let _fresh: Vec<Fresh<'_>> =
             reqs.iter().zip(&counts).map(|((b, _), n)| Fresh::new(&self.ahead, *b, *n)).collect();
-        let max = self.shared.info.max_payload as usize;
+        let sh = &*self.shared;
         let mut rxs = Vec::new();
         let mut first_err = None;
         'submit: for (block, buf) in reqs {
-            for (i, chunk) in buf.chunks(max).enumerate() {
-                let off = block * BS + (i * max) as u64;
-                match self.submit(CMD_WRITE, 0, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec()))) {
+            for (off, len) in sh.pieces(block * BS, buf.len() as u64, u64::from(sh.info.max_payload)) {
+                let chunk = &buf[(off - block * BS) as usize..(off - block * BS + len) as usize];
+                match self.submit(CMD_WRITE, 0, off, len as u32, Some(Arc::new(chunk.to_vec()))) {
                     Ok(rx) => rxs.push(rx),
                     Err(e) => {
                         first_err = Some(e);
@@ -1076,12 +1162,9 @@ impl BlockDevice for NbdDevice {
         if count == 0 || !self.can_trim() {
             return Ok(());
         }
-        let (mut off, end) = (block * BS, (block + count) * BS);
         let mut rxs = Vec::new();
-        while off < end {
-            let n = (end - off).min(MAX_TRIM);
+        for (off, n) in self.shared.pieces(block * BS, count * BS, MAX_TRIM) {
             rxs.push(self.submit(CMD_TRIM, 0, off, n as u32, None)?);
-            off += n;
         }
         let mut first_err = None;
         for rx in rxs {
@@ -1209,24 +1292,31 @@ fn reply_loop(sh: &Shared, stream: Stream) -> Stop {
 
 /// Connect again and bring the new connection up to date: the acknowledged-unflushed
 /// writes one at a time, then every pending request. Returns the new reader half.
-fn reconnect(sh: &Shared) -> Result<Stream> {
-    let (mut stream, info) = connect(&sh.target)?;
+fn reconnect(sh: &Shared) -> Result<Vec<Stream>> {
+    let (mut streams, info) = connect_all(&sh.target, Some(sh.send.len()))?;
     if info.size != sh.info.size {
         return Err(eio(format!("{}: the export changed size ({} → {} bytes)", sh.target, sh.info.size, info.size)));
     }
-    // Replay synchronously (this thread is the only reader), in acknowledgement order.
+    // Replay synchronously (this thread is the only reader), in acknowledgement order,
+    // each write over the connection its region goes by.
     let replay: Vec<(u64, Arc<Vec<u8>>)> = sh.state.lock().replay.iter().map(|a| (a.offset, a.data.clone())).collect();
     for (offset, data) in replay {
-        send_request(&mut stream, CMD_WRITE, 0, 0, offset, data.len() as u32, Some(&data))?;
+        let stream = &mut streams[sh.route(offset)];
+        send_request(stream, CMD_WRITE, 0, 0, offset, data.len() as u32, Some(&data))?;
         let mut h = [0u8; 16];
         stream.read_exact(&mut h)?;
         if get_u32(&h, 0) != SIMPLE_REPLY_MAGIC || get_u32(&h, 4) != 0 {
             return Err(eio(format!("{}: replaying an acknowledged write failed", sh.target)));
         }
     }
-    let reader = stream.try_clone()?;
-    stream.set_timeouts(Some(POLL), Some(sh.target.timeout))?;
-    let mut s = sh.send.lock();
+    let mut readers = Vec::with_capacity(streams.len());
+    for stream in &streams {
+        readers.push(stream.try_clone()?);
+        stream.set_timeouts(Some(POLL), Some(sh.target.timeout))?;
+    }
+    // Every sender lock, in order, then the state: no request goes out on the new
+    // connections before the pending ones are sent again.
+    let mut senders: Vec<_> = sh.send.iter().map(|m| m.lock()).collect();
     let mut st = sh.state.lock();
     st.gen += 1;
     st.connected = true;
@@ -1243,34 +1333,67 @@ fn reconnect(sh: &Shared) -> Result<Stream> {
         p.sent = now;
         resend.push((c, p.cmd, p.flags, p.offset, p.len, p.data.clone()));
     }
-    s.gen = st.gen;
+    for s in senders.iter_mut() {
+        s.gen = st.gen;
+    }
     drop(st);
+    let mut failed = None;
     for (c, cmd, flags, offset, len, data) in resend {
-        if let Err(e) = send_request(&mut stream, cmd, flags, c, offset, len, data.as_deref().map(|v| &v[..])) {
-            stream.shutdown();
-            s.stream = Some(stream);
-            return Err(e.into());
+        let i = if cmd == CMD_FLUSH { 0 } else { sh.route(offset) };
+        if let Err(e) = send_request(&mut streams[i], cmd, flags, c, offset, len, data.as_deref().map(|v| &v[..])) {
+            failed = Some(e);
+            break;
         }
     }
-    s.stream = Some(stream);
-    Ok(reader)
+    for (s, stream) in senders.iter_mut().zip(streams) {
+        if failed.is_some() {
+            // The readers see the shutdown and the supervisor starts over.
+            stream.shutdown();
+        }
+        s.stream = Some(stream);
+    }
+    Ok(readers)
 }
 
-fn supervise(sh: Arc<Shared>, first: Stream) {
-    let mut reader = first;
+/// Run one reader thread per connection; when any connection is lost, take them all
+/// down (each request is re-sent over the connection its region goes by, so they come
+/// back together), reconnect with back-off, and start again.
+fn supervise(sh: Arc<Shared>, first: Vec<Stream>) {
+    let mut readers = first;
     loop {
-        let why = match reply_loop(&sh, reader) {
-            Stop::Closing => return,
-            Stop::Lost(e) => e,
-        };
-        // Take the connection down: writers fail fast and leave their requests pending.
-        {
-            let mut s = sh.send.lock();
-            if let Some(st) = s.stream.take() {
-                st.shutdown();
+        let (tx, rx) = mpsc::channel();
+        let mut handles = Vec::with_capacity(readers.len());
+        for (i, r) in readers.into_iter().enumerate() {
+            let (sh, tx2) = (sh.clone(), tx.clone());
+            let spawned = std::thread::Builder::new().name(format!("dxfs-nbd-{i}")).spawn(move || {
+                let _ = tx2.send(reply_loop(&sh, r));
+            });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    let _ = tx.send(Stop::Lost(e));
+                }
             }
-            sh.state.lock().connected = false;
         }
+        drop(tx);
+        let first_stop = rx.recv();
+        // Take every connection down: new requests stay pending; the others are told to
+        // disconnect, so their readers still take the replies already on the way and
+        // end when the server closes (nbdkit 1.32 was seen to die when a client left
+        // with requests out) or when a request goes unanswered for `timeout`.
+        for send in &sh.send {
+            if let Some(mut s) = send.lock().stream.take() {
+                s.disconnect();
+            }
+        }
+        sh.state.lock().connected = false;
+        for h in handles {
+            let _ = h.join();
+        }
+        let why = match first_stop {
+            Ok(Stop::Lost(e)) => e,
+            Ok(Stop::Closing) | Err(_) => return,
+        };
         if sh.closing.load(Ordering::SeqCst) {
             return;
         }
@@ -1278,7 +1401,7 @@ fn supervise(sh: Arc<Shared>, first: Stream) {
         let deadline = Instant::now() + sh.target.timeout;
         let mut delay = Duration::from_millis(20);
         let mut gave_up = false;
-        reader = loop {
+        readers = loop {
             if sh.closing.load(Ordering::SeqCst) {
                 return;
             }
@@ -1338,7 +1461,9 @@ mod tests {
         assert_eq!(t.timeout, Duration::from_millis(2500));
         assert_eq!(t.to_string(), "nbd://[::1]:99/a b");
         let t = NbdTarget::parse("nbd://h/x?inflight=1&timeout=5").unwrap();
-        assert_eq!((t.max_in_flight, t.timeout), (1, Duration::from_secs(5)));
+        assert_eq!((t.max_in_flight, t.timeout, t.connections), (1, Duration::from_secs(5), 4));
+        assert_eq!(NbdTarget::parse("nbd://h/x?conns=1").unwrap().connections, 1);
+        assert_eq!(NbdTarget::parse("nbd://h/x?conns=16").unwrap().connections, 16);
         let t = NbdTarget::parse("nbd+unix:///vol?socket=/tmp/s.sock").unwrap();
         assert_eq!(t.endpoint, NbdEndpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(t.export, "vol");
@@ -1357,6 +1482,9 @@ mod tests {
             "nbd://h/x?timeout=-3",
             "nbd://h/x?inflight=0",
             "nbd://h/x?inflight=x",
+            "nbd://h/x?conns=0",
+            "nbd://h/x?conns=17",
+            "nbd://h/x?conns=",
             "nbd://h/%zz",
             "nbd://[::1/x",
             "http://h/x",

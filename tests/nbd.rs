@@ -949,25 +949,28 @@ fn commit_block_uses_fua_when_offered() {
 /// Multi-conn: with a server that allows it, `conns=4` opens four connections and
 /// spreads requests over them (by 1 MiB region: all requests for a block take one
 /// connection); a flush on one covers writes completed on all. A server that does not
-/// allow it (nbdkit's multi-conn filter, `multi-conn-mode=disable`) gets one.
+/// allow it (nbdkit's multi-conn filter, `multi-conn-mode=disable`) gets one; one that
+/// allows it but takes only two clients (nbdkit's limit filter) gets two.
 #[test]
 fn multi_conn_spreads_requests() {
     need!("nbdkit");
-    for allowed in [true, false] {
+    for (filter, conns) in [("", 4), ("multi-conn", 1), ("limit", 2)] {
+        let allowed = filter != "multi-conn";
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("img");
         sparse_image(&img, 64 << 20);
         let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
         let img_arg = format!("file={}", img.display());
-        let mut args = vec!["file", &img_arg];
-        if !allowed {
-            args = vec!["--filter=multi-conn", "file", &img_arg, "multi-conn-mode=disable"];
-        }
+        let args = match filter {
+            "multi-conn" => vec!["--filter=multi-conn", "file", &img_arg, "multi-conn-mode=disable"],
+            "limit" => vec!["--filter=limit", "file", &img_arg, "limit=2"],
+            _ => vec!["file", &img_arg],
+        };
         let srv = nbdkit(&srv_sock, &args);
         let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
         let dev = NbdDevice::open(&format!("{}&conns=4", px.uri(5)), false).unwrap();
         assert_eq!(dev.can_multi_conn(), allowed);
-        assert_eq!(dev.connections(), if allowed { 4 } else { 1 });
+        assert_eq!(dev.connections(), conns, "{filter}");
         let dev: Arc<dyn BlockDevice> = Arc::new(dev);
 
         // Raw: a 16 MiB write and its sequential read back in 128 KiB pieces (the
@@ -1002,12 +1005,10 @@ fn multi_conn_spreads_requests() {
         drop(dev);
         let per = px.per_connection();
         px.stop();
-        if allowed {
-            assert_eq!(per.len(), 4, "connections opened: {per:?}");
-            assert!(per.iter().all(|&n| n > 20), "requests per connection: {per:?}");
-        } else {
-            assert_eq!(per.len(), 1, "connections opened: {per:?}");
-        }
+        // The limit filter's refused third connection reaches the proxy too.
+        let used: Vec<usize> = per.iter().copied().filter(|&n| n > 0).collect();
+        assert_eq!(used.len(), conns, "{filter}: requests per connection: {per:?}");
+        assert!(used.iter().all(|&n| n > 20), "{filter}: requests per connection: {per:?}");
         let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
         let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
         check_files(&vol, d, 100, 30_000);

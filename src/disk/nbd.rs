@@ -386,8 +386,9 @@ fn connect(t: &NbdTarget) -> Result<(Stream, ExportInfo)> {
 }
 
 /// Open the connections of one device: the first says whether the server allows
-/// several; then `want` (at open: the address's `conns`, or 1 without multi-conn; at a
-/// reconnection: as many as before) are opened, all to the same export.
+/// several; then `want` (at open: the address's `conns`, or 1 without multi-conn, fewer
+/// if the server refuses some; at a reconnection: exactly as many as before) are opened,
+/// all to the same export.
 fn connect_all(t: &NbdTarget, want: Option<usize>) -> Result<(Vec<Stream>, ExportInfo)> {
     let (first, info) = connect(t)?;
     let multi = info.flags & TFLAG_CAN_MULTI_CONN != 0;
@@ -400,12 +401,29 @@ fn connect_all(t: &NbdTarget, want: Option<usize>) -> Result<(Vec<Stream>, Expor
         None => 1,
     };
     let mut streams = vec![first];
+    // At open, a server that allows multi-conn but refuses more clients (nbdkit's limit
+    // filter, a qemu-nbd with --shared=1) gets as many as it took; extra connections
+    // wait at most 2 s for the greeting.
+    let extra = NbdTarget { timeout: t.timeout.min(Duration::from_secs(2)), ..t.clone() };
     while streams.len() < n {
-        let (s, i) = connect(t)?;
-        if i.size != info.size || i.flags != info.flags {
-            return Err(eio(format!("{t}: another connection to the export saw a different size or flags")));
+        let got = connect(if want.is_some() { t } else { &extra }).and_then(|(s, i)| {
+            if i.size != info.size || i.flags != info.flags {
+                return Err(eio(format!("{t}: another connection to the export saw a different size or flags")));
+            }
+            Ok(s)
+        });
+        match got {
+            Ok(s) => streams.push(s),
+            Err(e) if want.is_none() => {
+                tracing::warn!(
+                    "{t}: connection {} of {n} refused ({e}); going on with {}",
+                    streams.len() + 1,
+                    streams.len()
+                );
+                break;
+            }
+            Err(e) => return Err(e),
         }
-        streams.push(s);
     }
     Ok((streams, info))
 }

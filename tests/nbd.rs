@@ -311,20 +311,27 @@ fn error_filter_eio_surfaces_and_fsck_is_clean() {
     assert_clean(file);
 }
 
-/// Kill the server mid-workload. Restarted within the timeout, the client reconnects
-/// and the workload goes on; left down, requests fail with EIO after the timeout. Either
-/// way the image is clean and every file fsynced before the kill is intact.
+/// Kill the server mid-workload (nbdkit's file plugin, then qemu-nbd). Restarted within
+/// the timeout, the client reconnects and the workload goes on; left down, requests fail
+/// with EIO after the timeout. Either way the image is clean and every file fsynced
+/// before the kill is intact.
 #[test]
 fn server_killed_mid_workload() {
     need!("nbdkit");
-    for restart in [true, false] {
+    for (qemu, restart) in [(false, true), (false, false), (true, true), (true, false)] {
+        if qemu && !have("qemu-nbd") {
+            eprintln!("SKIP: qemu-nbd is not installed (apt-get install qemu-utils)");
+            continue;
+        }
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("img");
         sparse_image(&img, 64 << 20);
         let sock = dir.path().join("s");
         let img_arg = format!("file={}", img.display());
-        let mut srv = nbdkit(&sock, &["file", &img_arg]);
-        let dev = open_device(&srv.uri("", if restart { 20 } else { 2 }), false).unwrap();
+        let serve = || if qemu { qemu_nbd(&sock, "vol", &img) } else { nbdkit(&sock, &["file", &img_arg]) };
+        let mut srv = serve();
+        let export = if qemu { "vol" } else { "" };
+        let dev = open_device(&srv.uri(export, if restart { 20 } else { 2 }), false).unwrap();
         mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         let root = vol.root();
@@ -339,7 +346,7 @@ fn server_killed_mid_workload() {
                     // aborts on an assertion when a client leaves with a request out
                     // (see bench/nbd.py runs), which may be the same thing.
                     std::thread::sleep(Duration::from_millis(300));
-                    srv = nbdkit(&sock, &["file", &img_arg]);
+                    srv = serve();
                 }
             }
             let r = vol
@@ -354,14 +361,15 @@ fn server_killed_mid_workload() {
                 }
             }
         }
+        let what = if qemu { "qemu-nbd" } else { "nbdkit" };
         if restart {
-            assert!(failed.is_none(), "the client did not ride out a restart: {failed:?}");
+            assert!(failed.is_none(), "{what}: the client did not ride out a restart: {failed:?}");
             assert_eq!(synced.len(), 120);
             vol.close().unwrap();
         } else {
             let e = failed.expect("a dead server must fail the workload");
-            assert!(matches!(e, Error::Io(_) | Error::Failed), "{e:?}");
-            assert_eq!(synced.len(), 40, "writes after the kill cannot succeed");
+            assert!(matches!(e, Error::Io(_) | Error::Failed), "{what}: {e:?}");
+            assert_eq!(synced.len(), 40, "{what}: writes after the kill cannot succeed");
             drop(vol);
         }
         drop(dev);
@@ -559,6 +567,10 @@ enum Cut {
     /// SIGKILL the server and start it again at once: the client must reconnect,
     /// replay what was acknowledged but not flushed, and go on.
     RestartServer,
+    /// Answer the request with `NBD_ESHUTDOWN` (the server shutting down, request not
+    /// done) once the server has answered the rest, then close the connection: the
+    /// client must send it again on a new connection, not fail it.
+    Refuse,
 }
 
 /// One request as the proxy saw it: (command, flags, offset, length).
@@ -667,6 +679,8 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
     use std::sync::atomic::Ordering;
     let Ok(server) = std::os::unix::net::UnixStream::connect(upstream) else { return };
     let (mut from_server, mut to_client) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+    // After the server closed: the cookie to refuse with NBD_ESHUTDOWN, if any.
+    let (refuse_tx, refuse_rx) = std::sync::mpsc::channel::<Option<u64>>();
     let back = std::thread::spawn(move || {
         // Server to client until the server closes; once the client is gone, the rest
         // is read and dropped (nbdkit 1.32 aborts if its client leaves with requests out).
@@ -677,8 +691,16 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
                 client_gone = true;
             }
         }
+        if let Ok(Some(cookie)) = refuse_rx.recv() {
+            let mut reply = [0u8; 16];
+            reply[..4].copy_from_slice(&0x6744_6698u32.to_be_bytes());
+            reply[4..8].copy_from_slice(&108u32.to_be_bytes());
+            reply[8..].copy_from_slice(&cookie.to_be_bytes());
+            let _ = to_client.write_all(&reply);
+        }
         let _ = to_client.shutdown(Shutdown::Both);
     });
+    let mut refused = None;
     let (mut c, mut s) = (client, server);
     let id = {
         let mut p = ctl.per_conn.lock().unwrap();
@@ -715,7 +737,9 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
                 c.read_exact(&mut payload)?;
             }
             if ctl.seen.fetch_add(1, Ordering::SeqCst) == ctl.cut_at {
-                if ctl.cut != Cut::Connection {
+                if ctl.cut == Cut::Refuse {
+                    refused = Some(be64(&h, 8));
+                } else if ctl.cut != Cut::Connection {
                     let mut slot = ctl.server.lock().unwrap();
                     if let Some(mut old) = slot.take() {
                         old.kill();
@@ -734,7 +758,9 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
             s.write_all(&payload)?;
         }
     })();
-    let _ = c.shutdown(Shutdown::Both);
+    if refused.is_none() {
+        let _ = c.shutdown(Shutdown::Both);
+    }
     if transmission {
         // NBD_CMD_DISC rather than a bare close: nbdkit 1.32 was seen to die when its
         // client left with requests out.
@@ -744,6 +770,7 @@ fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: &Pro
         let _ = s.write_all(&disc);
     }
     let _ = s.shutdown(Shutdown::Write);
+    let _ = refuse_tx.send(refused);
     let _ = back.join();
 }
 
@@ -799,10 +826,11 @@ fn check_after_crash(img: &Path, durable: &std::collections::BTreeMap<String, Ve
 }
 
 /// Crash at a chosen request of a workload, for every request of its first deltas: the
-/// connection dropped; the server killed (losing what it had not flushed: nbdkit's cache
-/// filter in writeback mode keeps writes in memory until a flush) and left down; the
-/// server killed and started again. Dropped or restarted, the client must ride it out
-/// (every fsync succeeds); left down, the workload fails with EIO. Either way the image
+/// request refused with `NBD_ESHUTDOWN` and the connection closed; the connection
+/// dropped; the server killed (losing what it had not flushed: nbdkit's cache filter in
+/// writeback mode keeps writes in memory until a flush) and left down; the server killed
+/// and started again. Refused, dropped or restarted, the client must ride it out (every
+/// fsync succeeds); left down, the workload fails with EIO. Either way the image
 /// opens, every file whose fsync returned is intact and fsck is clean: no delta is
 /// committed whose writes the server had not acknowledged and flushed.
 #[test]
@@ -866,7 +894,7 @@ fn crash_at_each_request() {
     // Cut points: every request of the first three deltas, then every sixth one.
     let points: Vec<usize> = (opened..total).filter(|&k| k < opened + 24 || k % 6 == 0).collect();
     eprintln!("{} requests to open, {total} in all; {} cut points", opened, points.len());
-    for cut in [Cut::Connection, Cut::RestartServer, Cut::KillServer] {
+    for cut in [Cut::Refuse, Cut::Connection, Cut::RestartServer, Cut::KillServer] {
         for &k in &points {
             let what = format!("{cut:?} at request {k}");
             fresh();

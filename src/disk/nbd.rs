@@ -76,6 +76,10 @@ const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
 /// Command flag: the reply comes once the write is durable.
 const CMD_FLAG_FUA: u16 = 1;
+/// Error reply `NBD_ESHUTDOWN`: the server is shutting down (nbdkit answers it to the
+/// requests it had read but not done when `NBD_CMD_DISC` came): sent again on the next
+/// connection rather than failed.
+const ESHUTDOWN: u32 = 108;
 
 /// The protocol's default largest payload when the server names none (32 MiB).
 const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
@@ -1274,6 +1278,13 @@ fn reply_loop(sh: &Shared, stream: Stream) -> Stop {
             if let Err(s) = read_watch(sh, &mut r, &mut data) {
                 return s;
             }
+        }
+        if error == ESHUTDOWN {
+            // The server is shutting down (after our NBD_CMD_DISC, or its own) and did
+            // not do this request: it stays pending and goes out again on the next
+            // connection.
+            tracing::debug!("{}: request {cookie} refused as the server shuts down; kept for re-sending", sh.target);
+            continue;
         }
         let mut st = sh.state.lock();
         let Some(p) = st.pending.remove(&cookie) else { continue };

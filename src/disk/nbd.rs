@@ -8,7 +8,10 @@
 //!   flags); a server that answers `NBD_REP_ERR_UNSUP` gets `NBD_OPT_EXPORT_NAME`
 //!   instead. Every option error becomes a sentence naming the server and export.
 //! - **Transmission**: READ, WRITE (with FUA for [`BlockDevice::write_durable`] if
-//!   offered), FLUSH (if offered), TRIM (if offered), DISC on drop; simple replies. Any number of requests are in flight on the one connection: callers
+//!   offered), FLUSH (if offered), TRIM (if offered), DISC on drop; simple replies, and
+//!   structured ones (data, hole and error chunks) when the server agrees to them.
+//!   Several connections when the server allows multi-conn, requests routed by 1 MiB
+//!   region, a reader thread each. Any number of requests are in flight on the one connection: callers
 //!   write requests under a send lock, one reader thread reads the replies and hands each
 //!   to its caller by cookie. [`BlockDevice::read_many`] puts a whole batch in flight
 //!   before waiting for the first reply.
@@ -53,6 +56,7 @@ const FLAG_NO_ZEROES: u16 = 2;
 const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_GO: u32 = 7;
+const OPT_STRUCTURED_REPLY: u32 = 8;
 const REP_ACK: u32 = 1;
 const REP_INFO: u32 = 3;
 const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
@@ -69,6 +73,15 @@ const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 // Requests and replies.
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+const REPLY_FLAG_DONE: u16 = 1;
+const REPLY_TYPE_NONE: u16 = 0;
+const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// Chunk types with this bit set are errors (NBD_REPLY_TYPE_ERROR, _ERROR_OFFSET, ...).
+const REPLY_TYPE_ERROR_BIT: u16 = 1 << 15;
+/// Largest error chunk accepted (a 4-byte error, a message of at most 4096 bytes, ...).
+const MAX_ERROR_CHUNK: u32 = 64 << 10;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
@@ -114,8 +127,9 @@ pub enum NbdEndpoint {
 /// An NBD export and how to talk to it: parsed from `nbd://HOST[:PORT]/EXPORT` or
 /// `nbd+unix:///EXPORT?socket=PATH` (the forms qemu and nbdkit use); both take the
 /// optional query parameters `timeout=SECONDS` (default 30), `inflight=N` (most
-/// requests in flight at once, default 128; 1 makes every request a round trip) and
-/// `conns=N` (connections to a server that allows several, default 4, 1 to 16).
+/// requests in flight at once, default 128; 1 makes every request a round trip),
+/// `conns=N` (connections to a server that allows several, default 4, 1 to 16) and
+/// `structured=1|0` (ask for structured replies, default 1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdTarget {
     /// The server's address.
@@ -130,6 +144,9 @@ pub struct NbdTarget {
     /// Connections to open when the server allows several (`NBD_FLAG_CAN_MULTI_CONN`);
     /// one otherwise.
     pub connections: usize,
+    /// Ask for structured replies (`NBD_OPT_STRUCTURED_REPLY`): holes in a read come back
+    /// as a length instead of zeros, errors with the server's message.
+    pub structured_replies: bool,
 }
 
 /// Whether `spec` is an NBD address rather than a path.
@@ -183,6 +200,7 @@ impl NbdTarget {
         let mut timeout = Duration::from_secs(30);
         let mut max_in_flight = DEFAULT_IN_FLIGHT;
         let mut connections = DEFAULT_CONNECTIONS;
+        let mut structured_replies = true;
         for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
@@ -198,6 +216,13 @@ impl NbdTarget {
                     max_in_flight = match v.parse::<usize>() {
                         Ok(n) if (1..=65_536).contains(&n) => n,
                         _ => return Err(bad_uri(uri, "inflight must be a number from 1 to 65536")),
+                    }
+                }
+                "structured" => {
+                    structured_replies = match v {
+                        "1" | "yes" | "on" => true,
+                        "0" | "no" | "off" => false,
+                        _ => return Err(bad_uri(uri, "structured must be 1 or 0")),
                     }
                 }
                 "conns" => {
@@ -233,7 +258,7 @@ impl NbdTarget {
             };
             NbdEndpoint::Tcp { host: host.to_string(), port }
         };
-        Ok(NbdTarget { endpoint, export, timeout, max_in_flight, connections })
+        Ok(NbdTarget { endpoint, export, timeout, max_in_flight, connections, structured_replies })
     }
 }
 
@@ -313,6 +338,8 @@ struct ExportInfo {
     flags: u16,
     /// Largest payload of one request.
     max_payload: u32,
+    /// The server agreed to structured replies.
+    structured: bool,
 }
 
 fn hs_err(t: &NbdTarget, kind: io::ErrorKind, msg: impl fmt::Display) -> Error {
@@ -458,6 +485,34 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
     let cflags = u32::from(FLAG_FIXED_NEWSTYLE) | if no_zeroes { u32::from(FLAG_NO_ZEROES) } else { 0 };
     s.write_all(&cflags.to_be_bytes()).map_err(|e| hs_io(t, e))?;
 
+    // Structured replies, if wanted: an ACK turns them on, any error leaves them off.
+    let mut structured = false;
+    if t.structured_replies {
+        send_option(s, OPT_STRUCTURED_REPLY, &[]).map_err(|e| hs_io(t, e))?;
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).map_err(|e| hs_io(t, e))?;
+        if get_u64(&h, 0) != REPLY_MAGIC || get_u32(&h, 8) != OPT_STRUCTURED_REPLY {
+            return Err(hs_err(t, io::ErrorKind::InvalidData, "malformed option reply"));
+        }
+        let (rtype, len) = (get_u32(&h, 12), get_u32(&h, 16));
+        if len > MAX_OPTION_REPLY {
+            return Err(hs_err(t, io::ErrorKind::InvalidData, format!("option reply of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        s.read_exact(&mut body).map_err(|e| hs_io(t, e))?;
+        match rtype {
+            REP_ACK => structured = true,
+            e if e & (1 << 31) != 0 => {}
+            e => {
+                return Err(hs_err(
+                    t,
+                    io::ErrorKind::InvalidData,
+                    format!("unexpected reply {e} to NBD_OPT_STRUCTURED_REPLY"),
+                ))
+            }
+        }
+    }
+
     // NBD_OPT_GO: name length, name, number of info requests, the requests.
     let name = t.export.as_bytes();
     let mut data = Vec::with_capacity(name.len() + 8);
@@ -538,7 +593,7 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
         }
         max_payload = max.min(DEFAULT_MAX_PAYLOAD) / BLOCK_SIZE as u32 * BLOCK_SIZE as u32;
     }
-    Ok(ExportInfo { size, flags, max_payload })
+    Ok(ExportInfo { size, flags, max_payload, structured })
 }
 
 fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
@@ -769,6 +824,11 @@ impl NbdDevice {
     /// Whether the server takes forced-unit-access writes (`NBD_FLAG_SEND_FUA`).
     pub fn can_fua(&self) -> bool {
         self.shared.info.flags & TFLAG_SEND_FUA != 0
+    }
+
+    /// Whether the server agreed to structured replies (`NBD_OPT_STRUCTURED_REPLY`).
+    pub fn structured_replies(&self) -> bool {
+        self.shared.info.structured
     }
 
     /// Connections in use (more than one only if the server allows multi-conn).
@@ -1251,72 +1311,167 @@ fn read_watch(sh: &Shared, r: &mut impl Read, buf: &mut [u8]) -> std::result::Re
     Ok(())
 }
 
-/// Read replies and complete their requests until the connection ends.
+/// A structured reply being put together from its chunks.
+struct Partial {
+    data: Vec<u8>,
+    /// The first error chunk: error number and the server's message.
+    error: Option<(u32, String)>,
+}
+
+fn protocol_error(msg: String) -> Stop {
+    Stop::Lost(io::Error::new(io::ErrorKind::InvalidData, msg))
+}
+
+/// Read replies (simple, or structured chunk by chunk) and complete their requests until
+/// the connection ends.
 fn reply_loop(sh: &Shared, stream: Stream) -> Stop {
     let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut partial: HashMap<u64, Partial> = HashMap::new();
+    let lookup = |cookie: u64| -> std::result::Result<(u16, u64, u32), Stop> {
+        match sh.state.lock().pending.get(&cookie) {
+            Some(p) => Ok((p.cmd, p.offset, p.len)),
+            None => Err(protocol_error(format!("reply to unknown cookie {cookie}"))),
+        }
+    };
     loop {
-        let mut h = [0u8; 16];
-        if let Err(s) = read_watch(sh, &mut r, &mut h) {
+        let mut m = [0u8; 4];
+        if let Err(s) = read_watch(sh, &mut r, &mut m) {
             return s;
         }
-        let (magic, error, cookie) = (get_u32(&h, 0), get_u32(&h, 4), get_u64(&h, 8));
-        if magic != SIMPLE_REPLY_MAGIC {
-            return Stop::Lost(io::Error::new(io::ErrorKind::InvalidData, format!("bad reply magic {magic:#x}")));
-        }
-        let (cmd, len) = match sh.state.lock().pending.get(&cookie) {
-            Some(p) => (p.cmd, p.len),
-            None => {
-                return Stop::Lost(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("reply to unknown cookie {cookie}"),
-                ))
+        match get_u32(&m, 0) {
+            SIMPLE_REPLY_MAGIC => {
+                let mut h = [0u8; 12];
+                if let Err(s) = read_watch(sh, &mut r, &mut h) {
+                    return s;
+                }
+                let (error, cookie) = (get_u32(&h, 0), get_u64(&h, 4));
+                let (cmd, _, len) = match lookup(cookie) {
+                    Ok(x) => x,
+                    Err(s) => return s,
+                };
+                let mut data = Vec::new();
+                if cmd == CMD_READ && error == 0 {
+                    data = vec![0u8; len as usize];
+                    if let Err(s) = read_watch(sh, &mut r, &mut data) {
+                        return s;
+                    }
+                }
+                complete(sh, cookie, error, data, String::new());
             }
-        };
-        let mut data = Vec::new();
-        if cmd == CMD_READ && error == 0 {
-            data = vec![0u8; len as usize];
-            if let Err(s) = read_watch(sh, &mut r, &mut data) {
-                return s;
-            }
-        }
-        if error == ESHUTDOWN {
-            // The server is shutting down (after our NBD_CMD_DISC, or its own) and did
-            // not do this request: it stays pending and goes out again on the next
-            // connection.
-            tracing::debug!("{}: request {cookie} refused as the server shuts down; kept for re-sending", sh.target);
-            continue;
-        }
-        let mut st = sh.state.lock();
-        let Some(p) = st.pending.remove(&cookie) else { continue };
-        sh.room.notify_one();
-        if st.writes_in_flight.remove(&cookie) {
-            if error == 0 && p.cmd == CMD_WRITE {
-                let d = p.data.clone().expect("writes carry data");
-                if st.overflow.is_none() && st.replay_bytes + d.len() <= REPLAY_LIMIT {
-                    st.replay_bytes += d.len();
-                    st.replay.push(Acked { cookie, offset: p.offset, data: d });
-                } else if st.overflow.is_none() {
-                    st.overflow = Some(cookie);
+            STRUCTURED_REPLY_MAGIC => {
+                let mut h = [0u8; 16];
+                if let Err(s) = read_watch(sh, &mut r, &mut h) {
+                    return s;
+                }
+                let (flags, kind, cookie, length) = (get_u16(&h, 0), get_u16(&h, 2), get_u64(&h, 4), get_u32(&h, 12));
+                let (cmd, req_off, req_len) = match lookup(cookie) {
+                    Ok(x) => x,
+                    Err(s) => return s,
+                };
+                let part = partial.entry(cookie).or_insert_with(|| Partial {
+                    data: if cmd == CMD_READ { vec![0u8; req_len as usize] } else { Vec::new() },
+                    error: None,
+                });
+                // The byte range [at, at + n) of the request a data or hole chunk covers.
+                let range = |at: u64, n: u64| -> std::result::Result<std::ops::Range<usize>, Stop> {
+                    if cmd != CMD_READ || at < req_off || at + n > req_off + u64::from(req_len) {
+                        return Err(protocol_error(format!(
+                            "chunk of {n} bytes at byte {at} outside request {cookie} ({req_len} bytes at {req_off})"
+                        )));
+                    }
+                    Ok((at - req_off) as usize..(at - req_off + n) as usize)
+                };
+                match kind {
+                    REPLY_TYPE_NONE if length == 0 => {}
+                    REPLY_TYPE_OFFSET_DATA if length >= 8 => {
+                        let mut o = [0u8; 8];
+                        if let Err(s) = read_watch(sh, &mut r, &mut o) {
+                            return s;
+                        }
+                        let span = match range(get_u64(&o, 0), u64::from(length - 8)) {
+                            Ok(x) => x,
+                            Err(s) => return s,
+                        };
+                        if let Err(s) = read_watch(sh, &mut r, &mut part.data[span]) {
+                            return s;
+                        }
+                    }
+                    REPLY_TYPE_OFFSET_HOLE if length == 12 => {
+                        let mut o = [0u8; 12];
+                        if let Err(s) = read_watch(sh, &mut r, &mut o) {
+                            return s;
+                        }
+                        match range(get_u64(&o, 0), u64::from(get_u32(&o, 8))) {
+                            Ok(span) => part.data[span].fill(0),
+                            Err(s) => return s,
+                        }
+                    }
+                    k if k & REPLY_TYPE_ERROR_BIT != 0 && (6..=MAX_ERROR_CHUNK).contains(&length) => {
+                        let mut body = vec![0u8; length as usize];
+                        if let Err(s) = read_watch(sh, &mut r, &mut body) {
+                            return s;
+                        }
+                        let mlen = usize::from(get_u16(&body, 4)).min(body.len() - 6);
+                        let msg = String::from_utf8_lossy(&body[6..6 + mlen]).into_owned();
+                        // An error chunk that names no error is still an error.
+                        let error = match get_u32(&body, 0) {
+                            0 => 5,
+                            e => e,
+                        };
+                        part.error.get_or_insert((error, msg));
+                    }
+                    k => return protocol_error(format!("bad structured reply chunk (type {k}, {length} bytes)")),
+                }
+                if flags & REPLY_FLAG_DONE != 0 {
+                    let part = partial.remove(&cookie).expect("inserted above");
+                    let (error, msg) = part.error.unwrap_or((0, String::new()));
+                    complete(sh, cookie, error, part.data, msg);
                 }
             }
-            sh.drained.notify_all();
+            magic => return protocol_error(format!("bad reply magic {magic:#x}")),
         }
-        drop(st);
-        let result = if error == 0 {
-            Ok(data)
-        } else {
-            let what = ["read", "write", "disc", "flush", "trim"].get(p.cmd as usize).copied().unwrap_or("request");
-            tracing::warn!("{}: the server failed a {what} at byte {} with error {error}", sh.target, p.offset);
-            Err(Error::Io(io::Error::other(format!(
-                "{}: the server failed a {what} of {} bytes at byte {}: {}",
-                sh.target,
-                p.len,
-                p.offset,
-                io::Error::from_raw_os_error(error as i32)
-            ))))
-        };
-        let _ = p.done.send(result);
     }
+}
+
+/// A request's whole reply is in: hand the result to its caller.
+fn complete(sh: &Shared, cookie: u64, error: u32, data: Vec<u8>, msg: String) {
+    if error == ESHUTDOWN {
+        // The server is shutting down (after our NBD_CMD_DISC, or its own) and did not
+        // do this request: it stays pending and goes out again on the next connection.
+        tracing::debug!("{}: request {cookie} refused as the server shuts down; kept for re-sending", sh.target);
+        return;
+    }
+    let mut st = sh.state.lock();
+    let Some(p) = st.pending.remove(&cookie) else { return };
+    sh.room.notify_one();
+    if st.writes_in_flight.remove(&cookie) {
+        if error == 0 && p.cmd == CMD_WRITE {
+            let d = p.data.clone().expect("writes carry data");
+            if st.overflow.is_none() && st.replay_bytes + d.len() <= REPLAY_LIMIT {
+                st.replay_bytes += d.len();
+                st.replay.push(Acked { cookie, offset: p.offset, data: d });
+            } else if st.overflow.is_none() {
+                st.overflow = Some(cookie);
+            }
+        }
+        sh.drained.notify_all();
+    }
+    drop(st);
+    let result = if error == 0 {
+        Ok(data)
+    } else {
+        let what = ["read", "write", "disc", "flush", "trim"].get(p.cmd as usize).copied().unwrap_or("request");
+        let detail = if msg.is_empty() { String::new() } else { format!(" ({msg})") };
+        tracing::warn!("{}: the server failed a {what} at byte {} with error {error}{detail}", sh.target, p.offset);
+        Err(Error::Io(io::Error::other(format!(
+            "{}: the server failed a {what} of {} bytes at byte {}: {}{detail}",
+            sh.target,
+            p.len,
+            p.offset,
+            io::Error::from_raw_os_error(error as i32)
+        ))))
+    };
+    let _ = p.done.send(result);
 }
 
 /// Connect again and bring the new connection up to date: the acknowledged-unflushed
@@ -1332,9 +1487,7 @@ fn reconnect(sh: &Shared) -> Result<Vec<Stream>> {
     for (offset, data) in replay {
         let stream = &mut streams[sh.route(offset)];
         send_request(stream, CMD_WRITE, 0, 0, offset, data.len() as u32, Some(&data))?;
-        let mut h = [0u8; 16];
-        stream.read_exact(&mut h)?;
-        if get_u32(&h, 0) != SIMPLE_REPLY_MAGIC || get_u32(&h, 4) != 0 {
+        if !write_succeeded(stream)? {
             return Err(eio(format!("{}: replaying an acknowledged write failed", sh.target)));
         }
     }
@@ -1382,6 +1535,42 @@ fn reconnect(sh: &Shared) -> Result<Vec<Stream>> {
         s.stream = Some(stream);
     }
     Ok(readers)
+}
+
+/// Read the reply to the one write in flight (cookie 0): simple, or structured chunks up
+/// to the last; whether it succeeded.
+fn write_succeeded(s: &mut Stream) -> Result<bool> {
+    let mut m = [0u8; 4];
+    s.read_exact(&mut m)?;
+    match get_u32(&m, 0) {
+        SIMPLE_REPLY_MAGIC => {
+            let mut h = [0u8; 12];
+            s.read_exact(&mut h)?;
+            Ok(get_u32(&h, 0) == 0 && get_u64(&h, 4) == 0)
+        }
+        STRUCTURED_REPLY_MAGIC => {
+            let mut ok = true;
+            loop {
+                let mut h = [0u8; 16];
+                s.read_exact(&mut h)?;
+                let (flags, kind, length) = (get_u16(&h, 0), get_u16(&h, 2), get_u32(&h, 12));
+                if length > MAX_ERROR_CHUNK {
+                    return Ok(false);
+                }
+                let mut body = vec![0u8; length as usize];
+                s.read_exact(&mut body)?;
+                ok &= kind == REPLY_TYPE_NONE && get_u64(&h, 4) == 0;
+                if flags & REPLY_FLAG_DONE != 0 {
+                    return Ok(ok);
+                }
+                s.read_exact(&mut m)?;
+                if get_u32(&m, 0) != STRUCTURED_REPLY_MAGIC {
+                    return Ok(false);
+                }
+            }
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Run one reader thread per connection; when any connection is lost, take them all
@@ -1493,6 +1682,8 @@ mod tests {
         assert_eq!((t.max_in_flight, t.timeout, t.connections), (1, Duration::from_secs(5), 4));
         assert_eq!(NbdTarget::parse("nbd://h/x?conns=1").unwrap().connections, 1);
         assert_eq!(NbdTarget::parse("nbd://h/x?conns=16").unwrap().connections, 16);
+        assert!(NbdTarget::parse("nbd://h/x").unwrap().structured_replies);
+        assert!(!NbdTarget::parse("nbd://h/x?structured=0").unwrap().structured_replies);
         let t = NbdTarget::parse("nbd+unix:///vol?socket=/tmp/s.sock").unwrap();
         assert_eq!(t.endpoint, NbdEndpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(t.export, "vol");
@@ -1514,6 +1705,7 @@ mod tests {
             "nbd://h/x?conns=0",
             "nbd://h/x?conns=17",
             "nbd://h/x?conns=",
+            "nbd://h/x?structured=2",
             "nbd://h/%zz",
             "nbd://[::1/x",
             "http://h/x",

@@ -1103,3 +1103,86 @@ fn structured_replies_and_holes() {
     drop(dev);
     px.stop();
 }
+
+/// A server that completes the handshake and then answers every request with garbage:
+/// each connection is dropped as a protocol error and made again, and the request fails
+/// with EIO once it has gone unanswered for the timeout — no hang, no panic.
+#[test]
+fn garbage_replies_fail_with_eio_in_bounded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("junk");
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (stop2, conns2) = (stop.clone(), conns.clone());
+    let server = std::thread::spawn(move || {
+        fn opt_reply(c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]) -> std::io::Result<()> {
+            let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
+            m.extend_from_slice(&opt.to_be_bytes());
+            m.extend_from_slice(&kind.to_be_bytes());
+            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            m.extend_from_slice(body);
+            c.write_all(&m)
+        }
+        fn serve(mut c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+            c.set_nonblocking(false)?;
+            c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
+            let mut f = [0u8; 4];
+            c.read_exact(&mut f)?;
+            loop {
+                let mut h = [0u8; 16];
+                c.read_exact(&mut h)?;
+                let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+                let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
+                c.read_exact(&mut d)?;
+                if opt == 7 {
+                    let mut info = vec![0u8, 0];
+                    info.extend_from_slice(&(16u64 << 20).to_be_bytes());
+                    info.extend_from_slice(&5u16.to_be_bytes()); // HAS_FLAGS | SEND_FLUSH
+                    opt_reply(&mut c, 7, 3, &info)?;
+                    opt_reply(&mut c, 7, 1, &[])?;
+                    break;
+                }
+                opt_reply(&mut c, opt, (1 << 31) + 1, &[])?; // NBD_REP_ERR_UNSUP
+            }
+            loop {
+                let mut h = [0u8; 28];
+                c.read_exact(&mut h)?;
+                if h[7] == 1 {
+                    let mut d = vec![0u8; u32::from_be_bytes(h[24..28].try_into().unwrap()) as usize];
+                    c.read_exact(&mut d)?;
+                }
+                c.write_all(&[0xde; 16])?;
+            }
+        }
+        let mut threads = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            match l.accept() {
+                Ok((c, _)) => {
+                    conns2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    threads.push(std::thread::spawn(move || {
+                        let _ = serve(c);
+                    }));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+    });
+    let dev = NbdDevice::open(&format!("nbd+unix:///?socket={}&timeout=1", sock.display()), false).unwrap();
+    assert!(!dev.structured_replies(), "the fake server refused them");
+    let t0 = Instant::now();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    let e = dev.read(0, &mut b).unwrap_err();
+    assert!(matches!(e, Error::Io(_)) && e.to_string().contains("no reply within"), "{e}");
+    let e = dev.write(1, &b).unwrap_err();
+    assert!(matches!(e, Error::Io(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "took {:?}", t0.elapsed());
+    assert!(conns.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the client reconnected");
+    drop(dev);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    server.join().unwrap();
+}

@@ -628,6 +628,10 @@ struct Pending {
     len: u32,
     data: Option<Arc<Vec<u8>>>,
     sent: Instant,
+    /// When it was first sent: a request still unanswered `timeout` after this, over
+    /// however many connections, fails (a server that takes connections and then
+    /// answers nothing usable must not hold a caller forever).
+    first: Instant,
     done: mpsc::Sender<Result<Vec<u8>>>,
 }
 
@@ -864,8 +868,9 @@ impl NbdDevice {
         if cmd == CMD_WRITE || cmd == CMD_TRIM {
             st.writes_in_flight.insert(cookie);
         }
+        let now = Instant::now();
         st.pending
-            .insert(cookie, Pending { cmd, flags, offset, len, data: data.clone(), sent: Instant::now(), done: tx });
+            .insert(cookie, Pending { cmd, flags, offset, len, data: data.clone(), sent: now, first: now, done: tx });
         let (connected, gen) = (st.connected, st.gen);
         drop(st);
         if connected {
@@ -1537,6 +1542,31 @@ fn reconnect(sh: &Shared) -> Result<Vec<Stream>> {
     Ok(readers)
 }
 
+/// Fail every request first sent more than `timeout` ago: connections keep coming back
+/// (the server takes them) but nothing usable comes over them.
+fn expire(sh: &Shared, why: &io::Error) {
+    let mut st = sh.state.lock();
+    let old: Vec<u64> =
+        st.pending.iter().filter(|(_, p)| p.first.elapsed() >= sh.target.timeout).map(|(c, _)| *c).collect();
+    if old.is_empty() {
+        return;
+    }
+    for c in &old {
+        let p = st.pending.remove(c).expect("listed");
+        st.writes_in_flight.remove(c);
+        let _ = p.done.send(Err(eio(format!("{}: no reply within {:?} ({why})", sh.target, sh.target.timeout))));
+    }
+    sh.drained.notify_all();
+    sh.room.notify_all();
+    drop(st);
+    tracing::error!(
+        "{}: {} request(s) unanswered for {:?} over reconnections ({why}); failed with EIO",
+        sh.target,
+        old.len(),
+        sh.target.timeout
+    );
+}
+
 /// Read the reply to the one write in flight (cookie 0): simple, or structured chunks up
 /// to the last; whether it succeeded.
 fn write_succeeded(s: &mut Stream) -> Result<bool> {
@@ -1615,6 +1645,7 @@ fn supervise(sh: Arc<Shared>, first: Vec<Stream>) {
         if sh.closing.load(Ordering::SeqCst) {
             return;
         }
+        expire(&sh, &why);
         tracing::warn!("{}: connection lost ({why}); reconnecting", sh.target);
         let deadline = Instant::now() + sh.target.timeout;
         let mut delay = Duration::from_millis(20);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sequential read of a 1 GiB export through dxfs's NBD client alone (examples/nbd_seqread:
 # 128 KiB reads, the client's readahead), with 1 and 4 connections, against nbdcopy of the
-# same export (libnbd: 4 connections x 64 requests), behind nbdkit's delay filter.
+# same export (libnbd: 4 connections x 64 requests), behind nbdkit's delay filter; then
+# a sequential write of it (1 MiB writes, 64 in flight, then a flush) with 1 and 4.
 # Each figure is the median of RUNS runs (MiB/s).
 #
 #     cargo build --release --example nbd_seqread
@@ -20,8 +21,8 @@ cleanup() {
 trap cleanup EXIT
 dd if=/dev/urandom of="$tmp/img" bs=1M count=1024 status=none
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-echo "| delay per request | dxfs client, conns=1 | dxfs client, conns=4 | nbdcopy | conns=4 / nbdcopy |"
-echo "|---|---|---|---|---|"
+echo "| delay per request | read, conns=1 | read, conns=4 | nbdcopy read | conns=4 / nbdcopy | write, conns=1 | write, conns=4 |"
+echo "|---|---|---|---|---|---|---|"
 for d in $delays; do
   sock="$tmp/s"
   rm -f "$sock"
@@ -38,6 +39,8 @@ for d in $delays; do
     t0=$(date +%s.%N); nbdcopy --no-extents "$uri" null:; t1=$(date +%s.%N)
     echo "1024 / ($t1 - $t0)" | bc -l | xargs printf '%.0f\n'
   done | median)
-  echo "| $d ms | $c1 | $c4 | $nc | $(echo "100 * $c4 / $nc" | bc)% |"
+  w1=$(for _ in $(seq "$runs"); do "$bin" "$uri&conns=1" 1024 1024 write | sed 's/.*: \([0-9]*\) MiB\/s/\1/'; done | median)
+  w4=$(for _ in $(seq "$runs"); do "$bin" "$uri&conns=4" 1024 1024 write | sed 's/.*: \([0-9]*\) MiB\/s/\1/'; done | median)
+  echo "| $d ms | $c1 | $c4 | $nc | $(echo "100 * $c4 / $nc" | bc)% | $w1 | $w4 |"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 done

@@ -54,11 +54,13 @@ impl Server {
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         let mut s = Server { child, sock: sock.to_path_buf() };
         let t0 = Instant::now();
-        while !sock.exists() {
+        // Until a connection is taken: the socket file appears at bind(), before listen(),
+        // and a client in between is refused (seen as a flake of the NBD mount suite).
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
             if let Ok(Some(st)) = s.child.try_wait() {
                 panic!("{bin} exited before listening: {st}");
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "{bin} did not create {}", sock.display());
+            assert!(t0.elapsed() < Duration::from_secs(20), "{bin} did not listen on {}", sock.display());
             std::thread::sleep(Duration::from_millis(10));
         }
         s

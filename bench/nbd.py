@@ -12,7 +12,8 @@ filter on a Unix socket, and measures through a real `dxfs mount` of the NBD add
   scan     os.scandir + lstat of the N entries, cold (no sorting, formatting or xattr calls)
   rm       `rm -rf` of the directory, then unmount (commit included)
   write    sequential write of S MiB (dd bs=1M conv=fsync), then unmount
-  read     cold sequential read of it (dd bs=1M), default and ?inflight=1
+  read     cold sequential read of it (dd bs=1M), default (4 connections where the server
+           allows multi-conn, as nbdkit's file plugin does), ?conns=1 and ?inflight=1
   nbdcopy  `nbdcopy --no-extents` of the whole export to null: from the same server, the
            protocol's best case for a sequential read (libnbd, 4 connections x 64 requests)
 
@@ -21,6 +22,8 @@ cost of the protocol over a Unix socket plus nbdkit. Needs root (FUSE), nbdkit, 
 (libnbd-bin) and a release build of dxfs.
 
     sudo python3 bench/nbd.py --entries 100000 --seq-mib 1024 --delays 0,1,5
+
+`--only seq` runs the write, the reads and nbdcopy alone.
 """
 
 import argparse
@@ -50,10 +53,12 @@ class Bench:
         self.server_log = None
         self.mount_proc = None
 
-    def uri(self, inflight=None):
+    def uri(self, inflight=None, conns=None):
         q = f"socket={self.sock}"
         if inflight:
             q += f"&inflight={inflight}"
+        if conns:
+            q += f"&conns={conns}"
         return f"nbd+unix:///?{q}"
 
     def start_server(self, delay_ms):
@@ -87,8 +92,8 @@ class Bench:
                 self.server.wait()
             self.server = None
 
-    def mount(self, opts=None, inflight=None):
-        cmd = [self.a.dxfs, "mount", self.uri(inflight), self.mnt]
+    def mount(self, opts=None, inflight=None, conns=None):
+        cmd = [self.a.dxfs, "mount", self.uri(inflight, conns), self.mnt]
         if opts:
             cmd += ["-o", opts]
         self.mount_proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -134,6 +139,36 @@ class Bench:
             f.truncate(size)
         self.start_server(d)
         run([a.dxfs, "mkfs", "-f", self.uri()], stdout=subprocess.DEVNULL)
+        if a.only == "seq":
+            r["create_s"] = r["ls_prefetch_s"] = r["ls_noprefetch_s"] = r["ls_inflight1_s"] = None
+            r["scan_lstat_s"] = r["rm_rf_s"] = None
+        else:
+            self.metadata(r)
+        big = os.path.join(self.mnt, "big")
+
+        def write():
+            self.mount()
+            run(["dd", "if=/dev/zero", f"of={big}", "bs=1M", f"count={a.seq_mib}", "conv=fsync", "status=none"])
+            self.unmount()
+
+        r["write_s"] = self.timed(write)
+        for name, inflight, conns in [("read_s", None, None), ("read_conns1_s", None, 1), ("read_inflight1_s", 1, None)]:
+            self.mount(None, inflight, conns)
+            r[name] = self.timed(lambda: run(["dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none"]))
+            self.unmount()
+        r["nbdcopy_s"] = self.timed(lambda: run(["nbdcopy", "--no-extents", self.uri(), "null:"]))
+        r["export_mib"] = size >> 20
+        r["seq_mib"] = a.seq_mib
+        r["read_mib_s"] = round(a.seq_mib / r["read_s"], 1)
+        r["read_conns1_mib_s"] = round(a.seq_mib / r["read_conns1_s"], 1)
+        r["write_mib_s"] = round(a.seq_mib / r["write_s"], 1)
+        r["nbdcopy_mib_s"] = round((size >> 20) / r["nbdcopy_s"], 1)
+        self.fsck()
+        self.stop_server()
+        return r
+
+    def metadata(self, r):
+        a = self.a
 
         def create():
             self.mount()
@@ -164,28 +199,6 @@ class Bench:
 
         r["rm_rf_s"] = self.timed(rm)
 
-        big = os.path.join(self.mnt, "big")
-
-        def write():
-            self.mount()
-            run(["dd", "if=/dev/zero", f"of={big}", "bs=1M", f"count={a.seq_mib}", "conv=fsync", "status=none"])
-            self.unmount()
-
-        r["write_s"] = self.timed(write)
-        for name, inflight in [("read_s", None), ("read_inflight1_s", 1)]:
-            self.mount(None, inflight)
-            r[name] = self.timed(lambda: run(["dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none"]))
-            self.unmount()
-        r["nbdcopy_s"] = self.timed(lambda: run(["nbdcopy", "--no-extents", self.uri(), "null:"]))
-        r["export_mib"] = size >> 20
-        r["seq_mib"] = a.seq_mib
-        r["read_mib_s"] = round(a.seq_mib / r["read_s"], 1)
-        r["write_mib_s"] = round(a.seq_mib / r["write_s"], 1)
-        r["nbdcopy_mib_s"] = round((size >> 20) / r["nbdcopy_s"], 1)
-        self.fsck()
-        self.stop_server()
-        return r
-
     def cleanup(self):
         if self.mount_proc is not None:
             subprocess.run(["fusermount3", "-u", "-z", self.mnt])
@@ -205,6 +218,7 @@ def main():
     p.add_argument("--dxfs", default="target/release/dxfs")
     p.add_argument("--dir", default="/dev/shm", help="where the image lives")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--only", choices=["seq"], help="seq: only the sequential write, reads and nbdcopy")
     a = p.parse_args()
     for tool in ["nbdkit", "nbdcopy", "fusermount3", a.dxfs]:
         if shutil.which(tool) is None and not os.path.exists(tool):
@@ -219,7 +233,7 @@ def main():
     finally:
         b.cleanup()
     keys = ["delay_ms", "create_s", "ls_prefetch_s", "ls_noprefetch_s", "ls_inflight1_s", "scan_lstat_s", "rm_rf_s",
-            "write_mib_s", "read_mib_s", "read_inflight1_s", "nbdcopy_mib_s"]
+            "write_mib_s", "read_mib_s", "read_conns1_mib_s", "read_inflight1_s", "nbdcopy_mib_s"]
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in results:

@@ -1,7 +1,8 @@
 //! Volumes on NBD servers: nbdkit (memory, file, error and delay filters) and qemu-nbd,
 //! started by the tests on Unix sockets in temporary directories, plus tiny fake servers
 //! for broken handshakes. A test whose server binary is missing says so and passes (CI
-//! installs nbdkit and qemu-utils, so there they run).
+//! installs nbdkit and qemu-utils, so there they run). `DXFS_NBD_LOG=FILE` appends the
+//! servers' stderr (nbdkit with `-v`) to FILE.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dxfs::block::{open_device, BlockDevice, FileDevice, NbdDevice};
-use dxfs::{mkfs, Error, MkfsOptions, OpenOptions, Volume, BLOCK_SIZE};
+use dxfs::{mkfs, Error, MkfsOptions, OpenOptions, SetAttr, Volume, BLOCK_SIZE};
 
 use common::{assert_clean, dump};
 
@@ -45,16 +46,21 @@ impl Server {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("DXFS_NBD_LOG") {
+                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p).unwrap().into(),
+                None => Stdio::null(),
+            })
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         let mut s = Server { child, sock: sock.to_path_buf() };
         let t0 = Instant::now();
-        while !sock.exists() {
+        // Until a connection is taken: the socket file appears at bind(), before listen(),
+        // and a client in between is refused (seen as a flake of the NBD mount suite).
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
             if let Ok(Some(st)) = s.child.try_wait() {
                 panic!("{bin} exited before listening: {st}");
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "{bin} did not create {}", sock.display());
+            assert!(t0.elapsed() < Duration::from_secs(20), "{bin} did not listen on {}", sock.display());
             std::thread::sleep(Duration::from_millis(10));
         }
         s
@@ -79,6 +85,9 @@ impl Drop for Server {
 
 fn nbdkit(sock: &Path, args: &[&str]) -> Server {
     let mut a: Vec<String> = vec!["-f".into(), "-U".into(), sock.display().to_string()];
+    if std::env::var_os("DXFS_NBD_LOG").is_some() {
+        a.push("-v".into());
+    }
     a.extend(args.iter().map(|s| s.to_string()));
     Server::start("nbdkit", &a, sock)
 }
@@ -304,20 +313,27 @@ fn error_filter_eio_surfaces_and_fsck_is_clean() {
     assert_clean(file);
 }
 
-/// Kill the server mid-workload. Restarted within the timeout, the client reconnects
-/// and the workload goes on; left down, requests fail with EIO after the timeout. Either
-/// way the image is clean and every file fsynced before the kill is intact.
+/// Kill the server mid-workload (nbdkit's file plugin, then qemu-nbd). Restarted within
+/// the timeout, the client reconnects and the workload goes on; left down, requests fail
+/// with EIO after the timeout. Either way the image is clean and every file fsynced
+/// before the kill is intact.
 #[test]
 fn server_killed_mid_workload() {
     need!("nbdkit");
-    for restart in [true, false] {
+    for (qemu, restart) in [(false, true), (false, false), (true, true), (true, false)] {
+        if qemu && !have("qemu-nbd") {
+            eprintln!("SKIP: qemu-nbd is not installed (apt-get install qemu-utils)");
+            continue;
+        }
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("img");
         sparse_image(&img, 64 << 20);
         let sock = dir.path().join("s");
         let img_arg = format!("file={}", img.display());
-        let mut srv = nbdkit(&sock, &["file", &img_arg]);
-        let dev = open_device(&srv.uri("", if restart { 20 } else { 2 }), false).unwrap();
+        let serve = || if qemu { qemu_nbd(&sock, "vol", &img) } else { nbdkit(&sock, &["file", &img_arg]) };
+        let mut srv = serve();
+        let export = if qemu { "vol" } else { "" };
+        let dev = open_device(&srv.uri(export, if restart { 20 } else { 2 }), false).unwrap();
         mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         let root = vol.root();
@@ -332,7 +348,7 @@ fn server_killed_mid_workload() {
                     // aborts on an assertion when a client leaves with a request out
                     // (see bench/nbd.py runs), which may be the same thing.
                     std::thread::sleep(Duration::from_millis(300));
-                    srv = nbdkit(&sock, &["file", &img_arg]);
+                    srv = serve();
                 }
             }
             let r = vol
@@ -347,14 +363,15 @@ fn server_killed_mid_workload() {
                 }
             }
         }
+        let what = if qemu { "qemu-nbd" } else { "nbdkit" };
         if restart {
-            assert!(failed.is_none(), "the client did not ride out a restart: {failed:?}");
+            assert!(failed.is_none(), "{what}: the client did not ride out a restart: {failed:?}");
             assert_eq!(synced.len(), 120);
             vol.close().unwrap();
         } else {
             let e = failed.expect("a dead server must fail the workload");
-            assert!(matches!(e, Error::Io(_) | Error::Failed), "{e:?}");
-            assert_eq!(synced.len(), 40, "writes after the kill cannot succeed");
+            assert!(matches!(e, Error::Io(_) | Error::Failed), "{what}: {e:?}");
+            assert_eq!(synced.len(), 40, "{what}: writes after the kill cannot succeed");
             drop(vol);
         }
         drop(dev);
@@ -536,4 +553,646 @@ fn readahead_sees_writes() {
     }
     assert!(rewritten.len() > 20);
     assert_eq!(dev.stats().reads, (total / piece) as u64, "one counted read per call");
+}
+
+// ---------------------------------------------------------------------------------------
+// Crashes at chosen requests: a proxy between the client and nbdkit
+
+/// What the proxy does when request number `cut_at` arrives (it is never forwarded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Drop the client's connection only; the server keeps everything it acknowledged.
+    Connection,
+    /// SIGKILL the server (with `cache=writeback` it loses every write not flushed)
+    /// and leave it down: the client must fail with EIO.
+    KillServer,
+    /// SIGKILL the server and start it again at once: the client must reconnect,
+    /// replay what was acknowledged but not flushed, and go on.
+    RestartServer,
+    /// Answer the request with `NBD_ESHUTDOWN` (the server shutting down, request not
+    /// done) once the server has answered the rest, then close the connection: the
+    /// client must send it again on a new connection, not fail it.
+    Refuse,
+}
+
+/// One request as the proxy saw it: (command, flags, offset, length).
+type SeenRequest = (u16, u16, u64, u32);
+
+struct ProxyCtl {
+    seen: std::sync::atomic::AtomicUsize,
+    cut_at: usize,
+    cut: Cut,
+    /// Starts the server again (for [`Cut::RestartServer`]); the slot holds the server.
+    server: std::sync::Mutex<Option<Server>>,
+    restart: Box<dyn Fn() -> Server + Send + Sync>,
+    log: std::sync::Mutex<Vec<SeenRequest>>,
+    /// Requests forwarded on each connection, in the order they were accepted.
+    per_conn: std::sync::Mutex<Vec<usize>>,
+    /// Bytes the server sent, over all connections.
+    bytes_back: std::sync::atomic::AtomicU64,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// A man in the middle on `listen`, forwarding to the server's socket `upstream`: it
+/// parses the client's side of each connection (flags, options up to `NBD_OPT_GO`,
+/// then requests), logs every request and acts on request number `cut_at` (counted
+/// over all connections).
+struct Proxy {
+    ctl: Arc<ProxyCtl>,
+    sock: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(
+        sock: &Path,
+        upstream: &Path,
+        server: Server,
+        cut_at: usize,
+        cut: Cut,
+        restart: Box<dyn Fn() -> Server + Send + Sync>,
+    ) -> Proxy {
+        let _ = std::fs::remove_file(sock);
+        let l = UnixListener::bind(sock).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let ctl = Arc::new(ProxyCtl {
+            seen: 0.into(),
+            cut_at,
+            cut,
+            server: std::sync::Mutex::new(Some(server)),
+            restart,
+            log: Default::default(),
+            per_conn: Default::default(),
+            bytes_back: 0.into(),
+            stop: false.into(),
+        });
+        let (c, up) = (ctl.clone(), upstream.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            while !c.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        let (c, up) = (c.clone(), up.clone());
+                        conns.push(std::thread::spawn(move || proxy_conn(s, &up, c)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for t in conns {
+                let _ = t.join();
+            }
+        });
+        Proxy { ctl, sock: sock.to_path_buf(), thread: Some(thread) }
+    }
+
+    fn uri(&self, timeout_s: u32) -> String {
+        format!("nbd+unix:///?socket={}&timeout={timeout_s}", self.sock.display())
+    }
+
+    fn requests(&self) -> Vec<SeenRequest> {
+        self.ctl.log.lock().unwrap().clone()
+    }
+
+    fn per_connection(&self) -> Vec<usize> {
+        self.ctl.per_conn.lock().unwrap().clone()
+    }
+
+    /// Stop the server (SIGKILL, by its pid) and the proxy.
+    fn stop(mut self) {
+        if let Some(mut s) = self.ctl.server.lock().unwrap().take() {
+            s.kill();
+        }
+        self.ctl.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.ctl.server.lock().unwrap().take() {
+            s.kill();
+        }
+        self.ctl.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn proxy_conn(client: std::os::unix::net::UnixStream, upstream: &Path, ctl: Arc<ProxyCtl>) {
+    use std::net::Shutdown;
+    use std::sync::atomic::Ordering;
+    let Ok(server) = std::os::unix::net::UnixStream::connect(upstream) else { return };
+    let (mut from_server, mut to_client) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+    // After the server closed: the cookie to refuse with NBD_ESHUTDOWN, if any.
+    let (refuse_tx, refuse_rx) = std::sync::mpsc::channel::<Option<u64>>();
+    let ctl2 = ctl.clone();
+    let back = std::thread::spawn(move || {
+        // Server to client until the server closes; once the client is gone, the rest
+        // is read and dropped (nbdkit 1.32 aborts if its client leaves with requests out).
+        let mut buf = vec![0u8; 256 << 10];
+        let mut client_gone = false;
+        while let Ok(n @ 1..) = from_server.read(&mut buf) {
+            ctl2.bytes_back.fetch_add(n as u64, Ordering::SeqCst);
+            if !client_gone && to_client.write_all(&buf[..n]).is_err() {
+                client_gone = true;
+            }
+        }
+        if let Ok(Some(cookie)) = refuse_rx.recv() {
+            let mut reply = [0u8; 16];
+            reply[..4].copy_from_slice(&0x6744_6698u32.to_be_bytes());
+            reply[4..8].copy_from_slice(&108u32.to_be_bytes());
+            reply[8..].copy_from_slice(&cookie.to_be_bytes());
+            let _ = to_client.write_all(&reply);
+        }
+        let _ = to_client.shutdown(Shutdown::Both);
+    });
+    let mut refused = None;
+    let (mut c, mut s) = (client, server);
+    let id = {
+        let mut p = ctl.per_conn.lock().unwrap();
+        p.push(0);
+        p.len() - 1
+    };
+    let mut transmission = false;
+    let be16 = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().unwrap());
+    let be64 = |b: &[u8], at: usize| u64::from_be_bytes(b[at..at + 8].try_into().unwrap());
+    let _ = (|| -> std::io::Result<()> {
+        let mut flags = [0u8; 4];
+        c.read_exact(&mut flags)?;
+        s.write_all(&flags)?;
+        loop {
+            let mut h = [0u8; 16];
+            c.read_exact(&mut h)?;
+            let mut d = vec![0u8; be32(&h, 12) as usize];
+            c.read_exact(&mut d)?;
+            s.write_all(&h)?;
+            s.write_all(&d)?;
+            if matches!(be32(&h, 8), 1 | 7) {
+                break; // NBD_OPT_EXPORT_NAME or NBD_OPT_GO: transmission follows
+            }
+        }
+        transmission = true;
+        loop {
+            let mut h = [0u8; 28];
+            c.read_exact(&mut h)?;
+            let (flags, cmd, off, len) = (be16(&h, 4), be16(&h, 6), be64(&h, 16), be32(&h, 24));
+            let mut payload = Vec::new();
+            if cmd == 1 {
+                payload = vec![0u8; len as usize];
+                c.read_exact(&mut payload)?;
+            }
+            if ctl.seen.fetch_add(1, Ordering::SeqCst) == ctl.cut_at {
+                if ctl.cut == Cut::Refuse {
+                    refused = Some(be64(&h, 8));
+                } else if ctl.cut != Cut::Connection {
+                    let mut slot = ctl.server.lock().unwrap();
+                    if let Some(mut old) = slot.take() {
+                        old.kill();
+                    }
+                    if ctl.cut == Cut::RestartServer {
+                        *slot = Some((ctl.restart)());
+                    }
+                }
+                // Dropped: the client's side closes now; the server is told to
+                // disconnect (below) once it has answered what it has.
+                return Ok(());
+            }
+            ctl.log.lock().unwrap().push((cmd, flags, off, len));
+            ctl.per_conn.lock().unwrap()[id] += 1;
+            s.write_all(&h)?;
+            s.write_all(&payload)?;
+        }
+    })();
+    if refused.is_none() {
+        let _ = c.shutdown(Shutdown::Both);
+    }
+    if transmission {
+        // NBD_CMD_DISC rather than a bare close: nbdkit 1.32 was seen to die when its
+        // client left with requests out.
+        let mut disc = [0u8; 28];
+        disc[..4].copy_from_slice(&0x2560_9513u32.to_be_bytes());
+        disc[7] = 2;
+        let _ = s.write_all(&disc);
+    }
+    let _ = s.shutdown(Shutdown::Write);
+    let _ = refuse_tx.send(refused);
+    let _ = back.join();
+}
+
+/// The crash workload: files created, written and fsynced one by one, every third step
+/// also rewriting an earlier file (redirect on write: blocks freed by the delta) and
+/// deleting another. Stops at the first error; returns the files whose last change was
+/// made durable by a successful fsync, with their contents, and the error if any.
+fn crash_workload(vol: &Volume, steps: usize) -> (std::collections::BTreeMap<String, Vec<u8>>, Option<Error>) {
+    let root = vol.root();
+    let mut durable = std::collections::BTreeMap::new();
+    for i in 0..steps {
+        let name = format!("c{i}");
+        let data = content(i, 12_000 + i * 100);
+        let r = vol
+            .create(root, name.as_bytes(), 0o644, 0, 0)
+            .and_then(|f| vol.write(f.ino, 0, &data).map(|_| f))
+            .and_then(|f| vol.fsync(f.ino));
+        if let Err(e) = r {
+            return (durable, Some(e));
+        }
+        durable.insert(name, data);
+        if i % 3 == 2 {
+            let (old, gone) = (format!("c{}", i - 1), format!("c{}", i - 2));
+            let data = content(i + 1000, 9_000);
+            durable.remove(&old);
+            durable.remove(&gone);
+            let r = vol
+                .lookup(root, old.as_bytes())
+                .and_then(|f| vol.setattr(f.ino, &SetAttr { size: Some(0), ..Default::default() }).map(|_| f))
+                .and_then(|f| vol.write(f.ino, 0, &data).map(|_| f))
+                .and_then(|_| vol.unlink(root, gone.as_bytes()))
+                .and_then(|_| vol.sync());
+            if let Err(e) = r {
+                return (durable, Some(e));
+            }
+            durable.insert(old, data);
+        }
+    }
+    (durable, None)
+}
+
+/// The image after a crash: it opens (recovery replays the log), every durable file is
+/// intact, and fsck is clean before and after.
+fn check_after_crash(img: &Path, durable: &std::collections::BTreeMap<String, Vec<u8>>, what: &str) {
+    let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(img, false).unwrap());
+    let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+    for (name, data) in durable {
+        let f = vol.lookup(vol.root(), name.as_bytes()).unwrap_or_else(|e| panic!("{what}: {name} lost: {e}"));
+        assert!(vol.read(f.ino, 0, data.len() + 10).unwrap() == *data, "{what}: {name} was fsynced, contents differ");
+    }
+    // Whatever else is there holds a version the workload wrote (a delta is all or
+    // nothing): never blocks of a write the server did not acknowledge.
+    for (path, (node, _)) in dump(&vol) {
+        let Some(j) = path.strip_prefix("/c").and_then(|n| n.parse::<usize>().ok()) else { continue };
+        let common::Node::File { data, .. } = node else { panic!("{what}: {path} is not a file") };
+        let versions = [content(j, 12_000 + j * 100), content(j + 1001, 9_000), Vec::new()];
+        assert!(versions.contains(&data), "{what}: {path} holds {} bytes no step of the workload wrote", data.len());
+    }
+    vol.close().unwrap();
+    assert_clean(file);
+}
+
+/// Crash at a chosen request of a workload, for every request of its first deltas: the
+/// request refused with `NBD_ESHUTDOWN` and the connection closed; the connection
+/// dropped; the server killed (losing what it had not flushed: nbdkit's cache filter in
+/// writeback mode keeps writes in memory until a flush) and left down; the server killed
+/// and started again. Refused, dropped or restarted, the client must ride it out (every
+/// fsync succeeds); left down, the workload fails with EIO. Either way the image
+/// opens, every file whose fsync returned is intact and fsck is clean: no delta is
+/// committed whose writes the server had not acknowledged and flushed.
+#[test]
+fn crash_at_each_request() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+    let img_arg = format!("file={}", img.display());
+    let serve = {
+        let (s, a) = (srv_sock.clone(), img_arg.clone());
+        move || nbdkit(&s, &["--filter=cache", "file", &a, "cache=writeback"])
+    };
+    let fresh = || {
+        let _ = std::fs::remove_file(&img);
+        sparse_image(&img, 32 << 20);
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        mkfs(file, &MkfsOptions::default()).unwrap();
+    };
+    const STEPS: usize = 9;
+    // Restarts run on this long-lived thread: an nbdkit started from a proxy thread that
+    // then ends was seen to shut down right after binding its socket (it logs cleanup
+    // and exits, no connection taken).
+    let (spawn_tx, spawn_rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<Server>>();
+    let spawner = {
+        let serve = serve.clone();
+        std::thread::spawn(move || {
+            for reply in spawn_rx {
+                let _ = reply.send(serve());
+            }
+        })
+    };
+    let spawn_tx = Arc::new(std::sync::Mutex::new(spawn_tx));
+    let restart = move || -> Server {
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_tx.lock().unwrap().send(tx).unwrap();
+        rx.recv().unwrap()
+    };
+
+    // A run without a cut: how many requests the open and the workload take.
+    fresh();
+    let px = Proxy::start(&px_sock, &srv_sock, serve(), usize::MAX, Cut::Connection, Box::new(restart.clone()));
+    let dev = open_device(&px.uri(5), false).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let opened = px.requests().len();
+    let (durable, err) = crash_workload(&vol, STEPS);
+    assert!(err.is_none(), "{err:?}");
+    let total = px.requests().len();
+    drop(vol);
+    drop(dev);
+    let log = px.requests();
+    // The cache filter allows multi-conn: the default four connections are under test.
+    assert_eq!(px.per_connection().len(), 4, "connections: {:?}", px.per_connection());
+    px.stop();
+    let flushes = log.iter().filter(|r| r.0 == 3).count();
+    let fua = log.iter().filter(|r| r.0 == 1 && r.1 & 1 != 0).count();
+    // The cache filter offers FUA, so the commit blocks' FUA writes are under test too.
+    assert!(flushes >= STEPS && fua >= STEPS, "{flushes} flushes and {fua} FUA writes for {STEPS} fsyncs");
+    check_after_crash(&img, &durable, "no cut");
+
+    // Cut points: every request of the first three deltas, then every sixth one.
+    let points: Vec<usize> = (opened..total).filter(|&k| k < opened + 24 || k % 6 == 0).collect();
+    eprintln!("{} requests to open, {total} in all; {} cut points", opened, points.len());
+    for cut in [Cut::Refuse, Cut::Connection, Cut::RestartServer, Cut::KillServer] {
+        for &k in &points {
+            let what = format!("{cut:?} at request {k}");
+            fresh();
+            let px = Proxy::start(&px_sock, &srv_sock, serve(), k, cut, Box::new(restart.clone()));
+            let timeout = if cut == Cut::KillServer { 1 } else { 20 };
+            let dev = open_device(&px.uri(timeout), false).unwrap();
+            let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+            let t0 = Instant::now();
+            let (durable, err) = crash_workload(&vol, STEPS);
+            match (cut, err) {
+                (Cut::KillServer, Some(Error::Io(_) | Error::Failed)) => {}
+                (Cut::KillServer, e) => panic!("{what}: the workload must fail with EIO, got {e:?}"),
+                (_, None) => vol.sync().unwrap(),
+                (_, Some(e)) => panic!("{what}: the client did not ride it out: {e}"),
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{what}: took {:?}", t0.elapsed());
+            drop(vol);
+            drop(dev);
+            px.stop();
+            check_after_crash(&img, &durable, &what);
+        }
+    }
+    drop(restart);
+    spawner.join().unwrap();
+}
+
+/// A commit makes its commit block durable with one FUA write where the server offers
+/// FUA (one flush per commit, before the commit block), and with a write and a flush
+/// where it does not (nbdkit's fua filter in its default mode, none): seen by a proxy.
+#[test]
+fn commit_block_uses_fua_when_offered() {
+    need!("nbdkit");
+    for offered in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        sparse_image(&img, 32 << 20);
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        mkfs(file, &MkfsOptions::default()).unwrap();
+        let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+        let img_arg = format!("file={}", img.display());
+        let mut args = vec!["file", &img_arg];
+        if !offered {
+            // The filter's default mode, fuamode=none, hides FUA (nbdkit 1.32.5 refuses
+            // the parameter spelt out: "unknown fuamode 'none'").
+            args = vec!["--filter=fua", "file", &img_arg];
+        }
+        let srv = nbdkit(&srv_sock, &args);
+        let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
+        let dev = NbdDevice::open(&px.uri(5), false).unwrap();
+        assert_eq!(dev.can_fua(), offered);
+        let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        vol.sync().unwrap();
+        let from = px.requests().len();
+        const N: usize = 5;
+        for i in 0..N {
+            let f = vol.create(vol.root(), format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+            vol.write(f.ino, 0, &content(i, 5000)).unwrap();
+            vol.fsync(f.ino).unwrap();
+        }
+        let log = px.requests()[from..].to_vec();
+        let flushes = log.iter().filter(|r| r.0 == 3).count();
+        let fua: Vec<_> = log.iter().enumerate().filter(|(_, r)| r.1 & 1 != 0).collect();
+        if offered {
+            assert_eq!((flushes, fua.len()), (N, N), "one flush and one FUA write per commit: {log:?}");
+            for (i, r) in fua {
+                assert!(r.0 == 1 && r.3 == BLOCK_SIZE as u32, "FUA on a one-block write: {r:?}");
+                assert_eq!(log[i - 1].0, 3, "the commit block follows the flush of the log body");
+            }
+        } else {
+            assert_eq!((flushes, fua.len()), (2 * N, 0), "a write and a flush for the commit block: {log:?}");
+        }
+        vol.close().unwrap();
+        drop(dev);
+        px.stop();
+        check_after_crash(&img, &Default::default(), "after close");
+    }
+}
+
+/// Multi-conn: with a server that allows it, `conns=4` opens four connections and
+/// spreads requests over them (by 1 MiB region: all requests for a block take one
+/// connection); a flush on one covers writes completed on all. A server that does not
+/// allow it (nbdkit's multi-conn filter, `multi-conn-mode=disable`) gets one; one that
+/// allows it but takes only two clients (nbdkit's limit filter) gets two.
+#[test]
+fn multi_conn_spreads_requests() {
+    need!("nbdkit");
+    for (filter, conns) in [("", 4), ("multi-conn", 1), ("limit", 2)] {
+        let allowed = filter != "multi-conn";
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        sparse_image(&img, 64 << 20);
+        let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+        let img_arg = format!("file={}", img.display());
+        let args = match filter {
+            "multi-conn" => vec!["--filter=multi-conn", "file", &img_arg, "multi-conn-mode=disable"],
+            "limit" => vec!["--filter=limit", "file", &img_arg, "limit=2"],
+            _ => vec!["file", &img_arg],
+        };
+        let srv = nbdkit(&srv_sock, &args);
+        let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
+        let dev = NbdDevice::open(&format!("{}&conns=4", px.uri(5)), false).unwrap();
+        assert_eq!(dev.can_multi_conn(), allowed);
+        assert_eq!(dev.connections(), conns, "{filter}");
+        let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+
+        // Raw: a 16 MiB write and its sequential read back in 128 KiB pieces (the
+        // readahead's 1 MiB pieces go over every connection), interleaved rewrites.
+        let pat = |b: u64, gen: u8| -> Vec<u8> { vec![(b as u8).wrapping_mul(5).wrapping_add(gen); BLOCK_SIZE] };
+        let all: Vec<u8> = (0..4096u64).flat_map(|b| pat(b, 0)).collect();
+        dev.write(100, &all).unwrap();
+        let mut buf = vec![0u8; 32 * BLOCK_SIZE];
+        for (step, start) in (0..4096u64).step_by(32).enumerate() {
+            dev.read(100 + start, &mut buf).unwrap();
+            for k in 0..32u64 {
+                let gen = if step > 0 && k == 0 && start % 96 == 64 { 1 } else { 0 };
+                assert!(
+                    buf[(k as usize) * BLOCK_SIZE..][..BLOCK_SIZE] == pat(start + k, gen)[..],
+                    "block {}",
+                    start + k
+                );
+            }
+            // A block ahead of the reader, in the window, rewritten (read-after-write
+            // across the regions' connections).
+            if start % 96 == 32 && start + 32 < 4096 {
+                dev.write(100 + start + 32, &pat(start + 32, 1)).unwrap();
+            }
+        }
+        dev.flush().unwrap();
+
+        // A volume on it, checked through a fresh single connection and fsck.
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let d = populate(&vol, 100, 30_000);
+        vol.close().unwrap();
+        drop(dev);
+        let per = px.per_connection();
+        px.stop();
+        // The limit filter's refused third connection reaches the proxy too.
+        let used: Vec<usize> = per.iter().copied().filter(|&n| n > 0).collect();
+        assert_eq!(used.len(), conns, "{filter}: requests per connection: {per:?}");
+        assert!(used.iter().all(|&n| n > 20), "{filter}: requests per connection: {per:?}");
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+        check_files(&vol, d, 100, 30_000);
+        vol.close().unwrap();
+        assert_clean(file);
+    }
+}
+
+/// Structured replies: negotiated with nbdkit and qemu-nbd, off with `structured=0`. A
+/// read over a sparse image served by qemu-nbd comes back with its holes as lengths (far
+/// fewer bytes than the read) and the right contents.
+#[test]
+fn structured_replies_and_holes() {
+    need!("nbdkit");
+    need!("qemu-nbd");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let srv = nbdkit(&dir.path().join("m"), &["memory", "16M"]);
+        let dev = NbdDevice::open(&srv.uri("", 5), false).unwrap();
+        assert!(dev.structured_replies());
+        let dev = NbdDevice::open(&format!("{}&structured=0", srv.uri("", 5)), false).unwrap();
+        assert!(!dev.structured_replies());
+        dev.write(3, &[7u8; 2 * BLOCK_SIZE]).unwrap();
+        let mut b = vec![0u8; 4 * BLOCK_SIZE];
+        dev.read(2, &mut b).unwrap();
+        assert!(b[..BLOCK_SIZE].iter().all(|&x| x == 0) && b[BLOCK_SIZE..3 * BLOCK_SIZE].iter().all(|&x| x == 7));
+    }
+    let img = dir.path().join("img");
+    sparse_image(&img, 64 << 20);
+    let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+    let srv = qemu_nbd(&srv_sock, "vol", &img);
+    let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
+    let uri = format!("nbd+unix:///vol?socket={}&timeout=5", px_sock.display());
+    let dev = NbdDevice::open(&uri, false).unwrap();
+    assert!(dev.structured_replies(), "qemu-nbd offers structured replies");
+    let fill = |b: u64| vec![(b as u8).wrapping_add(1); BLOCK_SIZE];
+    let written = [10u64, 300, 301, 302, 511];
+    for &b in &written {
+        dev.write(b, &fill(b)).unwrap();
+    }
+    dev.flush().unwrap();
+    let before = px.ctl.bytes_back.load(std::sync::atomic::Ordering::SeqCst);
+    // 2 MiB in one read (split in 1 MiB region pieces only with multi-conn), then small
+    // reads in a batch, holes and data mixed.
+    let mut big = vec![0xffu8; 512 * BLOCK_SIZE];
+    dev.read(0, &mut big).unwrap();
+    let (mut a, mut c) = (vec![0xffu8; 3 * BLOCK_SIZE], vec![0xffu8; BLOCK_SIZE]);
+    dev.read_many(&mut [(9, &mut a[..]), (600, &mut c[..])]).unwrap();
+    let back = px.ctl.bytes_back.load(std::sync::atomic::Ordering::SeqCst) - before;
+    for b in 0..512u64 {
+        let want = if written.contains(&b) { fill(b) } else { vec![0u8; BLOCK_SIZE] };
+        assert!(big[(b as usize) * BLOCK_SIZE..][..BLOCK_SIZE] == want[..], "block {b}");
+    }
+    assert!(a[..BLOCK_SIZE].iter().all(|&x| x == 0) && a[BLOCK_SIZE..2 * BLOCK_SIZE] == fill(10)[..]);
+    assert!(a[2 * BLOCK_SIZE..].iter().all(|&x| x == 0) && c.iter().all(|&x| x == 0));
+    // The readahead the 2 MiB read started reads more holes; still far below the 2 MiB
+    // of zeros simple replies would carry for the read alone.
+    assert!(back < 1 << 20, "{back} bytes came back for 2 MiB of mostly holes");
+    drop(dev);
+    px.stop();
+}
+
+/// A server that completes the handshake and then answers every request with garbage:
+/// each connection is dropped as a protocol error and made again, and the request fails
+/// with EIO once it has gone unanswered for the timeout — no hang, no panic.
+#[test]
+fn garbage_replies_fail_with_eio_in_bounded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("junk");
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (stop2, conns2) = (stop.clone(), conns.clone());
+    let server = std::thread::spawn(move || {
+        fn opt_reply(c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]) -> std::io::Result<()> {
+            let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
+            m.extend_from_slice(&opt.to_be_bytes());
+            m.extend_from_slice(&kind.to_be_bytes());
+            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            m.extend_from_slice(body);
+            c.write_all(&m)
+        }
+        fn serve(mut c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+            c.set_nonblocking(false)?;
+            c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
+            let mut f = [0u8; 4];
+            c.read_exact(&mut f)?;
+            loop {
+                let mut h = [0u8; 16];
+                c.read_exact(&mut h)?;
+                let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+                let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
+                c.read_exact(&mut d)?;
+                if opt == 7 {
+                    let mut info = vec![0u8, 0];
+                    info.extend_from_slice(&(16u64 << 20).to_be_bytes());
+                    info.extend_from_slice(&5u16.to_be_bytes()); // HAS_FLAGS | SEND_FLUSH
+                    opt_reply(&mut c, 7, 3, &info)?;
+                    opt_reply(&mut c, 7, 1, &[])?;
+                    break;
+                }
+                opt_reply(&mut c, opt, (1 << 31) + 1, &[])?; // NBD_REP_ERR_UNSUP
+            }
+            loop {
+                let mut h = [0u8; 28];
+                c.read_exact(&mut h)?;
+                if h[7] == 1 {
+                    let mut d = vec![0u8; u32::from_be_bytes(h[24..28].try_into().unwrap()) as usize];
+                    c.read_exact(&mut d)?;
+                }
+                c.write_all(&[0xde; 16])?;
+            }
+        }
+        let mut threads = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            match l.accept() {
+                Ok((c, _)) => {
+                    conns2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    threads.push(std::thread::spawn(move || {
+                        let _ = serve(c);
+                    }));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+    });
+    let dev = NbdDevice::open(&format!("nbd+unix:///?socket={}&timeout=1", sock.display()), false).unwrap();
+    assert!(!dev.structured_replies(), "the fake server refused them");
+    let t0 = Instant::now();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    let e = dev.read(0, &mut b).unwrap_err();
+    assert!(matches!(e, Error::Io(_)) && e.to_string().contains("no reply within"), "{e}");
+    let e = dev.write(1, &b).unwrap_err();
+    assert!(matches!(e, Error::Io(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "took {:?}", t0.elapsed());
+    assert!(conns.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the client reconnected");
+    drop(dev);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    server.join().unwrap();
 }

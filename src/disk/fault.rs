@@ -41,6 +41,10 @@ struct FaultState {
     writes: Vec<Record>,
     /// Number of writes recorded before each flush.
     flushes: Vec<usize>,
+    /// Writes made with `write_durable` (forced unit access): for each of their block
+    /// records, its index and the number of records once the whole request was recorded.
+    /// Durable once the request completed, without making earlier writes durable.
+    fua: Vec<(usize, usize)>,
     /// Writes and flushes fail once this many writes are recorded.
     cut_after: Option<usize>,
 }
@@ -97,6 +101,19 @@ fn durable_prefix(flushes: &[usize], at: usize) -> usize {
     }
 }
 
+/// Whether record `i` belongs to a forced-unit-access write that completed before crash
+/// point `at` (as for a flush recorded at count `f`: completed when `f < at`).
+fn fua_done(fua: &[(usize, usize)], i: usize, at: usize) -> bool {
+    let k = fua.partition_point(|&(j, _)| j < i);
+    fua.get(k).is_some_and(|&(j, end)| j == i && end < at)
+}
+
+/// Whether a forced-unit-access write at or after record `from` completed before `at`.
+fn fua_after(fua: &[(usize, usize)], from: usize, at: usize) -> bool {
+    let k = fua.partition_point(|&(j, _)| j < from);
+    fua[k..].iter().any(|&(_, end)| end < at)
+}
+
 fn apply(img: &mut [u8], (block, data): &Record) {
     img[mem_range(*block, BLOCK_SIZE)].copy_from_slice(&data[..]);
 }
@@ -134,6 +151,7 @@ impl FaultDevice {
                 current: base.clone(),
                 writes: Vec::new(),
                 flushes: Vec::new(),
+                fua: Vec::new(),
                 cut_after: None,
             }),
             base,
@@ -174,6 +192,10 @@ impl FaultDevice {
     /// - [`CrashMode::DropRandomUnflushed`]: the durable prefix plus a seeded
     ///   pseudo-random subset of writes `durable..at`, applied in order.
     ///
+    /// In the two modes that drop writes, a write made with
+    /// [`BlockDevice::write_durable`] is kept once it completed (`at` past its last
+    /// block), whatever the flushes.
+    ///
     /// # Panics
     /// If `at` exceeds [`events`](Self::events): no such crash point exists.
     pub fn crash_image(&self, at: usize, mode: CrashMode) -> Vec<u8> {
@@ -184,7 +206,7 @@ impl FaultDevice {
             CrashMode::All => build_image(&self.base, writes, |_| true),
             CrashMode::DropUnflushed => {
                 let d = durable_prefix(&st.flushes, at);
-                build_image(&self.base, &writes[..d], |_| true)
+                build_image(&self.base, writes, |i| i < d || fua_done(&st.fua, i, at))
             }
             CrashMode::Torn => match writes.split_last() {
                 None => self.base.clone(),
@@ -196,7 +218,7 @@ impl FaultDevice {
             },
             CrashMode::DropRandomUnflushed(seed) => {
                 let d = durable_prefix(&st.flushes, at);
-                build_image(&self.base, writes, |i| i < d || survives(seed, i))
+                build_image(&self.base, writes, |i| i < d || survives(seed, i) || fua_done(&st.fua, i, at))
             }
         }
     }
@@ -208,8 +230,10 @@ impl FaultDevice {
     pub fn crash_images(&self, mode: CrashMode) -> CrashImages {
         let st = self.state.lock();
         CrashImages {
+            base: self.base.clone(),
             writes: st.writes.clone(),
             flushes: st.flushes.clone(),
+            fua: st.fua.clone(),
             mode,
             next_at: 0,
             cur: self.base.clone(),
@@ -220,6 +244,24 @@ impl FaultDevice {
             durable_len: 0,
             applied: 0,
         }
+    }
+}
+
+impl FaultDevice {
+    /// Record one write request, a block at a time; fails at the cut.
+    fn record(&self, st: &mut FaultState, block: u64, buf: &[u8]) -> Result<()> {
+        for (blk, chunk) in (block..).zip(buf.chunks_exact(BLOCK_SIZE)) {
+            // The machine stops mid-request: blocks before the cut are on record.
+            if st.cut() {
+                return Err(crashed());
+            }
+            let mut data: Block = [0; BLOCK_SIZE];
+            data.copy_from_slice(chunk);
+            let record = (blk, Arc::new(data));
+            apply(&mut st.current, &record);
+            st.writes.push(record);
+        }
+        Ok(())
     }
 }
 
@@ -249,18 +291,18 @@ impl BlockDevice for FaultDevice {
 
     fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
         let n = check_request("write", block, buf.len(), self.blocks)?;
+        self.record(&mut self.state.lock(), block, buf)?;
+        self.counters.write(n);
+        Ok(())
+    }
+
+    fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
+        let n = check_request("write", block, buf.len(), self.blocks)?;
         let mut st = self.state.lock();
-        for (blk, chunk) in (block..).zip(buf.chunks_exact(BLOCK_SIZE)) {
-            // The machine stops mid-request: blocks before the cut are on record.
-            if st.cut() {
-                return Err(crashed());
-            }
-            let mut data: Block = [0; BLOCK_SIZE];
-            data.copy_from_slice(chunk);
-            let record = (blk, Arc::new(data));
-            apply(&mut st.current, &record);
-            st.writes.push(record);
-        }
+        let start = st.writes.len();
+        self.record(&mut st, block, buf)?;
+        let end = st.writes.len();
+        st.fua.extend((start..end).map(|i| (i, end)));
         self.counters.write(n);
         Ok(())
     }
@@ -284,8 +326,10 @@ impl BlockDevice for FaultDevice {
 /// Iterator over the crash images of a [`FaultDevice`]; see
 /// [`FaultDevice::crash_images`].
 pub struct CrashImages {
+    base: Vec<u8>,
     writes: Vec<Record>,
     flushes: Vec<usize>,
+    fua: Vec<(usize, usize)>,
     mode: CrashMode,
     /// The crash point the next item is for.
     next_at: usize,
@@ -308,6 +352,22 @@ impl Iterator for CrashImages {
             return None;
         }
         self.next_at += 1;
+        if let CrashMode::DropUnflushed | CrashMode::DropRandomUnflushed(_) = self.mode {
+            let d = durable_prefix(&self.flushes, at);
+            if fua_after(&self.fua, d, at) {
+                // Rare (between a forced-unit-access write and the next flush): built
+                // from scratch, leaving the incremental state for the other points.
+                let seed = match self.mode {
+                    CrashMode::DropRandomUnflushed(seed) => Some(seed),
+                    _ => None,
+                };
+                let (fua, writes) = (&self.fua, &self.writes[..at]);
+                let img = build_image(&self.base, writes, |i| {
+                    i < d || fua_done(fua, i, at) || seed.is_some_and(|s| survives(s, i))
+                });
+                return Some((at, img));
+            }
+        }
         let img = match self.mode {
             // cur = writes ..at.
             CrashMode::All => {
@@ -514,6 +574,45 @@ mod tests {
             CrashMode::DropUnflushed,
             &[image([e, e, e, e]), image([e, e, e, e]), image([e, e, e, e]), flushed.clone(), flushed],
         );
+    }
+
+    /// A forced-unit-access write is durable once it completed, alone: the unflushed
+    /// write before it is not, nor the one after.
+    #[test]
+    fn fault_write_durable_hand_traced() {
+        let dev = FaultDevice::new(vec![E; 4 * BLOCK_SIZE]);
+        dev.write(1, &[A; BLOCK_SIZE]).unwrap();
+        dev.flush().unwrap();
+        dev.write(2, &[B; BLOCK_SIZE]).unwrap();
+        dev.write_durable(1, &[C; BLOCK_SIZE]).unwrap();
+        dev.write(3, &[D; BLOCK_SIZE]).unwrap();
+        assert_eq!((dev.events(), dev.flush_points(), dev.stats().flushes), (4, vec![1], 1));
+        let e = full(E);
+        check_all_points(
+            &dev,
+            CrashMode::DropUnflushed,
+            &[
+                image([e, e, e, e]),
+                image([e, e, e, e]),
+                image([e, full(A), e, e]),
+                image([e, full(A), e, e]),
+                image([e, full(C), e, e]),
+            ],
+        );
+        for seed in 0..16 {
+            let mode = CrashMode::DropRandomUnflushed(seed);
+            let all: Vec<(usize, Vec<u8>)> = dev.crash_images(mode).collect();
+            for (at, img) in &all {
+                assert!(*img == dev.crash_image(*at, mode), "seed {seed} at {at}");
+            }
+            assert!(blk(&all[4].1, 1) == [C; BLOCK_SIZE], "seed {seed}: the completed FUA write is durable");
+        }
+        // A later flush covers everything; a cut write_durable records nothing as durable.
+        dev.flush().unwrap();
+        dev.write(0, &[A; BLOCK_SIZE]).unwrap();
+        assert!(dev.crash_image(5, CrashMode::DropUnflushed) == image([e, full(C), full(B), full(D)]));
+        dev.set_cut_after(Some(5));
+        assert!(dev.write_durable(0, &[A; BLOCK_SIZE]).is_err());
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //!   `NBD_INFO_BLOCK_SIZE` (the reply's `NBD_INFO_EXPORT` gives size and transmission
 //!   flags); a server that answers `NBD_REP_ERR_UNSUP` gets `NBD_OPT_EXPORT_NAME`
 //!   instead. Every option error becomes a sentence naming the server and export.
-//! - **Transmission**: READ, WRITE, FLUSH (if offered), TRIM (if offered), DISC on drop;
-//!   simple replies. Any number of requests are in flight on the one connection: callers
+//! - **Transmission**: READ, WRITE (with FUA for [`BlockDevice::write_durable`] if
+//!   offered), FLUSH (if offered), TRIM (if offered), DISC on drop; simple replies, and
+//!   structured ones (data, hole and error chunks) when the server agrees to them.
+//!   Several connections when the server allows multi-conn, requests routed by 1 MiB
+//!   region, a reader thread each. Any number of requests are in flight on the one connection: callers
 //!   write requests under a send lock, one reader thread reads the replies and hands each
 //!   to its caller by cookie. [`BlockDevice::read_many`] puts a whole batch in flight
 //!   before waiting for the first reply.
@@ -53,6 +56,7 @@ const FLAG_NO_ZEROES: u16 = 2;
 const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_GO: u32 = 7;
+const OPT_STRUCTURED_REPLY: u32 = 8;
 const REP_ACK: u32 = 1;
 const REP_INFO: u32 = 3;
 const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
@@ -62,17 +66,33 @@ const INFO_BLOCK_SIZE: u16 = 3;
 // Transmission flags.
 const TFLAG_READ_ONLY: u16 = 1 << 1;
 const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+const TFLAG_SEND_FUA: u16 = 1 << 3;
 const TFLAG_SEND_TRIM: u16 = 1 << 5;
 const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Requests and replies.
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+const REPLY_FLAG_DONE: u16 = 1;
+const REPLY_TYPE_NONE: u16 = 0;
+const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// Chunk types with this bit set are errors (NBD_REPLY_TYPE_ERROR, _ERROR_OFFSET, ...).
+const REPLY_TYPE_ERROR_BIT: u16 = 1 << 15;
+/// Largest error chunk accepted (a 4-byte error, a message of at most 4096 bytes, ...).
+const MAX_ERROR_CHUNK: u32 = 64 << 10;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
+/// Command flag: the reply comes once the write is durable.
+const CMD_FLAG_FUA: u16 = 1;
+/// Error reply `NBD_ESHUTDOWN`: the server is shutting down (nbdkit answers it to the
+/// requests it had read but not done when `NBD_CMD_DISC` came): sent again on the next
+/// connection rather than failed.
+const ESHUTDOWN: u32 = 108;
 
 /// The protocol's default largest payload when the server names none (32 MiB).
 const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
@@ -84,6 +104,14 @@ const MAX_OPTION_REPLY: u32 = 64 << 10;
 const REPLAY_LIMIT: usize = 256 << 20;
 /// Requests in flight at once unless the address says otherwise.
 const DEFAULT_IN_FLIGHT: usize = 128;
+/// Connections opened to a multi-conn server unless the address says otherwise.
+const DEFAULT_CONNECTIONS: usize = 4;
+/// Most connections an address may ask for.
+const MAX_CONNECTIONS: usize = 16;
+/// With several connections, requests are routed by the region of the export they
+/// touch (and split at region boundaries), so every request for a block goes over the
+/// same connection: a read sees a completed write without waiting for a flush.
+const REGION: u64 = 1 << 20;
 /// How often the reader wakes up to look for a stalled connection.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -98,8 +126,10 @@ pub enum NbdEndpoint {
 
 /// An NBD export and how to talk to it: parsed from `nbd://HOST[:PORT]/EXPORT` or
 /// `nbd+unix:///EXPORT?socket=PATH` (the forms qemu and nbdkit use); both take the
-/// optional query parameters `timeout=SECONDS` (default 30) and `inflight=N` (most
-/// requests in flight at once, default 128; 1 makes every request a round trip).
+/// optional query parameters `timeout=SECONDS` (default 30), `inflight=N` (most
+/// requests in flight at once, default 128; 1 makes every request a round trip),
+/// `conns=N` (connections to a server that allows several, default 4, 1 to 16) and
+/// `structured=1|0` (ask for structured replies, default 1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdTarget {
     /// The server's address.
@@ -109,8 +139,14 @@ pub struct NbdTarget {
     /// How long a lost connection is retried, and how long a request may go unanswered,
     /// before requests fail with EIO.
     pub timeout: Duration,
-    /// Most requests in flight on the connection at once.
+    /// Most requests in flight at once (over all connections).
     pub max_in_flight: usize,
+    /// Connections to open when the server allows several (`NBD_FLAG_CAN_MULTI_CONN`);
+    /// one otherwise.
+    pub connections: usize,
+    /// Ask for structured replies (`NBD_OPT_STRUCTURED_REPLY`): holes in a read come back
+    /// as a length instead of zeros, errors with the server's message.
+    pub structured_replies: bool,
 }
 
 /// Whether `spec` is an NBD address rather than a path.
@@ -163,6 +199,8 @@ impl NbdTarget {
         let mut socket = None;
         let mut timeout = Duration::from_secs(30);
         let mut max_in_flight = DEFAULT_IN_FLIGHT;
+        let mut connections = DEFAULT_CONNECTIONS;
+        let mut structured_replies = true;
         for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
@@ -178,6 +216,19 @@ impl NbdTarget {
                     max_in_flight = match v.parse::<usize>() {
                         Ok(n) if (1..=65_536).contains(&n) => n,
                         _ => return Err(bad_uri(uri, "inflight must be a number from 1 to 65536")),
+                    }
+                }
+                "structured" => {
+                    structured_replies = match v {
+                        "1" | "yes" | "on" => true,
+                        "0" | "no" | "off" => false,
+                        _ => return Err(bad_uri(uri, "structured must be 1 or 0")),
+                    }
+                }
+                "conns" => {
+                    connections = match v.parse::<usize>() {
+                        Ok(n) if (1..=MAX_CONNECTIONS).contains(&n) => n,
+                        _ => return Err(bad_uri(uri, "conns must be a number from 1 to 16")),
                     }
                 }
                 _ => return Err(bad_uri(uri, &format!("unknown parameter {k:?}"))),
@@ -207,7 +258,7 @@ impl NbdTarget {
             };
             NbdEndpoint::Tcp { host: host.to_string(), port }
         };
-        Ok(NbdTarget { endpoint, export, timeout, max_in_flight })
+        Ok(NbdTarget { endpoint, export, timeout, max_in_flight, connections, structured_replies })
     }
 }
 
@@ -240,6 +291,15 @@ impl Stream {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+    /// Soft disconnect (`NBD_CMD_DISC`, then our half closed): the server answers what
+    /// it has, then closes, which ends the reader.
+    fn disconnect(&mut self) {
+        let _ = send_request(self, CMD_DISC, 0, 0, 0, 0, None);
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(Shutdown::Write),
         };
     }
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
@@ -278,6 +338,8 @@ struct ExportInfo {
     flags: u16,
     /// Largest payload of one request.
     max_payload: u32,
+    /// The server agreed to structured replies.
+    structured: bool,
 }
 
 fn hs_err(t: &NbdTarget, kind: io::ErrorKind, msg: impl fmt::Display) -> Error {
@@ -354,6 +416,49 @@ fn connect(t: &NbdTarget) -> Result<(Stream, ExportInfo)> {
     Ok((s, info))
 }
 
+/// Open the connections of one device: the first says whether the server allows
+/// several; then `want` (at open: the address's `conns`, or 1 without multi-conn, fewer
+/// if the server refuses some; at a reconnection: exactly as many as before) are opened,
+/// all to the same export.
+fn connect_all(t: &NbdTarget, want: Option<usize>) -> Result<(Vec<Stream>, ExportInfo)> {
+    let (first, info) = connect(t)?;
+    let multi = info.flags & TFLAG_CAN_MULTI_CONN != 0;
+    let n = match want {
+        Some(n) if n > 1 && !multi => {
+            return Err(eio(format!("{t}: the server no longer allows several connections")));
+        }
+        Some(n) => n,
+        None if multi => t.connections,
+        None => 1,
+    };
+    let mut streams = vec![first];
+    // At open, a server that allows multi-conn but refuses more clients (nbdkit's limit
+    // filter, a qemu-nbd with --shared=1) gets as many as it took; extra connections
+    // wait at most 2 s for the greeting.
+    let extra = NbdTarget { timeout: t.timeout.min(Duration::from_secs(2)), ..t.clone() };
+    while streams.len() < n {
+        let got = connect(if want.is_some() { t } else { &extra }).and_then(|(s, i)| {
+            if i.size != info.size || i.flags != info.flags {
+                return Err(eio(format!("{t}: another connection to the export saw a different size or flags")));
+            }
+            Ok(s)
+        });
+        match got {
+            Ok(s) => streams.push(s),
+            Err(e) if want.is_none() => {
+                tracing::warn!(
+                    "{t}: connection {} of {n} refused ({e}); going on with {}",
+                    streams.len() + 1,
+                    streams.len()
+                );
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((streams, info))
+}
+
 fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello[..16]).map_err(|e| hs_io(t, e))?;
@@ -379,6 +484,34 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
     let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
     let cflags = u32::from(FLAG_FIXED_NEWSTYLE) | if no_zeroes { u32::from(FLAG_NO_ZEROES) } else { 0 };
     s.write_all(&cflags.to_be_bytes()).map_err(|e| hs_io(t, e))?;
+
+    // Structured replies, if wanted: an ACK turns them on, any error leaves them off.
+    let mut structured = false;
+    if t.structured_replies {
+        send_option(s, OPT_STRUCTURED_REPLY, &[]).map_err(|e| hs_io(t, e))?;
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).map_err(|e| hs_io(t, e))?;
+        if get_u64(&h, 0) != REPLY_MAGIC || get_u32(&h, 8) != OPT_STRUCTURED_REPLY {
+            return Err(hs_err(t, io::ErrorKind::InvalidData, "malformed option reply"));
+        }
+        let (rtype, len) = (get_u32(&h, 12), get_u32(&h, 16));
+        if len > MAX_OPTION_REPLY {
+            return Err(hs_err(t, io::ErrorKind::InvalidData, format!("option reply of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        s.read_exact(&mut body).map_err(|e| hs_io(t, e))?;
+        match rtype {
+            REP_ACK => structured = true,
+            e if e & (1 << 31) != 0 => {}
+            e => {
+                return Err(hs_err(
+                    t,
+                    io::ErrorKind::InvalidData,
+                    format!("unexpected reply {e} to NBD_OPT_STRUCTURED_REPLY"),
+                ))
+            }
+        }
+    }
 
     // NBD_OPT_GO: name length, name, number of info requests, the requests.
     let name = t.export.as_bytes();
@@ -460,7 +593,7 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
         }
         max_payload = max.min(DEFAULT_MAX_PAYLOAD) / BLOCK_SIZE as u32 * BLOCK_SIZE as u32;
     }
-    Ok(ExportInfo { size, flags, max_payload })
+    Ok(ExportInfo { size, flags, max_payload, structured })
 }
 
 fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
@@ -472,9 +605,10 @@ fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
     s.write_all(&m)
 }
 
-fn request_header(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
+fn request_header(cmd: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
     let mut h = [0u8; 28];
     h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
     h[6..8].copy_from_slice(&cmd.to_be_bytes());
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
     h[16..24].copy_from_slice(&offset.to_be_bytes());
@@ -488,10 +622,16 @@ fn request_header(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
 /// A request waiting for its reply (kept until then, so it can be sent again).
 struct Pending {
     cmd: u16,
+    /// Command flags (`CMD_FLAG_FUA`), kept so a re-sent request keeps them.
+    flags: u16,
     offset: u64,
     len: u32,
     data: Option<Arc<Vec<u8>>>,
     sent: Instant,
+    /// When it was first sent: a request still unanswered `timeout` after this, over
+    /// however many connections, fails (a server that takes connections and then
+    /// answers nothing usable must not hold a caller forever).
+    first: Instant,
     done: mpsc::Sender<Result<Vec<u8>>>,
 }
 
@@ -533,8 +673,32 @@ struct Shared {
     drained: Condvar,
     /// Signalled when a request completes (room under `max_in_flight`).
     room: Condvar,
-    send: Mutex<Sender>,
+    /// One per connection.
+    send: Vec<Mutex<Sender>>,
     closing: AtomicBool,
+}
+
+impl Shared {
+    /// The connection a request at `offset` goes over (flushes: the first).
+    fn route(&self, offset: u64) -> usize {
+        (offset / REGION) as usize % self.send.len()
+    }
+
+    /// Where a request of `len` bytes at `offset` must be cut: at `max` bytes, and at
+    /// region boundaries when there are several connections.
+    fn pieces(&self, offset: u64, len: u64, max: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::with_capacity(1);
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let mut n = (end - at).min(max);
+            if self.send.len() > 1 {
+                n = n.min(REGION - at % REGION);
+            }
+            out.push((at, n));
+            at += n;
+        }
+        out
+    }
 }
 
 /// A block device served by an NBD server. See the module documentation.
@@ -605,12 +769,17 @@ impl NbdDevice {
     /// no such export, hangs up during the handshake, or offers a size that is not a
     /// multiple of 4 KiB; a writable open of a read-only export is refused.
     pub fn connect(target: NbdTarget, read_only: bool) -> Result<NbdDevice> {
-        let (stream, info) = connect(&target)?;
+        let (streams, info) = connect_all(&target, None)?;
         if !read_only && info.flags & TFLAG_READ_ONLY != 0 {
             return Err(Error::ReadOnly);
         }
-        let reader = stream.try_clone()?;
-        stream.set_timeouts(Some(POLL), Some(target.timeout))?;
+        let mut readers = Vec::with_capacity(streams.len());
+        let mut send = Vec::with_capacity(streams.len());
+        for stream in streams {
+            readers.push(stream.try_clone()?);
+            stream.set_timeouts(Some(POLL), Some(target.timeout))?;
+            send.push(Mutex::new(Sender { gen: 1, stream: Some(stream) }));
+        }
         let shared = Arc::new(Shared {
             target,
             info,
@@ -628,13 +797,13 @@ impl NbdDevice {
             }),
             drained: Condvar::new(),
             room: Condvar::new(),
-            send: Mutex::new(Sender { gen: 1, stream: Some(stream) }),
+            send,
             closing: AtomicBool::new(false),
         });
         let sh = shared.clone();
         let handle = std::thread::Builder::new()
             .name("dxfs-nbd".into())
-            .spawn(move || supervise(sh, reader))
+            .spawn(move || supervise(sh, readers))
             .map_err(Error::Io)?;
         Ok(NbdDevice {
             shared,
@@ -656,6 +825,21 @@ impl NbdDevice {
         self.shared.info.flags & TFLAG_SEND_TRIM != 0
     }
 
+    /// Whether the server takes forced-unit-access writes (`NBD_FLAG_SEND_FUA`).
+    pub fn can_fua(&self) -> bool {
+        self.shared.info.flags & TFLAG_SEND_FUA != 0
+    }
+
+    /// Whether the server agreed to structured replies (`NBD_OPT_STRUCTURED_REPLY`).
+    pub fn structured_replies(&self) -> bool {
+        self.shared.info.structured
+    }
+
+    /// Connections in use (more than one only if the server allows multi-conn).
+    pub fn connections(&self) -> usize {
+        self.shared.send.len()
+    }
+
     /// Whether the server allows several connections (`NBD_FLAG_CAN_MULTI_CONN`).
     pub fn can_multi_conn(&self) -> bool {
         self.shared.info.flags & TFLAG_CAN_MULTI_CONN != 0
@@ -665,6 +849,7 @@ impl NbdDevice {
     fn submit(
         &self,
         cmd: u16,
+        flags: u16,
         offset: u64,
         len: u32,
         data: Option<Arc<Vec<u8>>>,
@@ -683,15 +868,17 @@ impl NbdDevice {
         if cmd == CMD_WRITE || cmd == CMD_TRIM {
             st.writes_in_flight.insert(cookie);
         }
-        st.pending.insert(cookie, Pending { cmd, offset, len, data: data.clone(), sent: Instant::now(), done: tx });
+        let now = Instant::now();
+        st.pending
+            .insert(cookie, Pending { cmd, flags, offset, len, data: data.clone(), sent: now, first: now, done: tx });
         let (connected, gen) = (st.connected, st.gen);
         drop(st);
         if connected {
-            let mut s = sh.send.lock();
+            let mut s = sh.send[if cmd == CMD_FLUSH { 0 } else { sh.route(offset) }].lock();
             // A different generation means a reconnection has already sent it again.
             if s.gen == gen {
                 if let Some(stream) = s.stream.as_mut() {
-                    if send_request(stream, cmd, cookie, offset, len, data.as_deref().map(|v| &v[..])).is_err() {
+                    if send_request(stream, cmd, flags, cookie, offset, len, data.as_deref().map(|v| &v[..])).is_err() {
                         // The reader sees the shutdown and reconnects; the request stays
                         // pending and goes out again then.
                         stream.shutdown();
@@ -708,15 +895,39 @@ impl NbdDevice {
 
     /// Queue the reads of one run, split at the server's largest payload.
     fn submit_read(&self, block: u64, len: usize) -> Result<Vec<mpsc::Receiver<Result<Vec<u8>>>>> {
-        let max = self.shared.info.max_payload as usize;
-        let mut out = Vec::with_capacity(len.div_ceil(max));
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(max);
-            out.push(self.submit(CMD_READ, block * BS + done as u64, n as u32, None)?);
-            done += n;
+        let sh = &*self.shared;
+        let pieces = sh.pieces(block * BS, len as u64, u64::from(sh.info.max_payload));
+        let mut out = Vec::with_capacity(pieces.len());
+        for (off, n) in pieces {
+            out.push(self.submit(CMD_READ, 0, off, n as u32, None)?);
         }
         Ok(out)
+    }
+
+    /// One write (split at the server's largest payload), with command flags.
+    fn write_flagged(&self, block: u64, buf: &[u8], flags: u16) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let n = check_request("write", block, buf.len(), self.blocks)?;
+        let _fresh = Fresh::new(&self.ahead, block, n);
+        let sh = &*self.shared;
+        let mut rxs = Vec::new();
+        for (off, len) in sh.pieces(block * BS, buf.len() as u64, u64::from(sh.info.max_payload)) {
+            let chunk = &buf[(off - block * BS) as usize..(off - block * BS + len) as usize];
+            rxs.push(self.submit(CMD_WRITE, flags, off, len as u32, Some(Arc::new(chunk.to_vec())))?);
+        }
+        let mut first_err = None;
+        for rx in rxs {
+            if let Err(e) = Self::wait(rx) {
+                first_err = first_err.or(Some(e));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.counters.write(n);
+        Ok(())
     }
 
     fn finish_read(rxs: Vec<mpsc::Receiver<Result<Vec<u8>>>>, buf: &mut [u8]) -> Result<()> {
@@ -813,8 +1024,9 @@ impl NbdDevice {
             let piece = RA_PIECE.min(u64::from(self.shared.info.max_payload) / BS).max(1);
             let mut at = ra.chunks.back().map_or(block + n, |c| c.start + c.blocks);
             while at < (block + n + RA_WINDOW).min(self.blocks) {
-                let k = piece.min(self.blocks - at);
-                match self.submit(CMD_READ, at * BS, (k * BS) as u32, None) {
+                // Aligned pieces: with several connections each is one region.
+                let k = (piece - at % piece).min(self.blocks - at);
+                match self.submit(CMD_READ, 0, at * BS, (k * BS) as u32, None) {
                     Ok(rx) => ra.chunks.push_back(Chunk { start: at, blocks: k, rx: Some(rx), data: None }),
                     Err(_) => break,
                 }
@@ -825,8 +1037,16 @@ impl NbdDevice {
     }
 }
 
-fn send_request(s: &mut Stream, cmd: u16, cookie: u64, offset: u64, len: u32, data: Option<&[u8]>) -> io::Result<()> {
-    s.write_all(&request_header(cmd, cookie, offset, len))?;
+fn send_request(
+    s: &mut Stream,
+    cmd: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    data: Option<&[u8]>,
+) -> io::Result<()> {
+    s.write_all(&request_header(cmd, flags, cookie, offset, len))?;
     if let Some(d) = data {
         s.write_all(d)?;
     }
@@ -858,11 +1078,11 @@ impl Drop for NbdDevice {
             }
         }
         sh.closing.store(true, Ordering::SeqCst);
-        {
-            let mut s = sh.send.lock();
+        for send in &sh.send {
+            let mut s = send.lock();
             if let Some(stream) = s.stream.as_mut() {
                 // Soft disconnect; the server closes, which wakes the reader.
-                let _ = send_request(stream, CMD_DISC, 0, 0, 0, None);
+                let _ = send_request(stream, CMD_DISC, 0, 0, 0, 0, None);
                 stream.shutdown();
             }
             s.stream = None;
@@ -922,28 +1142,16 @@ impl BlockDevice for NbdDevice {
     }
 
     fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
+        self.write_flagged(block, buf, 0)
+    }
+
+    fn write_durable(&self, block: u64, buf: &[u8]) -> Result<()> {
+        if self.can_fua() {
+            self.write_flagged(block, buf, CMD_FLAG_FUA)
+        } else {
+            self.write(block, buf)?;
+            self.flush()
         }
-        let n = check_request("write", block, buf.len(), self.blocks)?;
-        let _fresh = Fresh::new(&self.ahead, block, n);
-        let max = self.shared.info.max_payload as usize;
-        let mut rxs = Vec::new();
-        for (i, chunk) in buf.chunks(max).enumerate() {
-            let off = block * BS + (i * max) as u64;
-            rxs.push(self.submit(CMD_WRITE, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec())))?);
-        }
-        let mut first_err = None;
-        for rx in rxs {
-            if let Err(e) = Self::wait(rx) {
-                first_err = first_err.or(Some(e));
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        self.counters.write(n);
-        Ok(())
     }
 
     fn write_many(&self, reqs: &[(u64, &[u8])]) -> Result<()> {
@@ -956,13 +1164,13 @@ impl BlockDevice for NbdDevice {
         }
         let _fresh: Vec<Fresh<'_>> =
             reqs.iter().zip(&counts).map(|((b, _), n)| Fresh::new(&self.ahead, *b, *n)).collect();
-        let max = self.shared.info.max_payload as usize;
+        let sh = &*self.shared;
         let mut rxs = Vec::new();
         let mut first_err = None;
         'submit: for (block, buf) in reqs {
-            for (i, chunk) in buf.chunks(max).enumerate() {
-                let off = block * BS + (i * max) as u64;
-                match self.submit(CMD_WRITE, off, chunk.len() as u32, Some(Arc::new(chunk.to_vec()))) {
+            for (off, len) in sh.pieces(block * BS, buf.len() as u64, u64::from(sh.info.max_payload)) {
+                let chunk = &buf[(off - block * BS) as usize..(off - block * BS + len) as usize];
+                match self.submit(CMD_WRITE, 0, off, len as u32, Some(Arc::new(chunk.to_vec()))) {
                     Ok(rx) => rxs.push(rx),
                     Err(e) => {
                         first_err = Some(e);
@@ -1019,7 +1227,7 @@ impl BlockDevice for NbdDevice {
             mark
         };
         if sh.info.flags & TFLAG_SEND_FLUSH != 0 {
-            Self::wait(self.submit(CMD_FLUSH, 0, 0, None)?)?;
+            Self::wait(self.submit(CMD_FLUSH, 0, 0, 0, None)?)?;
         }
         let mut st = sh.state.lock();
         st.replay.retain(|a| a.cookie >= mark);
@@ -1041,12 +1249,9 @@ impl BlockDevice for NbdDevice {
         if count == 0 || !self.can_trim() {
             return Ok(());
         }
-        let (mut off, end) = (block * BS, (block + count) * BS);
         let mut rxs = Vec::new();
-        while off < end {
-            let n = (end - off).min(MAX_TRIM);
-            rxs.push(self.submit(CMD_TRIM, off, n as u32, None)?);
-            off += n;
+        for (off, n) in self.shared.pieces(block * BS, count * BS, MAX_TRIM) {
+            rxs.push(self.submit(CMD_TRIM, 0, off, n as u32, None)?);
         }
         let mut first_err = None;
         for rx in rxs {
@@ -1111,87 +1316,194 @@ fn read_watch(sh: &Shared, r: &mut impl Read, buf: &mut [u8]) -> std::result::Re
     Ok(())
 }
 
-/// Read replies and complete their requests until the connection ends.
+/// A structured reply being put together from its chunks.
+struct Partial {
+    data: Vec<u8>,
+    /// The first error chunk: error number and the server's message.
+    error: Option<(u32, String)>,
+}
+
+fn protocol_error(msg: String) -> Stop {
+    Stop::Lost(io::Error::new(io::ErrorKind::InvalidData, msg))
+}
+
+/// Read replies (simple, or structured chunk by chunk) and complete their requests until
+/// the connection ends.
 fn reply_loop(sh: &Shared, stream: Stream) -> Stop {
     let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut partial: HashMap<u64, Partial> = HashMap::new();
+    let lookup = |cookie: u64| -> std::result::Result<(u16, u64, u32), Stop> {
+        match sh.state.lock().pending.get(&cookie) {
+            Some(p) => Ok((p.cmd, p.offset, p.len)),
+            None => Err(protocol_error(format!("reply to unknown cookie {cookie}"))),
+        }
+    };
     loop {
-        let mut h = [0u8; 16];
-        if let Err(s) = read_watch(sh, &mut r, &mut h) {
+        let mut m = [0u8; 4];
+        if let Err(s) = read_watch(sh, &mut r, &mut m) {
             return s;
         }
-        let (magic, error, cookie) = (get_u32(&h, 0), get_u32(&h, 4), get_u64(&h, 8));
-        if magic != SIMPLE_REPLY_MAGIC {
-            return Stop::Lost(io::Error::new(io::ErrorKind::InvalidData, format!("bad reply magic {magic:#x}")));
-        }
-        let (cmd, len) = match sh.state.lock().pending.get(&cookie) {
-            Some(p) => (p.cmd, p.len),
-            None => {
-                return Stop::Lost(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("reply to unknown cookie {cookie}"),
-                ))
+        match get_u32(&m, 0) {
+            SIMPLE_REPLY_MAGIC => {
+                let mut h = [0u8; 12];
+                if let Err(s) = read_watch(sh, &mut r, &mut h) {
+                    return s;
+                }
+                let (error, cookie) = (get_u32(&h, 0), get_u64(&h, 4));
+                let (cmd, _, len) = match lookup(cookie) {
+                    Ok(x) => x,
+                    Err(s) => return s,
+                };
+                let mut data = Vec::new();
+                if cmd == CMD_READ && error == 0 {
+                    data = vec![0u8; len as usize];
+                    if let Err(s) = read_watch(sh, &mut r, &mut data) {
+                        return s;
+                    }
+                }
+                complete(sh, cookie, error, data, String::new());
             }
-        };
-        let mut data = Vec::new();
-        if cmd == CMD_READ && error == 0 {
-            data = vec![0u8; len as usize];
-            if let Err(s) = read_watch(sh, &mut r, &mut data) {
-                return s;
-            }
-        }
-        let mut st = sh.state.lock();
-        let Some(p) = st.pending.remove(&cookie) else { continue };
-        sh.room.notify_one();
-        if st.writes_in_flight.remove(&cookie) {
-            if error == 0 && p.cmd == CMD_WRITE {
-                let d = p.data.clone().expect("writes carry data");
-                if st.overflow.is_none() && st.replay_bytes + d.len() <= REPLAY_LIMIT {
-                    st.replay_bytes += d.len();
-                    st.replay.push(Acked { cookie, offset: p.offset, data: d });
-                } else if st.overflow.is_none() {
-                    st.overflow = Some(cookie);
+            STRUCTURED_REPLY_MAGIC => {
+                let mut h = [0u8; 16];
+                if let Err(s) = read_watch(sh, &mut r, &mut h) {
+                    return s;
+                }
+                let (flags, kind, cookie, length) = (get_u16(&h, 0), get_u16(&h, 2), get_u64(&h, 4), get_u32(&h, 12));
+                let (cmd, req_off, req_len) = match lookup(cookie) {
+                    Ok(x) => x,
+                    Err(s) => return s,
+                };
+                let part = partial.entry(cookie).or_insert_with(|| Partial {
+                    data: if cmd == CMD_READ { vec![0u8; req_len as usize] } else { Vec::new() },
+                    error: None,
+                });
+                // The byte range [at, at + n) of the request a data or hole chunk covers.
+                let range = |at: u64, n: u64| -> std::result::Result<std::ops::Range<usize>, Stop> {
+                    if cmd != CMD_READ || at < req_off || at + n > req_off + u64::from(req_len) {
+                        return Err(protocol_error(format!(
+                            "chunk of {n} bytes at byte {at} outside request {cookie} ({req_len} bytes at {req_off})"
+                        )));
+                    }
+                    Ok((at - req_off) as usize..(at - req_off + n) as usize)
+                };
+                match kind {
+                    REPLY_TYPE_NONE if length == 0 => {}
+                    REPLY_TYPE_OFFSET_DATA if length >= 8 => {
+                        let mut o = [0u8; 8];
+                        if let Err(s) = read_watch(sh, &mut r, &mut o) {
+                            return s;
+                        }
+                        let span = match range(get_u64(&o, 0), u64::from(length - 8)) {
+                            Ok(x) => x,
+                            Err(s) => return s,
+                        };
+                        if let Err(s) = read_watch(sh, &mut r, &mut part.data[span]) {
+                            return s;
+                        }
+                    }
+                    REPLY_TYPE_OFFSET_HOLE if length == 12 => {
+                        let mut o = [0u8; 12];
+                        if let Err(s) = read_watch(sh, &mut r, &mut o) {
+                            return s;
+                        }
+                        match range(get_u64(&o, 0), u64::from(get_u32(&o, 8))) {
+                            Ok(span) => part.data[span].fill(0),
+                            Err(s) => return s,
+                        }
+                    }
+                    k if k & REPLY_TYPE_ERROR_BIT != 0 && (6..=MAX_ERROR_CHUNK).contains(&length) => {
+                        let mut body = vec![0u8; length as usize];
+                        if let Err(s) = read_watch(sh, &mut r, &mut body) {
+                            return s;
+                        }
+                        let mlen = usize::from(get_u16(&body, 4)).min(body.len() - 6);
+                        let msg = String::from_utf8_lossy(&body[6..6 + mlen]).into_owned();
+                        // An error chunk that names no error is still an error.
+                        let error = match get_u32(&body, 0) {
+                            0 => 5,
+                            e => e,
+                        };
+                        part.error.get_or_insert((error, msg));
+                    }
+                    k => return protocol_error(format!("bad structured reply chunk (type {k}, {length} bytes)")),
+                }
+                if flags & REPLY_FLAG_DONE != 0 {
+                    let part = partial.remove(&cookie).expect("inserted above");
+                    let (error, msg) = part.error.unwrap_or((0, String::new()));
+                    complete(sh, cookie, error, part.data, msg);
                 }
             }
-            sh.drained.notify_all();
+            magic => return protocol_error(format!("bad reply magic {magic:#x}")),
         }
-        drop(st);
-        let result = if error == 0 {
-            Ok(data)
-        } else {
-            let what = ["read", "write", "disc", "flush", "trim"].get(p.cmd as usize).copied().unwrap_or("request");
-            tracing::warn!("{}: the server failed a {what} at byte {} with error {error}", sh.target, p.offset);
-            Err(Error::Io(io::Error::other(format!(
-                "{}: the server failed a {what} of {} bytes at byte {}: {}",
-                sh.target,
-                p.len,
-                p.offset,
-                io::Error::from_raw_os_error(error as i32)
-            ))))
-        };
-        let _ = p.done.send(result);
     }
+}
+
+/// A request's whole reply is in: hand the result to its caller.
+fn complete(sh: &Shared, cookie: u64, error: u32, data: Vec<u8>, msg: String) {
+    if error == ESHUTDOWN {
+        // The server is shutting down (after our NBD_CMD_DISC, or its own) and did not
+        // do this request: it stays pending and goes out again on the next connection.
+        tracing::debug!("{}: request {cookie} refused as the server shuts down; kept for re-sending", sh.target);
+        return;
+    }
+    let mut st = sh.state.lock();
+    let Some(p) = st.pending.remove(&cookie) else { return };
+    sh.room.notify_one();
+    if st.writes_in_flight.remove(&cookie) {
+        if error == 0 && p.cmd == CMD_WRITE {
+            let d = p.data.clone().expect("writes carry data");
+            if st.overflow.is_none() && st.replay_bytes + d.len() <= REPLAY_LIMIT {
+                st.replay_bytes += d.len();
+                st.replay.push(Acked { cookie, offset: p.offset, data: d });
+            } else if st.overflow.is_none() {
+                st.overflow = Some(cookie);
+            }
+        }
+        sh.drained.notify_all();
+    }
+    drop(st);
+    let result = if error == 0 {
+        Ok(data)
+    } else {
+        let what = ["read", "write", "disc", "flush", "trim"].get(p.cmd as usize).copied().unwrap_or("request");
+        let detail = if msg.is_empty() { String::new() } else { format!(" ({msg})") };
+        tracing::warn!("{}: the server failed a {what} at byte {} with error {error}{detail}", sh.target, p.offset);
+        Err(Error::Io(io::Error::other(format!(
+            "{}: the server failed a {what} of {} bytes at byte {}: {}{detail}",
+            sh.target,
+            p.len,
+            p.offset,
+            io::Error::from_raw_os_error(error as i32)
+        ))))
+    };
+    let _ = p.done.send(result);
 }
 
 /// Connect again and bring the new connection up to date: the acknowledged-unflushed
 /// writes one at a time, then every pending request. Returns the new reader half.
-fn reconnect(sh: &Shared) -> Result<Stream> {
-    let (mut stream, info) = connect(&sh.target)?;
+fn reconnect(sh: &Shared) -> Result<Vec<Stream>> {
+    let (mut streams, info) = connect_all(&sh.target, Some(sh.send.len()))?;
     if info.size != sh.info.size {
         return Err(eio(format!("{}: the export changed size ({} → {} bytes)", sh.target, sh.info.size, info.size)));
     }
-    // Replay synchronously (this thread is the only reader), in acknowledgement order.
+    // Replay synchronously (this thread is the only reader), in acknowledgement order,
+    // each write over the connection its region goes by.
     let replay: Vec<(u64, Arc<Vec<u8>>)> = sh.state.lock().replay.iter().map(|a| (a.offset, a.data.clone())).collect();
     for (offset, data) in replay {
-        send_request(&mut stream, CMD_WRITE, 0, offset, data.len() as u32, Some(&data))?;
-        let mut h = [0u8; 16];
-        stream.read_exact(&mut h)?;
-        if get_u32(&h, 0) != SIMPLE_REPLY_MAGIC || get_u32(&h, 4) != 0 {
+        let stream = &mut streams[sh.route(offset)];
+        send_request(stream, CMD_WRITE, 0, 0, offset, data.len() as u32, Some(&data))?;
+        if !write_succeeded(stream)? {
             return Err(eio(format!("{}: replaying an acknowledged write failed", sh.target)));
         }
     }
-    let reader = stream.try_clone()?;
-    stream.set_timeouts(Some(POLL), Some(sh.target.timeout))?;
-    let mut s = sh.send.lock();
+    let mut readers = Vec::with_capacity(streams.len());
+    for stream in &streams {
+        readers.push(stream.try_clone()?);
+        stream.set_timeouts(Some(POLL), Some(sh.target.timeout))?;
+    }
+    // Every sender lock, in order, then the state: no request goes out on the new
+    // connections before the pending ones are sent again.
+    let mut senders: Vec<_> = sh.send.iter().map(|m| m.lock()).collect();
     let mut st = sh.state.lock();
     st.gen += 1;
     st.connected = true;
@@ -1206,44 +1518,139 @@ fn reconnect(sh: &Shared) -> Result<Stream> {
     for c in cookies {
         let p = st.pending.get_mut(&c).expect("listed");
         p.sent = now;
-        resend.push((c, p.cmd, p.offset, p.len, p.data.clone()));
+        resend.push((c, p.cmd, p.flags, p.offset, p.len, p.data.clone()));
     }
-    s.gen = st.gen;
+    for s in senders.iter_mut() {
+        s.gen = st.gen;
+    }
     drop(st);
-    for (c, cmd, offset, len, data) in resend {
-        if let Err(e) = send_request(&mut stream, cmd, c, offset, len, data.as_deref().map(|v| &v[..])) {
-            stream.shutdown();
-            s.stream = Some(stream);
-            return Err(e.into());
+    let mut failed = None;
+    for (c, cmd, flags, offset, len, data) in resend {
+        let i = if cmd == CMD_FLUSH { 0 } else { sh.route(offset) };
+        if let Err(e) = send_request(&mut streams[i], cmd, flags, c, offset, len, data.as_deref().map(|v| &v[..])) {
+            failed = Some(e);
+            break;
         }
     }
-    s.stream = Some(stream);
-    Ok(reader)
+    for (s, stream) in senders.iter_mut().zip(streams) {
+        if failed.is_some() {
+            // The readers see the shutdown and the supervisor starts over.
+            stream.shutdown();
+        }
+        s.stream = Some(stream);
+    }
+    Ok(readers)
 }
 
-fn supervise(sh: Arc<Shared>, first: Stream) {
-    let mut reader = first;
-    loop {
-        let why = match reply_loop(&sh, reader) {
-            Stop::Closing => return,
-            Stop::Lost(e) => e,
-        };
-        // Take the connection down: writers fail fast and leave their requests pending.
-        {
-            let mut s = sh.send.lock();
-            if let Some(st) = s.stream.take() {
-                st.shutdown();
-            }
-            sh.state.lock().connected = false;
+/// Fail every request first sent more than `timeout` ago: connections keep coming back
+/// (the server takes them) but nothing usable comes over them.
+fn expire(sh: &Shared, why: &io::Error) {
+    let mut st = sh.state.lock();
+    let old: Vec<u64> =
+        st.pending.iter().filter(|(_, p)| p.first.elapsed() >= sh.target.timeout).map(|(c, _)| *c).collect();
+    if old.is_empty() {
+        return;
+    }
+    for c in &old {
+        let p = st.pending.remove(c).expect("listed");
+        st.writes_in_flight.remove(c);
+        let _ = p.done.send(Err(eio(format!("{}: no reply within {:?} ({why})", sh.target, sh.target.timeout))));
+    }
+    sh.drained.notify_all();
+    sh.room.notify_all();
+    drop(st);
+    tracing::error!(
+        "{}: {} request(s) unanswered for {:?} over reconnections ({why}); failed with EIO",
+        sh.target,
+        old.len(),
+        sh.target.timeout
+    );
+}
+
+/// Read the reply to the one write in flight (cookie 0): simple, or structured chunks up
+/// to the last; whether it succeeded.
+fn write_succeeded(s: &mut Stream) -> Result<bool> {
+    let mut m = [0u8; 4];
+    s.read_exact(&mut m)?;
+    match get_u32(&m, 0) {
+        SIMPLE_REPLY_MAGIC => {
+            let mut h = [0u8; 12];
+            s.read_exact(&mut h)?;
+            Ok(get_u32(&h, 0) == 0 && get_u64(&h, 4) == 0)
         }
+        STRUCTURED_REPLY_MAGIC => {
+            let mut ok = true;
+            loop {
+                let mut h = [0u8; 16];
+                s.read_exact(&mut h)?;
+                let (flags, kind, length) = (get_u16(&h, 0), get_u16(&h, 2), get_u32(&h, 12));
+                if length > MAX_ERROR_CHUNK {
+                    return Ok(false);
+                }
+                let mut body = vec![0u8; length as usize];
+                s.read_exact(&mut body)?;
+                ok &= kind == REPLY_TYPE_NONE && get_u64(&h, 4) == 0;
+                if flags & REPLY_FLAG_DONE != 0 {
+                    return Ok(ok);
+                }
+                s.read_exact(&mut m)?;
+                if get_u32(&m, 0) != STRUCTURED_REPLY_MAGIC {
+                    return Ok(false);
+                }
+            }
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Run one reader thread per connection; when any connection is lost, take them all
+/// down (each request is re-sent over the connection its region goes by, so they come
+/// back together), reconnect with back-off, and start again.
+fn supervise(sh: Arc<Shared>, first: Vec<Stream>) {
+    let mut readers = first;
+    loop {
+        let (tx, rx) = mpsc::channel();
+        let mut handles = Vec::with_capacity(readers.len());
+        for (i, r) in readers.into_iter().enumerate() {
+            let (sh, tx2) = (sh.clone(), tx.clone());
+            let spawned = std::thread::Builder::new().name(format!("dxfs-nbd-{i}")).spawn(move || {
+                let _ = tx2.send(reply_loop(&sh, r));
+            });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    let _ = tx.send(Stop::Lost(e));
+                }
+            }
+        }
+        drop(tx);
+        let first_stop = rx.recv();
+        // Take every connection down: new requests stay pending; the others are told to
+        // disconnect, so their readers still take the replies already on the way and
+        // end when the server closes (nbdkit 1.32 was seen to die when a client left
+        // with requests out) or when a request goes unanswered for `timeout`.
+        for send in &sh.send {
+            if let Some(mut s) = send.lock().stream.take() {
+                s.disconnect();
+            }
+        }
+        sh.state.lock().connected = false;
+        for h in handles {
+            let _ = h.join();
+        }
+        let why = match first_stop {
+            Ok(Stop::Lost(e)) => e,
+            Ok(Stop::Closing) | Err(_) => return,
+        };
         if sh.closing.load(Ordering::SeqCst) {
             return;
         }
+        expire(&sh, &why);
         tracing::warn!("{}: connection lost ({why}); reconnecting", sh.target);
         let deadline = Instant::now() + sh.target.timeout;
         let mut delay = Duration::from_millis(20);
         let mut gave_up = false;
-        reader = loop {
+        readers = loop {
             if sh.closing.load(Ordering::SeqCst) {
                 return;
             }
@@ -1303,7 +1710,11 @@ mod tests {
         assert_eq!(t.timeout, Duration::from_millis(2500));
         assert_eq!(t.to_string(), "nbd://[::1]:99/a b");
         let t = NbdTarget::parse("nbd://h/x?inflight=1&timeout=5").unwrap();
-        assert_eq!((t.max_in_flight, t.timeout), (1, Duration::from_secs(5)));
+        assert_eq!((t.max_in_flight, t.timeout, t.connections), (1, Duration::from_secs(5), 4));
+        assert_eq!(NbdTarget::parse("nbd://h/x?conns=1").unwrap().connections, 1);
+        assert_eq!(NbdTarget::parse("nbd://h/x?conns=16").unwrap().connections, 16);
+        assert!(NbdTarget::parse("nbd://h/x").unwrap().structured_replies);
+        assert!(!NbdTarget::parse("nbd://h/x?structured=0").unwrap().structured_replies);
         let t = NbdTarget::parse("nbd+unix:///vol?socket=/tmp/s.sock").unwrap();
         assert_eq!(t.endpoint, NbdEndpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(t.export, "vol");
@@ -1322,6 +1733,10 @@ mod tests {
             "nbd://h/x?timeout=-3",
             "nbd://h/x?inflight=0",
             "nbd://h/x?inflight=x",
+            "nbd://h/x?conns=0",
+            "nbd://h/x?conns=17",
+            "nbd://h/x?conns=",
+            "nbd://h/x?structured=2",
             "nbd://h/%zz",
             "nbd://[::1/x",
             "http://h/x",
@@ -1334,9 +1749,10 @@ mod tests {
 
     #[test]
     fn request_header_layout() {
-        let h = request_header(CMD_WRITE, 0x0102030405060708, 4096, 8192);
+        let h = request_header(CMD_WRITE, 0, 0x0102030405060708, 4096, 8192);
         assert_eq!(&h[0..4], &[0x25, 0x60, 0x95, 0x13]);
         assert_eq!(&h[4..6], &[0, 0], "no command flags");
+        assert_eq!(&request_header(CMD_WRITE, CMD_FLAG_FUA, 1, 0, 4096)[4..6], &[0, 1], "FUA");
         assert_eq!(&h[6..8], &[0, 1]);
         assert_eq!(get_u64(&h, 8), 0x0102030405060708);
         assert_eq!(get_u64(&h, 16), 4096);

@@ -6,7 +6,8 @@
 //! 2. write the target list and the block images into area `n % 2`, behind its first block;
 //! 3. flush — data, log body and the previous delta's home writes are now durable;
 //! 4. write the commit block (seq, count, crc32c of the body) into the area's first block;
-//! 5. flush — delta `n` is committed;
+//! 5. make it durable — delta `n` is committed (`write_durable`: a FUA write on an NBD
+//!    server that offers it, else a write and a flush);
 //! 6. write the blocks to their home locations (made durable by the next commit's step 3).
 //!
 //! Recovery reads both commit blocks and replays the newest valid one. Only that one can
@@ -178,8 +179,9 @@ impl Journal {
         put_u32(&mut cb, 24, n as u32);
         put_u32(&mut cb, 28, body_crc(&body));
         seal(&mut cb, at);
-        dev.write(at, &cb)?;
-        dev.flush()?;
+        // Durable on its own (FUA where the device has it): step 3's flush already made
+        // everything this delta depends on durable, and nothing else is written between.
+        dev.write_durable(at, &cb)?;
         self.seq = seq;
         self.last_blocks = n;
         // Home writes, coalesced into runs of adjacent blocks, handed to the device as

@@ -98,8 +98,9 @@ impl NbdServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("nbdkit (apt-get install nbdkit)");
+        // The socket file appears before nbdkit accepts on it: wait for a connection.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !sock.exists() {
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             assert!(Instant::now() < deadline, "nbdkit did not listen on {}", sock.display());
             std::thread::sleep(Duration::from_millis(10));
         }

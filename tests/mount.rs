@@ -1399,7 +1399,7 @@ fn rapid_unmount_and_remount() {
     let other = s.tmp.path().join("image2");
     mkfs(Arc::new(FileDevice::create(&other, 32 << 20).unwrap()), &MkfsOptions::default()).unwrap();
     let images = [s.image.clone(), other.clone()];
-    let rounds = 30;
+    let rounds = 100;
     let mut daemons = Vec::new();
     for round in 0..rounds {
         let image = &images[round % 2];

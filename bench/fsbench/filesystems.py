@@ -169,6 +169,10 @@ DXFS_VARIANTS = {
     "dxfs-noxattrfilter": ("noxattrfilter",),  # seed 001: getxattr ignores the bloom filter
     "dxfs-noaccounting": ("noaccounting",),  # seed 003: no space check before an operation
     "dxfs-rdplus-auto": ("readdirplus=auto",),  # the kernel's READDIRPLUS heuristic instead of always
+    # The FUSE transport A/B (issue 13). `uring` needs the fuse module's enable_uring set to
+    # Y by root first; without it the mount serves through /dev/fuse and logs why.
+    "dxfs-classic": ("transport=classic",),
+    "dxfs-uring": ("transport=uring",),
 }
 
 

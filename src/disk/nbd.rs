@@ -489,17 +489,7 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
     let mut structured = false;
     if t.structured_replies {
         send_option(s, OPT_STRUCTURED_REPLY, &[]).map_err(|e| hs_io(t, e))?;
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).map_err(|e| hs_io(t, e))?;
-        if get_u64(&h, 0) != REPLY_MAGIC || get_u32(&h, 8) != OPT_STRUCTURED_REPLY {
-            return Err(hs_err(t, io::ErrorKind::InvalidData, "malformed option reply"));
-        }
-        let (rtype, len) = (get_u32(&h, 12), get_u32(&h, 16));
-        if len > MAX_OPTION_REPLY {
-            return Err(hs_err(t, io::ErrorKind::InvalidData, format!("option reply of {len} bytes")));
-        }
-        let mut body = vec![0u8; len as usize];
-        s.read_exact(&mut body).map_err(|e| hs_io(t, e))?;
+        let (rtype, _) = read_option_reply(t, s, OPT_STRUCTURED_REPLY)?;
         match rtype {
             REP_ACK => structured = true,
             e if e & (1 << 31) != 0 => {}
@@ -525,17 +515,7 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
     let mut export: Option<(u64, u16)> = None;
     let mut sizes: Option<(u32, u32, u32)> = None;
     loop {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).map_err(|e| hs_io(t, e))?;
-        if get_u64(&h, 0) != REPLY_MAGIC || get_u32(&h, 8) != OPT_GO {
-            return Err(hs_err(t, io::ErrorKind::InvalidData, "malformed option reply"));
-        }
-        let (rtype, len) = (get_u32(&h, 12), get_u32(&h, 16));
-        if len > MAX_OPTION_REPLY {
-            return Err(hs_err(t, io::ErrorKind::InvalidData, format!("option reply of {len} bytes")));
-        }
-        let mut body = vec![0u8; len as usize];
-        s.read_exact(&mut body).map_err(|e| hs_io(t, e))?;
+        let (rtype, body) = read_option_reply(t, s, OPT_GO)?;
         match rtype {
             REP_ACK => break,
             REP_INFO if body.len() >= 2 => match get_u16(&body, 0) {
@@ -594,6 +574,22 @@ fn handshake(t: &NbdTarget, s: &mut Stream) -> Result<ExportInfo> {
         max_payload = max.min(DEFAULT_MAX_PAYLOAD) / BLOCK_SIZE as u32 * BLOCK_SIZE as u32;
     }
     Ok(ExportInfo { size, flags, max_payload, structured })
+}
+
+/// Read one reply to option `opt`: its type and body.
+fn read_option_reply(t: &NbdTarget, s: &mut Stream, opt: u32) -> Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).map_err(|e| hs_io(t, e))?;
+    if get_u64(&h, 0) != REPLY_MAGIC || get_u32(&h, 8) != opt {
+        return Err(hs_err(t, io::ErrorKind::InvalidData, "malformed option reply"));
+    }
+    let (rtype, len) = (get_u32(&h, 12), get_u32(&h, 16));
+    if len > MAX_OPTION_REPLY {
+        return Err(hs_err(t, io::ErrorKind::InvalidData, format!("option reply of {len} bytes")));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body).map_err(|e| hs_io(t, e))?;
+    Ok((rtype, body))
 }
 
 fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {

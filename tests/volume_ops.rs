@@ -678,6 +678,25 @@ fn a_holder_keeps_an_unlinked_inode_until_forgotten() {
     vol.forgotten(g.ino).unwrap();
     assert_eq!(vol.read(g.ino, 0, 100).unwrap(), b"relinked", "a named inode is not freed");
 
+    // Many held across a commit, forgotten out of order: each leaves the orphan list
+    // wherever it stands in it.
+    let many: Vec<u64> = (0..6)
+        .map(|n| {
+            let name = format!("m{n}");
+            let ino = vol.create(root, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+            held.lock().unwrap().insert(ino);
+            vol.unlink(root, name.as_bytes()).unwrap();
+            ino
+        })
+        .collect();
+    vol.sync().unwrap();
+    for &k in &[many[2], many[5], many[0], many[3], many[1], many[4]] {
+        held.lock().unwrap().remove(&k);
+        vol.forgotten(k).unwrap();
+        assert!(matches!(vol.getattr(k), Err(Error::NotFound)));
+    }
+    assert_eq!(inodes(&vol), before + 1, "only g2 is left");
+
     // Held at close: freed by the next open.
     let k = vol.create(root, b"k", 0o644, 0, 0).unwrap();
     vol.write(k.ino, 0, &[1u8; 50_000]).unwrap();

@@ -173,8 +173,9 @@ impl Volume {
     pub fn forgotten(&self, ino: u64) -> Result<()> {
         {
             let g = self.lock();
-            if g.opts.read_only || g.failed || !g.held.contains(&ino) && g.state.orphan_head == 0 {
-                // Nothing unlinked is alive: nothing to free (the common case, no lookup).
+            if g.opts.read_only || g.failed || !g.held.contains(&ino) && !g.listed_held.contains(&ino) {
+                // Not an unlinked inode kept for the holder: nothing to free (the common
+                // case: no inode is read).
                 return Ok(());
             }
         }
@@ -185,10 +186,19 @@ impl Volume {
     /// use the reserve).
     fn free_if_unused(&self, ino: u64) -> Result<()> {
         let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
-        if g.open.contains_key(&ino) || g.is_held(ino) {
+        if g.open.contains_key(&ino) {
+            return Ok(());
+        }
+        if g.is_held(ino) {
+            // Released while the holder still uses it: `forgotten` frees it (it is on
+            // the orphan list already, as every unlinked open inode is).
+            if !g.held.contains(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+                g.listed_held.insert(ino);
+            }
             return Ok(());
         }
         g.unlinked_at.remove(&ino);
+        g.listed_held.remove(&ino);
         if g.held.remove(&ino) {
             let i = g.st.inode(ino)?;
             return g.free_inode(i);

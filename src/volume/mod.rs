@@ -98,6 +98,12 @@ struct Inner {
     /// on the orphan list (the next commit puts them there), freed by
     /// [`Volume::forgotten`].
     held: rustc_hash::FxHashSet<u64>,
+    /// Inodes with no link still used by the holder that are already on the orphan list
+    /// (held at a commit, or open handles released while held): `forgotten` frees them.
+    listed_held: rustc_hash::FxHashSet<u64>,
+    /// The orphan list's links backwards (inode → the one before it, 0 for the head), so
+    /// taking an inode off the list reads no other inode.
+    orphan_prev: rustc_hash::FxHashMap<u64, u64>,
     /// When each inode still held after losing its last link lost it (held or already on
     /// the orphan list): what `settle_unlinked` waits for.
     unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
@@ -211,6 +217,8 @@ impl Volume {
             mark,
             holder: None,
             held: Default::default(),
+            listed_held: Default::default(),
+            orphan_prev: Default::default(),
             unlinked_at: Default::default(),
         };
         // The root must be a directory.

@@ -83,8 +83,7 @@ impl Inner {
         }
         if self.open.get(&i.ino).copied().unwrap_or(0) > 0 {
             // Unlinked but open: keep it on the orphan list until the last release.
-            i.next_orphan = self.state.orphan_head;
-            self.state.orphan_head = i.ino;
+            self.push_orphan(&mut i);
             return self.st.put_inode(&i);
         }
         if self.is_held(i.ino) {
@@ -107,12 +106,23 @@ impl Inner {
         for ino in held {
             let mut i = self.st.inode(ino)?;
             if i.nlink == 0 {
-                i.next_orphan = self.state.orphan_head;
-                self.state.orphan_head = ino;
+                self.push_orphan(&mut i);
                 self.st.put_inode(&i)?;
+                self.listed_held.insert(ino);
             }
         }
         Ok(())
+    }
+
+    /// Put `i` (written by the caller) at the head of the orphan list.
+    pub(super) fn push_orphan(&mut self, i: &mut Inode) {
+        let head = self.state.orphan_head;
+        i.next_orphan = head;
+        if head != 0 {
+            self.orphan_prev.insert(head, i.ino);
+        }
+        self.orphan_prev.insert(i.ino, 0);
+        self.state.orphan_head = i.ino;
     }
 
     pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
@@ -140,9 +150,22 @@ impl Inner {
     /// Take `ino` off the orphan list; returns its inode, no longer pointing into it.
     pub(super) fn unlist_orphan(&mut self, ino: u64) -> Result<Inode> {
         let mut target = self.st.inode(ino)?;
+        let next = target.next_orphan;
+        let prev = self.orphan_prev.remove(&ino);
+        if next != 0 {
+            match prev {
+                Some(p) => self.orphan_prev.insert(next, p),
+                None => self.orphan_prev.remove(&next),
+            };
+        }
         if self.state.orphan_head == ino {
-            self.state.orphan_head = target.next_orphan;
+            self.state.orphan_head = next;
+        } else if let Some(p) = prev.filter(|&p| p != 0) {
+            let mut c = self.st.inode(p)?;
+            c.next_orphan = next;
+            self.st.put_inode(&c)?;
         } else {
+            // Not known here (listed before this open, e.g. by a crash): walk the list.
             let mut cur = self.state.orphan_head;
             let mut guard = 0u64;
             while cur != 0 {
@@ -269,8 +292,7 @@ impl Volume {
             g.st.put_inode(&p)?;
         }
         i.nlink = 0;
-        i.next_orphan = g.state.orphan_head;
-        g.state.orphan_head = i.ino;
+        g.push_orphan(&mut i);
         if !acls.is_empty() {
             xattr::store(&mut g.st, &mut i, &acls)?;
         }
@@ -355,6 +377,7 @@ impl Volume {
         }
         dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
         g.unlinked_at.remove(&ino);
+        g.listed_held.remove(&ino);
         if held {
             g.held.remove(&ino);
         } else if i.nlink == 0 {

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use crate::disk::codec::*;
+use crate::disk::device::AlignedBuf;
 use crate::disk::format::*;
 use crate::engine::btree;
 use crate::engine::store::Store;
@@ -247,11 +248,11 @@ pub struct DataWrite {
 impl DataWrite {
     /// One device request for the whole run.
     pub fn write(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<()> {
-        let mut buf = Vec::with_capacity(self.pages.len() * BLOCK_SIZE);
-        for p in &self.pages {
-            buf.extend_from_slice(&p[..]);
+        let mut buf = AlignedBuf::new(self.pages.len() * BLOCK_SIZE);
+        for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(&self.pages) {
+            chunk.copy_from_slice(&p[..]);
         }
-        dev.write(self.phys, &buf)
+        dev.write_data(self.phys, &buf)
     }
 }
 
@@ -379,10 +380,11 @@ impl ReadPlan {
             out[(from - offset) as usize..(to - offset) as usize]
                 .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
         };
-        let mut buf = Vec::new();
+        let most = self.runs.iter().map(|r| r.2 as usize).max().unwrap_or(0);
+        let mut whole = AlignedBuf::new(most * BLOCK_SIZE);
         for &(first, phys, n) in &self.runs {
-            buf.resize(n as usize * BLOCK_SIZE, 0);
-            dev.read(phys, &mut buf)?;
+            let buf = &mut whole[..n as usize * BLOCK_SIZE];
+            dev.read_data(phys, buf)?;
             for p in first..first + n {
                 let k = (p - first) as usize * BLOCK_SIZE;
                 place(&mut out, p, &buf[k..k + BLOCK_SIZE]);
@@ -405,7 +407,7 @@ pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
     let mut b = Box::new([0u8; BLOCK_SIZE]);
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {
-            st.dev().read(e.phys + (p - e.logical), &mut b[..])?;
+            st.dev().read_data(e.phys + (p - e.logical), &mut b[..])?;
         }
     }
     Ok(b)

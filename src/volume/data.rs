@@ -81,21 +81,24 @@ impl Inner {
             let from = offset.max(ps);
             let to = end.min(ps + bs);
             let full = from == ps && to == ps + bs;
-            if self.delta.page_mut(ino, p).is_none() {
-                if p < mapped_end && file::is_mapped(&mut self.st, i, p)? {
-                    self.delta.mark_overwrite(ino, p);
-                }
-                let page = if full || ps >= i.size {
-                    Box::new([0u8; BLOCK_SIZE])
-                } else {
-                    file::read_page(&mut self.st, i, p)?
-                };
-                self.delta.add_page(&mut self.st.space, i, p, page);
-            }
+            let bytes = &data[(from - offset) as usize..(to - offset) as usize];
             if let Some(page) = self.delta.page_mut(ino, p) {
-                page[(from - ps) as usize..(to - ps) as usize]
-                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
+                continue;
             }
+            if p < mapped_end && file::is_mapped(&mut self.st, i, p)? {
+                self.delta.mark_overwrite(ino, p);
+            }
+            let page = if full {
+                // Copied straight into a new page: no zeroing first, one copy.
+                Box::<[u8]>::from(bytes).try_into().expect("a full page is one block")
+            } else {
+                let mut page =
+                    if ps >= i.size { Box::new([0u8; BLOCK_SIZE]) } else { file::read_page(&mut self.st, i, p)? };
+                page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
+                page
+            };
+            self.delta.add_page(&mut self.st.space, i, p, page);
         }
         if drop_privileges {
             self.drop_privileges(i)?;

@@ -4,9 +4,12 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use common::*;
+use dxfs::block::{BlockDevice, MemDevice};
 use dxfs::{OpenOptions, Volume};
 
 fn content(t: usize, i: usize) -> Vec<u8> {
@@ -135,4 +138,105 @@ fn readers_never_see_data_before_it_lands() {
     assert!(checked >= 5 * 200, "only {checked} reads overlapped the writes");
     let vol = Arc::try_unwrap(vol).ok().expect("one owner");
     close_and_check(dev, vol);
+}
+
+/// A device whose flushes wait at a gate the test opens: a commit stops there.
+struct GatedDevice {
+    mem: Arc<MemDevice>,
+    open: Mutex<bool>,
+    cv: Condvar,
+    flushes_waiting: AtomicU64,
+}
+
+impl GatedDevice {
+    fn set(&self, open: bool) {
+        *self.open.lock().unwrap() = open;
+        self.cv.notify_all();
+    }
+}
+
+impl BlockDevice for GatedDevice {
+    fn block_count(&self) -> u64 {
+        self.mem.block_count()
+    }
+    fn read(&self, block: u64, buf: &mut [u8]) -> dxfs::Result<()> {
+        self.mem.read(block, buf)
+    }
+    fn write(&self, block: u64, buf: &[u8]) -> dxfs::Result<()> {
+        self.mem.write(block, buf)
+    }
+    fn flush(&self) -> dxfs::Result<()> {
+        self.flushes_waiting.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        self.flushes_waiting.fetch_sub(1, Ordering::SeqCst);
+        self.mem.flush()
+    }
+    fn stats(&self) -> dxfs::block::IoStats {
+        self.mem.stats()
+    }
+}
+
+/// Run `f` in a thread; its result, or None if it did not finish within `secs`.
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).ok()
+}
+
+/// A write that fills the delta (here: the dirty-data limit) waits only for the delta's
+/// snapshot, not for its commit: it returns while the commit's flush is held at a gate,
+/// and so do further writes into the next delta. Dropping the volume waits for the
+/// commit; afterwards everything is there and fsck is clean.
+#[test]
+fn a_full_delta_commits_in_the_background() {
+    let mem = Arc::new(MemDevice::new(16_384));
+    dxfs::mkfs(mem.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    let gated = Arc::new(GatedDevice {
+        mem: mem.clone(),
+        open: Mutex::new(true),
+        cv: Condvar::new(),
+        flushes_waiting: AtomicU64::new(0),
+    });
+    let opts = OpenOptions { dirty_limit: 64, ..OpenOptions::default() };
+    let vol = Arc::new(Volume::open(gated.clone(), opts).unwrap());
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    vol.sync().unwrap();
+    gated.set(false);
+    let page = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+    // 64 pages fill the delta; the 65th needs a commit, which stops at the gate.
+    let v = vol.clone();
+    let wrote = within(20, move || {
+        for i in 0..100u64 {
+            v.write(f, i * 4096, &page(i)).unwrap();
+        }
+    });
+    assert!(wrote.is_some(), "a write waited for the commit of the delta it filled");
+    assert!(gated.flushes_waiting.load(Ordering::SeqCst) > 0, "no commit was under way");
+    // The data is readable while its commit is held (reads wait only for landed data,
+    // which is written before the flush).
+    let v = vol.clone();
+    let read = within(20, move || v.read(f, 0, 100 * 4096).unwrap()).expect("a read hung");
+    assert_eq!(read, (0..100).flat_map(page).collect::<Vec<u8>>());
+    // Dropping the volume waits for the commit in flight.
+    let vol = Arc::try_unwrap(vol).ok().expect("one owner");
+    let dropped = Arc::new(AtomicU64::new(0));
+    let d = dropped.clone();
+    let dropper = std::thread::spawn(move || {
+        drop(vol);
+        d.store(1, Ordering::SeqCst);
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(dropped.load(Ordering::SeqCst), 0, "the drop did not wait for the commit");
+    gated.set(true);
+    dropper.join().unwrap();
+    assert_clean(mem.clone());
+    let vol = Volume::open(mem.clone(), OpenOptions::default()).unwrap();
+    let f = vol.lookup(vol.root(), b"f").unwrap().ino;
+    assert_eq!(vol.read(f, 0, 100 * 4096).unwrap(), (0..100).flat_map(page).collect::<Vec<u8>>());
+    close_and_check(mem, vol);
 }

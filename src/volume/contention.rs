@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, MutexGuard};
 
-use super::{Inner, Volume};
+use super::{Inner, Shared, Volume};
 
 /// Totals of the volume lock since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,6 +93,24 @@ impl Drop for Held<'_> {
 impl Volume {
     /// Take the volume lock (the only way the volume's state is reached).
     pub(super) fn lock(&self) -> Held<'_> {
+        self.s.lock()
+    }
+
+    /// How the volume lock has been used since the volume was opened (all zero unless
+    /// opened with `OpenOptions::measure_lock`).
+    pub fn lock_stats(&self) -> LockStats {
+        let c = &self.s.lock_stats;
+        LockStats {
+            acquisitions: c.acquisitions.load(Ordering::Relaxed),
+            waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
+            held: Duration::from_nanos(c.held_ns.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl Shared {
+    /// Take the volume lock (the only way the volume's state is reached).
+    pub(super) fn lock(&self) -> Held<'_> {
         let c = &self.lock_stats;
         if !c.enabled {
             return Held { guard: self.inner.lock(), since: None, counters: c };
@@ -103,16 +121,5 @@ impl Volume {
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
         Held { guard, since: Some(since), counters: c }
-    }
-
-    /// How the volume lock has been used since the volume was opened (all zero unless
-    /// opened with `OpenOptions::measure_lock`).
-    pub fn lock_stats(&self) -> LockStats {
-        let c = &self.lock_stats;
-        LockStats {
-            acquisitions: c.acquisitions.load(Ordering::Relaxed),
-            waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
-            held: Duration::from_nanos(c.held_ns.load(Ordering::Relaxed)),
-        }
     }
 }

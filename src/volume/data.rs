@@ -226,7 +226,7 @@ impl Volume {
                 Some(FileType::Directory) => return Err(Error::IsDir),
                 _ => return Err(Error::Invalid("read of a special file".into())),
             }
-            if self.atime.wants_update(i.atime, i.mtime, i.ctime, now()) {
+            if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, now()) {
                 touch = true;
             }
             if offset >= i.size {
@@ -263,7 +263,7 @@ impl Volume {
         // No blocks needed: the inode block is rewritten in place.
         let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(mut g, mut i)| {
             let t = now();
-            if self.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
+            if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
                 i.atime = t;
                 g.st.put_inode(&i)?;
             }

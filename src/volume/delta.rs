@@ -357,6 +357,78 @@ impl Inner {
 impl Volume {
     /// Commit the current delta and wait until it is durable.
     pub(super) fn commit(&self) -> Result<()> {
+        self.s.commit(|| {})
+    }
+
+    /// Start committing the current delta in the background and wait only until it is
+    /// snapshotted: the caller goes on with a fresh delta while the data, the log and the
+    /// home writes of the full one reach the device (what a writer that fills the delta
+    /// needs; it waited for the whole commit before). A commit still running when the
+    /// next one is asked for makes this wait for it first, which throttles a writer to the
+    /// device's speed. Falls back to a plain commit if no thread can be started.
+    pub(super) fn commit_soon(&self) -> Result<()> {
+        let mut b = self.s.background.lock();
+        b.requested += 1;
+        let want = b.requested;
+        if !b.running {
+            let s = self.s.clone();
+            let spawned = std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background());
+            if spawned.is_err() {
+                b.requested -= 1;
+                drop(b);
+                return self.commit();
+            }
+            b.running = true;
+        }
+        while b.snapshotted < want {
+            self.s.background_cv.wait(&mut b);
+        }
+        drop(b);
+        if self.lock().failed {
+            return Err(Error::Failed);
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The background committer: commit until no request is left unserved, marking each
+    /// request served once its delta is snapshotted (or the commit failed).
+    fn serve_background(&self) {
+        loop {
+            let want = {
+                let mut b = self.background.lock();
+                if b.snapshotted >= b.requested {
+                    b.running = false;
+                    self.background_cv.notify_all();
+                    return;
+                }
+                b.requested
+            };
+            let served = || {
+                let mut b = self.background.lock();
+                b.snapshotted = b.snapshotted.max(want);
+                self.background_cv.notify_all();
+            };
+            if let Err(e) = self.commit(served) {
+                tracing::error!("background commit failed: {e}");
+            }
+            // Served whether it snapshotted or failed before (a failure is in `failed`).
+            served();
+        }
+    }
+
+    /// Wait until no background commit is running.
+    pub(super) fn wait_background(&self) {
+        let mut b = self.background.lock();
+        while b.running {
+            self.background_cv.wait(&mut b);
+        }
+    }
+
+    /// Commit the current delta and wait until it is durable; `snapshotted` runs once the
+    /// delta is snapshotted (the front end is free to go on), before the writes.
+    fn commit(&self, snapshotted: impl Fn()) -> Result<()> {
         let mut journal = self.journal.lock();
         let mut flight = {
             let mut g = self.lock();
@@ -383,6 +455,7 @@ impl Volume {
                 }
             }
         };
+        snapshotted();
         // File data, then the log and home writes, all without the volume lock: the front
         // end goes on with the next delta meanwhile. Only reads of the files being written
         // back wait, and only for their data (`wait_landed`).
@@ -403,7 +476,7 @@ impl Volume {
         if r.is_ok() && self.discard {
             // Durable: the freed runs are unreferenced, and still held, so nothing can
             // reuse them before the trim is done.
-            Self::discard(&*dev, &flight.held);
+            Volume::discard(&*dev, &flight.held);
         }
         let mut g = self.lock();
         match r {
@@ -417,13 +490,15 @@ impl Volume {
             }
         }
     }
+}
 
+impl Volume {
     /// Wait until the data of file `ino` written back by a commit in flight is on the
     /// device (its extent map may point at blocks not written yet). The lock is released
     /// while waiting.
     pub(super) fn wait_landed(&self, g: &mut Held<'_>, ino: u64) -> Result<()> {
         while g.delta.in_flight(ino) {
-            g.wait(&self.landed);
+            g.wait(&self.s.landed);
         }
         if g.failed {
             return Err(Error::Failed);
@@ -474,12 +549,19 @@ impl Volume {
                     return Err(Error::NoSpace)
                 }
                 Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
-                Err(_) if commits >= 2 => {
+                Err(_) if commits >= 3 => {
                     return Err(if g.fits(c) == Err(Short::Space) {
                         Error::NoSpace
                     } else {
                         Error::corrupt("an operation does not fit in an empty delta")
                     })
+                }
+                // A full delta only needs to be snapshotted to make room; the space
+                // budget needs the commit's frees, which come at its end.
+                Err(Short::Delta) if commits == 0 => {
+                    drop(g);
+                    self.commit_soon()?;
+                    commits += 1;
                 }
                 Err(_) => {
                     drop(g);
@@ -527,7 +609,7 @@ impl Volume {
     /// the next open has nothing to replay (a clean unmount; replaying would read and
     /// rewrite the whole last delta).
     pub(super) fn checkpoint(&self) -> Result<()> {
-        let mut journal = self.journal.lock();
+        let mut journal = self.s.journal.lock();
         let mut g = self.lock();
         if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());

@@ -118,15 +118,34 @@ pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 /// takes `journal` for its whole length and `inner` only to snapshot the delta and to
 /// finish, so the front end goes on with the next delta while the log is written.
 pub struct Volume {
+    s: Arc<Shared>,
+}
+
+/// The volume's state, shared with the thread that commits a full delta in the
+/// background (`commit_soon`).
+struct Shared {
     inner: Mutex<Inner>,
     /// How long the volume lock is waited for and held (issue 14's serial share).
     lock_stats: LockCounters,
     /// Notified when a commit's file data has reached the device (see `wait_landed`).
     landed: Condvar,
     journal: Mutex<Journal>,
+    /// Background commits asked for and snapshotted (see `commit_soon`).
+    background: Mutex<Background>,
+    /// Notified when a background commit has taken its snapshot or stopped.
+    background_cv: Condvar,
     read_only: bool,
     discard: bool,
     atime: AtimePolicy,
+}
+
+/// The state of background commits: request `n` is served once `snapshotted >= n`.
+#[derive(Default)]
+struct Background {
+    requested: u64,
+    snapshotted: u64,
+    /// A background committer thread exists (it serves requests until none is left).
+    running: bool,
 }
 
 impl Inner {
@@ -228,13 +247,17 @@ impl Volume {
         }
         let orphans = inner.state.orphan_head != 0;
         let vol = Volume {
-            inner: Mutex::new(inner),
-            lock_stats: LockCounters::new(measure_lock),
-            landed: Condvar::new(),
-            journal: Mutex::new(journal),
-            read_only,
-            discard,
-            atime,
+            s: Arc::new(Shared {
+                inner: Mutex::new(inner),
+                lock_stats: LockCounters::new(measure_lock),
+                landed: Condvar::new(),
+                journal: Mutex::new(journal),
+                background: Mutex::new(Background::default()),
+                background_cv: Condvar::new(),
+                read_only,
+                discard,
+                atime,
+            }),
         };
         // A grow cut short after its switch to the new size is finished before anything
         // can allocate (resize.rs).
@@ -269,7 +292,7 @@ impl Volume {
 
     /// Whether the volume was opened read-only.
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.s.read_only
     }
 
     /// The root directory's inode number.
@@ -347,7 +370,7 @@ impl Volume {
         // Holding the journal lock keeps any commit from being in flight while the cache
         // forgets (an in-flight block's device copy may be stale).
         self.commit()?;
-        let _j = self.journal.lock();
+        let _j = self.s.journal.lock();
         let mut g = self.lock();
         if g.st.dirty_count() == 0 {
             g.st.clear_cache();
@@ -358,6 +381,8 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        // A background commit finishes first: nothing of ours writes after the drop.
+        self.s.wait_background();
         let (ro, failed) = {
             let g = self.lock();
             (g.opts.read_only, g.is_failed())

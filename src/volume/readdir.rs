@@ -51,7 +51,7 @@ impl Volume {
             out.len() < max
         })?;
         // A listing is one access, counted when it starts.
-        let touch = pos == 0 && self.atime.wants_update(d.atime, d.mtime, d.ctime, now());
+        let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
         drop(g);
         self.touch_atime(ino, touch);
         Ok(out)
@@ -98,7 +98,7 @@ impl Volume {
             };
             out.push((e, a));
         }
-        let touch = pos == 0 && self.atime.wants_update(d.atime, d.mtime, d.ctime, now());
+        let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
         drop(g);
         self.touch_atime(ino, touch);
         Ok(out)

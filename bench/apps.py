@@ -16,23 +16,25 @@ over a sparse file in /dev/shm (bench/loopvol.py), ext4 first, then dxfs:
   read back as written (a digest), or the run fails.
 - git: `git clone --no-hardlinks file://SRC` into the mount, SRC being a repository
   built once on /dev/shm outside both filesystems from --git-tree (committed, repacked);
-  then `git status` (the tree must be clean), `git status` again after dropping the page
-  cache, and `git fsck` (must succeed; HEAD must match SRC's).
+  then `git status` (the tree must be clean) once the index is settled (untimed: one
+  second later `git update-index --really-refresh` and one `git status`), `git status`
+  again after dropping the page cache, and `git fsck` (must succeed; HEAD must match SRC's).
 - cargo: `cargo build --release --offline` of dxfs (`git archive HEAD` of --cargo-src
   extracted into the mount, the target directory inside it too), CARGO_BUILD_JOBS=2,
   with a private CARGO_HOME on /dev/shm holding a copy of ~/.cargo/registry (so no lock
   is shared with other cargo processes on the machine); the built binary must run.
 
 After each workload the volume is unmounted and checked (`e2fsck -fn`, `dxfs fsck -n`).
-Prints a Markdown table: workload, ext4 seconds, dxfs seconds, dxfs/ext4, and the FUSE
-requests dxfs served for it (from the mount's `user.dxfs.stats` counters). A workload
+Prints a Markdown table: workload, ext4 seconds, dxfs seconds, dxfs/ext4, the CPU seconds
+of the application (user + system) and of the dxfs daemon, and the FUSE requests dxfs
+served for it (from the mount's `user.dxfs.stats` counters, through `dxfs stats --json`). A workload
 that fails on either filesystem is reported with its error and the exit code is 1.
 
 With `--transport uring` (the default) the fuse module's enable_uring is set to Y for
 the whole run and put back to what it was at the end, also on error or SIGTERM. Needs
 root, git, cargo, e2fsprogs. The standard library only.
 """
-import argparse, hashlib, json, os, platform, random, shutil, signal, sqlite3, subprocess, sys, tempfile, time
+import argparse, hashlib, json, os, platform, random, resource, shutil, signal, sqlite3, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loopvol import URING_PARAM, LoopVolume  # noqa: E402
@@ -83,6 +85,17 @@ def sh(cmd, vol=None, timeout=3600, cwd=None, env=None, stdin=None):
     return out
 
 
+def daemon_cpu(vol):
+    """CPU seconds (user + system, all threads) of the dxfs daemon so far; 0 for ext4."""
+    if vol.daemon is None:
+        return 0.0
+    try:
+        f = open(f"/proc/{vol.daemon.pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def foreign_builds():
     """rustc/cc1/ld processes on the machine that are not ours (another engineer building)."""
     n = 0
@@ -113,23 +126,32 @@ class Bench:
         before = vol.stats() if fs == "dxfs" else {}
         foreign = foreign_builds()
         load0 = os.getloadavg()[0]
+        ru0, d0 = resource.getrusage(resource.RUSAGE_CHILDREN), daemon_cpu(vol)
         t0 = time.monotonic()
         inner = fn()
         dt = time.monotonic() - t0
+        ru1, d1 = resource.getrusage(resource.RUSAGE_CHILDREN), daemon_cpu(vol)
         if isinstance(inner, float):
             dt = inner  # the child's own timing (without its interpreter start-up)
         row = {"group": group, "workload": label, "fs": fs, "seconds": dt, "load_before": load0,
-               "load_after": os.getloadavg()[0], "foreign_build_procs": foreign}
+               "load_after": os.getloadavg()[0], "foreign_build_procs": foreign,
+               # CPU time of the application (user, system), and of the dxfs daemon: less
+               # disturbed than wall time by other work on the machine.
+               "app_user_s": ru1.ru_utime - ru0.ru_utime, "app_sys_s": ru1.ru_stime - ru0.ru_stime,
+               "daemon_cpu_s": d1 - d0}
         if fs == "dxfs":
             after = vol.stats()
             self.transport_seen.add(f"{after.get('transport', '?')}")
-            ops = {}
+            ops, ops_us = {}, {}
             for name, o in after.get("ops", {}).items():
-                c = o.get("count", 0) - before.get("ops", {}).get(name, {}).get("count", 0)
+                b = before.get("ops", {}).get(name, {})
+                c = o.get("count", 0) - b.get("count", 0)
                 if c:
                     ops[name] = c
+                    ops_us[name] = round(o.get("total_us", 0) - b.get("total_us", 0))
             row["requests"] = sum(ops.values())
             row["ops"] = ops
+            row["ops_total_us"] = ops_us
             row["via_ring"] = after.get("via_ring", 0) - before.get("via_ring", 0)
         self.rows.append(row)
         log(f"{fs}: {label}: {dt:.2f} s" + (f", {row['requests']:,} FUSE requests" if fs == "dxfs" else ""))
@@ -258,12 +280,22 @@ class Bench:
         t = self.a.timeout
         self.timed(vol, fs, "git", "git clone --no-hardlinks",
                    lambda: sh(["git", "clone", "-q", "--no-hardlinks", f"file://{src}", clone], vol, t, env=env))
+        # Files written in the same second as the index are "racily clean": every status
+        # hashes them again until the index is rewritten later. How many there are depends
+        # on how fast the clone was, so settle the index first (untimed), as a second
+        # status would: one second later, refresh and rewrite it.
+        # The refresh reads those files again, which makes the kernel ask for their
+        # attributes once more (FUSE drops a file's cached atime after a read), so one
+        # untimed status first: the timed one is a repeated status in a settled tree.
+        time.sleep(1.1)
+        sh(["git", "-C", clone, "update-index", "-q", "--really-refresh"], vol, t, env=env)
+        sh(["git", "-C", clone, "status", "--porcelain"], vol, t, env=env)
 
         def status():
             out = sh(["git", "-C", clone, "status", "--porcelain"], vol, t, env=env)
             if out.strip():
                 raise Failure(f"git status: the fresh clone is not clean:\n{out[:2000]}")
-        self.timed(vol, fs, "git", "git status", status)
+        self.timed(vol, fs, "git", "git status, warm (index settled)", status)
         drop_caches()
         self.timed(vol, fs, "git", "git status, page cache dropped", status)
         fsck_out = []
@@ -321,8 +353,9 @@ class Bench:
 
     # -- report -------------------------------------------------------------------------------
     def table(self):
-        out = ["| workload | ext4 s | dxfs s | dxfs/ext4 | ≤ 1.3× | dxfs FUSE requests (largest kinds) |",
-               "|---|---|---|---|---|---|"]
+        out = ["| workload | ext4 s | dxfs s | dxfs/ext4 | ≤ 1.3× | CPU s ext4 | CPU s dxfs + daemon "
+               "| dxfs FUSE requests (largest kinds) |",
+               "|---|---|---|---|---|---|---|---|"]
         labels = []
         for r in self.rows:
             if r["workload"] not in labels:
@@ -334,7 +367,7 @@ class Bench:
             def cell(r):
                 if r is None:
                     return "—"
-                return f"**failed**" if "error" in r else f"{r['seconds']:.2f}"
+                return "**failed**" if "error" in r else (f"{r['seconds']:.3f}" if r["seconds"] < 1 else f"{r['seconds']:.2f}")
             ratio = met = req = ""
             if e and d and "error" not in e and "error" not in d and e["seconds"] > 0:
                 x = d["seconds"] / e["seconds"]
@@ -342,7 +375,13 @@ class Bench:
             if d and "ops" in d:
                 top = sorted(d["ops"].items(), key=lambda kv: -kv[1])[:4]
                 req = f"{d['requests']:,} (" + ", ".join(f"{k} {v:,}" for k, v in top) + ")"
-            out.append(f"| {label} | {cell(e)} | {cell(d)} | {ratio} | {met} | {req} |")
+            def cpu(r, daemon):
+                if r is None or "error" in r:
+                    return ""
+                c = f"{r['app_user_s'] + r['app_sys_s']:.2f}"
+                return c + (f" + {r['daemon_cpu_s']:.2f}" if daemon else "")
+            out.append(f"| {label} | {cell(e)} | {cell(d)} | {ratio} | {met} | {cpu(e, False)} | {cpu(d, True)} "
+                       f"| {req} |")
         return "\n".join(out)
 
 

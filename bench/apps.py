@@ -97,7 +97,8 @@ def daemon_cpu(vol):
 
 
 def foreign_builds():
-    """rustc/cc1/ld processes on the machine that are not ours (another engineer building)."""
+    """rustc/cc/ld/cargo processes on the machine: called when none of ours run, so they are
+    someone else's (another engineer building)."""
     n = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -115,7 +116,7 @@ class Bench:
     def __init__(self, a, work):
         self.a, self.work = a, work
         self.dxfs = os.path.abspath(a.dxfs_bin)
-        self.rows = []  # dicts: group, workload, fs, seconds, requests, top, load, foreign, error
+        self.rows = []  # one dict per workload and filesystem (see timed() and failed())
         self.fsck = []
         self.transport_seen = set()
         self._git_src = None
@@ -136,7 +137,8 @@ class Bench:
         row = {"group": group, "workload": label, "fs": fs, "seconds": dt, "load_before": load0,
                "load_after": os.getloadavg()[0], "foreign_build_procs": foreign,
                # CPU time of the application (user, system), and of the dxfs daemon: less
-               # disturbed than wall time by other work on the machine.
+               # disturbed than wall time by other work on the machine. (For SQLite it
+               # includes the child's start-up and data generation, about 0.1 s.)
                "app_user_s": ru1.ru_utime - ru0.ru_utime, "app_sys_s": ru1.ru_stime - ru0.ru_stime,
                "daemon_cpu_s": d1 - d0}
         if fs == "dxfs":

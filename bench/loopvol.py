@@ -1,8 +1,12 @@
 """A fresh volume on a loop device over a sparse file in /dev/shm, mounted: kernel ext4,
 or dxfs on a given FUSE transport (turning the fuse module's enable_uring on for an
-io_uring mount and putting back what it found). Shared by bench/metadata.py and
-bench/fio.py."""
-import json, os, subprocess, tempfile, time
+io_uring mount and putting back what it found). Shared by bench/metadata.py,
+bench/fio.py and bench/apps.py.
+
+Teardown undoes whatever was done, also when mounting fails half way: unmount (retried
+while busy, then a FUSE connection that no longer answers is aborted), the daemon (waited
+for, and killed by its pid only if it will not exit), the loop device, the files."""
+import json, os, subprocess, sys, tempfile, time
 
 URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
 
@@ -12,15 +16,30 @@ def run(cmd, **kw):
 
 
 class LoopVolume:
-    """`with LoopVolume("ext4" | "dxfs", ...) as v:` mounts on `v.mnt`."""
+    """`with LoopVolume("ext4" | "dxfs", ...) as v:` mounts on `v.mnt`.
 
-    def __init__(self, fs, size_gib, dxfs=None, transport="auto", options=()):
+    `log`: a file for the dxfs daemon's stderr (default: discarded). `fsck=True`: after
+    unmounting, check the volume read-only (`e2fsck -fn`, `dxfs fsck -n`) and keep
+    `(exit code, output)` in `v.fsck_result` for the caller to judge."""
+
+    def __init__(self, fs, size_gib, dxfs=None, transport="auto", options=(), log=None, fsck=False):
         self.fs, self.size_gib, self.dxfs = fs, size_gib, dxfs
         self.transport, self.options = transport, list(options)
+        self.log, self.fsck = log, fsck
+        self.fsck_result = None
         self.daemon = None
         self.old_param = None
+        self.tmp = self.img = self.mnt = self.dev = None
+        self.mounted = False
 
     def __enter__(self):
+        try:
+            return self._setup()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _setup(self):
         self.tmp = tempfile.mkdtemp(dir="/dev/shm", prefix="dxfs-bench-")
         self.img, self.mnt = os.path.join(self.tmp, "img"), os.path.join(self.tmp, "mnt")
         os.mkdir(self.mnt)
@@ -30,17 +49,24 @@ class LoopVolume:
         if self.fs == "ext4":
             run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
             run(["mount", self.dev, self.mnt])
+            self.mounted = True
             return self
         if self.transport == "uring" and os.path.exists(URING_PARAM):
             self.old_param = open(URING_PARAM).read().strip()
             with open(URING_PARAM, "w") as f:
                 f.write("Y\n")
         run([self.dxfs, "mkfs", "-f", self.dev])
-        self.daemon = subprocess.Popen(
-            [self.dxfs, "mount", self.dev, self.mnt, "-o", f"transport={self.transport}"] + self.options,
-            stderr=subprocess.DEVNULL)
+        err = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        try:
+            self.daemon = subprocess.Popen(
+                [self.dxfs, "mount", self.dev, self.mnt, "-o", f"transport={self.transport}"] + self.options,
+                stderr=err)
+        finally:
+            if self.log:
+                err.close()
         for _ in range(1000):
             if os.path.ismount(self.mnt):
+                self.mounted = True
                 return self
             if self.daemon.poll() is not None:
                 raise RuntimeError(f"dxfs mount exited with {self.daemon.returncode}")
@@ -53,16 +79,71 @@ class LoopVolume:
             return {}
         return json.loads(run([self.dxfs, "stats", "--json", self.mnt]).stdout)
 
+    def abort(self):
+        """Abort the FUSE connection (a daemon that stopped answering): every request in
+        flight and to come fails with ENOTCONN, so processes blocked on the mount return."""
+        if self.daemon is None or not self.mounted:
+            return
+        minor = os.minor(os.stat(self.mnt).st_dev) if os.path.ismount(self.mnt) else None
+        if minor is not None:
+            with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as f:
+                f.write("1\n")
+
     def __exit__(self, *exc):
+        self._teardown()
+
+    def _teardown(self):
+        problems = []
+        was_mounted = self.mounted
         try:
-            subprocess.run(["umount", self.mnt], capture_output=True)
-            if self.daemon is not None:
-                self.daemon.wait(timeout=300)
+            if self.mounted:
+                self._unmount(problems)
+            if self.daemon is not None and self.daemon.poll() is None:
+                try:
+                    self.daemon.wait(timeout=300)
+                except subprocess.TimeoutExpired:
+                    problems.append(f"dxfs daemon {self.daemon.pid} still running 300 s after unmount: killed")
+                    self.daemon.kill()
+                    self.daemon.wait()
+            if self.fsck and self.dev and was_mounted and not os.path.ismount(self.mnt):
+                cmd = ["e2fsck", "-fn", self.dev] if self.fs == "ext4" else [self.dxfs, "fsck", "-n", self.dev]
+                p = subprocess.run(cmd, capture_output=True, text=True)
+                self.fsck_result = (p.returncode, p.stdout + p.stderr)
         finally:
             if self.old_param is not None:
                 with open(URING_PARAM, "w") as f:
                     f.write(self.old_param + "\n")
-            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
-            os.unlink(self.img)
-            os.rmdir(self.mnt)
-            os.rmdir(self.tmp)
+                self.old_param = None
+            if self.dev:
+                for _ in range(50):
+                    if subprocess.run(["losetup", "-d", self.dev], capture_output=True).returncode == 0:
+                        break
+                    time.sleep(0.1)
+                else:
+                    problems.append(f"losetup -d {self.dev} failed")
+                self.dev = None
+            for path, rm in ((self.img, os.unlink), (self.mnt, os.rmdir), (self.tmp, os.rmdir)):
+                if path and os.path.exists(path):
+                    try:
+                        rm(path)
+                    except OSError as e:
+                        problems.append(f"{path}: {e}")
+            for p in problems:
+                print(f"loopvol: {p}", file=sys.stderr)
+
+    def _unmount(self, problems):
+        for i in range(100):
+            p = subprocess.run(["umount", self.mnt], capture_output=True, text=True)
+            if p.returncode == 0 or not os.path.ismount(self.mnt):
+                self.mounted = False
+                return
+            if i == 20 and self.daemon is not None:
+                # Busy for 2 s: maybe a process stuck on a daemon that no longer answers.
+                try:
+                    self.abort()
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        problems.append(f"umount {self.mnt}: {p.stderr.strip()}; detached lazily")
+        subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+        self.mounted = False

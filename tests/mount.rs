@@ -1032,6 +1032,58 @@ fn full_volume() {
     s.fsck();
 }
 
+/// With the writeback cache (the default) ENOSPC still comes from write(), never only
+/// at write-back: a file open for writing when the volume comes near full asks before
+/// each write() and is refused once less than the kernel's dirty limit is left, so
+/// everything write() accepted is kept — fsync and close succeed, and it is all there
+/// after a remount. A file opened near full bypasses the cache and fills the volume to
+/// its last blocks.
+#[test]
+fn full_volume_with_writeback_cache() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    let fill = s.path("fill");
+    let mut f = File::create(&fill).unwrap();
+    let mut accepted = 0u64;
+    let err = loop {
+        match f.write(&pattern(accepted, 1 << 20)) {
+            Ok(n) => accepted += n as u64,
+            Err(e) => break e,
+        }
+        assert!(accepted < 200 << 20, "100 MiB more than the volume holds went into the page cache");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(accepted > 16 << 20, "only {accepted} bytes accepted");
+    f.sync_all().expect("fsync after ENOSPC: what write() accepted must be on the volume");
+    drop(f);
+    // A file opened now goes around the cache: exact to the last blocks.
+    let mut g = File::create(s.path("tail")).unwrap();
+    let mut tail = 0u64;
+    let err = loop {
+        match g.write(&pattern(tail, 4096)) {
+            Ok(n) => tail += n as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    g.sync_all().unwrap();
+    drop(g);
+    let st = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
+    assert!(st.blocks_available() < 16, "{} blocks still available", st.blocks_available());
+    m.unmount();
+    let m = s.mount(&[]);
+    let back = fs::read(&fill).unwrap();
+    assert_eq!(back.len() as u64, accepted, "size of the file written into the page cache");
+    assert!(back == pattern(0, back.len()), "content of the file written into the page cache");
+    assert_eq!(fs::read(s.path("tail")).unwrap(), pattern(0, tail as usize));
+    // Deleting gives the space back, and writes go through the cache again.
+    fs::remove_file(&fill).unwrap();
+    fs::write(s.path("after"), pattern(0, 8 << 20)).unwrap();
+    m.unmount();
+    s.fsck();
+}
+
 #[test]
 fn checksum_failure_is_eio() {
     require_fuse!();

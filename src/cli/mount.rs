@@ -55,7 +55,7 @@ pub struct MountArgs {
     /// (refused together with --allow-other; the volume checks only access(2) itself).
     #[arg(long)]
     no_default_permissions: bool,
-    /// Kernel write-back caching of file data (default off).
+    /// Kernel write-back caching of file data (default on).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     writeback_cache: Option<String>,
     /// Seconds the kernel may cache attributes.

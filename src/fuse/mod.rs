@@ -58,9 +58,10 @@ pub struct FuseOptions {
     /// ask every time.
     pub negative_timeout: Duration,
     /// Let the kernel cache writes and send them in big batches (FUSE_WRITEBACK_CACHE).
-    /// Off by default: it helps small writes, but the kernel then drops the cached
-    /// st_blocks at every close (the next `stat` costs a GETATTR) and sends a SETATTR
-    /// per unlinked file.
+    /// On by default. Its costs: opens of files take an OPEN round trip (its reply steers
+    /// the cache: docs/DESIGN.md, "The writeback cache"), a close of a written file
+    /// sends its dirty pages and times, and the kernel drops the cached st_blocks at
+    /// every close (the next `stat` costs a GETATTR).
     pub writeback_cache: bool,
     /// Let the kernel check permissions against mode, owner and POSIX ACLs.
     pub default_permissions: bool,
@@ -168,7 +169,7 @@ impl Default for FuseOptions {
             attr_timeout: Duration::from_secs(60),
             entry_timeout: Duration::from_secs(60),
             negative_timeout: Duration::from_secs(60),
-            writeback_cache: false,
+            writeback_cache: true,
             default_permissions: true,
             allow_other: false,
             read_only: false,

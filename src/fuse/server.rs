@@ -3,8 +3,10 @@
 //! lives here; the transports (`transport.rs`) carry the requests and replies.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::time::Duration;
 
 // The frontend sees only the library's public API.
 use crate::{Attr, Caller, Error, FileType, NewNode, RenameFlags, Result, SetAttr, SetTime, Time, Volume, XattrMode};
@@ -22,6 +24,11 @@ pub const STATS_XATTR: &str = "user.dxfs.stats";
 /// The file handle of an open the volume counted (OPEN, OPENDIR, CREATE, TMPFILE); its
 /// RELEASE gives the count back. Zero-message opens have handle 0.
 const COUNTED: u64 = 1;
+/// [`COUNTED`], for a file open for writing (the writeback cache's near-full checks).
+const COUNTED_WRITE: u64 = 3;
+/// Room kept beyond the kernel's dirty limit near full: a write() admitted by one check
+/// may dirty this much before the kernel throttles it (dd's 1 MiB, with margin).
+const NEAR_FULL_SLACK: u64 = 4 << 20;
 
 /// Entries fetched from the volume per batch while filling a readdir reply.
 const READDIR_BATCH: usize = 256;
@@ -49,6 +56,14 @@ pub(super) struct Server {
     invalidate: parking_lot::Mutex<Option<Invalidations>>,
     /// Which transport serves this mount (shown by `dxfs stats`).
     pub(super) transport: std::sync::OnceLock<String>,
+    /// With the writeback cache: the most file data the kernel may hold dirty for this
+    /// mount (its bdi's `max_bytes`), which the volume must always be able to take.
+    /// Zero without the writeback cache.
+    cushion: AtomicU64,
+    /// Free space is within two cushions of the end (see `near_full_check`).
+    near_full: AtomicBool,
+    /// Files open for writing, with their handle counts.
+    writers: parking_lot::Mutex<rustc_hash::FxHashMap<u64, u32>>,
 }
 
 type Res<T> = std::result::Result<T, i32>;
@@ -139,6 +154,94 @@ impl Server {
             stats: RequestStats::default(),
             invalidate: parking_lot::Mutex::new(None),
             transport: std::sync::OnceLock::new(),
+            cushion: AtomicU64::new(0),
+            near_full: AtomicBool::new(false),
+            writers: Default::default(),
+        }
+    }
+
+    /// The writeback cache is on, and the kernel holds at most `bytes` of this mount's
+    /// file data dirty.
+    pub(super) fn set_cushion(&self, bytes: u64) {
+        self.cushion.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Space the volume can still take, in bytes.
+    fn available(&self) -> u64 {
+        let s = self.vol.statfs();
+        s.bavail * u64::from(s.bsize)
+    }
+
+    /// With the writeback cache, the kernel takes a write() into its page cache without
+    /// asking, so ENOSPC could only come at write-back, after write() succeeded. So the
+    /// volume keeps room for everything the kernel may hold dirty (the cushion), and
+    /// once free space comes within two cushions of the end ("near full"): new opens
+    /// for writing bypass the cache (FOPEN_DIRECT_IO: their writes are exact), the
+    /// kernel's attributes of files already open for writing are dropped and given out
+    /// with no validity, so each write() into them asks first (GETATTR with their
+    /// handle), and that GETATTR fails with ENOSPC once less than a cushion is left.
+    /// Called after writes and at opens; returns whether the volume is near full.
+    fn near_full_check(&self) -> bool {
+        let cushion = self.cushion.load(Ordering::Relaxed);
+        if cushion == 0 {
+            return false;
+        }
+        let near = self.available() < 2 * cushion + NEAR_FULL_SLACK;
+        if near && !self.near_full.swap(true, Ordering::SeqCst) {
+            tracing::info!("volume near full: writes through the page cache now ask first");
+            let writers: Vec<u64> = self.writers.lock().keys().copied().collect();
+            if let Some(tx) = &*self.invalidate.lock() {
+                for ino in writers {
+                    // Offset -1: the attributes only, not the cached pages.
+                    let _ = tx.send((self.fuse_ino(ino), -1, 0));
+                }
+            }
+        } else if !near {
+            self.near_full.store(false, Ordering::SeqCst);
+        }
+        near
+    }
+
+    /// How long the kernel may keep a file's attributes: not at all for a file open for
+    /// writing while the volume is near full (see `near_full_check`).
+    fn attr_valid(&self, ino: u64) -> Valid {
+        if self.near_full.load(Ordering::Relaxed) && self.writers.lock().contains_key(&ino) {
+            return Valid::from(Duration::ZERO);
+        }
+        Valid::from(self.opts.attr_timeout)
+    }
+
+    /// Open flags and handle of a file open: with the writeback cache the kernel's pages
+    /// are kept unless a read should update atime (it must then reach the volume), and a
+    /// writer near full bypasses the cache; the writer is noted.
+    fn file_open(&self, ino: u64, flags: u32, a: &Attr) -> (u64, u32) {
+        let write = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
+        let mut open_flags = fopen::NOFLUSH;
+        if !self.opts.writeback_cache || !self.vol.read_touches_atime(a) {
+            open_flags |= fopen::KEEP_CACHE;
+        }
+        if !write {
+            return (COUNTED, open_flags);
+        }
+        if self.cushion.load(Ordering::Relaxed) > 0 {
+            *self.writers.lock().entry(ino).or_insert(0) += 1;
+            if self.near_full_check() {
+                open_flags |= fopen::DIRECT_IO;
+            }
+        }
+        (COUNTED_WRITE, open_flags)
+    }
+
+    /// A file handle from `file_open` is released.
+    fn file_closed(&self, ino: u64, fh: u64) {
+        if fh == COUNTED_WRITE {
+            let mut w = self.writers.lock();
+            if let Some(n) = w.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    w.remove(&ino);
+                }
+            }
         }
     }
 
@@ -218,7 +321,7 @@ impl Server {
             nodeid: ino,
             generation: u64::from(a.generation),
             entry_valid: Valid::from(self.opts.entry_timeout),
-            attr_valid: Valid::from(self.opts.attr_timeout),
+            attr_valid: self.attr_valid(a.ino),
             attr: fuse_attr(ino, a),
         }
     }
@@ -241,8 +344,7 @@ impl Server {
             Ok(a) => {
                 let mut out = Vec::with_capacity(wire::AttrOut::SIZE);
                 let ino = self.fuse_ino(a.ino);
-                wire::AttrOut { attr_valid: Valid::from(self.opts.attr_timeout), attr: fuse_attr(ino, &a) }
-                    .encode(&mut out);
+                wire::AttrOut { attr_valid: self.attr_valid(a.ino), attr: fuse_attr(ino, &a) }.encode(&mut out);
                 Reply::Data(out)
             }
             Err(e) => Reply::Error(e),
@@ -250,26 +352,22 @@ impl Server {
     }
 
     /// Open flags for files: no FLUSH on close (flush has nothing to do), and keep the
-    /// page cache across opens (every change goes through this mount).
-    fn open_reply(r: Res<()>, open_flags: u32) -> Reply {
-        match r {
-            Ok(()) => {
-                let mut out = Vec::with_capacity(OpenOut::SIZE);
-                OpenOut { fh: COUNTED, open_flags }.encode(&mut out);
-                Reply::Data(out)
-            }
-            Err(e) => Reply::Error(e),
-        }
+    /// page cache across opens (every change goes through this mount; see `file_open`).
+    fn open_reply(fh: u64, open_flags: u32) -> Reply {
+        let mut out = Vec::with_capacity(OpenOut::SIZE);
+        OpenOut { fh, open_flags }.encode(&mut out);
+        Reply::Data(out)
     }
 
     /// The reply to CREATE and TMPFILE: the entry (a lookup reference) and the open file.
-    fn created(&self, r: Res<Attr>) -> Reply {
+    fn created(&self, r: Res<Attr>, flags: u32) -> Reply {
         match r {
             Ok(a) => {
                 self.lookups.add(a.ino);
+                let (fh, open_flags) = self.file_open(a.ino, flags, &a);
                 let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
                 self.entry_out(&a).encode(&mut out);
-                OpenOut { fh: COUNTED, open_flags: fopen::NOFLUSH | fopen::KEEP_CACHE }.encode(&mut out);
+                OpenOut { fh, open_flags }.encode(&mut out);
                 Reply::Data(out)
             }
             Err(e) => Reply::Error(e),
@@ -330,6 +428,7 @@ impl Server {
         };
         match r {
             Ok(n) => {
+                self.near_full_check();
                 // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
                 // drop the pages other descriptors cached for the range, so buffered
                 // reads would see the old data. Drop them, from another thread: the
@@ -448,6 +547,16 @@ impl Server {
             // Requests run to completion; an interrupt has nothing to stop.
             Request::Interrupt { .. } => Reply::None,
             Request::Lookup { name } => self.lookup(op, ino, name),
+            // A write() into the page cache of a file open for writing asks this first
+            // when the volume is near full: no room for the cushion, no write.
+            Request::Getattr { flags, fh }
+                if flags & wire::GETATTR_FH != 0
+                    && fh == COUNTED_WRITE
+                    && self.near_full_check()
+                    && self.available() < self.cushion.load(Ordering::Relaxed) + NEAR_FULL_SLACK =>
+            {
+                Reply::Error(libc::ENOSPC)
+            }
             Request::Getattr { .. } => self.attr(self.call(op, |v| v.getattr(ino))),
             Request::Setattr(ref s) => self.setattr(op, ino, s),
             Request::Readlink => match self.call(op, |v| v.readlink(ino)) {
@@ -484,19 +593,23 @@ impl Server {
             // inode lives by the kernel's lookup reference). Otherwise the handle is
             // counted, which keeps an unlinked file alive until its release.
             Request::Open { .. } if self.zero_message_open(false) => Reply::Error(libc::ENOSYS),
-            Request::Open { .. } => {
-                Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), fopen::NOFLUSH | fopen::KEEP_CACHE)
-            }
-            Request::Create { mode, umask, name, .. } => {
+            Request::Open { flags } => match self.call(op, |v| v.open_file(ino)) {
+                Ok(a) => {
+                    let (fh, open_flags) = self.file_open(ino, flags, &a);
+                    Self::open_reply(fh, open_flags)
+                }
+                Err(e) => Reply::Error(e),
+            },
+            Request::Create { mode, umask, name, flags } => {
                 // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
                 // sends CREATE only for a missing name, then a SETATTR for a truncate.
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                self.created(self.call(op, |v| v.make_open(ino, name, n)))
+                self.created(self.call(op, |v| v.make_open(ino, name, n)), flags)
             }
-            Request::Tmpfile { mode, umask, .. } => {
+            Request::Tmpfile { mode, umask, flags } => {
                 // O_TMPFILE: an unnamed file, open; linkat(AT_EMPTY_PATH) names it (LINK).
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                self.created(self.call(op, |v| v.make_tmpfile(ino, n)))
+                self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
             }
             Request::Read { offset, size, .. } => match self.call(op, |v| v.read(ino, offset, size as usize)) {
                 Ok(d) => Reply::Data(d),
@@ -511,7 +624,8 @@ impl Server {
             Request::Flush { .. } => Reply::Error(libc::ENOSYS),
             // Only handles the volume counted (fh COUNTED) are released: after a zero-message
             // open the kernel may still send a RELEASE for the one open it tried.
-            Request::Release { fh, .. } | Request::Releasedir { fh } if fh == COUNTED => {
+            Request::Release { fh, .. } | Request::Releasedir { fh } if fh == COUNTED || fh == COUNTED_WRITE => {
+                self.file_closed(ino, fh);
                 done(self.call(op, |v| v.release(ino)))
             }
             Request::Release { .. } | Request::Releasedir { .. } => done(Ok(())),
@@ -520,7 +634,10 @@ impl Server {
             // open directory outlives its name like a file, by the kernel's reference or,
             // without zero-message opens, by its counted handle.
             Request::Opendir { .. } if self.zero_message_open(true) => Reply::Error(libc::ENOSYS),
-            Request::Opendir { .. } => Self::open_reply(self.call(op, |v| v.open_file(ino).map(drop)), 0),
+            Request::Opendir { .. } => match self.call(op, |v| v.open_file(ino)) {
+                Ok(_) => Self::open_reply(COUNTED, 0),
+                Err(e) => Reply::Error(e),
+            },
             Request::Readdir { offset, size, plus, .. } => self.readdir(op, ino, offset, size, plus),
             // Files the kernel dropped at an unlink are freed by their FORGET, which may
             // still be on its way: wait a moment for it, so `df` right after `rm` is true.

@@ -64,7 +64,12 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     let dev = Arc::new(File::from(fd));
     let server = Arc::new(Server::new(vol.clone(), opts.clone()));
     let conn = connection_of(mountpoint);
-    let started = handshake(&dev, opts, &server).and_then(|uring| serve(&dev, &server, opts, uring, conn));
+    let started = handshake(&dev, opts, &server).and_then(|uring| {
+        if opts.writeback_cache {
+            server.set_cushion(dirty_cushion(conn, vol.statfs()));
+        }
+        serve(&dev, &server, opts, uring, conn)
+    });
     let (threads, transport) = match started {
         Ok(t) => t,
         Err(e) => {
@@ -106,10 +111,15 @@ fn wanted_flags(opts: &FuseOptions) -> u64 {
         // inode numbers and carry their generation, so a handle stays valid across
         // remounts and turns stale (ESTALE) once its inode slot is reused.
         | init::EXPORT_SUPPORT
-        // Zero-message opens: OPEN/RELEASE and OPENDIR/RELEASEDIR round trips go away;
-        // inodes the kernel references live on after their last link instead.
-        | init::NO_OPEN_SUPPORT
+        // Zero-message opens: OPENDIR/RELEASEDIR (and, without the writeback cache,
+        // OPEN/RELEASE) round trips go away; inodes the kernel references live on after
+        // their last link instead.
         | init::NO_OPENDIR_SUPPORT;
+    // The writeback cache needs OPEN: its reply is where a writer is told to bypass the
+    // cache near full, and where cached pages are dropped when a read must update atime.
+    if !opts.writeback_cache {
+        want |= init::NO_OPEN_SUPPORT;
+    }
     match opts.readdirplus {
         ReaddirPlus::Auto => want |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO,
         ReaddirPlus::Always => want |= init::DO_READDIRPLUS,
@@ -316,6 +326,24 @@ fn set_readahead(conn: Option<u64>, kb: u32) {
     if let Err(e) = std::fs::write(format!("/sys/class/bdi/0:{n}/read_ahead_kb"), kb.to_string()) {
         tracing::info!("cannot set readahead to {kb} KiB: {e}");
     }
+}
+
+/// With the writeback cache: bound what the kernel may hold dirty for this mount (its
+/// bdi's `max_bytes`, which root may lower; FUSE bdis have a strict limit) to a sixteenth
+/// of the volume, between 1 and 64 MiB, and return the bound in force — the room the
+/// server keeps free for it. Without sysfs, a conservative 256 MiB.
+fn dirty_cushion(conn: Option<u64>, fs: crate::StatFs) -> u64 {
+    const UNKNOWN: u64 = 256 << 20;
+    let Some(n) = conn else { return UNKNOWN };
+    let path = format!("/sys/class/bdi/0:{n}/max_bytes");
+    let want = (fs.blocks * u64::from(fs.bsize) / 16).clamp(1 << 20, 64 << 20);
+    if let Err(e) = std::fs::write(&path, want.to_string()) {
+        tracing::info!("cannot lower the kernel's dirty limit for this mount to {want} bytes: {e}");
+    }
+    let cushion = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let cushion = cushion.filter(|&c| c > 0).unwrap_or(UNKNOWN);
+    tracing::info!("the kernel may hold {cushion} bytes of file data dirty: kept free for it");
+    cushion
 }
 
 /// The thread that tells the kernel to drop cached pages of ranges written with

@@ -114,6 +114,13 @@ impl Volume {
         }
     }
 
+    /// Whether a read of a file with attributes `a` would update its atime now (the
+    /// volume's atime policy): the FUSE layer keeps the kernel's page cache of a file only
+    /// when it would not, so that the read reaches the volume.
+    pub fn read_touches_atime(&self, a: &Attr) -> bool {
+        self.s.atime.wants_update(a.atime, a.mtime, a.ctime, now())
+    }
+
     /// Attributes of an inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let mut g = self.lock();

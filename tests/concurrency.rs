@@ -179,6 +179,15 @@ impl BlockDevice for GatedDevice {
     }
 }
 
+/// Opens the gate when dropped.
+struct OpenOnDrop(Arc<GatedDevice>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.set(true);
+    }
+}
+
 /// Run `f` in a thread; its result, or None if it did not finish within `secs`.
 fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -204,6 +213,9 @@ fn a_full_delta_commits_in_the_background() {
     });
     let opts = OpenOptions { dirty_limit: 64, ..OpenOptions::default() };
     let vol = Arc::new(Volume::open(gated.clone(), opts).unwrap());
+    // Whatever happens below, the gate opens before the volume is dropped (a failed
+    // assertion must not leave a drop waiting for a commit held at the gate forever).
+    let _open_at_exit = OpenOnDrop(gated.clone());
     let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
     vol.sync().unwrap();
     gated.set(false);
@@ -216,13 +228,23 @@ fn a_full_delta_commits_in_the_background() {
         }
     });
     assert!(wrote.is_some(), "a write waited for the commit of the delta it filled");
+    // The commit goes on in its thread up to the gate.
+    let t = std::time::Instant::now();
+    while gated.flushes_waiting.load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(gated.flushes_waiting.load(Ordering::SeqCst) > 0, "no commit was under way");
     // The data is readable while its commit is held (reads wait only for landed data,
     // which is written before the flush).
     let v = vol.clone();
     let read = within(20, move || v.read(f, 0, 100 * 4096).unwrap()).expect("a read hung");
     assert_eq!(read, (0..100).flat_map(page).collect::<Vec<u8>>());
-    // Dropping the volume waits for the commit in flight.
+    // Dropping the volume waits for the commit in flight. (The helper threads' clones
+    // may take a moment to go.)
+    let t = std::time::Instant::now();
+    while Arc::strong_count(&vol) > 1 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let vol = Arc::try_unwrap(vol).ok().expect("one owner");
     let dropped = Arc::new(AtomicU64::new(0));
     let d = dropped.clone();

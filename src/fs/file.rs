@@ -248,11 +248,28 @@ pub struct DataWrite {
 impl DataWrite {
     /// One device request for the whole run.
     pub fn write(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<()> {
-        let mut buf = AlignedBuf::new(self.pages.len() * BLOCK_SIZE);
-        for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(&self.pages) {
-            chunk.copy_from_slice(&p[..]);
+        self.write_in_pieces(dev, usize::MAX, |_| {})
+    }
+
+    /// Write the run as requests of at most `piece` pages, calling `written` with the
+    /// number of pages after each.
+    pub fn write_in_pieces(
+        &self,
+        dev: &dyn crate::disk::device::BlockDevice,
+        piece: usize,
+        mut written: impl FnMut(u64),
+    ) -> Result<()> {
+        let piece = piece.clamp(1, self.pages.len().max(1));
+        let mut buf = AlignedBuf::new(piece * BLOCK_SIZE);
+        for (k, pages) in self.pages.chunks(piece).enumerate() {
+            let buf = &mut buf[..pages.len() * BLOCK_SIZE];
+            for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(pages) {
+                chunk.copy_from_slice(&p[..]);
+            }
+            dev.write_data(self.phys + (k * piece) as u64, buf)?;
+            written(pages.len() as u64);
         }
-        dev.write_data(self.phys, &buf)
+        Ok(())
     }
 }
 

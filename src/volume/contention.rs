@@ -77,6 +77,13 @@ impl Held<'_> {
         self.since = self.since.map(|_| Instant::now());
     }
 
+    /// [`Held::wait`], for at most `timeout`.
+    pub(super) fn wait_for(&mut self, cv: &Condvar, timeout: Duration) {
+        self.record();
+        cv.wait_for(&mut self.guard, timeout);
+        self.since = self.since.map(|_| Instant::now());
+    }
+
     fn record(&self) {
         if let Some(since) = self.since {
             self.counters.held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);

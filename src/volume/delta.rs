@@ -10,6 +10,7 @@ use crate::engine::store::Store;
 use crate::error::{Error, Result};
 use crate::fs::file::{self, DataWrite, Pages};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use super::*;
 
@@ -42,8 +43,11 @@ impl Cost {
 /// Why a charge does not fit in the current delta.
 #[derive(PartialEq, Eq)]
 pub(super) enum Short {
-    /// The log or the dirty-data limit is near: commit, then it fits.
+    /// The log is near full: commit, then it fits.
     Delta,
+    /// The dirty-data limit (pages, or runs of pages) is reached: commit, then it fits;
+    /// while a commit is already writing, up to twice the limit may wait for the next.
+    Dirty,
     /// Not enough space, perhaps until the delta's frees are released.
     Space,
 }
@@ -221,13 +225,15 @@ impl Delta {
 
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
-    pub(super) fn fits(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
+    pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
         let used = (st.dirty_count() + st.space.pending_bitmap_blocks()) as u64;
-        if used + OP_LOG_BLOCKS > self.log_capacity
-            || (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit)
-            || (c.pages > 0 && self.dirty_runs >= RUN_LIMIT)
-        {
+        if used + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
+        }
+        if (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit * dirty_factor)
+            || (c.pages > 0 && self.dirty_runs >= RUN_LIMIT * dirty_factor)
+        {
+            return Err(Short::Dirty);
         }
         if self.accounting && st.space.available(c.deletion) < c.meta + c.pages {
             return Err(Short::Space);
@@ -328,7 +334,7 @@ impl Delta {
 impl Inner {
     /// Whether a change of cost `c` fits in the current delta.
     pub(super) fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
-        self.delta.fits(&self.st, c)
+        self.delta.fits(&self.st, c, 1)
     }
 
     /// Worst-case new blocks of one directory-index insert: a split at every level plus
@@ -371,12 +377,18 @@ impl Volume {
         b.requested += 1;
         let want = b.requested;
         if !b.running {
+            // The previous committer has stopped serving; it is only leaving.
+            if let Some(t) = b.thread.take() {
+                let _ = t.join();
+            }
             let s = self.s.clone();
-            let spawned = std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background());
-            if spawned.is_err() {
-                b.requested -= 1;
-                drop(b);
-                return self.commit();
+            match std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background()) {
+                Ok(t) => b.thread = Some(t),
+                Err(_) => {
+                    b.requested -= 1;
+                    drop(b);
+                    return self.commit();
+                }
             }
             b.running = true;
         }
@@ -388,6 +400,13 @@ impl Volume {
             return Err(Error::Failed);
         }
         Ok(())
+    }
+}
+
+impl Volume {
+    /// Whether a background commit is under way (its thread has not stopped yet).
+    fn committing(&self) -> bool {
+        self.s.background.lock().running
     }
 }
 
@@ -415,6 +434,16 @@ impl Shared {
             }
             // Served whether it snapshotted or failed before (a failure is in `failed`).
             served();
+        }
+    }
+
+    /// Ask for a background commit without waiting for it: it starts when the one
+    /// running now ends. Only called while one is running (see `committing`).
+    fn ask_background(&self) {
+        let mut b = self.background.lock();
+        // The running thread serves every request made before it looks again.
+        if b.running {
+            b.requested = b.requested.max(b.snapshotted + 1);
         }
     }
 
@@ -455,14 +484,27 @@ impl Shared {
                 }
             }
         };
-        snapshotted();
         // File data, then the log and home writes, all without the volume lock: the front
         // end goes on with the next delta meanwhile. Only reads of the files being written
-        // back wait, and only for their data (`wait_landed`).
-        let dev = self.lock().st.dev().clone();
+        // back wait, and only for their data (`wait_landed`). The data goes in pieces, each
+        // freed once written, so a writer held back by the dirty limit goes on as soon as
+        // a piece is on the device (`in_flight_pages`).
         let data = std::mem::take(&mut flight.data);
-        let wrote = data.iter().try_for_each(|w| w.write(&*dev));
-        drop(data);
+        let pages: u64 = data.iter().map(|w| w.pages.len() as u64).sum();
+        self.in_flight_pages.store(pages, Ordering::Release);
+        snapshotted();
+        let dev = self.lock().st.dev().clone();
+        let mut wrote = Ok(());
+        for w in data {
+            wrote = w.write_in_pieces(&*dev, DATA_PIECE, |n| {
+                self.in_flight_pages.fetch_sub(n, Ordering::AcqRel);
+                self.landed.notify_all();
+            });
+            if wrote.is_err() {
+                break;
+            }
+        }
+        self.in_flight_pages.store(0, Ordering::Release);
         {
             let mut g = self.lock();
             g.delta.landed();
@@ -556,9 +598,22 @@ impl Volume {
                         Error::corrupt("an operation does not fit in an empty delta")
                     })
                 }
+                // Dirty data past the limit while a commit is writing: take up to twice
+                // the limit rather than wait for that commit, and have the next one
+                // start as soon as it ends.
+                Err(Short::Dirty) if commits == 0 && self.committing() && g.delta.fits(&g.st, c, 2).is_ok() => {
+                    let in_flight = self.s.in_flight_pages.load(Ordering::Acquire);
+                    if g.delta.dirty_pages + in_flight + c.pages <= 2 * g.delta.dirty_limit {
+                        self.s.ask_background();
+                        return Ok((g, read));
+                    }
+                    // Wait for a piece of the commit's data to reach the device (its
+                    // pages are then freed), and try again.
+                    g.wait_for(&self.s.landed, std::time::Duration::from_millis(10));
+                }
                 // A full delta only needs to be snapshotted to make room; the space
                 // budget needs the commit's frees, which come at its end.
-                Err(Short::Delta) if commits == 0 => {
+                Err(Short::Delta | Short::Dirty) if commits == 0 => {
                     drop(g);
                     self.commit_soon()?;
                     commits += 1;
@@ -711,9 +766,9 @@ mod tests {
             d.add_page(&mut st.space, &c, 2 * k, page());
         }
         assert_eq!(d.dirty_runs, RUN_LIMIT);
-        assert!(matches!(d.fits(&st, Cost::new(1, 1, false)), Err(Short::Delta)));
+        assert!(matches!(d.fits(&st, Cost::new(1, 1, false), 1), Err(Short::Dirty)));
         assert!(
-            !matches!(d.fits(&st, Cost::new(1, 0, false)), Err(Short::Delta)),
+            !matches!(d.fits(&st, Cost::new(1, 0, false), 1), Err(Short::Dirty)),
             "an operation with no page still fits"
         );
         st.space.clear_promises();
@@ -724,20 +779,20 @@ mod tests {
         let mut st = store();
         let opts = OpenOptions { dirty_limit: 4, ..OpenOptions::default() };
         let mut d = Delta::new(0, 256, &opts);
-        assert!(d.fits(&st, Cost::new(3, 2, false)).is_ok());
+        assert!(d.fits(&st, Cost::new(3, 2, false), 1).is_ok());
         let a = file(33);
         for p in 0..3 {
             d.add_page(&mut st.space, &a, p, page());
         }
-        assert!(d.fits(&st, Cost::new(0, 1, false)).is_ok());
-        assert!(d.fits(&st, Cost::new(0, 2, false)) == Err(Short::Delta), "past the dirty limit: commit first");
+        assert!(d.fits(&st, Cost::new(0, 1, false), 1).is_ok());
+        assert!(d.fits(&st, Cost::new(0, 2, false), 1) == Err(Short::Dirty), "past the dirty limit: commit first");
         let avail = st.space.available(false);
-        assert!(d.fits(&st, Cost::new(avail + 1, 0, false)) == Err(Short::Space));
-        assert!(d.fits(&st, Cost::new(avail + 1, 0, true)).is_ok(), "deletions may use the reserve");
+        assert!(d.fits(&st, Cost::new(avail + 1, 0, false), 1) == Err(Short::Space));
+        assert!(d.fits(&st, Cost::new(avail + 1, 0, true), 1).is_ok(), "deletions may use the reserve");
         let small_log = Delta::new(0, OP_LOG_BLOCKS, &opts);
-        assert!(small_log.fits(&st, Cost::new(0, 0, true)) == Err(Short::Delta), "no log room for one operation");
+        assert!(small_log.fits(&st, Cost::new(0, 0, true), 1) == Err(Short::Delta), "no log room for one operation");
         let off = Delta::new(0, 256, &OpenOptions { space_accounting: false, ..opts });
-        assert!(off.fits(&st, Cost::new(avail + 1000, 0, false)).is_ok(), "accounting off never says Space");
+        assert!(off.fits(&st, Cost::new(avail + 1000, 0, false), 1).is_ok(), "accounting off never says Space");
     }
 
     #[test]

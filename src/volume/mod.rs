@@ -66,6 +66,9 @@ const READAHEAD_LEAVES: usize = 16;
 const READAHEAD_ENTRIES: usize = 2048;
 /// At most this many blocks (32 MiB) per readahead of inode windows: the memory bound.
 const READAHEAD_INODE_BLOCKS: usize = 8192;
+/// File data a commit writes per device request at most (4 MiB): the pace at which a
+/// writer held back by the dirty limit goes on.
+const DATA_PIECE: usize = 1024;
 /// Log blocks kept free for one write-back fragment: two bitmap blocks, an extent-tree
 /// removal and insert (each a split per level of a tree of depth up to 6), the inode and
 /// state blocks.
@@ -134,6 +137,8 @@ struct Shared {
     background: Mutex<Background>,
     /// Notified when a background commit has taken its snapshot or stopped.
     background_cv: Condvar,
+    /// Pages of file data a commit has snapshotted and not yet written (and freed).
+    in_flight_pages: std::sync::atomic::AtomicU64,
     read_only: bool,
     discard: bool,
     atime: AtimePolicy,
@@ -146,6 +151,9 @@ struct Background {
     snapshotted: u64,
     /// A background committer thread exists (it serves requests until none is left).
     running: bool,
+    /// The last committer thread started: joined before another starts and when the
+    /// volume is dropped, so that its share of the volume is gone by then.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Inner {
@@ -254,6 +262,7 @@ impl Volume {
                 journal: Mutex::new(journal),
                 background: Mutex::new(Background::default()),
                 background_cv: Condvar::new(),
+                in_flight_pages: Default::default(),
                 read_only,
                 discard,
                 atime,
@@ -381,8 +390,13 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
-        // A background commit finishes first: nothing of ours writes after the drop.
+        // A background commit finishes first: nothing of ours writes after the drop, and
+        // its thread's share of the volume (the mount mark with it) is gone.
         self.s.wait_background();
+        let thread = self.s.background.lock().thread.take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
         let (ro, failed) = {
             let g = self.lock();
             (g.opts.read_only, g.is_failed())

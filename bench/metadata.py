@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Metadata operations side by side: kernel ext4 and dxfs on each FUSE transport.
 
-    python3 bench/metadata.py [--n 100000] [--runs 3] [--targets ext4,classic,uring]
+    python3 bench/metadata.py [--n 100000] [--runs 3] [--targets ext4,classic,uring,uring-nowb]
                               [--dxfs-bin target/release/dxfs]
 
+A target `T-nowb` is transport T with the writeback cache off (`-o no_writeback_cache`).
 Each target gets a fresh volume on a loop device over a sparse file in /dev/shm (the
 same kind of device for all); the operations of bench/metaops.py run N times each, in
 one directory, from this process. Prints µs per operation (median over the runs), the
@@ -26,8 +27,11 @@ def requests(v):
 def one_run(kind, dxfs, n, size_gib):
     """{op label: (µs per op, {opcode: requests per op})} for one fresh volume."""
     out = {}
-    fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", kind)
-    with LoopVolume(fs, size_gib, dxfs, transport) as t:
+    # "uring-nowb": the io_uring transport with the writeback cache off.
+    transport, _, nowb = kind.partition("-")
+    fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", transport)
+    options = ["-o", "no_writeback_cache"] if nowb == "nowb" else []
+    with LoopVolume(fs, size_gib, dxfs, transport, options) as t:
         d = os.path.join(t.mnt, "d")
         os.mkdir(d)
         names = [os.path.join(d, f"f{i:07}") for i in range(n)]

@@ -1084,6 +1084,123 @@ fn full_volume_with_writeback_cache() {
     s.fsck();
 }
 
+/// Random operations on two files through the mount — pwrite at random offsets and
+/// lengths, truncate down and up, fallocate (extending or not), punch hole, stores through
+/// a shared writable mapping, fsync — compared after each with a model of the bytes, then
+/// after a remount; with the writeback cache on (the default) and off. Seeded; DXFS_SEED
+/// reruns one seed.
+#[test]
+fn random_file_ops_match_a_model() {
+    use rand::{Rng, SeedableRng};
+    require_fuse!();
+    let seed: u64 = std::env::var("DXFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_f11e);
+    for cache in ["on", "off"] {
+        let s = Scratch::new(64);
+        let m = s.mount(&["--writeback-cache", cache]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (cache == "on") as u64);
+        let names = ["a", "b"];
+        let files: Vec<File> = names
+            .iter()
+            .map(|n| OpenOptions::new().read(true).write(true).create_new(true).open(s.path(n)).unwrap())
+            .collect();
+        let mut model: Vec<Vec<u8>> = vec![Vec::new(); 2];
+        const MAX: u64 = 3 << 20;
+        for step in 0..400 {
+            let k = rng.gen_range(0..2);
+            let (f, m_) = (&files[k], &mut model[k]);
+            let len = m_.len() as u64;
+            let what = rng.gen_range(0..100);
+            let ctx = format!("seed {seed}, cache {cache}, step {step}, file {}", names[k]);
+            match what {
+                0..=44 => {
+                    let off = rng.gen_range(0..MAX - 70_000);
+                    let n = if rng.gen_bool(0.3) { rng.gen_range(1..10) } else { rng.gen_range(1..70_000) };
+                    let data: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+                    f.write_all_at(&data, off).unwrap();
+                    let end = (off + n) as usize;
+                    if m_.len() < end {
+                        m_.resize(end, 0);
+                    }
+                    m_[off as usize..end].copy_from_slice(&data);
+                }
+                45..=54 => {
+                    let to = if rng.gen_bool(0.5) { rng.gen_range(0..=len) } else { rng.gen_range(0..MAX) };
+                    f.set_len(to).unwrap();
+                    m_.resize(to as usize, 0);
+                }
+                55..=64 => {
+                    let off = rng.gen_range(0..MAX - 70_000);
+                    let n = rng.gen_range(1..70_000);
+                    let keep = rng.gen_bool(0.5);
+                    let flags = if keep { FallocateFlags::FALLOC_FL_KEEP_SIZE } else { FallocateFlags::empty() };
+                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+                    if !keep && m_.len() < (off + n) as usize {
+                        m_.resize((off + n) as usize, 0);
+                    }
+                }
+                65..=74 if len > 0 => {
+                    let off = rng.gen_range(0..len);
+                    let n = rng.gen_range(1..=(len - off).min(100_000));
+                    let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+                    m_[off as usize..(off + n) as usize].fill(0);
+                }
+                75..=84 if len >= 4096 => {
+                    // Stores through a shared mapping of the whole file, then msync.
+                    let stores: Vec<(usize, u8)> =
+                        (0..rng.gen_range(1..50)).map(|_| (rng.gen_range(0..len as usize), rng.gen())).collect();
+                    // SAFETY: maps the file's `len` bytes (the file is not truncated while
+                    // mapped), stores only within them, syncs and unmaps before going on.
+                    unsafe {
+                        let p = libc::mmap(
+                            std::ptr::null_mut(),
+                            len as usize,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_SHARED,
+                            f.as_raw_fd(),
+                            0,
+                        );
+                        assert_ne!(p, libc::MAP_FAILED, "mmap: {} ({ctx})", io::Error::last_os_error());
+                        let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), len as usize);
+                        for &(at, b) in &stores {
+                            map[at] = b;
+                        }
+                        assert_eq!(libc::msync(p, len as usize, libc::MS_SYNC), 0, "{ctx}");
+                        assert_eq!(libc::munmap(p, len as usize), 0);
+                    }
+                    for (at, b) in stores {
+                        m_[at] = b;
+                    }
+                }
+                85..=89 => f.sync_all().unwrap(),
+                _ => {}
+            }
+            // Read back a random range, and the size.
+            let len = m_.len() as u64;
+            assert_eq!(f.metadata().unwrap().len(), len, "size ({ctx})");
+            if len > 0 {
+                let off = rng.gen_range(0..len);
+                let n = rng.gen_range(1..=(len - off).min(200_000)) as usize;
+                let mut got = vec![0u8; n];
+                f.read_exact_at(&mut got, off).unwrap();
+                assert!(got[..] == m_[off as usize..off as usize + n], "bytes {off}..+{n} ({ctx})");
+            }
+        }
+        for f in &files {
+            f.sync_all().unwrap();
+        }
+        drop(files);
+        m.unmount();
+        s.fsck();
+        let m = s.mount(&[]);
+        for (n, want) in names.iter().zip(&model) {
+            assert!(fs::read(s.path(n)).unwrap() == *want, "{n} after a remount (seed {seed}, cache {cache})");
+        }
+        m.unmount();
+        s.fsck();
+    }
+}
+
 #[test]
 fn checksum_failure_is_eio() {
     require_fuse!();

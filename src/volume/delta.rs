@@ -219,6 +219,11 @@ impl Delta {
         self.dirty_runs = self.dirty_runs - runs_before + runs(pages);
     }
 
+    /// Whether the delta holds no change at all (no dirty metadata or data).
+    pub(super) fn is_empty(&self, st: &Store) -> bool {
+        st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 && self.dirty_pages == 0
+    }
+
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
     pub(super) fn fits(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
@@ -343,10 +348,17 @@ impl Inner {
         1
     }
 
-    /// Write back and snapshot the delta (see [`Delta::prepare_commit`]).
-    fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
+    /// Write back and snapshot the delta (see [`Delta::prepare_commit`]); `stamp` is the
+    /// linearization stamp of the lock hold doing it, recorded with the sequence number of
+    /// every delta it seals when [`Volume::record_commit_stamps`] asked for it.
+    fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
         self.list_held()?;
-        self.delta.prepare_commit(&mut self.st, &mut self.state, journal)
+        let before = self.delta.seq;
+        let r = self.delta.prepare_commit(&mut self.st, &mut self.state, journal);
+        if let Some(log) = &mut self.commit_stamps {
+            log.extend((before + 1..=self.delta.seq).map(|seq| (seq, stamp)));
+        }
+        r
     }
 
     fn finish_commit(&mut self, f: &Flight) {
@@ -446,7 +458,8 @@ impl Shared {
                     return Err(e);
                 }
             }
-            match g.prepare_commit(&mut journal) {
+            let stamp = g.stamp();
+            match g.prepare_commit(&mut journal, stamp) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
                 Err(e) => {
@@ -549,12 +562,12 @@ impl Volume {
                     return Err(Error::NoSpace)
                 }
                 Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
-                Err(_) if commits >= 3 => {
-                    return Err(if g.fits(c) == Err(Short::Space) {
-                        Error::NoSpace
-                    } else {
-                        Error::corrupt("an operation does not fit in an empty delta")
-                    })
+                Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
+                // Other threads may fill the delta again between our commit and our retry:
+                // only a delta left empty proves the operation can never fit. (Each such
+                // retry follows a commit of their changes, so they make progress.)
+                Err(Short::Delta) if commits >= 3 && g.delta.is_empty(&g.st) => {
+                    return Err(Error::corrupt("an operation does not fit in an empty delta"))
                 }
                 // A full delta only needs to be snapshotted to make room; the space
                 // budget needs the commit's frees, which come at its end.
@@ -570,6 +583,22 @@ impl Volume {
                 }
             }
         }
+    }
+
+    /// Test hook (issue 14's concurrency harness): from now on, remember for every delta
+    /// sealed for the log its sequence number and the linearization stamp (see
+    /// [`Volume::last_stamp`]) of the lock hold that sealed it, so a test can tell which
+    /// operations each committed state holds: exactly those with smaller stamps.
+    #[doc(hidden)]
+    pub fn record_commit_stamps(&self) {
+        self.lock().commit_stamps.get_or_insert_with(Vec::new);
+    }
+
+    /// Test hook: the `(sequence number, stamp)` of every delta sealed since
+    /// [`Volume::record_commit_stamps`], in order.
+    #[doc(hidden)]
+    pub fn commit_stamps(&self) -> Vec<(u64, u64)> {
+        self.lock().commit_stamps.clone().unwrap_or_default()
     }
 
     /// Commit the current delta and make it durable.

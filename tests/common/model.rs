@@ -64,6 +64,14 @@ pub enum Op {
         ino: u64,
         size: u64,
     },
+    /// fallocate: `mode` 0 allocates (and may extend), 1 allocates keeping the size, 2
+    /// punches a hole.
+    Fallocate {
+        ino: u64,
+        off: u64,
+        len: u64,
+        mode: u8,
+    },
     SetXattr {
         ino: u64,
         name: String,
@@ -79,6 +87,9 @@ pub enum Op {
         name: String,
     },
     Readdir {
+        dir: u64,
+    },
+    ReaddirPlus {
         dir: u64,
     },
     Lookup {
@@ -117,6 +128,8 @@ pub enum Outcome {
     Attr(Seen),
     /// A listing without `.` and `..`: name -> inode.
     Entries(BTreeMap<Vec<u8>, u64>),
+    /// A listing with attributes.
+    EntriesPlus(BTreeMap<Vec<u8>, Seen>),
     Data(Vec<u8>),
     Wrote(usize),
     Err(i32),
@@ -130,6 +143,10 @@ impl std::fmt::Debug for Outcome {
             Outcome::Entries(e) => {
                 let v: Vec<String> = e.iter().map(|(n, i)| format!("{}:{i}", String::from_utf8_lossy(n))).collect();
                 write!(f, "Entries[{}]", v.join(" "))
+            }
+            Outcome::EntriesPlus(e) => {
+                let v: Vec<String> = e.iter().map(|(n, a)| format!("{}:{a:?}", String::from_utf8_lossy(n))).collect();
+                write!(f, "EntriesPlus[{}]", v.join(" "))
             }
             Outcome::Data(d) => {
                 // Runs of equal bytes: what writes of one byte value leave.
@@ -185,6 +202,21 @@ pub fn run_with_message(vol: &Volume, op: &Op) -> (Outcome, Option<String>) {
         Op::Truncate { ino, size } => {
             outcome(&mut m, vol.setattr(*ino, &SetAttr { size: Some(*size), ..Default::default() }), attr)
         }
+        Op::Fallocate { ino, off, len, mode } => {
+            outcome(&mut m, vol.fallocate(*ino, *off, *len, *mode > 0, *mode == 2), done)
+        }
+        Op::ReaddirPlus { dir } => outcome(&mut m, vol.readdir_plus(*dir, 0, 100_000), |ents| {
+            Outcome::EntriesPlus(
+                ents.into_iter()
+                    .filter(|(e, _)| e.name != b"." && e.name != b"..")
+                    .map(|(e, a)| {
+                        let s =
+                            a.map_or(Seen { ino: e.ino, kind: e.ft, size: None, nlink: u32::MAX }, |a| Seen::of(&a));
+                        (e.name, s)
+                    })
+                    .collect(),
+            )
+        }),
         Op::SetXattr { ino, name, len, byte } => {
             outcome(&mut m, vol.setxattr(*ino, name.as_bytes(), &vec![*byte; *len], XattrMode::Any), done)
         }
@@ -404,6 +436,27 @@ impl FsModel {
                 }
             }
             .map(|_| Outcome::Attr(self.seen(*ino))),
+            Op::Fallocate { ino, off, len, mode } => match &mut self.nodes.get_mut(ino).unwrap().kind {
+                Kind::Dir(_) => Err(libc::EISDIR),
+                Kind::Symlink(_) => Err(libc::EINVAL),
+                Kind::File(c) => {
+                    let end = (*off + *len) as usize;
+                    match mode {
+                        0 if c.len() < end => c.resize(end, 0),
+                        2 => {
+                            let e = end.min(c.len());
+                            if (*off as usize) < e {
+                                c[*off as usize..e].fill(0);
+                            }
+                        }
+                        _ => {}
+                    }
+                    Ok(Outcome::Done)
+                }
+            },
+            Op::ReaddirPlus { dir } => self
+                .entries(*dir)
+                .map(|e| Outcome::EntriesPlus(e.iter().map(|(n, &i)| (n.clone(), self.seen(i))).collect())),
             Op::SetXattr { ino, name, len, byte } => {
                 self.nodes.get_mut(ino).unwrap().xattrs.insert(name.as_bytes().to_vec(), vec![*byte; *len]);
                 Ok(Outcome::Done)

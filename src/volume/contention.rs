@@ -48,6 +48,10 @@ pub(super) struct LockCounters {
     held_ns: AtomicU64,
     /// The last linearization stamp handed out (0: none yet).
     stamps: AtomicU64,
+    /// The most log blocks (dirty metadata and bitmap blocks) one charged operation added
+    /// to its delta: `OP_LOG_BLOCKS` is kept free for any one operation, so this must not
+    /// pass it (a test hook: [`Volume::op_log_blocks`]).
+    op_log_max: AtomicU64,
 }
 
 thread_local! {
@@ -70,6 +74,8 @@ pub(super) struct Held<'a> {
     guard: MutexGuard<'a, Inner>,
     /// The linearization stamp of this hold (retaken after a condition-variable wait).
     stamp: u64,
+    /// For a hold that an operation was charged in: the delta's log blocks then.
+    charged_at: Option<usize>,
     /// When the lock was taken, if it is being measured.
     since: Option<Instant>,
     counters: &'a LockCounters,
@@ -109,6 +115,8 @@ impl Held<'_> {
         self.record();
         cv.wait(&mut self.guard);
         self.since = self.since.map(|_| Instant::now());
+        // Others changed the delta meanwhile: what this hold adds is no longer known.
+        self.charged_at = None;
         // Others may have changed the state meanwhile: what is read from here on belongs
         // at a new point of the serial order.
         self.stamp = self.counters.next_stamp();
@@ -117,6 +125,16 @@ impl Held<'_> {
     /// The linearization stamp of this hold.
     pub(super) fn stamp(&self) -> u64 {
         self.stamp
+    }
+
+    /// An operation was charged in this hold: from here on, what it adds to the delta's
+    /// log blocks is measured (when the hold ends).
+    pub(super) fn charged(&mut self) {
+        self.charged_at = Some(self.log_blocks());
+    }
+
+    fn log_blocks(&self) -> usize {
+        self.guard.st.dirty_count() + self.guard.st.space.pending_bitmap_blocks()
     }
 
     fn record(&self) {
@@ -129,6 +147,10 @@ impl Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.record();
+        if let Some(at) = self.charged_at {
+            let added = self.log_blocks().saturating_sub(at) as u64;
+            self.counters.op_log_max.fetch_max(added, Ordering::Relaxed);
+        }
     }
 }
 
@@ -159,6 +181,15 @@ impl Volume {
     pub fn last_stamp() -> u64 {
         current_stamp()
     }
+
+    /// Test hook: the most log blocks one charged operation has added to its delta since
+    /// the volume was opened, and the room kept free for one operation (`OP_LOG_BLOCKS`),
+    /// which the first must not pass: past it, a delta near its commit point overruns
+    /// the log and the volume fails.
+    #[doc(hidden)]
+    pub fn op_log_blocks(&self) -> (u64, u64) {
+        (self.s.lock_stats.op_log_max.load(Ordering::Relaxed), super::OP_LOG_BLOCKS)
+    }
 }
 
 impl Shared {
@@ -167,13 +198,13 @@ impl Shared {
         let c = &self.lock_stats;
         if !c.enabled {
             let guard = self.inner.lock();
-            return Held { guard, stamp: c.next_stamp(), since: None, counters: c };
+            return Held { guard, stamp: c.next_stamp(), charged_at: None, since: None, counters: c };
         }
         let t = Instant::now();
         let guard = self.inner.lock();
         let since = Instant::now();
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
-        Held { guard, stamp: c.next_stamp(), since: Some(since), counters: c }
+        Held { guard, stamp: c.next_stamp(), charged_at: None, since: Some(since), counters: c }
     }
 }

@@ -557,7 +557,10 @@ impl Volume {
             g.check_writable()?;
             let (c, read) = cost(&mut g)?;
             match g.fits(c) {
-                Ok(()) => return Ok((g, read)),
+                Ok(()) => {
+                    g.charged();
+                    return Ok((g, read));
+                }
                 Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
                     return Err(Error::NoSpace)
                 }

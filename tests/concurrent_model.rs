@@ -1,11 +1,13 @@
 //! Issue 14's safety net: operations from several threads at once, checked against a
 //! serial model (docs/DESIGN.md, "Concurrency").
 //!
-//! Worker threads run random operations on a few shared directories and names, so they
-//! collide: create, mkdir, symlink, unlink, rmdir, rename (plain, noreplace, exchange;
-//! within and across directories), link, write, truncate, fallocate and hole punching,
-//! set/remove/get xattr, readdir, readdirplus, lookup, getattr, read; inodes are picked by number from pools every thread adds to,
-//! so operations also reach directories and files that another thread removed meanwhile
+//! Worker threads (4, or 8 in a third of the runs) run random operations on a few shared
+//! directories and names, so they collide (and now and then with many names, so
+//! directory indexes split and merge): create, mkdir, symlink, unlink, rmdir, rename
+//! (plain, noreplace, exchange; within and across directories), link, write, truncate,
+//! fallocate and hole punching, set/remove/get xattr, readdir, readdirplus, lookup,
+//! getattr, read. Inodes are picked by number from pools every thread adds to, so
+//! operations also reach directories and files that another thread removed meanwhile
 //! (they stay alive: the volume's holder holds every inode, as a FUSE kernel would). A
 //! committer thread commits at random moments, and a small log makes deltas commit by
 //! themselves inside operations too.
@@ -46,6 +48,7 @@ use dxfs::{MkfsOptions, OpenOptions, Volume};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Worker threads (a third of the runs use twice as many).
 const THREADS: usize = 4;
 const NAMES: &[&str] = &["a", "b", "c", "d", "e", "f"];
 /// How long the workers of one run may take before the run counts as deadlocked.
@@ -134,7 +137,12 @@ impl Pools {
     }
 }
 
+/// Mostly one of a few names, so operations collide; now and then one of many, so the
+/// directories grow past one index block and split and merge while others look.
 fn name(rng: &mut StdRng) -> String {
+    if rng.gen_range(0..5) == 0 {
+        return format!("many-{:03}-{}", rng.gen_range(0..300), "x".repeat(rng.gen_range(0..40)));
+    }
     NAMES[rng.gen_range(0..NAMES.len())].to_string()
 }
 
@@ -202,6 +210,7 @@ fn record(vol: &Volume, pools: &Pools, thread: usize, op: Op, last: &mut u64) ->
 #[derive(Clone, Copy, Debug)]
 struct Plan {
     seed: u64,
+    threads: usize,
     ops: usize,
     /// Longest pause of the committer between commits, in microseconds.
     commit_every_us: u64,
@@ -224,7 +233,7 @@ fn run_workers(vol: &Arc<Volume>, plan: Plan, events: Option<Arc<FaultDevice>>) 
     pools.all.lock().unwrap().push(root);
     let mut last = Volume::last_stamp();
     for d in ["d0", "d1", "d2"] {
-        let r = record(vol, &pools, THREADS, Op::Mkdir { dir: root, name: d.to_string() }, &mut last);
+        let r = record(vol, &pools, usize::MAX, Op::Mkdir { dir: root, name: d.to_string() }, &mut last);
         let Outcome::Attr(s) = &r.got else { panic!("setup mkdir: {:?}", r.got) };
         pools.hot.push(s.ino);
         setup.push(r);
@@ -240,7 +249,7 @@ fn run_workers(vol: &Arc<Volume>, plan: Plan, events: Option<Arc<FaultDevice>>) 
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let mut handles = Vec::new();
-    for t in 0..THREADS {
+    for t in 0..plan.threads {
         let (vol, pools, tx) = (vol.clone(), pools.clone(), tx.clone());
         handles.push(std::thread::spawn(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -280,7 +289,7 @@ fn run_workers(vol: &Arc<Volume>, plan: Plan, events: Option<Arc<FaultDevice>>) 
     let deadline = Instant::now() + TIME_LIMIT;
     let mut recs = setup;
     let mut failed = None;
-    for _ in 0..THREADS {
+    for _ in 0..plan.threads {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok((_, Ok(r))) => recs.extend(r),
             Ok((t, Err(e))) => {
@@ -442,7 +451,8 @@ fn concurrent_run(plan: Plan) {
 fn operations_match_the_serial_model() {
     let ops = env("DXFS_CONC_OPS").unwrap_or(400) as usize;
     for seed in seeds(1, 64) {
-        concurrent_run(Plan { seed, ops, commit_every_us: 2000 });
+        let threads = if seed % 3 == 0 { 2 * THREADS } else { THREADS };
+        concurrent_run(Plan { seed, threads, ops, commit_every_us: 2000 });
     }
 }
 
@@ -552,7 +562,7 @@ fn crash_images_under_concurrent_load() {
     let ops = env("DXFS_CONC_OPS").unwrap_or(400) as usize;
     let cuts = env("DXFS_CONC_CUTS").unwrap_or(300) as usize;
     for seed in seeds(1001, 4) {
-        crash_run(Plan { seed, ops, commit_every_us: 300 }, cuts);
+        crash_run(Plan { seed, threads: THREADS, ops, commit_every_us: 300 }, cuts);
     }
 }
 

@@ -385,11 +385,13 @@ impl Volume {
         if !b.running {
             let s = self.s.clone();
             let spawned = std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background());
-            if spawned.is_err() {
+            let Ok(thread) = spawned else {
                 b.requested -= 1;
                 drop(b);
                 return self.commit();
-            }
+            };
+            b.threads.retain(|t| !t.is_finished());
+            b.threads.push(thread);
             b.running = true;
         }
         while b.snapshotted < want {
@@ -430,11 +432,20 @@ impl Shared {
         }
     }
 
-    /// Wait until no background commit is running.
+    /// Wait until no background commit is running and its thread has exited: a thread
+    /// that served its last request still holds the shared state, with the mount mark,
+    /// until it exits (a drop that returned before could leave the device "already open
+    /// in this process" for a moment, and the mark's release written after the drop).
     pub(super) fn wait_background(&self) {
-        let mut b = self.background.lock();
-        while b.running {
-            self.background_cv.wait(&mut b);
+        let threads = {
+            let mut b = self.background.lock();
+            while b.running {
+                self.background_cv.wait(&mut b);
+            }
+            std::mem::take(&mut b.threads)
+        };
+        for t in threads {
+            let _ = t.join();
         }
     }
 

@@ -149,6 +149,9 @@ struct Background {
     snapshotted: u64,
     /// A background committer thread exists (it serves requests until none is left).
     running: bool,
+    /// Committer threads not known to have exited: each holds the shared state (and so
+    /// the mount mark) until it does, so dropping the volume joins them.
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Inner {

@@ -503,11 +503,14 @@ impl Store {
         if lazy != 0 {
             self.settle_lazy(b, lazy)?;
         }
-        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
-        let used = get_u16(blk, IB_USED) | 1; // slot 0 is the header
+        // Looked at before it is dirtied: `alloc_inode` walks a region's full blocks, and
+        // dirtying each one it passes rewrote the whole region at every commit and could
+        // make one create overrun the log room kept for an operation.
+        let used = get_u16(self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?, IB_USED) | 1; // slot 0 is the header
         if used == u16::MAX {
             return Ok(None);
         }
+        let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
         let s = (!used).trailing_zeros() as u64;
         put_u16(blk, IB_USED, (used | (1 << s)) & !1);
         Ok(Some(ino_of(b, s)))

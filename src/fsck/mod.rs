@@ -596,11 +596,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         inodes.insert(ino, i);
     }
     // Orphans: unlinked, still allocated until the next read-write open.
+    let mut orphans = HashSet::new();
     let mut cur = state.orphan_head;
     while cur != 0 && !w.seen.contains(&cur) {
         match w.st.inode(cur) {
             Ok(i) => {
                 w.seen.insert(cur);
+                orphans.insert(cur);
                 w.r.inodes += 1;
                 w.check_inode(&i)?;
                 cur = i.next_orphan;
@@ -626,7 +628,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Link counts.
     let mut nlink_fixes = Vec::new();
     for (ino, i) in &inodes {
-        let want = if i.is_dir() {
+        let want = if i.is_dir() && orphans.contains(ino) {
+            // A removed directory kept alive by its holder (a process's working
+            // directory, say) over a commit: no name, no `.`, no subdirectory.
+            0
+        } else if i.is_dir() {
             2 + subdirs.get(ino).copied().unwrap_or(0)
         } else {
             w.links.get(ino).copied().unwrap_or(0)

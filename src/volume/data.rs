@@ -217,7 +217,7 @@ impl Volume {
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let mut touch = false;
-        let (plan, epoch, dev) = {
+        let (plan, epoch, dev, planned_at) = {
             let mut g = self.lock();
             self.wait_landed(&mut g, ino)?;
             let i = g.st.inode(ino)?;
@@ -235,12 +235,23 @@ impl Volume {
                 return Ok(Vec::new());
             }
             let len = (size as u64).min(i.size - offset) as usize;
+            if let InodeData::InlineSymlink(t) = &i.data {
+                // A short target lives in the inode: there are no blocks to read.
+                let out = t[offset as usize..offset as usize + len].to_vec();
+                drop(g);
+                self.touch_atime(ino, touch);
+                return Ok(out);
+            }
+            let planned_at = g.stamp();
             let g = &mut *g;
-            (file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?, g.delta.epoch(), g.st.dev().clone())
+            let plan = file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?;
+            (plan, g.delta.epoch(), g.st.dev().clone(), planned_at)
         };
         let out = plan.execute(&*dev)?;
         let mut g = self.lock();
         let out = if g.delta.epoch() == epoch {
+            // What was read is the state the plan saw.
+            contention::set_stamp(planned_at);
             out
         } else {
             self.wait_landed(&mut g, ino)?;
@@ -260,6 +271,9 @@ impl Volume {
         if !wanted {
             return;
         }
+        // The access belongs where the caller read: the atime update (not part of any
+        // result) does not move the caller's linearization stamp.
+        let stamp = contention::current_stamp();
         // No blocks needed: the inode block is rewritten in place.
         let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(mut g, mut i)| {
             let t = now();
@@ -272,6 +286,7 @@ impl Volume {
         if let Err(e) = r {
             tracing::debug!("atime of inode {ino} not updated: {e}");
         }
+        contention::set_stamp(stamp);
     }
 
     /// Write `data` at `offset`; returns the bytes written. The file keeps its setuid

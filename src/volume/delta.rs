@@ -223,6 +223,11 @@ impl Delta {
         self.dirty_runs = self.dirty_runs - runs_before + runs(pages);
     }
 
+    /// Whether the delta holds no change at all (no dirty metadata or data).
+    pub(super) fn is_empty(&self, st: &Store) -> bool {
+        st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 && self.dirty_pages == 0
+    }
+
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
     pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
@@ -349,10 +354,17 @@ impl Inner {
         1
     }
 
-    /// Write back and snapshot the delta (see [`Delta::prepare_commit`]).
-    fn prepare_commit(&mut self, journal: &mut Journal) -> Result<Option<Flight>> {
+    /// Write back and snapshot the delta (see [`Delta::prepare_commit`]); `stamp` is the
+    /// linearization stamp of the lock hold doing it, recorded with the sequence number of
+    /// every delta it seals when [`Volume::record_commit_stamps`] asked for it.
+    fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
         self.list_held()?;
-        self.delta.prepare_commit(&mut self.st, &mut self.state, journal)
+        let before = self.delta.seq;
+        let r = self.delta.prepare_commit(&mut self.st, &mut self.state, journal);
+        if let Some(log) = &mut self.commit_stamps {
+            log.extend((before + 1..=self.delta.seq).map(|seq| (seq, stamp)));
+        }
+        r
     }
 
     fn finish_commit(&mut self, f: &Flight) {
@@ -447,11 +459,20 @@ impl Shared {
         }
     }
 
-    /// Wait until no background commit is running.
+    /// Wait until no background commit is running and its thread has exited: a thread
+    /// that served its last request still holds the shared state, with the mount mark,
+    /// until it exits (a drop that returned before could leave the device "already open
+    /// in this process" for a moment, and the mark's release written after the drop).
     pub(super) fn wait_background(&self) {
-        let mut b = self.background.lock();
-        while b.running {
-            self.background_cv.wait(&mut b);
+        let thread = {
+            let mut b = self.background.lock();
+            while b.running {
+                self.background_cv.wait(&mut b);
+            }
+            b.thread.take()
+        };
+        if let Some(t) = thread {
+            let _ = t.join();
         }
     }
 
@@ -475,7 +496,8 @@ impl Shared {
                     return Err(e);
                 }
             }
-            match g.prepare_commit(&mut journal) {
+            let stamp = g.stamp();
+            match g.prepare_commit(&mut journal, stamp) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
                 Err(e) => {
@@ -586,17 +608,20 @@ impl Volume {
             g.check_writable()?;
             let (c, read) = cost(&mut g)?;
             match g.fits(c) {
-                Ok(()) => return Ok((g, read)),
+                Ok(()) => {
+                    g.charged();
+                    return Ok((g, read));
+                }
                 Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
                     return Err(Error::NoSpace)
                 }
                 Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
-                Err(_) if commits >= 3 => {
-                    return Err(if g.fits(c) == Err(Short::Space) {
-                        Error::NoSpace
-                    } else {
-                        Error::corrupt("an operation does not fit in an empty delta")
-                    })
+                Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
+                // Other threads may fill the delta again between our commit and our retry:
+                // only a delta left empty proves the operation can never fit. (Each such
+                // retry follows a commit of their changes, so they make progress.)
+                Err(Short::Delta) if commits >= 3 && g.delta.is_empty(&g.st) => {
+                    return Err(Error::corrupt("an operation does not fit in an empty delta"))
                 }
                 // Dirty data past the limit while a commit is writing: take up to twice
                 // the limit rather than wait for that commit, and have the next one
@@ -605,6 +630,7 @@ impl Volume {
                     let in_flight = self.s.in_flight_pages.load(Ordering::Acquire);
                     if g.delta.dirty_pages + in_flight + c.pages <= 2 * g.delta.dirty_limit {
                         self.s.ask_background();
+                        g.charged();
                         return Ok((g, read));
                     }
                     // Wait for a piece of the commit's data to reach the device (its
@@ -625,6 +651,22 @@ impl Volume {
                 }
             }
         }
+    }
+
+    /// Test hook (issue 14's concurrency harness): from now on, remember for every delta
+    /// sealed for the log its sequence number and the linearization stamp (see
+    /// [`Volume::last_stamp`]) of the lock hold that sealed it, so a test can tell which
+    /// operations each committed state holds: exactly those with smaller stamps.
+    #[doc(hidden)]
+    pub fn record_commit_stamps(&self) {
+        self.lock().commit_stamps.get_or_insert_with(Vec::new);
+    }
+
+    /// Test hook: the `(sequence number, stamp)` of every delta sealed since
+    /// [`Volume::record_commit_stamps`], in order.
+    #[doc(hidden)]
+    pub fn commit_stamps(&self) -> Vec<(u64, u64)> {
+        self.lock().commit_stamps.clone().unwrap_or_default()
     }
 
     /// Commit the current delta and make it durable.

@@ -110,6 +110,9 @@ struct Inner {
     /// When each inode still held after losing its last link lost it (held or already on
     /// the orphan list): what `settle_unlinked` waits for.
     unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
+    /// `(sequence number, linearization stamp)` of every delta sealed, once a test asked
+    /// for them ([`Volume::record_commit_stamps`]).
+    commit_stamps: Option<Vec<(u64, u64)>>,
 }
 
 /// See [`Volume::set_holder`].
@@ -247,6 +250,7 @@ impl Volume {
             listed_held: Default::default(),
             orphan_prev: Default::default(),
             unlinked_at: Default::default(),
+            commit_stamps: None,
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
@@ -393,10 +397,6 @@ impl Drop for Volume {
         // A background commit finishes first: nothing of ours writes after the drop, and
         // its thread's share of the volume (the mount mark with it) is gone.
         self.s.wait_background();
-        let thread = self.s.background.lock().thread.take();
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
         let (ro, failed) = {
             let g = self.lock();
             (g.opts.read_only, g.is_failed())

@@ -364,6 +364,10 @@ impl Volume {
             let i = g.st.inode(ino)?;
             Ok((Cost::new(Inner::dir_cost(&p), 0, false), (p, i)))
         })?;
+        if p.nlink == 0 {
+            // A removed directory (still alive for its holder) takes no new names.
+            return Err(Error::NotFound);
+        }
         if i.is_dir() {
             return Err(Error::NotPermitted);
         }
@@ -461,6 +465,11 @@ impl Volume {
             Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout, 0, !flags.whiteout), (p, np)))
         })?;
         let g = &mut *g;
+        if p.nlink == 0 || np0.nlink == 0 {
+            // A removed directory (still alive for its holder) has no names to move and
+            // takes no new ones.
+            return Err(Error::NotFound);
+        }
         let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
         let dst = dir::lookup(&mut g.st, &np0, newname)?;
         if flags.noreplace && dst.is_some() {

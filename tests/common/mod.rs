@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod model;
+
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, MemDevice};

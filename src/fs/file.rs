@@ -242,7 +242,9 @@ fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Exte
 /// it without the volume lock and before the delta that maps them can commit.
 pub struct DataWrite {
     pub phys: u64,
-    pub pages: Vec<Box<Block>>,
+    /// The run's dirty pages, by page number (consecutive): split off the file's dirty
+    /// pages whole, so taking a run under the volume lock does not touch each page.
+    pub pages: Pages,
 }
 
 impl DataWrite {
@@ -261,13 +263,17 @@ impl DataWrite {
     ) -> Result<()> {
         let piece = piece.clamp(1, self.pages.len().max(1));
         let mut buf = AlignedBuf::new(piece * BLOCK_SIZE);
-        for (k, pages) in self.pages.chunks(piece).enumerate() {
-            let buf = &mut buf[..pages.len() * BLOCK_SIZE];
-            for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(pages) {
+        let mut pages = self.pages.values().peekable();
+        let mut at = self.phys;
+        while pages.peek().is_some() {
+            let mut n = 0;
+            for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(pages.by_ref().take(piece)) {
                 chunk.copy_from_slice(&p[..]);
+                n += 1;
             }
-            dev.write_data(self.phys + (k * piece) as u64, buf)?;
-            written(pages.len() as u64);
+            dev.write_data(at, &buf[..n * BLOCK_SIZE])?;
+            written(n as u64);
+            at += n as u64;
         }
         Ok(())
     }
@@ -293,13 +299,19 @@ pub fn writeback(
         if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
             break;
         }
+        // The run of consecutive pages from p0 (at most 8192), walked in key order.
         let mut n = 1u64;
-        while n < 8192 && pages.contains_key(&(p0 + n)) {
+        for &p in pages.keys().skip(1) {
+            if n == 8192 || p != p0 + n {
+                break;
+            }
             n += 1;
         }
         let goal = goal_for(st, inode, p0)?;
         let (phys, len) = st.space.alloc(goal, n, 1).ok_or(Error::NoSpace)?;
-        let run = (p0..p0 + len).map(|p| pages.remove(&p).expect("page of the run")).collect();
+        // Split the run off whole: what is left starts after it.
+        let rest = pages.split_off(&(p0 + len));
+        let run = std::mem::replace(pages, rest);
         out.push(DataWrite { phys, pages: run });
         unmap(st, inode, p0, p0 + len)?;
         map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;

@@ -235,8 +235,11 @@ impl Delta {
         if used + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
         }
-        if (self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit * dirty_factor)
-            || (c.pages > 0 && self.dirty_runs >= RUN_LIMIT * dirty_factor)
+        // Only changes that dirty pages are held back by the dirty-data limits (a delta
+        // may be past them while a commit is writing: see `charged_with`).
+        if c.pages > 0
+            && ((self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit * dirty_factor)
+                || self.dirty_runs >= RUN_LIMIT * dirty_factor)
         {
             return Err(Short::Dirty);
         }

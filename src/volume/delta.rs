@@ -517,6 +517,7 @@ impl Shared {
         let data = std::mem::take(&mut flight.data);
         let pages: u64 = data.iter().map(|w| w.pages.len() as u64).sum();
         self.in_flight_pages.store(pages, Ordering::Release);
+        self.in_flight_runs.store(data.len() as u64, Ordering::Release);
         snapshotted();
         let dev = self.lock().st.dev().clone();
         let mut wrote = Ok(());
@@ -525,11 +526,13 @@ impl Shared {
                 self.in_flight_pages.fetch_sub(n, Ordering::AcqRel);
                 self.landed.notify_all();
             });
+            self.in_flight_runs.fetch_sub(1, Ordering::AcqRel);
             if wrote.is_err() {
                 break;
             }
         }
         self.in_flight_pages.store(0, Ordering::Release);
+        self.in_flight_runs.store(0, Ordering::Release);
         {
             let mut g = self.lock();
             g.delta.landed();
@@ -630,8 +633,11 @@ impl Volume {
                 // the limit rather than wait for that commit, and have the next one
                 // start as soon as it ends.
                 Err(Short::Dirty) if commits == 0 && self.committing() && g.delta.fits(&g.st, c, 2).is_ok() => {
-                    let in_flight = self.s.in_flight_pages.load(Ordering::Acquire);
-                    if g.delta.dirty_pages + in_flight + c.pages <= 2 * g.delta.dirty_limit {
+                    let pages = self.s.in_flight_pages.load(Ordering::Acquire);
+                    let runs = self.s.in_flight_runs.load(Ordering::Acquire);
+                    if g.delta.dirty_pages + pages + c.pages <= 2 * g.delta.dirty_limit
+                        && g.delta.dirty_runs + runs < 2 * RUN_LIMIT
+                    {
                         self.s.ask_background();
                         g.charged();
                         return Ok((g, read));

@@ -142,6 +142,9 @@ struct Shared {
     background_cv: Condvar,
     /// Pages of file data a commit has snapshotted and not yet written (and freed).
     in_flight_pages: std::sync::atomic::AtomicU64,
+    /// Runs of file data (one device request or more each) a commit has snapshotted and
+    /// not yet written: scattered pages are held back by runs, not by pages.
+    in_flight_runs: std::sync::atomic::AtomicU64,
     read_only: bool,
     discard: bool,
     atime: AtimePolicy,
@@ -267,6 +270,7 @@ impl Volume {
                 background: Mutex::new(Background::default()),
                 background_cv: Condvar::new(),
                 in_flight_pages: Default::default(),
+                in_flight_runs: Default::default(),
                 read_only,
                 discard,
                 atime,

@@ -279,6 +279,52 @@ impl DataWrite {
     }
 }
 
+/// Write runs of file data, those that lie side by side on the device together, in
+/// requests of at most `piece` pages; each run is freed once written, and `written` is
+/// told the pages and the runs done after each request.
+pub fn write_runs(
+    dev: &dyn crate::disk::device::BlockDevice,
+    runs: Vec<DataWrite>,
+    piece: usize,
+    mut written: impl FnMut(u64, u64),
+) -> Result<()> {
+    let piece = piece.max(1);
+    let mut buf = AlignedBuf::new(piece * BLOCK_SIZE);
+    let mut runs = runs.into_iter().peekable();
+    // The request being filled: its first block and its pages so far.
+    let (mut start, mut n) = (0u64, 0usize);
+    let mut pages_in = 0u64;
+    let mut runs_in = 0u64;
+    while let Some(run) = runs.next() {
+        let mut pages = run.pages.values();
+        let mut at = run.phys;
+        loop {
+            if n > 0 && (at != start + n as u64 || n == piece) {
+                dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
+                written(pages_in, std::mem::take(&mut runs_in));
+                (n, pages_in) = (0, 0);
+            }
+            let Some(p) = pages.next() else { break };
+            if n == 0 {
+                start = at;
+            }
+            buf[n * BLOCK_SIZE..(n + 1) * BLOCK_SIZE].copy_from_slice(&p[..]);
+            n += 1;
+            pages_in += 1;
+            at += 1;
+        }
+        runs_in += 1;
+        drop(run);
+        // The next run continues this request only if it starts where this one ended.
+        if runs.peek().is_none_or(|r| r.phys != at) && n > 0 {
+            dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
+            written(pages_in, std::mem::take(&mut runs_in));
+            (n, pages_in) = (0, 0);
+        }
+    }
+    Ok(())
+}
+
 /// Write back dirty pages: allocate fresh blocks for each run of consecutive pages and
 /// remap; the data itself goes to `out`, for the caller to write before the delta commits.
 /// The blocks were charged to the delta when the pages were dirtied. Works one allocated
@@ -295,6 +341,10 @@ pub fn writeback(
 ) -> Result<u64> {
     let mark = st.usage_mark();
     let mut written = 0u64;
+    // Each run after the first goes right after the one before: the scattered pages of
+    // random overwrites then land side by side and go out as one device request
+    // (`write_runs`), as appends do anyway.
+    let mut next_goal = None;
     while let Some((&p0, _)) = pages.first_key_value() {
         if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
             break;
@@ -307,8 +357,12 @@ pub fn writeback(
             }
             n += 1;
         }
-        let goal = goal_for(st, inode, p0)?;
+        let goal = match next_goal {
+            Some(g) => g,
+            None => goal_for(st, inode, p0)?,
+        };
         let (phys, len) = st.space.alloc(goal, n, 1).ok_or(Error::NoSpace)?;
+        next_goal = Some(phys + len);
         // Split the run off whole: what is left starts after it.
         let rest = pages.split_off(&(p0 + len));
         let run = std::mem::replace(pages, rest);
@@ -445,4 +499,42 @@ pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
 /// Free every block of a file (its last link and last open handle are gone).
 pub fn free_all(st: &mut Store, inode: &mut Inode) -> Result<()> {
     punch(st, inode, 0, 1 << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::device::{BlockDevice, MemDevice};
+
+    /// A run of `n` pages from logical page `lp`, at block `phys`, page k filled with
+    /// byte `tag + k`.
+    fn run(phys: u64, lp: u64, n: u64, tag: u8) -> DataWrite {
+        let pages = (0..n).map(|k| (lp + k, Box::new([tag.wrapping_add(k as u8); BLOCK_SIZE]))).collect();
+        DataWrite { phys, pages }
+    }
+
+    /// Runs side by side on the device go out as one request, up to the piece size;
+    /// every page lands where its run says, and the callback counts pages and runs.
+    #[test]
+    fn write_runs_joins_neighbours_and_splits_pieces() {
+        let dev = MemDevice::new(64);
+        // 10..12 and 12..13 touch, 20..25 stands alone, 25..26 touches it.
+        let runs = vec![run(10, 0, 2, 1), run(12, 7, 1, 50), run(20, 3, 5, 100), run(25, 40, 1, 200)];
+        let (mut pages, mut done) = (0, 0);
+        let mut calls = 0;
+        write_runs(&dev, runs, 4, |p, r| {
+            pages += p;
+            done += r;
+            calls += 1;
+        })
+        .unwrap();
+        assert_eq!((pages, done), (9, 4));
+        // [10, 11, 12] in one request; [20..24] split at 4 pages: [20..23], [24, 25].
+        assert_eq!((dev.stats().writes, calls), (3, 3));
+        let mut b = [0u8; BLOCK_SIZE];
+        for (block, byte) in [(10, 1), (11, 2), (12, 50), (20, 100), (24, 104), (25, 200)] {
+            dev.read(block, &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == byte), "block {block}");
+        }
+    }
 }

@@ -520,17 +520,11 @@ impl Shared {
         self.in_flight_runs.store(data.len() as u64, Ordering::Release);
         snapshotted();
         let dev = self.lock().st.dev().clone();
-        let mut wrote = Ok(());
-        for w in data {
-            wrote = w.write_in_pieces(&*dev, DATA_PIECE, |n| {
-                self.in_flight_pages.fetch_sub(n, Ordering::AcqRel);
-                self.landed.notify_all();
-            });
-            self.in_flight_runs.fetch_sub(1, Ordering::AcqRel);
-            if wrote.is_err() {
-                break;
-            }
-        }
+        let wrote = file::write_runs(&*dev, data, DATA_PIECE, |pages, runs| {
+            self.in_flight_pages.fetch_sub(pages, Ordering::AcqRel);
+            self.in_flight_runs.fetch_sub(runs, Ordering::AcqRel);
+            self.landed.notify_all();
+        });
         self.in_flight_pages.store(0, Ordering::Release);
         self.in_flight_runs.store(0, Ordering::Release);
         {

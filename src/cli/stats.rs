@@ -28,16 +28,17 @@ pub fn run(a: StatsArgs) -> i32 {
         Ok(v) => v,
         Err(e) => return fail(format!("bad counters from the daemon: {e}"), 8),
     };
-    let mut out = format!("{:<12} {:>12} {:>12} {:>12}\n", "request", "count", "mean µs", "total ms");
+    let mut out = format!("{:<12} {:>12} {:>12} {:>12} {:>12}\n", "request", "count", "mean µs", "max µs", "total ms");
     if let Some(ops) = v["ops"].as_object() {
         let mut rows: Vec<_> = ops.iter().collect();
         rows.sort_by_key(|(_, o)| std::cmp::Reverse(o["count"].as_u64().unwrap_or(0)));
         for (name, o) in rows {
             out += &format!(
-                "{:<12} {:>12} {:>12.2} {:>12.1}\n",
+                "{:<12} {:>12} {:>12.2} {:>12.0} {:>12.1}\n",
                 name,
                 o["count"].as_u64().unwrap_or(0),
                 o["mean_us"].as_f64().unwrap_or(0.0),
+                o["max_us"].as_f64().unwrap_or(0.0),
                 o["total_us"].as_f64().unwrap_or(0.0) / 1000.0
             );
         }

@@ -1,6 +1,6 @@
 //! Requests counted per opcode, with the time the daemon spent on each kind: what each
 //! operation costs in round trips, readable from a live mount (`dxfs stats`) and logged at
-//! unmount. Counting is a pair of relaxed atomic adds per request.
+//! unmount. Counting is a pair of relaxed atomic adds (and a max) per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -69,6 +69,8 @@ fn name(op: u32) -> &'static str {
 struct Counter {
     count: AtomicU64,
     nanos: AtomicU64,
+    /// The longest one.
+    max_nanos: AtomicU64,
 }
 
 /// Counters of one mount.
@@ -100,6 +102,7 @@ impl Drop for Timer<'_> {
         let ns = self.start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
         self.counter.count.fetch_add(1, Ordering::Relaxed);
         self.counter.nanos.fetch_add(ns, Ordering::Relaxed);
+        self.counter.max_nanos.fetch_max(ns, Ordering::Relaxed);
     }
 }
 
@@ -113,8 +116,8 @@ impl RequestStats {
         Timer { counter: &self.counters[i], start: Instant::now() }
     }
 
-    /// (opcode name, requests, time spent) of every opcode seen, busiest first.
-    pub(super) fn snapshot(&self) -> Vec<(&'static str, u64, Duration)> {
+    /// (opcode name, requests, time spent, longest) of every opcode seen, busiest first.
+    pub(super) fn snapshot(&self) -> Vec<(&'static str, u64, Duration, Duration)> {
         let mut v: Vec<_> = (0..OPCODES)
             .map(|op| {
                 let c = &self.counters[op];
@@ -122,9 +125,10 @@ impl RequestStats {
                     name(op as u32),
                     c.count.load(Ordering::Relaxed),
                     Duration::from_nanos(c.nanos.load(Ordering::Relaxed)),
+                    Duration::from_nanos(c.max_nanos.load(Ordering::Relaxed)),
                 )
             })
-            .filter(|&(_, n, _)| n > 0)
+            .filter(|&(_, n, _, _)| n > 0)
             .collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         v
@@ -132,15 +136,19 @@ impl RequestStats {
 
     /// The counters as one JSON object: `{"transport": T, "seconds": S, "requests": N, "via_ring": R,
     /// "ops": {"LOOKUP":
-    /// {"count": n, "total_us": t, "mean_us": m}, ...}}`.
+    /// {"count": n, "total_us": t, "mean_us": m, "max_us": x}, ...}}`.
     pub(super) fn json(&self, transport: &str) -> String {
         let snap = self.snapshot();
         let total: u64 = snap.iter().map(|s| s.1).sum();
         let ops: Vec<String> = snap
             .iter()
-            .map(|(name, n, d)| {
+            .map(|(name, n, d, max)| {
                 let us = d.as_secs_f64() * 1e6;
-                format!("\"{name}\":{{\"count\":{n},\"total_us\":{us:.0},\"mean_us\":{:.2}}}", us / *n as f64)
+                format!(
+                    "\"{name}\":{{\"count\":{n},\"total_us\":{us:.0},\"mean_us\":{:.2},\"max_us\":{:.0}}}",
+                    us / *n as f64,
+                    max.as_secs_f64() * 1e6
+                )
             })
             .collect();
         format!(
@@ -157,7 +165,7 @@ impl RequestStats {
         let parts: Vec<String> = self
             .snapshot()
             .iter()
-            .map(|(name, n, d)| format!("{name} {n} ({:.1} µs)", d.as_secs_f64() * 1e6 / *n as f64))
+            .map(|(name, n, d, _)| format!("{name} {n} ({:.1} µs)", d.as_secs_f64() * 1e6 / *n as f64))
             .collect();
         if parts.is_empty() {
             "no requests".into()
@@ -189,6 +197,8 @@ mod tests {
         assert!(j.contains("\"requests\":5"), "{j}");
         assert!(j.contains("\"via_ring\":1"), "{j}");
         assert!(j.contains("\"LOOKUP\":{\"count\":3,"), "{j}");
+        assert!(j.contains("\"max_us\":"), "{j}");
+        assert!(snap.iter().all(|x| x.3 <= x.2), "the longest is within the total");
         assert!(s.summary().starts_with("LOOKUP 3 ("), "{}", s.summary());
     }
 }

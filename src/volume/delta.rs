@@ -88,10 +88,12 @@ pub(super) struct Delta {
     in_flight: HashSet<u64>,
 }
 
-/// Runs of dirty pages past which a delta commits: about 4 µs of extent-map work each at
-/// write-back (examples/random_overwrite.rs), so a commit holds the volume lock for some
-/// 30 ms at most however scattered the writes.
-const RUN_LIMIT: u64 = 8192;
+/// Runs of dirty pages past which a delta commits: about 3.5 µs of extent-map work each
+/// at write-back (examples/random_overwrite.rs), and a writer may go to twice this while a
+/// commit is writing, so a snapshot holds the volume lock for some 15 ms at most however
+/// scattered the writes. (8192 let four random writers through the mount wait up to
+/// 240–440 ms; 2048 brought that to 23–90 ms with more IOPS, docs/BENCHMARKS.md.)
+const RUN_LIMIT: u64 = 2048;
 
 /// Runs of consecutive pages in `pages`.
 fn runs(pages: &Pages) -> u64 {

@@ -288,8 +288,16 @@ pub fn write_runs(
     piece: usize,
     mut written: impl FnMut(u64, u64),
 ) -> Result<()> {
+    // A buffer as large as the largest request, not the largest possible one: a commit of
+    // one page should not clear 4 MiB.
     let piece = piece.max(1);
-    let mut buf = AlignedBuf::new(piece * BLOCK_SIZE);
+    let (mut largest, mut group, mut end) = (0usize, 0usize, None);
+    for r in &runs {
+        group = if end == Some(r.phys) { group + r.pages.len() } else { r.pages.len() };
+        end = Some(r.phys + r.pages.len() as u64);
+        largest = largest.max(group.min(piece));
+    }
+    let mut buf = AlignedBuf::new(largest * BLOCK_SIZE);
     let mut runs = runs.into_iter().peekable();
     // The request being filled: its first block and its pages so far.
     let (mut start, mut n) = (0u64, 0usize);

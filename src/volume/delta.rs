@@ -1,16 +1,15 @@
-//! The delta: what the front end changed since the last commit, its budget, and its
-//! commit (write-back, snapshot, log, release).
+//! The delta: what the front end changed since the last commit (dirty pages, their runs,
+//! the files in flight), what a change costs and whether it fits, and the delta's side
+//! of a commit (write-back and snapshot, release). `commit.rs` drives commits.
 
 use crate::disk::codec::*;
-use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::log::Journal;
 use crate::engine::space::Space;
 use crate::engine::store::Store;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fs::file::{self, DataWrite, Pages};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 
 use super::*;
 
@@ -251,6 +250,13 @@ impl Delta {
         Ok(())
     }
 
+    /// Whether a change of cost `c` fits in twice the dirty-data limits, counting the
+    /// `pages` and `runs` a running commit has not written yet: how far a writer may run
+    /// ahead of that commit.
+    pub(super) fn room_beside(&self, c: Cost, pages: u64, runs: u64) -> bool {
+        self.dirty_pages + pages + c.pages <= 2 * self.dirty_limit && self.dirty_runs + runs < 2 * RUN_LIMIT
+    }
+
     /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
     /// `after` pages: the first page of a file in a delta charges an extent-map change (a
     /// removal and an insert, each splitting at most every level, plus the inline-to-tree
@@ -362,7 +368,7 @@ impl Inner {
     /// Write back and snapshot the delta (see [`Delta::prepare_commit`]); `stamp` is the
     /// linearization stamp of the lock hold doing it, recorded with the sequence number of
     /// every delta it seals when [`Volume::record_commit_stamps`] asked for it.
-    fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
+    pub(super) fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
         self.list_held()?;
         let before = self.delta.seq;
         let r = self.delta.prepare_commit(&mut self.st, &mut self.state, journal);
@@ -372,355 +378,8 @@ impl Inner {
         r
     }
 
-    fn finish_commit(&mut self, f: &Flight) {
+    pub(super) fn finish_commit(&mut self, f: &Flight) {
         self.delta.finish_commit(&mut self.st, f)
-    }
-}
-
-impl Volume {
-    /// Commit the current delta and wait until it is durable.
-    pub(super) fn commit(&self) -> Result<()> {
-        self.s.commit(|| {})
-    }
-
-    /// Start committing the current delta in the background and wait only until it is
-    /// snapshotted: the caller goes on with a fresh delta while the data, the log and the
-    /// home writes of the full one reach the device (what a writer that fills the delta
-    /// needs; it waited for the whole commit before). A commit still running when the
-    /// next one is asked for makes this wait for it first, which throttles a writer to the
-    /// device's speed. Falls back to a plain commit if no thread can be started.
-    pub(super) fn commit_soon(&self) -> Result<()> {
-        let mut b = self.s.background.lock();
-        b.requested += 1;
-        let want = b.requested;
-        if !b.running {
-            // The previous committer has stopped serving; it is only leaving.
-            if let Some(t) = b.thread.take() {
-                let _ = t.join();
-            }
-            let s = self.s.clone();
-            match std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background()) {
-                Ok(t) => b.thread = Some(t),
-                Err(_) => {
-                    b.requested -= 1;
-                    drop(b);
-                    return self.commit();
-                }
-            }
-            b.running = true;
-        }
-        while b.snapshotted < want {
-            self.s.background_cv.wait(&mut b);
-        }
-        drop(b);
-        if self.lock().failed {
-            return Err(Error::Failed);
-        }
-        Ok(())
-    }
-}
-
-impl Volume {
-    /// Whether a background commit is under way (its thread has not stopped yet).
-    fn committing(&self) -> bool {
-        self.s.background.lock().running
-    }
-}
-
-impl Shared {
-    /// The background committer: commit until no request is left unserved, marking each
-    /// request served once its delta is snapshotted (or the commit failed).
-    fn serve_background(&self) {
-        loop {
-            let want = {
-                let mut b = self.background.lock();
-                if b.snapshotted >= b.requested {
-                    b.running = false;
-                    self.background_cv.notify_all();
-                    return;
-                }
-                b.requested
-            };
-            let served = || {
-                let mut b = self.background.lock();
-                b.snapshotted = b.snapshotted.max(want);
-                self.background_cv.notify_all();
-            };
-            if let Err(e) = self.commit(served) {
-                tracing::error!("background commit failed: {e}");
-            }
-            // Served whether it snapshotted or failed before (a failure is in `failed`).
-            served();
-        }
-    }
-
-    /// Ask for a background commit without waiting for it: it starts when the one
-    /// running now ends. Only called while one is running (see `committing`).
-    fn ask_background(&self) {
-        let mut b = self.background.lock();
-        // The running thread serves every request made before it looks again.
-        if b.running {
-            b.requested = b.requested.max(b.snapshotted + 1);
-        }
-    }
-
-    /// Wait until no background commit is running and its thread has exited: a thread
-    /// that served its last request still holds the shared state, with the mount mark,
-    /// until it exits (a drop that returned before could leave the device "already open
-    /// in this process" for a moment, and the mark's release written after the drop).
-    pub(super) fn wait_background(&self) {
-        let thread = {
-            let mut b = self.background.lock();
-            while b.running {
-                self.background_cv.wait(&mut b);
-            }
-            b.thread.take()
-        };
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
-    }
-
-    /// Commit the current delta and wait until it is durable; `snapshotted` runs once the
-    /// delta is snapshotted (the front end is free to go on), before the writes.
-    fn commit(&self, snapshotted: impl Fn()) -> Result<()> {
-        let mut journal = self.journal.lock();
-        let mut flight = {
-            let mut g = self.lock();
-            if g.is_failed() {
-                return Err(Error::Failed);
-            }
-            if g.opts.read_only {
-                return Ok(());
-            }
-            // A volume left clean by `shutdown` takes its mount mark back before it writes.
-            let pending = !g.delta.dirty.is_empty() || g.st.dirty_count() > 0 || g.st.space.pending_bitmap_blocks() > 0;
-            if pending {
-                if let Some(Err(e)) = g.mark.as_ref().map(|m| m.unpark()) {
-                    g.failed = true;
-                    return Err(e);
-                }
-            }
-            let stamp = g.stamp();
-            match g.prepare_commit(&mut journal, stamp) {
-                Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    g.failed = true;
-                    return Err(e);
-                }
-            }
-        };
-        // File data, then the log and home writes, all without the volume lock: the front
-        // end goes on with the next delta meanwhile. Only reads of the files being written
-        // back wait, and only for their data (`wait_landed`). The data goes in pieces, each
-        // freed once written, so a writer held back by the dirty limit goes on as soon as
-        // a piece is on the device (`in_flight_pages`).
-        let data = std::mem::take(&mut flight.data);
-        let pages: u64 = data.iter().map(|w| w.pages.len() as u64).sum();
-        self.in_flight_pages.store(pages, Ordering::Release);
-        self.in_flight_runs.store(data.len() as u64, Ordering::Release);
-        snapshotted();
-        let dev = self.lock().st.dev().clone();
-        let wrote = file::write_runs(&*dev, data, DATA_PIECE, |pages, runs| {
-            self.in_flight_pages.fetch_sub(pages, Ordering::AcqRel);
-            self.in_flight_runs.fetch_sub(runs, Ordering::AcqRel);
-            self.landed.notify_all();
-        });
-        self.in_flight_pages.store(0, Ordering::Release);
-        self.in_flight_runs.store(0, Ordering::Release);
-        {
-            let mut g = self.lock();
-            g.delta.landed();
-            if wrote.is_err() {
-                g.failed = true;
-            }
-            self.landed.notify_all();
-        }
-        wrote?;
-        let r = journal.commit(&*dev, &flight.blocks);
-        if r.is_ok() && self.discard {
-            // Durable: the freed runs are unreferenced, and still held, so nothing can
-            // reuse them before the trim is done.
-            Volume::discard(&*dev, &flight.held);
-        }
-        let mut g = self.lock();
-        match r {
-            Ok(()) => {
-                g.finish_commit(&flight);
-                Ok(())
-            }
-            Err(e) => {
-                g.failed = true;
-                Err(e)
-            }
-        }
-    }
-}
-
-impl Volume {
-    /// Wait until the data of file `ino` written back by a commit in flight is on the
-    /// device (its extent map may point at blocks not written yet). The lock is released
-    /// while waiting.
-    pub(super) fn wait_landed(&self, g: &mut Held<'_>, ino: u64) -> Result<()> {
-        while g.delta.in_flight(ino) {
-            g.wait(&self.s.landed);
-        }
-        if g.failed {
-            return Err(Error::Failed);
-        }
-        Ok(())
-    }
-
-    /// Lock the volume for a change whose cost `cost` computes; if the current delta
-    /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
-    /// still cannot.
-    pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
-        self.charged_with(|g| Ok((cost(g)?, ()))).map(|(g, ())| g)
-    }
-
-    /// [`Volume::charged`] for a change that reads file `ino`'s data (a partial page, a
-    /// truncated tail): it also waits until a commit's write-back of that file has landed.
-    pub(super) fn charged_on(&self, ino: u64, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
-        self.charged_on_with(ino, |g| Ok((cost(g)?, ()))).map(|(g, ())| g)
-    }
-
-    /// [`Volume::charged_on`], also handing back what the cost function read.
-    pub(super) fn charged_on_with<T>(
-        &self,
-        ino: u64,
-        cost: impl Fn(&mut Inner) -> Result<(Cost, T)>,
-    ) -> Result<(Held<'_>, T)> {
-        loop {
-            let (mut g, read) = self.charged_with(&cost)?;
-            if !g.delta.in_flight(ino) {
-                return Ok((g, read));
-            }
-            // The lock is released while waiting, so the charge is made again.
-            self.wait_landed(&mut g, ino)?;
-        }
-    }
-
-    /// [`Volume::charged`], also handing back what the cost function read (typically the
-    /// decoded inodes), so the operation does not read them again under the same lock.
-    pub(super) fn charged_with<T>(&self, cost: impl Fn(&mut Inner) -> Result<(Cost, T)>) -> Result<(Held<'_>, T)> {
-        let mut commits = 0;
-        loop {
-            let mut g = self.lock();
-            g.check_writable()?;
-            let (c, read) = cost(&mut g)?;
-            match g.fits(c) {
-                Ok(()) => {
-                    g.charged();
-                    return Ok((g, read));
-                }
-                Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
-                    return Err(Error::NoSpace)
-                }
-                Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
-                Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
-                // Other threads may fill the delta again between our commit and our retry:
-                // only a delta left empty proves the operation can never fit. (Each such
-                // retry follows a commit of their changes, so they make progress.)
-                Err(Short::Delta) if commits >= 3 && g.delta.is_empty(&g.st) => {
-                    return Err(Error::corrupt("an operation does not fit in an empty delta"))
-                }
-                // Dirty data past the limit while a commit is writing: take up to twice
-                // the limit rather than wait for that commit, and have the next one
-                // start as soon as it ends.
-                Err(Short::Dirty) if commits == 0 && self.committing() && g.delta.fits(&g.st, c, 2).is_ok() => {
-                    let pages = self.s.in_flight_pages.load(Ordering::Acquire);
-                    let runs = self.s.in_flight_runs.load(Ordering::Acquire);
-                    if g.delta.dirty_pages + pages + c.pages <= 2 * g.delta.dirty_limit
-                        && g.delta.dirty_runs + runs < 2 * RUN_LIMIT
-                    {
-                        self.s.ask_background();
-                        g.charged();
-                        return Ok((g, read));
-                    }
-                    // Wait for a piece of the commit's data to reach the device (its
-                    // pages are then freed), and try again.
-                    g.wait_for(&self.s.landed, std::time::Duration::from_millis(10));
-                }
-                // A full delta only needs to be snapshotted to make room; the space
-                // budget needs the commit's frees, which come at its end.
-                Err(Short::Delta | Short::Dirty) if commits == 0 => {
-                    drop(g);
-                    self.commit_soon()?;
-                    commits += 1;
-                }
-                Err(_) => {
-                    drop(g);
-                    self.commit()?;
-                    commits += 1;
-                }
-            }
-        }
-    }
-
-    /// Test hook (issue 14's concurrency harness): from now on, remember for every delta
-    /// sealed for the log its sequence number and the linearization stamp (see
-    /// [`Volume::last_stamp`]) of the lock hold that sealed it, so a test can tell which
-    /// operations each committed state holds: exactly those with smaller stamps.
-    #[doc(hidden)]
-    pub fn record_commit_stamps(&self) {
-        self.lock().commit_stamps.get_or_insert_with(Vec::new);
-    }
-
-    /// Test hook: the `(sequence number, stamp)` of every delta sealed since
-    /// [`Volume::record_commit_stamps`], in order.
-    #[doc(hidden)]
-    pub fn commit_stamps(&self) -> Vec<(u64, u64)> {
-        self.lock().commit_stamps.clone().unwrap_or_default()
-    }
-
-    /// Commit the current delta and make it durable.
-    pub fn sync(&self) -> Result<()> {
-        self.commit()
-    }
-
-    /// Make one file durable (commits the whole delta: deltas are atomic).
-    pub fn fsync(&self, _ino: u64) -> Result<()> {
-        self.sync()
-    }
-
-    /// Commit and close.
-    pub fn close(self) -> Result<()> {
-        self.shutdown()
-    }
-
-    /// Commit, and leave the volume clean: the next open has nothing to replay. The
-    /// volume stays usable (a later change simply starts a new delta).
-    pub fn shutdown(&self) -> Result<()> {
-        self.sync()?;
-        self.checkpoint()?;
-        // A last flush even when nothing was written: the device is left with nothing of
-        // ours in flight (an NBD device's readahead), whatever holds the volume after.
-        let dev = self.lock().st.dev().clone();
-        dev.flush()?;
-        // Clean: so is the mount mark, if this volume alone holds it (fsck and resize hold
-        // theirs for longer), even if the volume is never dropped (a daemon that exits).
-        let g = self.lock();
-        if let Some(m) = g.mark.as_ref().filter(|m| Arc::strong_count(m) == 1) {
-            m.park();
-        }
-        Ok(())
-    }
-
-    /// After the last commit: make its home writes durable and commit an empty delta, so
-    /// the next open has nothing to replay (a clean unmount; replaying would read and
-    /// rewrite the whole last delta).
-    pub(super) fn checkpoint(&self) -> Result<()> {
-        let mut journal = self.s.journal.lock();
-        let mut g = self.lock();
-        if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
-            return Ok(());
-        }
-        let dev = g.st.dev().clone();
-        dev.flush()?;
-        journal.commit(&*dev, &[])?;
-        g.delta.checkpointed(journal.seq);
-        Ok(())
     }
 }
 

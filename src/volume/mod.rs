@@ -21,6 +21,7 @@ use crate::engine::store::Store;
 use crate::error::{Error, Result};
 
 mod attrs;
+mod commit;
 mod contention;
 mod data;
 mod delta;
@@ -33,8 +34,8 @@ mod resize;
 mod trim;
 mod types;
 
+use contention::LockCounters;
 pub use contention::LockStats;
-use contention::{Held, LockCounters};
 use delta::{Cost, Delta};
 pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;

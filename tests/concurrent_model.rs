@@ -456,23 +456,6 @@ fn operations_match_the_serial_model() {
     }
 }
 
-/// Open a crash image and return its namespace (fsck clean before and after).
-fn recover(img: Vec<u8>) -> Result<Dump, String> {
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("fsck -n failed to run: {e}"))?;
-    if !r.errors.is_empty() {
-        return Err(format!("fsck -n: {:?}", r.errors));
-    }
-    let vol = Volume::open(dev.clone(), OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
-    let d = dump(&vol);
-    vol.close().map_err(|e| format!("close: {e}"))?;
-    let r = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("fsck failed to run: {e}"))?;
-    if !r.errors.is_empty() {
-        return Err(format!("fsck after recovery: {:?}", r.errors));
-    }
-    Ok(d)
-}
-
 fn crash_run(plan: Plan, cuts: usize) {
     let _g = SeedGuard("crash_images_under_concurrent_load", plan.seed);
     let base = Arc::new(MemDevice::new(4096));

@@ -78,23 +78,6 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize) -> Vec<(usize, Dump)
     snaps
 }
 
-/// Open a crash image and return its namespace (checking it with fsck first and after).
-fn recover(img: Vec<u8>) -> Result<Dump, String> {
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("fsck -n failed to run: {e}"))?;
-    if !r.errors.is_empty() {
-        return Err(format!("fsck -n: {:?}", r.errors));
-    }
-    let vol = Volume::open(dev.clone(), OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
-    let d = dump(&vol);
-    vol.close().map_err(|e| format!("close: {e}"))?;
-    let r = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("fsck failed to run: {e}"))?;
-    if !r.errors.is_empty() {
-        return Err(format!("fsck after recovery: {:?}", r.errors));
-    }
-    Ok(d)
-}
-
 fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
     let base = Arc::new(MemDevice::new(BLOCKS));
     dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();

@@ -208,16 +208,7 @@ impl Model {
                 out.insert(p, (node, i.xattrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()));
             }
         }
-        files.sort();
-        let mut first: HashMap<u64, String> = HashMap::new();
-        for (p, id) in &files {
-            first.entry(*id).or_insert_with(|| p.clone());
-        }
-        for (p, id) in files {
-            if let Some((Node::File { first_link, .. }, _)) = out.get_mut(&p) {
-                *first_link = first[&id].clone();
-            }
-        }
+        set_first_links(&mut out, files);
         out
     }
 }

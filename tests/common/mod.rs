@@ -62,7 +62,6 @@ pub type Dump = BTreeMap<String, (Node, Vec<(Vec<u8>, Vec<u8>)>)>;
 pub fn dump(vol: &Volume) -> Dump {
     use dxfs::FileType;
     let mut out = Dump::new();
-    let mut seen_at: BTreeMap<u64, String> = BTreeMap::new();
     let mut stack = vec![(vol.root(), String::new())];
     let mut files = Vec::new();
     while let Some((ino, path)) = stack.pop() {
@@ -107,16 +106,41 @@ pub fn dump(vol: &Volume) -> Dump {
             }
         }
     }
+    set_first_links(&mut out, files);
+    out
+}
+
+/// Fill in each file's `first_link`: the first of its paths in sorted order. `files` are
+/// (path, inode) of every regular file in `out`.
+pub fn set_first_links(out: &mut Dump, mut files: Vec<(String, u64)>) {
     files.sort();
+    let mut first: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
     for (p, ino) in &files {
-        seen_at.entry(*ino).or_insert_with(|| p.clone());
+        first.entry(*ino).or_insert_with(|| p.clone());
     }
     for (p, ino) in files {
         if let Some((Node::File { first_link, .. }, _)) = out.get_mut(&p) {
-            *first_link = seen_at[&ino].clone();
+            *first_link = first[&ino].clone();
         }
     }
-    out
+}
+
+/// Open a crash image and return its namespace; fsck must find it clean before the
+/// open (the image as cut) and after it (the recovered volume).
+pub fn recover(img: Vec<u8>) -> Result<Dump, String> {
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("fsck -n failed to run: {e}"))?;
+    if !r.errors.is_empty() {
+        return Err(format!("fsck -n: {:?}", r.errors));
+    }
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
+    let d = dump(&vol);
+    vol.close().map_err(|e| format!("close: {e}"))?;
+    let r = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("fsck failed to run: {e}"))?;
+    if !r.errors.is_empty() {
+        return Err(format!("fsck after recovery: {:?}", r.errors));
+    }
+    Ok(d)
 }
 
 /// Run the `dxfs` command; returns its exit code, stdout and stderr.

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Dump, Node};
+use super::{set_first_links, Dump, Node};
 use dxfs::{Attr, FileType, RenameFlags, SetAttr, Volume, XattrMode};
 
 /// One operation, by inode numbers and names.
@@ -586,16 +586,7 @@ impl FsModel {
                 out.insert(p, (node, n.xattrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()));
             }
         }
-        files.sort();
-        let mut first: HashMap<u64, String> = HashMap::new();
-        for (p, ino) in &files {
-            first.entry(*ino).or_insert_with(|| p.clone());
-        }
-        for (p, ino) in files {
-            if let Some((Node::File { first_link, .. }, _)) = out.get_mut(&p) {
-                *first_link = first[&ino].clone();
-            }
-        }
+        set_first_links(&mut out, files);
         out
     }
 }

@@ -247,38 +247,6 @@ pub struct DataWrite {
     pub pages: Pages,
 }
 
-impl DataWrite {
-    /// One device request for the whole run.
-    pub fn write(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<()> {
-        self.write_in_pieces(dev, usize::MAX, |_| {})
-    }
-
-    /// Write the run as requests of at most `piece` pages, calling `written` with the
-    /// number of pages after each.
-    pub fn write_in_pieces(
-        &self,
-        dev: &dyn crate::disk::device::BlockDevice,
-        piece: usize,
-        mut written: impl FnMut(u64),
-    ) -> Result<()> {
-        let piece = piece.clamp(1, self.pages.len().max(1));
-        let mut buf = AlignedBuf::new(piece * BLOCK_SIZE);
-        let mut pages = self.pages.values().peekable();
-        let mut at = self.phys;
-        while pages.peek().is_some() {
-            let mut n = 0;
-            for (chunk, p) in buf.chunks_exact_mut(BLOCK_SIZE).zip(pages.by_ref().take(piece)) {
-                chunk.copy_from_slice(&p[..]);
-                n += 1;
-            }
-            dev.write_data(at, &buf[..n * BLOCK_SIZE])?;
-            written(n as u64);
-            at += n as u64;
-        }
-        Ok(())
-    }
-}
-
 /// Write runs of file data, those that lie side by side on the device together, in
 /// requests of at most `piece` pages; each run is freed once written, and `written` is
 /// told the pages and the runs done after each request.

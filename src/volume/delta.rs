@@ -300,9 +300,7 @@ impl Delta {
                 }
                 // The log is full: commit what is mapped so far, its data first (under
                 // the lock: only write-backs larger than a log area come here).
-                for w in data.drain(..) {
-                    w.write(&**st.dev())?;
-                }
+                file::write_runs(&**st.dev(), std::mem::take(&mut data), DATA_PIECE, |_, _| {})?;
                 st.space.release_deferred();
                 st.forget_freed();
                 let blocks = self.snapshot(st, state);

@@ -2,7 +2,7 @@
 """Real applications, side by side: kernel ext4 and dxfs in the same run (issue 15).
 
     sudo python3 bench/apps.py [--only sqlite,git,cargo] [--size 6] [--transport uring]
-                               [--dxfs-opts writeback_cache] [--dxfs-bin target/release/dxfs]
+                               [--dxfs-opts no_writeback_cache] [--dxfs-bin target/release/dxfs]
                                [--sqlite-rows 100000] [--git-tree /usr/share/doc,/usr/include]
                                [--cargo-src .] [--json FILE]
 

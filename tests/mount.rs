@@ -998,7 +998,8 @@ fn daemon_and_mount_helper() {
 fn full_volume() {
     require_fuse!();
     let s = Scratch::new(32);
-    // Without the writeback cache ENOSPC comes back from write() itself.
+    // Without the writeback cache every write() reaches the volume: ENOSPC is exact, to
+    // the last blocks (with it, see full_volume_with_writeback_cache).
     let m = s.mount(&["--writeback-cache", "off"]);
     let fill = s.path("fill");
     let mut f = File::create(&fill).unwrap();

@@ -101,6 +101,13 @@ impl MetaCache {
         Ok(&c.data)
     }
 
+    /// A block if it is cached (with its magic checked when `want` is given); never
+    /// reads. What threads sharing the volume lock read through ([`crate::engine::store::CacheView`]).
+    pub fn peek(&self, blockno: u64, want: Option<u32>) -> Option<Result<&Block>> {
+        let c = self.blocks.get(&blockno)?;
+        Some(Self::check_magic(&c.data, blockno, want).map(|()| &*c.data))
+    }
+
     /// A verified block for modification; it joins the current delta's dirty set.
     pub fn get_mut(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&mut Block> {
         let c = Self::slot(&mut self.blocks, self.capacity + self.dirty_count, dev, blockno)?;

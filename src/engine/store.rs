@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
-use crate::engine::btree::NodeStore;
+use crate::engine::btree::{NodeRead, NodeStore};
 use crate::engine::cache::{MetaCache, Windows};
 use crate::engine::log::Journal;
 use crate::engine::space::Space;
@@ -28,7 +28,7 @@ pub struct Store {
     /// Recently stored shareable xattr blocks by content hash (a hint, checked on use).
     pub xattr_shared: BlockHints,
     /// Xattr lists read from xattr blocks (not inline): what the bloom filter saves.
-    pub xattr_block_reads: u64,
+    pub xattr_block_reads: std::sync::atomic::AtomicU64,
     /// Without reservation: the inode block new inodes currently go to.
     pub shared_inode_block: Option<u64>,
     /// Metadata blocks freed in the current delta, and in the delta being committed: a
@@ -265,10 +265,121 @@ const WINDOW_MIN_DENSITY: f64 = 0.25;
 /// Inode blocks read together on a miss (128 KiB), as ext4 reads its inode tables.
 pub const INODE_WINDOW: u64 = 32;
 
-impl NodeStore for Store {
+/// Reading metadata: through the [`Store`] itself, which reads what the cache lacks, or
+/// through a [`CacheView`], which sees only what is cached and so needs no exclusive
+/// access (threads that share the volume lock read through it at the same time).
+pub trait MetaRead: NodeRead {
+    /// The store: superblock, space map, lazy-free records.
+    fn store(&self) -> &Store;
+    /// A verified metadata block, its magic checked when `want` is given.
+    fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block>;
+    /// Called before inode block `b` is read: the store reads its window ahead.
+    fn before_inode_block(&mut self, _b: u64) -> Result<()> {
+        Ok(())
+    }
+    /// Whether a block was not there to read ([`CacheView`]): the error that came of it
+    /// is not the block's fault, and the work will be done again.
+    fn missed(&self) -> bool {
+        false
+    }
+}
+
+impl MetaRead for Store {
+    fn store(&self) -> &Store {
+        self
+    }
+    fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
+        self.cache.get(&*self.dev, b, want)
+    }
+    fn before_inode_block(&mut self, b: u64) -> Result<()> {
+        if self.inode_readahead && !self.cache.contains(b) {
+            self.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
+        }
+        Ok(())
+    }
+}
+
+/// The store's cache, read only: a block that is not cached is not read but *missed*
+/// (an error, and [`CacheView::missed`] says so), and the caller does the work again
+/// through the store itself, with the volume lock held exclusively. Whatever an
+/// operation computed after a miss is thrown away, so code that swallows errors (`if let
+/// Ok(..)`) cannot turn a miss into a wrong answer.
+pub struct CacheView<'a> {
+    st: &'a Store,
+    missed: bool,
+}
+
+impl<'a> CacheView<'a> {
+    pub fn new(st: &'a Store) -> CacheView<'a> {
+        CacheView { st, missed: false }
+    }
+
+    /// Give up: the work needs more than the cache holds (it will be done again through
+    /// the store), as after a miss.
+    pub fn decline(&mut self) {
+        self.missed = true;
+    }
+
+    fn peek(&mut self, b: u64, want: Option<u32>) -> Result<&'a Block> {
+        match self.st.cache.peek(b, want) {
+            Some(r) => r,
+            None => {
+                self.missed = true;
+                Err(Error::Io(std::io::ErrorKind::WouldBlock.into()))
+            }
+        }
+    }
+}
+
+impl NodeRead for CacheView<'_> {
+    fn node(&mut self, block: u64) -> Result<&Block> {
+        self.peek(block, Some(crate::engine::btree::BTREE_MAGIC))
+    }
+}
+
+impl MetaRead for CacheView<'_> {
+    fn store(&self) -> &Store {
+        self.st
+    }
+    fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
+        self.peek(b, want)
+    }
+    fn missed(&self) -> bool {
+        self.missed
+    }
+}
+
+/// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale handle);
+/// a damaged block is `Corrupt`.
+pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+    let (b, s) = r.store().check_ino(ino)?;
+    if !r.store().space.is_used(b) || r.store().freed_pending(b) {
+        return Err(Error::NotFound);
+    }
+    // A damaged lazy-free tree must not make every inode unreadable: no directory
+    // entry names a lazily freed inode, so reading goes on as if it had no record
+    // (fsck reports the tree; changes that need it fail).
+    let lazy = r.store().lazy_masks.get(&b).copied().unwrap_or(0);
+    r.before_inode_block(b)?;
+    let blk = r.block(b, Some(INODE_MAGIC))?;
+    if get_u16(blk, IB_USED) & (1 << s) == 0 {
+        return Err(Error::NotFound);
+    }
+    let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
+        .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
+    if lazy & (1 << s) != 0 {
+        return Err(Error::NotFound);
+    }
+    Ok(i)
+}
+
+impl NodeRead for Store {
     fn node(&mut self, block: u64) -> Result<&Block> {
         self.cache.get(&*self.dev, block, Some(crate::engine::btree::BTREE_MAGIC))
     }
+}
+
+impl NodeStore for Store {
     fn node_mut(&mut self, block: u64) -> Result<&mut Block> {
         self.cache.get_mut(&*self.dev, block, Some(crate::engine::btree::BTREE_MAGIC))
     }
@@ -299,7 +410,7 @@ impl Store {
             sb,
             reserve_regions,
             xattr_shared: BlockHints::new(XATTR_SHARE_HINTS),
-            xattr_block_reads: 0,
+            xattr_block_reads: Default::default(),
             shared_inode_block: None,
             freed_meta: Default::default(),
             freed_in_flight: Default::default(),
@@ -414,29 +525,9 @@ impl Store {
         Ok((b, s))
     }
 
-    /// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale
-    /// handle); a damaged block is `Corrupt`.
+    /// Read an inode (see [`read_inode`]).
     pub fn inode(&mut self, ino: u64) -> Result<Inode> {
-        let (b, s) = self.check_ino(ino)?;
-        if !self.space.is_used(b) || self.freed_pending(b) {
-            return Err(Error::NotFound);
-        }
-        if self.inode_readahead && !self.cache.contains(b) {
-            self.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
-        }
-        let blk = self.cache.get(&*self.dev, b, Some(INODE_MAGIC))?;
-        if get_u16(blk, IB_USED) & (1 << s) == 0 {
-            return Err(Error::NotFound);
-        }
-        let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
-            .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
-        // A damaged lazy-free tree must not make every inode unreadable: no directory
-        // entry names a lazily freed inode, so reading goes on as if it had no record
-        // (fsck reports the tree; changes that need it fail).
-        if self.lazy_freed(b).unwrap_or(0) & (1 << s) != 0 {
-            return Err(Error::NotFound);
-        }
-        Ok(i)
+        read_inode(self, ino)
     }
 
     /// Read the inode blocks `blocks` (sorted prefetch): in aligned windows of

@@ -14,7 +14,7 @@
 use crate::disk::format::*;
 use crate::disk::hash::ext4_hash;
 use crate::engine::btree;
-use crate::engine::store::Store;
+use crate::engine::store::{MetaRead, Store};
 use crate::error::{Error, Result};
 
 /// The hash key of a name before displacement.
@@ -36,7 +36,7 @@ pub fn check_name(name: &[u8]) -> Result<()> {
 
 /// Visit the decoded entries with key >= `from` in key order until `f` returns false.
 fn scan_entries(
-    st: &mut Store,
+    st: &mut (impl MetaRead + ?Sized),
     dir: &Inode,
     from: u64,
     mut f: impl FnMut(u64, u64, FileType, &[u8]) -> bool,
@@ -65,8 +65,8 @@ pub struct Found {
 }
 
 /// Look a name up.
-pub fn lookup(st: &mut Store, dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
-    let h = name_key(st, name);
+pub fn lookup(st: &mut (impl MetaRead + ?Sized), dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
+    let h = name_key(st.store(), name);
     let limit = h + dir.dir()?.max_disp as u64;
     let mut found = None;
     scan_entries(st, dir, h, |k, ino, ft, n| {
@@ -154,7 +154,12 @@ pub struct DirEntry {
 
 /// List entries from position `pos`: "." and ".." first, then the index in key order.
 /// `f` returns false to stop.
-pub fn read(st: &mut Store, dir: &Inode, pos: u64, mut f: impl FnMut(DirEntry) -> bool) -> Result<()> {
+pub fn read(
+    st: &mut (impl MetaRead + ?Sized),
+    dir: &Inode,
+    pos: u64,
+    mut f: impl FnMut(DirEntry) -> bool,
+) -> Result<()> {
     dir.dir()?;
     if pos == 0 && !f(DirEntry { ino: dir.ino, ft: FileType::Directory, name: b".".to_vec(), next: 1 }) {
         return Ok(());

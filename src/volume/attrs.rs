@@ -5,26 +5,44 @@ use crate::fs::acl;
 use crate::fs::xattr;
 
 use super::*;
+use crate::engine::store::{read_inode, MetaRead};
+
+/// The attributes of inode `i`, counting the blocks its dirty pages will take.
+pub(super) fn attr_of(delta: &Delta, i: &Inode) -> Result<Attr> {
+    let pending = delta.new_page_count(i.ino);
+    Ok(Attr {
+        ino: i.ino,
+        size: i.size,
+        blocks: (i.blocks + pending) * 8,
+        atime: i.atime,
+        mtime: i.mtime,
+        ctime: i.ctime,
+        crtime: i.crtime,
+        kind: type_of(i.mode)?,
+        mode: i.mode,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: i.rdev,
+        generation: i.generation,
+    })
+}
+
+/// Inode `i`'s ACL of kind `idx` (2 access, 3 default), if it has one.
+fn acl_in(r: &mut (impl MetaRead + ?Sized), i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
+    let sb = &r.store().sb;
+    if sb.xattr_filter() && xattr::ruled_out(i, idx, b"", sb.filter_hashes()) {
+        return Ok(None);
+    }
+    match xattr::load(r, i)?.into_iter().find(|x| x.idx == idx) {
+        Some(x) => Ok(Some(acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?)),
+        None => Ok(None),
+    }
+}
 
 impl Inner {
     pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
-        let pending = self.delta.new_page_count(i.ino);
-        Ok(Attr {
-            ino: i.ino,
-            size: i.size,
-            blocks: (i.blocks + pending) * 8,
-            atime: i.atime,
-            mtime: i.mtime,
-            ctime: i.ctime,
-            crtime: i.crtime,
-            kind: type_of(i.mode)?,
-            mode: i.mode,
-            nlink: i.nlink,
-            uid: i.uid,
-            gid: i.gid,
-            rdev: i.rdev,
-            generation: i.generation,
-        })
+        attr_of(&self.delta, i)
     }
 
     /// Drop the privileges a file grants, as the kernel does when a caller without
@@ -54,15 +72,7 @@ impl Inner {
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.
     /// The xattr filter usually answers without reading anything.
     pub(super) fn acl_of(&mut self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
-        if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, b"", self.st.sb.filter_hashes()) {
-            return Ok(None);
-        }
-        match xattr::load(&mut self.st, i)?.into_iter().find(|x| x.idx == idx) {
-            Some(x) => {
-                Ok(Some(acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?))
-            }
-            None => Ok(None),
-        }
+        acl_in(&mut self.st, i, idx)
     }
 
     /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
@@ -103,15 +113,16 @@ impl Volume {
     /// `Error::AccessDenied` if not. The check `access(2)` and a mount without the
     /// kernel's own permission checks rely on.
     pub fn access(&self, ino: u64, caller: &Caller, want: u32) -> Result<()> {
-        let mut g = self.lock();
-        let i = g.st.inode(ino)?;
-        let acl = g.acl_of(&i, 2)?;
-        let in_group = |gid: u32| caller.in_group(gid);
-        if acl::permits(i.mode, (i.uid, i.gid), acl.as_deref(), (caller.uid, &in_group), want) {
-            Ok(())
-        } else {
-            Err(Error::AccessDenied)
-        }
+        self.reading(|r, _| {
+            let i = read_inode(r, ino)?;
+            let acl = acl_in(r, &i, 2)?;
+            let in_group = |gid: u32| caller.in_group(gid);
+            if acl::permits(i.mode, (i.uid, i.gid), acl.as_deref(), (caller.uid, &in_group), want) {
+                Ok(())
+            } else {
+                Err(Error::AccessDenied)
+            }
+        })
     }
 
     /// Whether a read of a file with attributes `a` would update its atime now (the
@@ -123,9 +134,7 @@ impl Volume {
 
     /// Attributes of an inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        let mut g = self.lock();
-        let i = g.st.inode(ino)?;
-        g.attr(&i)
+        self.reading(|r, seen| attr_of(seen.delta, &read_inode(r, ino)?))
     }
 
     /// Change attributes (chmod, chown, truncate, utimens).
@@ -188,24 +197,25 @@ impl Volume {
 
     /// Value of an xattr.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        let mut g = self.lock();
         let (idx, suffix) = xattr::split_name(name)?;
-        let i = g.st.inode(ino)?;
-        if g.opts.use_xattr_filter
-            && g.st.sb.xattr_filter()
-            && xattr::ruled_out(&i, idx, suffix, g.st.sb.filter_hashes())
-        {
-            return Err(Error::NoData);
-        }
-        let list = xattr::load(&mut g.st, &i)?;
-        list.into_iter().find(|x| x.idx == idx && x.name == suffix).map(|x| x.value).ok_or(Error::NoData)
+        self.reading(|r, seen| {
+            let i = read_inode(r, ino)?;
+            let sb = &r.store().sb;
+            if seen.opts.use_xattr_filter && sb.xattr_filter() && xattr::ruled_out(&i, idx, suffix, sb.filter_hashes())
+            {
+                return Err(Error::NoData);
+            }
+            let list = xattr::load(r, &i)?;
+            list.into_iter().find(|x| x.idx == idx && x.name == suffix).map(|x| x.value).ok_or(Error::NoData)
+        })
     }
 
     /// Names of all xattrs.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        let mut g = self.lock();
-        let i = g.st.inode(ino)?;
-        Ok(xattr::load(&mut g.st, &i)?.iter().map(|x| xattr::full_name(x.idx, &x.name)).collect())
+        self.reading(|r, _| {
+            let i = read_inode(r, ino)?;
+            Ok(xattr::load(r, &i)?.iter().map(|x| xattr::full_name(x.idx, &x.name)).collect())
+        })
     }
 
     /// Set an xattr.

@@ -1,7 +1,10 @@
 //! The volume lock, measured: how often it is taken, how long callers wait for it and
-//! how long they hold it. The share of an operation's time spent holding the one
-//! volume-wide lock is the serial part that bounds how far operations scale across cores
-//! (Amdahl); `examples/engine_bench.rs --threads T` reports it.
+//! how long they hold it. It is a reader-writer lock: operations that change the volume
+//! hold it exclusively ([`Held`]); operations that only read it, and find what they read
+//! in the cache, share it ([`Reading`], `Volume::reading`). The share of an operation's
+//! time spent holding the lock exclusively or waiting for it is the serial part that
+//! bounds how far operations scale across cores (Amdahl);
+//! `examples/engine_bench.rs --threads T` reports it.
 //!
 //! Every acquisition also takes a *linearization stamp*: the next number of a per-volume
 //! counter, taken while the lock is held, so the stamps of operations that exclude each
@@ -9,13 +12,16 @@
 //! from many threads in stamp order against a model (docs/DESIGN.md, "Concurrency").
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, MutexGuard};
+use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
-use super::{Inner, Shared, Volume};
+use super::{Delta, Inner, OpenOptions, Shared, Volume};
+use crate::engine::store::{CacheView, MetaRead};
+use crate::error::Result;
 
 /// Totals of the volume lock since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,6 +32,15 @@ pub struct LockStats {
     pub waited: Duration,
     /// Time it was held, summed.
     pub held: Duration,
+    /// Times it was shared by an operation that only reads (`Volume::reading`).
+    pub shared_acquisitions: u64,
+    /// Time readers spent waiting to share it (for a writer to finish), summed.
+    pub shared_waited: Duration,
+    /// Time it was held shared, summed over readers (who do not exclude each other).
+    pub shared_held: Duration,
+    /// Reads that found a block missing from the cache and were done again with the lock
+    /// held exclusively (counted in `acquisitions` too).
+    pub shared_missed: u64,
 }
 
 impl LockStats {
@@ -35,6 +50,10 @@ impl LockStats {
             acquisitions: self.acquisitions - earlier.acquisitions,
             waited: self.waited.saturating_sub(earlier.waited),
             held: self.held.saturating_sub(earlier.held),
+            shared_acquisitions: self.shared_acquisitions - earlier.shared_acquisitions,
+            shared_waited: self.shared_waited.saturating_sub(earlier.shared_waited),
+            shared_held: self.shared_held.saturating_sub(earlier.shared_held),
+            shared_missed: self.shared_missed - earlier.shared_missed,
         }
     }
 }
@@ -46,6 +65,10 @@ pub(super) struct LockCounters {
     acquisitions: AtomicU64,
     waited_ns: AtomicU64,
     held_ns: AtomicU64,
+    shared_acquisitions: AtomicU64,
+    shared_waited_ns: AtomicU64,
+    shared_held_ns: AtomicU64,
+    shared_missed: AtomicU64,
     /// The last linearization stamp handed out (0: none yet).
     stamps: AtomicU64,
     /// The most log blocks (dirty metadata and bitmap blocks) one charged operation added
@@ -69,9 +92,9 @@ pub(super) fn current_stamp() -> u64 {
     LAST_STAMP.with(|c| c.get())
 }
 
-/// The volume lock, held; the hold time is recorded when it drops.
+/// The volume lock, held exclusively; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
-    guard: MutexGuard<'a, Inner>,
+    guard: RwLockWriteGuard<'a, Inner>,
     /// The linearization stamp of this hold (retaken after a condition-variable wait).
     stamp: u64,
     /// For a hold that an operation was charged in: the delta's log blocks then.
@@ -110,10 +133,11 @@ impl DerefMut for Held<'_> {
 }
 
 impl Held<'_> {
-    /// Release the lock until `cv` is notified (the wait is not counted as held).
-    pub(super) fn wait(&mut self, cv: &Condvar) {
+    /// Release the lock until `signal` is notified (the wait is not counted as held).
+    pub(super) fn wait(&mut self, signal: &Signal) {
         self.record();
-        cv.wait(&mut self.guard);
+        let seen = signal.generation();
+        RwLockWriteGuard::unlocked(&mut self.guard, || signal.wait_past(seen, None));
         self.since = self.since.map(|_| Instant::now());
         // Others changed the delta meanwhile: what this hold adds is no longer known.
         self.charged_at = None;
@@ -138,9 +162,10 @@ impl Held<'_> {
     }
 
     /// [`Held::wait`], for at most `timeout`.
-    pub(super) fn wait_for(&mut self, cv: &Condvar, timeout: Duration) {
+    pub(super) fn wait_for(&mut self, signal: &Signal, timeout: Duration) {
         self.record();
-        cv.wait_for(&mut self.guard, timeout);
+        let seen = signal.generation();
+        RwLockWriteGuard::unlocked(&mut self.guard, || signal.wait_past(seen, Some(timeout)));
         self.since = self.since.map(|_| Instant::now());
     }
 
@@ -175,6 +200,10 @@ impl Volume {
             acquisitions: c.acquisitions.load(Ordering::Relaxed),
             waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
             held: Duration::from_nanos(c.held_ns.load(Ordering::Relaxed)),
+            shared_acquisitions: c.shared_acquisitions.load(Ordering::Relaxed),
+            shared_waited: Duration::from_nanos(c.shared_waited_ns.load(Ordering::Relaxed)),
+            shared_held: Duration::from_nanos(c.shared_held_ns.load(Ordering::Relaxed)),
+            shared_missed: c.shared_missed.load(Ordering::Relaxed),
         }
     }
 
@@ -200,18 +229,126 @@ impl Volume {
 }
 
 impl Shared {
-    /// Take the volume lock (the only way the volume's state is reached).
+    /// Take the volume lock exclusively (the only way the volume's state is changed).
     pub(super) fn lock(&self) -> Held<'_> {
         let c = &self.lock_stats;
         if !c.enabled {
-            let guard = self.inner.lock();
+            let guard = self.inner.write();
             return Held { guard, stamp: c.next_stamp(), charged_at: None, since: None, counters: c };
         }
         let t = Instant::now();
-        let guard = self.inner.lock();
+        let guard = self.inner.write();
         let since = Instant::now();
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
         Held { guard, stamp: c.next_stamp(), charged_at: None, since: Some(since), counters: c }
+    }
+
+    /// Share the volume lock with other readers.
+    fn read(&self) -> Reading<'_> {
+        let c = &self.lock_stats;
+        if !c.enabled {
+            let guard = self.inner.read();
+            c.next_stamp();
+            return Reading { guard, since: None, counters: c };
+        }
+        let t = Instant::now();
+        let guard = self.inner.read();
+        let since = Instant::now();
+        c.next_stamp();
+        c.shared_acquisitions.fetch_add(1, Ordering::Relaxed);
+        c.shared_waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
+        Reading { guard, since: Some(since), counters: c }
+    }
+}
+
+/// The volume lock, shared by a reader; the hold time is recorded when it drops.
+struct Reading<'a> {
+    guard: RwLockReadGuard<'a, Inner>,
+    since: Option<Instant>,
+    counters: &'a LockCounters,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        if let Some(since) = self.since {
+            self.counters.shared_held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a read-only operation sees besides the metadata it reads.
+pub(super) struct Seen<'a> {
+    pub(super) delta: &'a Delta,
+    pub(super) opts: &'a OpenOptions,
+    /// Per directory, the readdir position up to which readahead was issued.
+    pub(super) readahead: &'a HashMap<u64, u64>,
+}
+
+impl Volume {
+    /// Run an operation that only reads the volume with the lock shared, through a view
+    /// of the cache, so readers do not wait for each other. `None` if it needed a block
+    /// the cache lacks, or declined (`CacheView::decline`): it must then be done with
+    /// the lock held exclusively.
+    pub(super) fn shared<T>(&self, f: impl FnOnce(&mut CacheView, &Seen) -> Result<T>) -> Option<Result<T>> {
+        let g = self.s.read();
+        let inner = &*g.guard;
+        let mut view = CacheView::new(&inner.st);
+        let r = f(&mut view, &Seen { delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead });
+        if !view.missed() {
+            return Some(r);
+        }
+        self.s.lock_stats.shared_missed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Run an operation that only reads the volume: first with the lock shared
+    /// ([`Volume::shared`]); if it needed a block the cache lacks, again with the lock
+    /// held exclusively, through the store, which reads it (and its neighbours). `f`
+    /// must not change anything but what it returns.
+    pub(super) fn reading<T>(&self, f: impl Fn(&mut dyn MetaRead, &Seen) -> Result<T>) -> Result<T> {
+        if let Some(r) = self.shared(|view, seen| f(view, seen)) {
+            return r;
+        }
+        let mut g = self.lock();
+        let inner = &mut *g;
+        f(&mut inner.st, &Seen { delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead })
+    }
+}
+
+/// A condition to wait for beside the volume lock (a reader-writer lock has no condition
+/// variable of its own): a generation counter, bumped by every notification, so a waiter
+/// that read it before releasing the volume lock cannot miss a notification made after.
+#[derive(Default)]
+pub(super) struct Signal {
+    generation: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Signal {
+    fn generation(&self) -> u64 {
+        *self.generation.lock()
+    }
+
+    /// Wait until a notification after generation `seen`, or for at most `timeout`.
+    fn wait_past(&self, seen: u64, timeout: Option<Duration>) {
+        let mut g = self.generation.lock();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        while *g == seen {
+            match deadline {
+                Some(d) => {
+                    if self.cv.wait_until(&mut g, d).timed_out() {
+                        return;
+                    }
+                }
+                None => self.cv.wait(&mut g),
+            }
+        }
+    }
+
+    /// Wake every waiter.
+    pub(super) fn notify_all(&self) {
+        *self.generation.lock() += 1;
+        self.cv.notify_all();
     }
 }

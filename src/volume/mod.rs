@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
@@ -131,11 +131,11 @@ pub struct Volume {
 /// The volume's state, shared with the thread that commits a full delta in the
 /// background (`commit_soon`).
 struct Shared {
-    inner: Mutex<Inner>,
+    inner: RwLock<Inner>,
     /// How long the volume lock is waited for and held (issue 14's serial share).
     lock_stats: LockCounters,
     /// Notified when a commit's file data has reached the device (see `wait_landed`).
-    landed: Condvar,
+    landed: contention::Signal,
     journal: Mutex<Journal>,
     /// Background commits asked for and snapshotted (see `commit_soon`).
     background: Mutex<Background>,
@@ -264,9 +264,9 @@ impl Volume {
         let orphans = inner.state.orphan_head != 0;
         let vol = Volume {
             s: Arc::new(Shared {
-                inner: Mutex::new(inner),
+                inner: RwLock::new(inner),
                 lock_stats: LockCounters::new(measure_lock),
-                landed: Condvar::new(),
+                landed: Default::default(),
                 journal: Mutex::new(journal),
                 background: Mutex::new(Background::default()),
                 background_cv: Condvar::new(),
@@ -380,7 +380,7 @@ impl Volume {
     /// How many xattr lists were read from xattr blocks so far (the storage reads the
     /// bloom filter exists to avoid).
     pub fn xattr_block_reads(&self) -> u64 {
-        self.lock().st.xattr_block_reads
+        self.lock().st.xattr_block_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Drop clean cached metadata (a cold-cache start without remounting).

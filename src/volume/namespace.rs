@@ -7,7 +7,9 @@ use crate::fs::dir::{self};
 use crate::fs::file;
 use crate::fs::xattr;
 
+use super::attrs::attr_of;
 use super::*;
+use crate::engine::store::read_inode;
 
 impl Inner {
     pub(super) fn new_inode(&mut self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
@@ -211,21 +213,24 @@ impl Inner {
 impl Volume {
     /// Look a name up in a directory.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let mut g = self.lock();
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let p = g.dir_inode(parent)?;
-        if name == b"." {
-            return g.attr(&p);
-        }
-        if name == b".." {
-            let pp = g.st.inode(p.parent)?;
-            return g.attr(&pp);
-        }
-        let f = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
-        let i = g.st.inode(f.ino)?;
-        g.attr(&i)
+        self.reading(|r, seen| {
+            let p = read_inode(r, parent)?;
+            if !p.is_dir() {
+                return Err(Error::NotDir);
+            }
+            let i = match name {
+                b"." => p,
+                b".." => read_inode(r, p.parent)?,
+                _ => {
+                    let f = dir::lookup(r, &p, name)?.ok_or(Error::NotFound)?;
+                    read_inode(r, f.ino)?
+                }
+            };
+            attr_of(seen.delta, &i)
+        })
     }
 
     /// Create a regular file, device node, fifo or socket (`mode` includes the type).

@@ -5,7 +5,12 @@ use crate::engine::btree;
 use crate::error::Result;
 use crate::fs::dir::{self, DirEntry};
 
+use super::attrs::attr_of;
 use super::*;
+use crate::engine::store::{read_inode, MetaRead};
+
+/// Entries with their attributes (`None` for an inode that cannot be read).
+type Listing = Vec<(DirEntry, Option<Attr>)>;
 
 impl Inner {
     /// Directory readahead (seed 004's dirreadahead): from position `next`, read the next
@@ -43,16 +48,13 @@ impl Volume {
     /// entry's `next` is the position to continue after it; positions stay valid while
     /// entries come and go.
     pub fn readdir(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let mut g = self.lock();
-        let d = g.dir_inode(ino)?;
-        let mut out = Vec::new();
-        dir::read(&mut g.st, &d, pos, |e| {
-            out.push(e);
-            out.len() < max
+        let (d, out) = self.reading(|r, _| {
+            let d = read_dir_inode(r, ino)?;
+            let out = list(r, &d, pos, max)?;
+            Ok((d, out))
         })?;
         // A listing is one access, counted when it starts.
         let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
-        drop(g);
         self.touch_atime(ino, touch);
         Ok(out)
     }
@@ -65,13 +67,35 @@ impl Volume {
     /// attributes (`None`) rather than failing the batch: one bad block costs only its
     /// own entries, which then fail on access, and the rest of the directory lists.
     pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
+        // With the lock shared when the batch is cached and needs no readahead issued
+        // (within a window already read ahead, or readahead off); else exclusively.
+        let shared = self.shared(|view, seen| {
+            let d = read_dir_inode(view, ino)?;
+            let ents = list(view, &d, pos, max)?;
+            if seen.opts.sorted_prefetch {
+                let covered = seen.readahead.get(&ino).is_some_and(|&mid| pos < mid);
+                if (ents.len() == max && !covered) || (ents.len() < max && seen.readahead.contains_key(&ino)) {
+                    view.decline();
+                    return Ok((d, Vec::new()));
+                }
+            }
+            Ok((d, with_attrs(view, seen.delta, ino, ents)?))
+        });
+        let (d, out) = match shared {
+            Some(r) => r?,
+            None => self.readdir_plus_exclusive(ino, pos, max)?,
+        };
+        let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
+        self.touch_atime(ino, touch);
+        Ok(out)
+    }
+
+    /// [`Volume::readdir_plus`] with the volume lock held exclusively: issues readahead
+    /// and reads what is not cached.
+    fn readdir_plus_exclusive(&self, ino: u64, pos: u64, max: usize) -> Result<(Inode, Listing)> {
         let mut g = self.lock();
         let d = g.dir_inode(ino)?;
-        let mut ents = Vec::new();
-        dir::read(&mut g.st, &d, pos, |e| {
-            ents.push(e);
-            ents.len() < max
-        })?;
+        let ents = list(&mut g.st, &d, pos, max)?;
         if g.opts.sorted_prefetch {
             if ents.len() == max {
                 // A directory read in batches: read ahead from this batch on, so the batch
@@ -86,21 +110,47 @@ impl Volume {
                 tracing::debug!("readdirplus sweep of directory {ino}: {e}");
             }
         }
-        let mut out = Vec::with_capacity(ents.len());
-        for e in ents {
-            let a = match g.st.inode(e.ino).and_then(|i| g.attr(&i)) {
-                Ok(a) => Some(a),
-                Err(err @ (Error::Corrupt(_) | Error::Io(_))) => {
-                    tracing::error!("directory {ino}: entry {:?}: {err}", String::from_utf8_lossy(&e.name));
-                    None
-                }
-                Err(err) => return Err(err),
-            };
-            out.push((e, a));
-        }
-        let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
-        drop(g);
-        self.touch_atime(ino, touch);
-        Ok(out)
+        let inner = &mut *g;
+        let out = with_attrs(&mut inner.st, &inner.delta, ino, ents)?;
+        Ok((d, out))
     }
+}
+
+/// Directory `ino`'s inode (`NotDir` if it is not one).
+fn read_dir_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+    let d = read_inode(r, ino)?;
+    if !d.is_dir() {
+        return Err(Error::NotDir);
+    }
+    Ok(d)
+}
+
+/// At most `max` entries of directory `d` from position `pos`.
+fn list(r: &mut (impl MetaRead + ?Sized), d: &Inode, pos: u64, max: usize) -> Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    dir::read(r, d, pos, |e| {
+        out.push(e);
+        out.len() < max
+    })?;
+    Ok(out)
+}
+
+/// Directory `ino`'s entries `ents` with their attributes. An entry whose inode cannot
+/// be read (a damaged block) comes without them.
+fn with_attrs(r: &mut (impl MetaRead + ?Sized), delta: &Delta, ino: u64, ents: Vec<DirEntry>) -> Result<Listing> {
+    let mut out = Vec::with_capacity(ents.len());
+    for e in ents {
+        let a = match read_inode(r, e.ino).and_then(|i| attr_of(delta, &i)) {
+            Ok(a) => Some(a),
+            // Not the block's fault: the view lacks it, and the batch is done again.
+            Err(err) if r.missed() => return Err(err),
+            Err(err @ (Error::Corrupt(_) | Error::Io(_))) => {
+                tracing::error!("directory {ino}: entry {:?}: {err}", String::from_utf8_lossy(&e.name));
+                None
+            }
+            Err(err) => return Err(err),
+        };
+        out.push((e, a));
+    }
+    Ok(out)
 }

@@ -134,10 +134,10 @@ pub(super) fn shift_to_sibling(
         hdr(b, parent, owner, 1)?.n
     };
     let sibling = |s: &mut _, j: usize| -> Result<(u64, usize)> {
-        let b = NodeStore::node(s, parent)?;
+        let b = NodeRead::node(s, parent)?;
         let h = hdr(b, parent, owner, 1)?;
         let c = child(b, &h, parent, j)?;
-        let space = hdr(NodeStore::node(s, c)?, c, owner, 0)?.space();
+        let space = hdr(NodeRead::node(s, c)?, c, owner, 0)?.space();
         Ok((c, space))
     };
     // The nearest child with room; at equal distance the one with more room.

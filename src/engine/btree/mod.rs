@@ -80,10 +80,15 @@ pub const BTREE_MAGIC: u32 = 0x4E54_5844;
 /// Largest value a record may hold, in bytes.
 pub const MAX_VALUE: usize = 1024;
 
-/// Where the tree keeps its nodes: the block cache, or a test double.
-pub trait NodeStore {
+/// Where the tree reads its nodes: the block cache (through the store, or a view of it
+/// that only sees cached blocks), or a test double.
+pub trait NodeRead {
     /// A verified node block (the store checks crc/magic on load).
     fn node(&mut self, block: u64) -> Result<&Block>;
+}
+
+/// Where the tree keeps its nodes, for changes.
+pub trait NodeStore: NodeRead {
     /// The same block for modification; the store marks it dirty.
     fn node_mut(&mut self, block: u64) -> Result<&mut Block>;
     /// Allocate a fresh zeroed block for a node, preferably near `near`; it is dirty. May fail with NoSpace.
@@ -113,7 +118,7 @@ fn level_at(t: &TreeRoot, j: usize) -> u16 {
 /// Walk from the root of a non-empty tree to the leaf whose range holds `key`,
 /// pushing (node, child index) for each internal node onto `path` if given.
 fn descend(
-    s: &mut impl NodeStore,
+    s: &mut (impl NodeRead + ?Sized),
     t: &TreeRoot,
     owner: u64,
     key: u64,
@@ -136,7 +141,7 @@ fn descend(
 /// Move `path` (a full root-to-leaf path) to the next leaf, or the previous one
 /// when not `forward`; returns that leaf, or None at the end of the tree.
 fn step(
-    s: &mut impl NodeStore,
+    s: &mut (impl NodeRead + ?Sized),
     t: &TreeRoot,
     owner: u64,
     path: &mut Vec<(u64, usize)>,
@@ -167,7 +172,7 @@ fn step(
 
 /// Look up `key`.
 #[cfg(test)]
-pub fn get(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
+pub fn get(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);
     }
@@ -297,7 +302,7 @@ pub fn remove(s: &mut impl NodeStore, t: &mut TreeRoot, owner: u64, key: u64) ->
 
 /// Visit records with key >= from in key order; the callback returns false to stop. No allocation per record.
 pub fn scan(
-    s: &mut impl NodeStore,
+    s: &mut (impl NodeRead + ?Sized),
     t: &TreeRoot,
     owner: u64,
     from: u64,
@@ -327,7 +332,7 @@ pub fn scan(
 
 /// The leaf that would hold `key` and up to `n - 1` leaves after it, in key order,
 /// found through their parents without reading the leaves themselves (readahead).
-pub fn leaves_from(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64, n: usize) -> Result<Vec<u64>> {
+pub fn leaves_from(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64, n: usize) -> Result<Vec<u64>> {
     if is_empty(t)? || n == 0 {
         return Ok(Vec::new());
     }
@@ -343,7 +348,7 @@ pub fn leaves_from(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64, n
 }
 
 /// The record with the greatest key <= key (for extent maps).
-pub fn floor(s: &mut impl NodeStore, t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
     if is_empty(t)? {
         return Ok(None);
     }
@@ -419,7 +424,7 @@ mod tests {
         }
     }
 
-    impl NodeStore for Mem {
+    impl NodeRead for Mem {
         fn node(&mut self, block: u64) -> Result<&Block> {
             self.present(block)?;
             let b = &self.blocks[&block];
@@ -428,6 +433,9 @@ mod tests {
             }
             Ok(b)
         }
+    }
+
+    impl NodeStore for Mem {
         fn node_mut(&mut self, block: u64) -> Result<&mut Block> {
             self.present(block)?;
             Ok(self.blocks.get_mut(&block).unwrap())

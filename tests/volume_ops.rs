@@ -386,6 +386,69 @@ fn lock_use_is_counted() {
     close_and_check(dev, vol);
 }
 
+/// Reads run with the volume lock shared, on what the cache holds; after the cache is
+/// dropped they miss, run again with the lock held exclusively and give the same answers,
+/// and once the blocks are back they share the lock again without missing.
+#[test]
+fn reads_share_the_lock_and_survive_cache_misses() {
+    let dev = std::sync::Arc::new(MemDevice::new(16_384));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    // No atime updates: listing the directory would change its attributes.
+    let opts = OpenOptions { measure_lock: true, atime: dxfs::AtimePolicy::Never, ..Default::default() };
+    let vol = Volume::open(dev.clone(), opts).unwrap();
+    let root = vol.root();
+    let dir = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    for i in 0..2000 {
+        let f = vol.create(dir, format!("file-{i:05}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+        if i % 7 == 0 {
+            let value = format!("{i}").repeat(40);
+            vol.setxattr(f, b"user.note", value.as_bytes(), XattrMode::Any).unwrap();
+        }
+    }
+    let answers = |vol: &Volume| {
+        let mut out = Vec::new();
+        for i in (0..2000).step_by(13) {
+            let a = vol.lookup(dir, format!("file-{i:05}").as_bytes()).unwrap();
+            out.push(format!("{:?}", vol.getattr(a.ino).unwrap()));
+            out.push(format!("{:?}", vol.getxattr(a.ino, b"user.note")));
+            out.push(format!("{:?}", vol.listxattr(a.ino).unwrap()));
+        }
+        out.push(format!("{:?}", vol.lookup(dir, b"missing")));
+        let mut pos = 0;
+        loop {
+            let batch = vol.readdir_plus(dir, pos, 100).unwrap();
+            let Some(last) = batch.last() else { break };
+            pos = last.0.next;
+            out.extend(batch.iter().map(|(e, a)| format!("{:?} {a:?}", e.name)));
+        }
+        out.push(format!("{}", vol.readdir(dir, 0, 10_000).unwrap().len()));
+        out
+    };
+    vol.sync().unwrap();
+    let warm = answers(&vol);
+    vol.drop_caches().unwrap();
+    let before = vol.lock_stats();
+    let cold = answers(&vol);
+    let d = vol.lock_stats().since(before);
+    let first_difference = |a: &[String], b: &[String]| {
+        let i = a.iter().zip(b).position(|(x, y)| x != y);
+        i.map(|i| format!("at {i}: {} against {}", a[i], b[i]))
+            .or_else(|| (a.len() != b.len()).then(|| "length".into()))
+    };
+    assert_eq!(first_difference(&cold, &warm), None, "answers after a cache drop");
+    assert!(d.shared_missed > 0, "reads of an empty cache miss: {d:?}");
+    let before = vol.lock_stats();
+    let again = answers(&vol);
+    let d = vol.lock_stats().since(before);
+    assert_eq!(first_difference(&again, &warm), None);
+    // Everything is cached now; only readdirplus batches that issue the next readahead
+    // window (one per 1024 entries) or end the listing (forgetting its window) still take
+    // the lock exclusively.
+    assert!(d.shared_missed <= 2002 / 1024 + 2, "everything is cached now: {d:?}");
+    assert!(d.shared_acquisitions > 400 && d.shared_held > std::time::Duration::ZERO, "{d:?}");
+    close_and_check(dev, vol);
+}
+
 /// fallocate's ZERO_RANGE, COLLAPSE_RANGE and INSERT_RANGE, and copy_file_range, against
 /// a byte model of the file, with data both committed and still dirty.
 #[test]

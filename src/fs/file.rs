@@ -317,13 +317,17 @@ pub fn writeback(
 ) -> Result<u64> {
     let mark = st.usage_mark();
     let mut written = 0u64;
-    // Each run after the first goes right after the one before: the scattered pages of
-    // random overwrites then land side by side and go out as one device request
-    // (`write_runs`), as appends do anyway.
+    // Runs take their blocks one after another from a *pool*: a free extent of at least
+    // `POOL_MIN` blocks (when there is one) sized for all the pages left. The scattered
+    // pages of random overwrites then land side by side and go out as a few large device
+    // requests (`write_runs`), instead of filling the one-block holes their own earlier
+    // overwrites left behind, one small request each.
+    let mut pool: Option<(u64, u64)> = None;
     let mut next_goal = None;
-    while let Some((&p0, _)) = pages.first_key_value() {
+    let r = loop {
+        let Some((&p0, _)) = pages.first_key_value() else { break Ok(()) };
         if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
-            break;
+            break Ok(());
         }
         // The run of consecutive pages from p0 (at most 8192), walked in key order.
         let mut n = 1u64;
@@ -333,23 +337,44 @@ pub fn writeback(
             }
             n += 1;
         }
-        let goal = match next_goal {
-            Some(g) => g,
-            None => goal_for(st, inode, p0)?,
-        };
-        let (phys, len) = st.space.alloc(goal, n, 1).ok_or(Error::NoSpace)?;
+        if pool.is_none() {
+            let goal = match next_goal {
+                Some(g) => g,
+                None => match goal_for(st, inode, p0) {
+                    Ok(g) => g,
+                    Err(e) => break Err(e),
+                },
+            };
+            let want = pages.len() as u64;
+            let got = st.space.alloc(goal, want, want.min(POOL_MIN)).or_else(|| st.space.alloc(goal, n, 1));
+            let Some(got) = got else { break Err(Error::NoSpace) };
+            pool = Some(got);
+        }
+        let (phys, left) = pool.expect("a pool was just taken");
+        let len = n.min(left);
+        pool = (left > len).then_some((phys + len, left - len));
         next_goal = Some(phys + len);
         // Split the run off whole: what is left starts after it.
         let rest = pages.split_off(&(p0 + len));
         let run = std::mem::replace(pages, rest);
         out.push(DataWrite { phys, pages: run });
-        unmap(st, inode, p0, p0 + len)?;
-        map(st, inode, Extent { logical: p0, len, phys, unwritten: false })?;
+        let mapped = unmap(st, inode, p0, p0 + len)
+            .and_then(|()| map(st, inode, Extent { logical: p0, len, phys, unwritten: false }));
+        if let Err(e) = mapped {
+            break Err(e);
+        }
         written += len;
+    };
+    // What the pool has left was never referenced: free again at once.
+    if let Some((phys, left)) = pool {
+        st.space.free_now(phys, left);
     }
     st.account(&mut inode.blocks, mark);
-    Ok(written)
+    r.map(|()| written)
 }
+
+/// Smallest free extent write-back takes blocks from while one exists (64 KiB).
+const POOL_MIN: u64 = 16;
 
 /// Allocate unwritten extents over the holes of `[start, end)` (fallocate), at most
 /// `max_blocks` blocks, stopping early once the delta's dirty metadata reaches

@@ -12,14 +12,14 @@ use crate::disk::codec::*;
 use crate::disk::device::AlignedBuf;
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::store::Store;
+use crate::engine::store::{MetaRead, Store};
 use crate::error::{Error, Result};
 
 /// Dirty pages of one file, by page index.
 pub type Pages = BTreeMap<u64, Box<Block>>;
 
 /// Extents overlapping logical blocks `[start, end)`, in order.
-pub fn extents_in(st: &mut Store, inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
+pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
     let mut out = Vec::new();
     match &inode.data {
         InodeData::Extents { ext, n } => {
@@ -61,8 +61,8 @@ pub fn extents_in(st: &mut Store, inode: &Inode, start: u64, end: u64) -> Result
     for e in &out {
         if e.len == 0
             || e.end() > 1 << 32
-            || e.phys < st.sb.layout.first_free()
-            || e.phys + e.len > st.sb.layout.block_count
+            || e.phys < st.store().sb.layout.first_free()
+            || e.phys + e.len > st.store().sb.layout.block_count
         {
             return Err(Error::corrupt(format!("inode {}: extent {e:?} out of range", inode.ino)));
         }
@@ -431,7 +431,7 @@ pub struct ReadPlan {
 }
 
 /// Plan reading `len` bytes at `offset` (already clipped to the file size).
-pub fn plan_read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<ReadPlan> {
+pub fn plan_read(st: &mut (impl MetaRead + ?Sized), inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<ReadPlan> {
     let mut plan = ReadPlan { offset, len, runs: Vec::new(), dirty: Vec::new() };
     if len == 0 {
         return Ok(plan);

@@ -153,7 +153,7 @@ impl Shared {
         self.in_flight_pages.store(pages, Ordering::Release);
         self.in_flight_runs.store(data.len() as u64, Ordering::Release);
         snapshotted();
-        let dev = self.lock().st.dev().clone();
+        let dev = self.dev.clone();
         let wrote = file::write_runs(&*dev, data, DATA_PIECE, |pages, runs| {
             self.in_flight_pages.fetch_sub(pages, Ordering::AcqRel);
             self.in_flight_runs.fetch_sub(runs, Ordering::AcqRel);
@@ -326,7 +326,7 @@ impl Volume {
         self.checkpoint()?;
         // A last flush even when nothing was written: the device is left with nothing of
         // ours in flight (an NBD device's readahead), whatever holds the volume after.
-        let dev = self.lock().st.dev().clone();
+        let dev = self.s.dev.clone();
         dev.flush()?;
         // Clean: so is the mount mark, if this volume alone holds it (fsck and resize hold
         // theirs for longer), even if the volume is never dropped (a daemon that exits).

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::fs::file::{self};
 
 use super::*;
+use crate::engine::store::{read_inode, MetaRead};
 
 impl Inner {
     pub(super) fn truncate(&mut self, i: &mut Inode, size: u64) -> Result<()> {
@@ -112,6 +113,42 @@ impl Inner {
     }
 }
 
+/// A read worked out under the volume lock: done already (a read at or past the end, or
+/// of a symlink kept in the inode), or a plan of device reads; and whether the read
+/// should update the file's atime.
+enum Planned {
+    Done(Vec<u8>, bool),
+    Read { plan: file::ReadPlan, epoch: u64, touch: bool },
+}
+
+/// Plan reading up to `size` bytes at `offset` of file `ino` (its data not in flight).
+fn plan_read_of(
+    r: &mut (impl MetaRead + ?Sized),
+    delta: &Delta,
+    atime: &AtimePolicy,
+    ino: u64,
+    offset: u64,
+    size: usize,
+) -> Result<Planned> {
+    let i = read_inode(r, ino)?;
+    match i.file_type() {
+        Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
+        Some(FileType::Directory) => return Err(Error::IsDir),
+        _ => return Err(Error::Invalid("read of a special file".into())),
+    }
+    let touch = atime.wants_update(i.atime, i.mtime, i.ctime, now());
+    if offset >= i.size {
+        return Ok(Planned::Done(Vec::new(), touch));
+    }
+    let len = (size as u64).min(i.size - offset) as usize;
+    if let InodeData::InlineSymlink(t) = &i.data {
+        // A short target lives in the inode: there are no blocks to read.
+        return Ok(Planned::Done(t[offset as usize..offset as usize + len].to_vec(), touch));
+    }
+    let plan = file::plan_read(r, &i, delta.pages(ino), offset, len)?;
+    Ok(Planned::Read { plan, epoch: delta.epoch(), touch })
+}
+
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
@@ -216,51 +253,46 @@ impl Volume {
     /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let mut touch = false;
-        let (plan, epoch, dev, planned_at) = {
-            let mut g = self.lock();
-            self.wait_landed(&mut g, ino)?;
-            let i = g.st.inode(ino)?;
-            match i.file_type() {
-                Some(FileType::RegularFile) | Some(FileType::Symlink) => {}
-                Some(FileType::Directory) => return Err(Error::IsDir),
-                _ => return Err(Error::Invalid("read of a special file".into())),
+        // Planned with the volume lock shared when the file's data is not in flight and
+        // its extent map is cached; else exclusively (waiting for the data to land).
+        let planned = match self.shared(|view, seen| {
+            if seen.delta.in_flight(ino) {
+                view.decline();
+                return Ok(Planned::Done(Vec::new(), false));
             }
-            if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, now()) {
-                touch = true;
+            plan_read_of(view, seen.delta, &self.s.atime, ino, offset, size)
+        }) {
+            Some(r) => r?,
+            None => {
+                let mut g = self.lock();
+                self.wait_landed(&mut g, ino)?;
+                let g = &mut *g;
+                plan_read_of(&mut g.st, &g.delta, &self.s.atime, ino, offset, size)?
             }
-            if offset >= i.size {
-                drop(g);
-                self.touch_atime(ino, touch);
-                return Ok(Vec::new());
-            }
-            let len = (size as u64).min(i.size - offset) as usize;
-            if let InodeData::InlineSymlink(t) = &i.data {
-                // A short target lives in the inode: there are no blocks to read.
-                let out = t[offset as usize..offset as usize + len].to_vec();
-                drop(g);
+        };
+        let (plan, epoch, touch) = match planned {
+            Planned::Done(out, touch) => {
                 self.touch_atime(ino, touch);
                 return Ok(out);
             }
-            let planned_at = g.stamp();
-            let g = &mut *g;
-            let plan = file::plan_read(&mut g.st, &i, g.delta.pages(ino), offset, len)?;
-            (plan, g.delta.epoch(), g.st.dev().clone(), planned_at)
+            Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
         };
-        let out = plan.execute(&*dev)?;
-        let mut g = self.lock();
-        let out = if g.delta.epoch() == epoch {
+        let planned_at = contention::current_stamp();
+        let out = plan.execute(&*self.s.dev)?;
+        // Shared is enough to see whether a write-back or commit ran meanwhile.
+        let unchanged = self.shared(|_, seen| Ok(seen.delta.epoch() == epoch)).and_then(|r| r.ok()) == Some(true);
+        let out = if unchanged {
             // What was read is the state the plan saw.
             contention::set_stamp(planned_at);
             out
         } else {
+            let mut g = self.lock();
             self.wait_landed(&mut g, ino)?;
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
             let g = &mut *g;
             file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?
         };
-        drop(g);
         self.touch_atime(ino, touch);
         Ok(out)
     }

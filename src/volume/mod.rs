@@ -131,6 +131,8 @@ pub struct Volume {
 /// The volume's state, shared with the thread that commits a full delta in the
 /// background (`commit_soon`).
 struct Shared {
+    /// The device (also in the store): file data is read and written without the lock.
+    dev: Arc<dyn BlockDevice>,
     inner: RwLock<Inner>,
     /// How long the volume lock is waited for and held (issue 14's serial share).
     lock_stats: LockCounters,
@@ -262,8 +264,10 @@ impl Volume {
             inner.dir_inode(root)?;
         }
         let orphans = inner.state.orphan_head != 0;
+        let dev = inner.st.dev().clone();
         let vol = Volume {
             s: Arc::new(Shared {
+                dev,
                 inner: RwLock::new(inner),
                 lock_stats: LockCounters::new(measure_lock),
                 landed: Default::default(),

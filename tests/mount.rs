@@ -228,7 +228,7 @@ impl Mounted {
 
     /// `fusermount3 -u`, then the daemon must exit 0 (it commits first).
     fn unmount(mut self) {
-        let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).status().unwrap();
+        let st = unmount_by("fusermount3", &self.mnt);
         assert!(st.success(), "fusermount3 -u {}: {st}", self.mnt.display());
         let mut child = self.child.take().expect("a foreground child");
         let st = wait_timeout(&mut child, Duration::from_secs(20));
@@ -314,6 +314,26 @@ impl Drop for Mounted {
             // A daemon is not our child: stop the processes holding our image open.
             None => kill_users(&self.image),
         }
+    }
+}
+
+/// Unmount `mnt` with `umount` or `fusermount3 -u` (`program`), retried for up to 2 s
+/// while it fails with the directory still mounted: another test thread's child process
+/// (between its fork and its exec) briefly holds a copy of every descriptor this process
+/// has open, files on this mount included, and the kernel then refuses with EBUSY.
+fn unmount_by(program: &str, mnt: &Path) -> std::process::ExitStatus {
+    let mut tries = 0;
+    loop {
+        let mut cmd = Command::new(program);
+        if program == "fusermount3" {
+            cmd.arg("-u");
+        }
+        let st = cmd.arg(mnt).stderr(Stdio::null()).status().unwrap();
+        tries += 1;
+        if st.success() || !is_mounted(mnt) || tries == 100 {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -957,7 +977,7 @@ fn daemon_and_mount_helper() {
     let guard = Mounted { child: None, mnt: s.mnt.clone(), image: image.clone(), log: None };
     assert!(is_mounted(&s.mnt), "--daemon returned before the mount was live");
     fs::write(s.path("f"), b"daemon").unwrap();
-    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    let st = unmount_by("umount", &s.mnt);
     assert!(st.success());
     wait_unused(&image);
     drop(guard);
@@ -986,7 +1006,7 @@ fn daemon_and_mount_helper() {
     assert!(st.success(), "mount.fuse3 -t dxfs: {st}");
     let guard = Mounted { child: None, mnt: s.mnt.clone(), image: image.clone(), log: None };
     assert_eq!(fs::read(s.path("f")).unwrap(), b"daemon");
-    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    let st = unmount_by("umount", &s.mnt);
     assert!(st.success());
     wait_unused(&image);
     drop(guard);
@@ -1592,7 +1612,7 @@ fn rapid_unmount_and_remount() {
         fs::write(s.path(&format!("r{round}")), pattern(round as u64, 3000)).unwrap();
         // Unmount with umount(8) and do not wait for the daemon: the next mount starts
         // while the old daemon may still be committing (and exiting).
-        let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+        let st = unmount_by("umount", &s.mnt);
         assert!(st.success(), "round {round}: umount");
         daemons.push(m.detach_child());
     }
@@ -1630,7 +1650,7 @@ fn daemon_detaches_from_captured_output() {
     assert!(is_mounted(&s.mnt));
     fs::write(s.path("x"), b"y").unwrap();
     let m = Mounted { child: None, mnt: s.mnt.clone(), image: s.image.clone(), log: None };
-    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    let st = unmount_by("umount", &s.mnt);
     assert!(st.success());
     wait_unused(&s.image);
     drop(m);
@@ -1788,7 +1808,7 @@ fn remount_of_the_same_image_waits_for_the_old_daemon() {
         // Enough dirty data that the last commit takes a moment.
         fs::write(s.path(&format!("r{round}")), pattern(round as u64, 3000)).unwrap();
         fs::write(s.path("bulk"), pattern(round as u64, 4 << 20)).unwrap();
-        let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+        let st = unmount_by("umount", &s.mnt);
         assert!(st.success(), "round {round}: umount");
         daemons.push(m.detach_child());
     }

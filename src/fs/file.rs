@@ -431,7 +431,13 @@ pub struct ReadPlan {
 }
 
 /// Plan reading `len` bytes at `offset` (already clipped to the file size).
-pub fn plan_read(st: &mut (impl MetaRead + ?Sized), inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<ReadPlan> {
+pub fn plan_read(
+    st: &mut (impl MetaRead + ?Sized),
+    inode: &Inode,
+    dirty: Option<&Pages>,
+    offset: u64,
+    len: usize,
+) -> Result<ReadPlan> {
     let mut plan = ReadPlan { offset, len, runs: Vec::new(), dirty: Vec::new() };
     if len == 0 {
         return Ok(plan);

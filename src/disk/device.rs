@@ -183,7 +183,34 @@ impl AlignedBuf {
         let off = v.as_ptr().align_offset(BLOCK_SIZE);
         AlignedBuf { v, off, len }
     }
+
+    /// Keep the first `len` bytes (no more than it has).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
 }
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> AlignedBuf {
+        let mut b = AlignedBuf::new(self.len);
+        b.copy_from_slice(self);
+        b
+    }
+}
+
+impl PartialEq for AlignedBuf {
+    fn eq(&self, other: &AlignedBuf) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for AlignedBuf {}
 
 impl std::ops::Deref for AlignedBuf {
     type Target = [u8];

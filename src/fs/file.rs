@@ -458,10 +458,25 @@ pub fn plan_read(
 }
 
 impl ReadPlan {
+    /// The bytes the plan reads.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// Carry the plan out: one device request per mapped run, then the dirty pages.
     pub fn execute(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        self.execute_into(dev, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ReadPlan::execute`] into `out` (`len` bytes, zeroed: holes are not written). A
+    /// run of whole pages lands straight in `out` when that part of it is aligned as
+    /// `O_DIRECT` wants (an [`AlignedBuf`] and a page-aligned offset); others go through a
+    /// bounce buffer.
+    pub fn execute_into(&self, dev: &dyn crate::disk::device::BlockDevice, out: &mut [u8]) -> Result<()> {
         let (offset, len) = (self.offset, self.len);
-        let mut out = vec![0u8; len];
+        assert_eq!(out.len(), len, "a plan fills exactly its length");
         // Copy page `p`'s bytes (given as a full block) into the output.
         let place = |out: &mut [u8], p: u64, data: &[u8]| {
             let page_start = p * BLOCK_SIZE as u64;
@@ -470,20 +485,31 @@ impl ReadPlan {
             out[(from - offset) as usize..(to - offset) as usize]
                 .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
         };
-        let most = self.runs.iter().map(|r| r.2 as usize).max().unwrap_or(0);
-        let mut whole = AlignedBuf::new(most * BLOCK_SIZE);
+        let bs = BLOCK_SIZE as u64;
+        let mut whole: Option<AlignedBuf> = None;
         for &(first, phys, n) in &self.runs {
+            // Whole pages inside the request, at an aligned place in `out`: no bounce.
+            if offset % bs == 0 && (first + n) * bs <= offset + len as u64 {
+                let at = (first * bs - offset) as usize;
+                let dst = &mut out[at..at + n as usize * BLOCK_SIZE];
+                if dst.as_ptr().align_offset(BLOCK_SIZE) == 0 {
+                    dev.read_data(phys, dst)?;
+                    continue;
+                }
+            }
+            let most = self.runs.iter().map(|r| r.2 as usize).max().unwrap_or(0);
+            let whole = whole.get_or_insert_with(|| AlignedBuf::new(most * BLOCK_SIZE));
             let buf = &mut whole[..n as usize * BLOCK_SIZE];
             dev.read_data(phys, buf)?;
             for p in first..first + n {
                 let k = (p - first) as usize * BLOCK_SIZE;
-                place(&mut out, p, &buf[k..k + BLOCK_SIZE]);
+                place(out, p, &buf[k..k + BLOCK_SIZE]);
             }
         }
         for (p, data) in &self.dirty {
-            place(&mut out, *p, &data[..]);
+            place(out, *p, &data[..]);
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -542,6 +568,56 @@ mod tests {
         for (block, byte) in [(10, 1), (11, 2), (12, 50), (20, 100), (24, 104), (25, 200)] {
             dev.read(block, &mut b).unwrap();
             assert!(b.iter().all(|&x| x == byte), "block {block}");
+        }
+    }
+
+    /// A plan gives the same bytes however it is carried out: into an aligned buffer
+    /// (whole pages straight from the device), an unaligned one (every run bounced), or
+    /// a fresh vector; with partial pages at both ends, a hole, an unwritten extent and
+    /// a dirty page over a mapped one; one device request per run either way.
+    #[test]
+    fn a_plan_reads_the_same_bytes_into_any_buffer() {
+        let dev = MemDevice::new(64);
+        for b in 0..64u64 {
+            dev.write_data(b, &[b as u8; BLOCK_SIZE]).unwrap();
+        }
+        let dirty = (3u64, Box::new([0xEE; BLOCK_SIZE]));
+        // Pages 0..2 at blocks 10..12, page 2 a hole, 3..6 at 20..23, 6 unwritten.
+        let plan = |offset: u64, len: usize| ReadPlan {
+            offset,
+            len,
+            runs: [(0u64, 10u64, 2u64), (3, 20, 3)]
+                .into_iter()
+                .filter_map(|(p, b, n)| {
+                    let first = offset / BLOCK_SIZE as u64;
+                    let last = (offset + len as u64 - 1) / BLOCK_SIZE as u64;
+                    let (s, t) = (p.max(first), (p + n).min(last + 1));
+                    (s < t).then_some((s, b + (s - p), t - s))
+                })
+                .collect(),
+            dirty: vec![dirty.clone()],
+        };
+        let expected = |offset: u64, len: usize| -> Vec<u8> {
+            (offset..offset + len as u64)
+                .map(|x| match x / BLOCK_SIZE as u64 {
+                    0 | 1 => (10 + x / BLOCK_SIZE as u64) as u8,
+                    3 => 0xEE,
+                    4 | 5 => (20 + x / BLOCK_SIZE as u64 - 3) as u8,
+                    _ => 0,
+                })
+                .collect()
+        };
+        for (offset, len) in [(0, 7 * BLOCK_SIZE), (100, 6 * BLOCK_SIZE), (BLOCK_SIZE as u64, 3 * BLOCK_SIZE + 5)] {
+            let p = plan(offset, len);
+            assert_eq!(p.execute(&dev).unwrap(), expected(offset, len), "vector, at {offset}");
+            let mut aligned = AlignedBuf::new(len);
+            let before = dev.stats().reads;
+            p.execute_into(&dev, &mut aligned).unwrap();
+            assert_eq!(&aligned[..], &expected(offset, len)[..], "aligned, at {offset}");
+            assert_eq!(dev.stats().reads - before, p.runs.len() as u64, "one request per run");
+            let mut unaligned = AlignedBuf::new(len + 1);
+            p.execute_into(&dev, &mut unaligned[1..]).unwrap();
+            assert_eq!(&unaligned[1..], &expected(offset, len)[..], "unaligned, at {offset}");
         }
     }
 }

@@ -611,8 +611,8 @@ impl Server {
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
                 self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
             }
-            Request::Read { offset, size, .. } => match self.call(op, |v| v.read(ino, offset, size as usize)) {
-                Ok(d) => Reply::Data(d),
+            Request::Read { offset, size, .. } => match self.call(op, |v| v.read_aligned(ino, offset, size as usize)) {
+                Ok(d) => Reply::Aligned(d),
                 Err(e) => Reply::Error(e),
             },
             Request::Write { offset, write_flags, flags, data, .. } => {

@@ -55,19 +55,37 @@ pub enum Reply {
     None,
     /// Success, with the reply struct(s) encoded.
     Data(Vec<u8>),
+    /// Success: file data read into an aligned buffer, sent from where it was read.
+    Aligned(crate::disk::device::AlignedBuf),
     /// A positive errno.
     Error(i32),
 }
 
 impl Reply {
-    /// (errno, body) as a ring entry carries them: no reply is an empty success.
-    fn into_parts(self) -> (i32, Vec<u8>) {
+    /// The errno a ring entry carries: no reply is an empty success.
+    fn errno(&self) -> i32 {
         match self {
-            Reply::Data(b) => (0, b),
-            Reply::None => (0, Vec::new()),
-            Reply::Error(errno) => (errno, Vec::new()),
+            Reply::Error(errno) => *errno,
+            _ => 0,
         }
     }
+
+    /// The body a ring entry carries.
+    fn body(&self) -> &[u8] {
+        match self {
+            Reply::Data(b) => b,
+            Reply::Aligned(b) => b,
+            Reply::None | Reply::Error(_) => &[],
+        }
+    }
+}
+
+/// Send a successful reply with `body`, without copying the body behind its header.
+fn send_data(dev: &dyn Device, unique: u64, body: &[u8]) -> io::Result<()> {
+    let mut header = Vec::with_capacity(wire::OutHeader::SIZE);
+    let len = (wire::OutHeader::SIZE + body.len()) as u32;
+    wire::OutHeader { len, error: 0, unique }.encode(&mut header);
+    dev.send_parts(&header, body)
 }
 
 /// Answers requests; called from every serving thread at once.
@@ -89,6 +107,14 @@ pub trait Device: Send + Sync {
     fn receive(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Write one reply.
     fn send(&self, msg: &[u8]) -> io::Result<()>;
+    /// Write one reply given as a header and a body, in one write: a large body (a READ's
+    /// data) is not copied to sit behind its header.
+    fn send_parts(&self, header: &[u8], body: &[u8]) -> io::Result<()> {
+        let mut msg = Vec::with_capacity(header.len() + body.len());
+        msg.extend_from_slice(header);
+        msg.extend_from_slice(body);
+        self.send(&msg)
+    }
 }
 
 impl Device for File {
@@ -98,6 +124,15 @@ impl Device for File {
 
     fn send(&self, msg: &[u8]) -> io::Result<()> {
         (&*self).write_all(msg)
+    }
+
+    fn send_parts(&self, header: &[u8], body: &[u8]) -> io::Result<()> {
+        // /dev/fuse takes a reply whole or not at all, so one writev either way.
+        let n = (&*self).write_vectored(&[io::IoSlice::new(header), io::IoSlice::new(body)])?;
+        if n != header.len() + body.len() {
+            return Err(io::Error::other(format!("short write of a reply: {n} bytes")));
+        }
+        Ok(())
     }
 }
 
@@ -145,6 +180,10 @@ impl Device for Spinning {
 
     fn send(&self, msg: &[u8]) -> io::Result<()> {
         self.file.send(msg)
+    }
+
+    fn send_parts(&self, header: &[u8], body: &[u8]) -> io::Result<()> {
+        self.file.send_parts(header, body)
     }
 }
 
@@ -253,12 +292,13 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
                 }
             }
         };
-        let msg = match reply {
+        let sent = match reply {
             Reply::None => continue,
-            Reply::Data(body) => wire::reply(h.unique, 0, &body),
-            Reply::Error(errno) => wire::reply(h.unique, errno, &[]),
+            Reply::Data(body) => send_data(dev, h.unique, &body),
+            Reply::Aligned(body) => send_data(dev, h.unique, &body),
+            Reply::Error(errno) => dev.send(&wire::reply(h.unique, errno, &[])),
         };
-        if let Err(e) = dev.send(&msg) {
+        if let Err(e) = sent {
             match e.raw_os_error() {
                 Some(libc::ENOENT) => {} // interrupted meanwhile: the kernel dropped it
                 Some(libc::ENODEV) => return Ok(()),
@@ -298,8 +338,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
         if c.ent == super::uring::WAKE {
             let _ = wake.read();
             for (ent, commit_id, reply) in done_rx.try_iter() {
-                let (errno, body) = reply.into_parts();
-                q.commit(ent, commit_id, errno, &body)?;
+                q.commit(ent, commit_id, reply.errno(), reply.body())?;
             }
             continue;
         }
@@ -338,8 +377,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
                 (q.commit_id(c.ent), Reply::Error(libc::EIO))
             }
         };
-        let (errno, body) = reply.into_parts();
-        q.commit(c.ent, commit_id, errno, &body)?;
+        q.commit(c.ent, commit_id, reply.errno(), reply.body())?;
     })
 }
 

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::fs::file::{self};
 
 use super::*;
+use crate::disk::device::{AlignedBuf, BlockDevice};
 use crate::engine::store::{read_inode, MetaRead};
 
 impl Inner {
@@ -253,6 +254,35 @@ impl Volume {
     /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
+        self.read_as(ino, offset, size, |plan, dev| plan.execute(dev), |v| v)
+    }
+
+    /// [`Volume::read`] into a buffer aligned as `O_DIRECT` wants, so that page-aligned
+    /// reads go from the device straight into it (the FUSE layer replies from it).
+    pub fn read_aligned(&self, ino: u64, offset: u64, size: usize) -> Result<AlignedBuf> {
+        let aligned = |v: Vec<u8>| {
+            let mut b = AlignedBuf::new(v.len());
+            b.copy_from_slice(&v);
+            b
+        };
+        let execute = |plan: &file::ReadPlan, dev: &dyn BlockDevice| {
+            let mut b = AlignedBuf::new(plan.len());
+            plan.execute_into(dev, &mut b)?;
+            Ok(b)
+        };
+        self.read_as(ino, offset, size, execute, aligned)
+    }
+
+    /// [`Volume::read`], with the plan carried out by `execute` and bytes produced
+    /// otherwise turned into the same type by `from_vec`.
+    fn read_as<T>(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: usize,
+        execute: impl Fn(&file::ReadPlan, &dyn BlockDevice) -> Result<T>,
+        from_vec: impl Fn(Vec<u8>) -> T,
+    ) -> Result<T> {
         // Planned with the volume lock shared when the file's data is not in flight and
         // its extent map is cached; else exclusively (waiting for the data to land).
         let planned = match self.shared(|view, seen| {
@@ -273,12 +303,12 @@ impl Volume {
         let (plan, epoch, touch) = match planned {
             Planned::Done(out, touch) => {
                 self.touch_atime(ino, touch);
-                return Ok(out);
+                return Ok(from_vec(out));
             }
             Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
         };
         let planned_at = contention::current_stamp();
-        let out = plan.execute(&*self.s.dev)?;
+        let out = execute(&plan, &*self.s.dev)?;
         // Shared is enough to see whether a write-back or commit ran meanwhile.
         let unchanged = self.shared(|_, seen| Ok(seen.delta.epoch() == epoch)).and_then(|r| r.ok()) == Some(true);
         let out = if unchanged {
@@ -291,7 +321,7 @@ impl Volume {
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
             let g = &mut *g;
-            file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?
+            from_vec(file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?)
         };
         self.touch_atime(ino, touch);
         Ok(out)

@@ -161,14 +161,11 @@ fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> 
 
 /// Map a new extent over a hole, merging with the extent that ends where it starts.
 fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
-    if e.logical > 0 {
-        let left = extents_in(st, inode, e.logical - 1, e.logical)?;
-        if let Some(l) = left.first() {
-            if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31
-            {
-                let merged = Extent { len: l.len + e.len, ..*l };
-                return replace(st, inode, &[*l], &[merged]);
-            }
+    // The extent just before, if it ends where this one starts: one descent.
+    if let Some(l) = extent_before(st, inode, e.logical)? {
+        if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31 {
+            let merged = Extent { len: l.len + e.len, ..l };
+            return replace(st, inode, &[l], &[merged]);
         }
     }
     replace(st, inode, &[], &[e])
@@ -216,9 +213,9 @@ pub fn mapped_end(st: &mut Store, inode: &Inode) -> Result<u64> {
     Ok(extent_before(st, inode, u64::MAX)?.map_or(0, |e| e.end()))
 }
 
-/// Whether logical block `p` is mapped (written or preallocated).
+/// Whether logical block `p` is mapped (written or preallocated): one tree descent.
 pub fn is_mapped(st: &mut Store, inode: &Inode, p: u64) -> Result<bool> {
-    Ok(!extents_in(st, inode, p, p + 1)?.is_empty())
+    Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))
 }
 
 /// The last extent that starts before logical block `lblk`: one tree descent, not a scan

@@ -9,7 +9,8 @@
 //! getattr, read. Inodes are picked by number from pools every thread adds to, so
 //! operations also reach directories and files that another thread removed meanwhile
 //! (they stay alive: the volume's holder holds every inode, as a FUSE kernel would). A
-//! committer thread commits at random moments, and a small log makes deltas commit by
+//! committer thread commits at random moments (emptying the metadata cache at a quarter
+//! of them), and a small log makes deltas commit by
 //! themselves inside operations too.
 //!
 //! Each operation records its *linearization stamp* ([`Volume::last_stamp`]): a number
@@ -277,7 +278,13 @@ fn run_workers(vol: &Arc<Volume>, plan: Plan, events: Option<Arc<FaultDevice>>) 
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_micros(rng.gen_range(0..=plan.commit_every_us)));
                 let before = vol.commit_stamps().last().map_or(0, |c| c.0);
-                vol.sync().expect("sync");
+                // Now and then the commit also empties the metadata cache, so readers that
+                // share the volume lock miss and run again exclusively.
+                if rng.gen_range(0..4) == 0 {
+                    vol.drop_caches().expect("drop caches");
+                } else {
+                    vol.sync().expect("sync");
+                }
                 if let Some(dev) = &events {
                     syncs.push((before, dev.events()));
                 }
@@ -404,8 +411,15 @@ fn check_inodes(seed: u64, vol: &Volume, m: &FsModel) {
 }
 
 fn open_options(small: bool) -> OpenOptions {
-    // A small dirty limit makes data commit inside writes, too.
-    OpenOptions { dirty_limit: if small { 64 } else { OpenOptions::default().dirty_limit }, ..Default::default() }
+    // A small dirty limit makes data commit inside writes, too; a tiny metadata cache (the
+    // least it keeps is 64 clean blocks) makes reads that share the volume lock miss and
+    // run again exclusively, while other threads evict and reload blocks.
+    let d = OpenOptions::default();
+    OpenOptions {
+        dirty_limit: if small { 64 } else { d.dirty_limit },
+        cache_blocks: if small { 64 } else { d.cache_blocks },
+        ..d
+    }
 }
 
 /// Hold every inode until `holding` turns false, as a FUSE kernel holds the inodes it
@@ -427,7 +441,12 @@ fn concurrent_run(plan: Plan) {
     let holding = hold_all(&vol);
     let ran = run_workers(&vol, plan, None);
     let n = ran.recs.len();
-    eprintln!("seed {}: {}", plan.seed, summary(&ran.recs));
+    eprintln!(
+        "seed {}: {}; {} shared reads missed the cache",
+        plan.seed,
+        summary(&ran.recs),
+        vol.lock_stats().shared_missed
+    );
     let m = replay(plan.seed, vol.root(), ran.recs, &[], |_, _| {});
     assert_eq!(dump(&vol), m.dump(), "seed {}: the tree after {n} operations", plan.seed);
     check_inodes(plan.seed, &vol, &m);

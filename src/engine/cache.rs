@@ -326,6 +326,12 @@ impl MetaCache {
         self.dirty_count = 0;
     }
 
+    /// Drop every clean block that is not in flight (what eviction may drop): their
+    /// device copies are current.
+    pub fn drop_clean(&mut self) {
+        self.blocks.retain(|_, c| c.dirty || c.in_flight);
+    }
+
     /// Drop clean blocks until the map holds a quarter less than `keep`; which ones is
     /// left to the hash order, which is as good as random for a metadata cache.
     /// Back under capacity after a prefetch (dirty blocks do not count).

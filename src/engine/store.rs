@@ -488,6 +488,11 @@ impl Store {
         self.cache.clear()
     }
 
+    /// Drop the cached metadata blocks that are clean and not in flight.
+    pub fn drop_clean(&mut self) {
+        self.cache.drop_clean()
+    }
+
     /// Free a metadata block at the end of the delta; its cached copy is dropped so it
     /// is never written home (a stale write could land on the block's next owner).
     pub fn free_meta(&mut self, block: u64) {

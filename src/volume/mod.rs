@@ -396,6 +396,9 @@ impl Volume {
         let mut g = self.lock();
         if g.st.dirty_count() == 0 {
             g.st.clear_cache();
+        } else {
+            // Others dirtied blocks since the commit: keep those.
+            g.st.drop_clean();
         }
         Ok(())
     }

@@ -467,8 +467,8 @@ impl ReadPlan {
         Ok(out)
     }
 
-    /// [`ReadPlan::execute`] into `out` (`len` bytes, zeroed: holes are not written). A
-    /// run of whole pages lands straight in `out` when that part of it is aligned as
+    /// [`ReadPlan::execute`] into `out` (`len` bytes; holes are zeroed, whatever `out`
+    /// held). A run of whole pages lands straight in `out` when that part of it is aligned as
     /// `O_DIRECT` wants (an [`AlignedBuf`] and a page-aligned offset); others go through a
     /// bounce buffer.
     pub fn execute_into(&self, dev: &dyn crate::disk::device::BlockDevice, out: &mut [u8]) -> Result<()> {
@@ -484,7 +484,14 @@ impl ReadPlan {
         };
         let bs = BLOCK_SIZE as u64;
         let mut whole: Option<AlignedBuf> = None;
+        // Bytes of `out` before this are written or zeroed: holes read as zeros.
+        let mut covered = 0usize;
         for &(first, phys, n) in &self.runs {
+            let from = ((first * bs).max(offset) - offset) as usize;
+            if from > covered {
+                out[covered..from].fill(0);
+            }
+            covered = covered.max((((first + n) * bs).min(offset + len as u64) - offset) as usize);
             // Whole pages inside the request, at an aligned place in `out`: no bounce.
             if offset % bs == 0 && (first + n) * bs <= offset + len as u64 {
                 let at = (first * bs - offset) as usize;
@@ -503,6 +510,7 @@ impl ReadPlan {
                 place(out, p, &buf[k..k + BLOCK_SIZE]);
             }
         }
+        out[covered..].fill(0);
         for (p, data) in &self.dirty {
             place(out, *p, &data[..]);
         }
@@ -607,12 +615,15 @@ mod tests {
         for (offset, len) in [(0, 7 * BLOCK_SIZE), (100, 6 * BLOCK_SIZE), (BLOCK_SIZE as u64, 3 * BLOCK_SIZE + 5)] {
             let p = plan(offset, len);
             assert_eq!(p.execute(&dev).unwrap(), expected(offset, len), "vector, at {offset}");
+            // Garbage first: the holes must come out zero whatever the buffer held.
             let mut aligned = AlignedBuf::new(len);
+            aligned.fill(0xAB);
             let before = dev.stats().reads;
             p.execute_into(&dev, &mut aligned).unwrap();
             assert_eq!(&aligned[..], &expected(offset, len)[..], "aligned, at {offset}");
             assert_eq!(dev.stats().reads - before, p.runs.len() as u64, "one request per run");
             let mut unaligned = AlignedBuf::new(len + 1);
+            unaligned.fill(0xAB);
             p.execute_into(&dev, &mut unaligned[1..]).unwrap();
             assert_eq!(&unaligned[1..], &expected(offset, len)[..], "unaligned, at {offset}");
         }

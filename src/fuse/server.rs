@@ -720,6 +720,13 @@ impl Handler for Server {
         self.serve(h, req)
     }
 
+    fn read_into(&self, h: &InHeader, req: &Request<'_>, out: &mut [u8]) -> Option<Res<usize>> {
+        let Request::Read { offset, .. } = *req else { return None };
+        let _t = self.stats.timer(h.opcode, true);
+        let ino = self.vol_ino(h.nodeid);
+        Some(self.call(h.opcode, |v| v.read_into(ino, offset, out)))
+    }
+
     /// An fsync commits the volume and waits for the device.
     fn blocks(&self, req: &Request<'_>) -> bool {
         matches!(req, Request::Fsync { .. })

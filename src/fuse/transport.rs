@@ -93,6 +93,14 @@ pub trait Handler: Send + Sync {
     /// Answer `req`; `via_ring` says which transport brought it (for counters).
     fn handle(&self, header: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply;
 
+    /// Answer a READ (`req`) by writing the data into `out` (page-aligned, as large as
+    /// the kernel's payload buffer): the number of bytes, or an errno. `None`: not
+    /// supported, answer through [`Handler::handle`]. FUSE over io_uring reads file data
+    /// straight into the ring entry's buffer this way.
+    fn read_into(&self, _header: &InHeader, _req: &Request<'_>, _out: &mut [u8]) -> Option<Result<usize, i32>> {
+        None
+    }
+
     /// Whether answering `req` may block for long (an fsync waits for a commit). An
     /// io_uring queue answers such a request on a thread of its own, so that the other
     /// requests made on its CPU do not wait behind it.
@@ -348,6 +356,27 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
                 tracing::warn!("queue {} entry {}: {}", q.qid(), c.ent, io::Error::from_raw_os_error(-c.res));
             }
             continue;
+        }
+        // A READ goes straight into the entry's payload buffer when the handler can.
+        let read = match q.request(c.ent) {
+            Ok(inc) => match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
+                Ok(Request::Read { fh, offset, size }) => Some((inc.header, inc.commit_id, fh, offset, size)),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        if let Some((header, commit_id, fh, offset, size)) = read {
+            let req = Request::Read { fh, offset, size };
+            let out = q.payload_mut(c.ent);
+            let n = (size as usize).min(out.len());
+            if let Some(r) = handler.read_into(&header, &req, &mut out[..n]) {
+                let (errno, len) = match r {
+                    Ok(len) => (0, len),
+                    Err(errno) => (errno, 0),
+                };
+                q.commit_in_place(c.ent, commit_id, errno, len)?;
+                continue;
+            }
         }
         let (commit_id, reply) = match q.request(c.ent) {
             Ok(inc) => {

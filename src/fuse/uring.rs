@@ -34,20 +34,33 @@ use super::wire::{self, uring as wu, InHeader, OutHeader};
 
 /// A heap buffer at a fixed address, shared with the kernel.
 struct Buf {
+    /// The allocation (`Box<[u8]>` of `raw_len` bytes), freed in `Drop`.
+    raw: *mut u8,
+    raw_len: usize,
+    /// The buffer: `len` bytes from the first page-aligned byte of the allocation, so
+    /// that file data can be read into it with `O_DIRECT`.
     ptr: *mut u8,
     len: usize,
 }
 
+/// Alignment of ring buffers (a page).
+const BUF_ALIGN: usize = 4096;
+
 impl Buf {
     fn new(len: usize) -> Buf {
-        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
-        let ptr = Box::into_raw(b).cast::<u8>();
-        Buf { ptr, len }
+        let b: Box<[u8]> = vec![0u8; len + BUF_ALIGN].into_boxed_slice();
+        let raw_len = b.len();
+        let raw = Box::into_raw(b).cast::<u8>();
+        let off = raw.align_offset(BUF_ALIGN);
+        // SAFETY: `off` < BUF_ALIGN, so `off + len` stays inside the `len + BUF_ALIGN`
+        // bytes just allocated.
+        let ptr = unsafe { raw.add(off) };
+        Buf { raw, raw_len, ptr, len }
     }
 
     /// The bytes. Only called for entries in [`EntState::User`].
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` and `len` come from a live `Box<[u8]>` that only `Drop` frees; the
+        // SAFETY: `ptr` and `len` lie inside a live `Box<[u8]>` that only `Drop` frees; the
         // caller holds the entry in `User` state, so the kernel has no command in flight
         // that could write these bytes while the shared borrow lives.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
@@ -63,9 +76,9 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly the `Box<[u8]>` leaked in `new`, freed once here;
-        // `Queue::drop` forgets (never drops) the buffers the kernel may still write.
-        unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len))) }
+        // SAFETY: `raw`/`raw_len` are exactly the `Box<[u8]>` leaked in `new`, freed once
+        // here; `Queue::drop` forgets (never drops) the buffers the kernel may still write.
+        unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.raw, self.raw_len))) }
     }
 }
 
@@ -324,14 +337,32 @@ impl Queue {
         assert_eq!(e.state, EntState::User, "entry {ent} holds no request");
         let (errno, body) = if errno == 0 && body.len() > e.payload.len { (libc::EIO, &[][..]) } else { (errno, body) };
         let body = if errno != 0 { &[][..] } else { body };
+        e.payload.bytes_mut()[..body.len()].copy_from_slice(body);
+        self.commit_in_place(ent, commit_id, errno, body.len())
+    }
+
+    /// The payload buffer of entry `ent`, which holds a request (page-aligned): a reply
+    /// written here is committed with [`Queue::commit_in_place`], without a copy.
+    pub fn payload_mut(&mut self, ent: usize) -> &mut [u8] {
+        let e = &mut self.ents[ent];
+        assert_eq!(e.state, EntState::User, "entry {ent} holds no request");
+        e.payload.bytes_mut()
+    }
+
+    /// [`Queue::commit`] of a reply whose body is already the first `len` bytes of the
+    /// entry's payload buffer.
+    pub fn commit_in_place(&mut self, ent: usize, commit_id: u64, errno: i32, len: usize) -> io::Result<()> {
+        let e = &mut self.ents[ent];
+        assert_eq!(e.state, EntState::User, "entry {ent} holds no request");
+        let (errno, len) =
+            if errno != 0 || len > e.payload.len { (if errno != 0 { errno } else { libc::EIO }, 0) } else { (0, len) };
         let mut hdr = Vec::with_capacity(OutHeader::SIZE);
-        OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: -errno, unique: commit_id }.encode(&mut hdr);
+        OutHeader { len: (OutHeader::SIZE + len) as u32, error: -errno, unique: commit_id }.encode(&mut hdr);
         let mut io = Vec::with_capacity(wu::EntInOut::SIZE);
-        wu::EntInOut { flags: 0, commit_id, payload_sz: body.len() as u32 }.encode(&mut io);
+        wu::EntInOut { flags: 0, commit_id, payload_sz: len as u32 }.encode(&mut io);
         let h = e.header.bytes_mut();
         h[wu::IN_OUT_OFFSET..wu::IN_OUT_OFFSET + hdr.len()].copy_from_slice(&hdr);
         h[wu::ENT_IN_OUT_OFFSET..wu::ENT_IN_OUT_OFFSET + io.len()].copy_from_slice(&io);
-        e.payload.bytes_mut()[..body.len()].copy_from_slice(body);
         let cmd = wu::CmdReq { flags: 0, commit_id, qid: self.qid }.encode();
         let sqe = opcode::UringCmd80::new(types::Fd(self.dev.as_raw_fd()), wu::CMD_COMMIT_AND_FETCH)
             .cmd(cmd)

@@ -273,6 +273,25 @@ impl Volume {
         self.read_as(ino, offset, size, execute, aligned)
     }
 
+    /// [`Volume::read`] into `out` (up to its length): the number of bytes read. Whole
+    /// pages of a page-aligned read go from the device straight into `out` when it is
+    /// page-aligned (the FUSE layer passes its ring buffer).
+    pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
+        let size = out.len();
+        let out = std::cell::RefCell::new(out);
+        let execute = |plan: &file::ReadPlan, dev: &dyn BlockDevice| {
+            let mut out = out.borrow_mut();
+            let n = plan.len();
+            plan.execute_into(dev, &mut out[..n])?;
+            Ok(n)
+        };
+        let copy = |v: Vec<u8>| {
+            out.borrow_mut()[..v.len()].copy_from_slice(&v);
+            v.len()
+        };
+        self.read_as(ino, offset, size, execute, copy)
+    }
+
     /// [`Volume::read`], with the plan carried out by `execute` and bytes produced
     /// otherwise turned into the same type by `from_vec`.
     fn read_as<T>(

@@ -287,7 +287,8 @@ pub fn write_runs(
             at += 1;
         }
         runs_in += 1;
-        drop(run);
+        // Written (or copied into the request being filled): the pages can be reused.
+        super::pages::recycle(run.pages.into_values());
         // The next run continues this request only if it starts where this one ended.
         if runs.peek().is_none_or(|r| r.phys != at) && n > 0 {
             dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
@@ -525,7 +526,7 @@ pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, l
 
 /// The current content of page `p` (for read-modify-write of a partial page).
 pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
-    let mut b = Box::new([0u8; BLOCK_SIZE]);
+    let mut b = super::pages::zeroed();
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {
             st.dev().read_data(e.phys + (p - e.logical), &mut b[..])?;

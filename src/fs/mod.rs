@@ -7,4 +7,5 @@
 pub mod acl;
 pub(crate) mod dir;
 pub(crate) mod file;
+pub(crate) mod pages;
 pub(crate) mod xattr;

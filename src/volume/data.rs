@@ -4,6 +4,7 @@ use crate::disk::codec::*;
 use crate::disk::format::*;
 use crate::error::{Error, Result};
 use crate::fs::file::{self};
+use crate::fs::pages;
 
 use super::*;
 use crate::disk::device::{AlignedBuf, BlockDevice};
@@ -93,10 +94,9 @@ impl Inner {
             }
             let page = if full {
                 // Copied straight into a new page: no zeroing first, one copy.
-                Box::<[u8]>::from(bytes).try_into().expect("a full page is one block")
+                pages::copy_of(bytes)
             } else {
-                let mut page =
-                    if ps >= i.size { Box::new([0u8; BLOCK_SIZE]) } else { file::read_page(&mut self.st, i, p)? };
+                let mut page = if ps >= i.size { pages::zeroed() } else { file::read_page(&mut self.st, i, p)? };
                 page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
                 page
             };

@@ -306,6 +306,7 @@ impl Volume {
 
     /// Commit the current delta and make it durable.
     pub fn sync(&self) -> Result<()> {
+        crate::fs::pages::release_idle();
         self.commit()
     }
 

@@ -191,7 +191,7 @@ impl Drop for NbdDevice {
         let sh = &*self.shared;
         // The protocol asks a client to let its requests finish before a soft
         // disconnect (readahead may still have some out).
-        self.ahead.lock().chunks.clear();
+        self.ahead.lock().take_all();
         {
             let deadline = Instant::now() + sh.target.timeout.min(Duration::from_secs(5));
             let mut st = sh.state.lock();
@@ -319,11 +319,9 @@ impl BlockDevice for NbdDevice {
         // Readahead still out is waited for, so that a flush leaves nothing in flight
         // (a close follows many flushes; some servers mishandle a client that leaves
         // with requests out).
-        let chunks = std::mem::take(&mut self.ahead.lock().chunks);
+        let chunks = self.ahead.lock().take_all();
         for c in chunks {
-            if let Some(rx) = c.rx {
-                let _ = rx.recv();
-            }
+            c.settle();
         }
         if self.read_only {
             self.counters.flush();

@@ -555,6 +555,52 @@ fn readahead_sees_writes() {
     assert_eq!(dev.stats().reads, (total / piece) as u64, "one counted read per call");
 }
 
+/// The kernel sends a window of readahead as several 1 MiB READs at once and the FUSE
+/// threads serve them in any order: reads of a sequential stream that come out of order
+/// are served from the readahead window, each byte fetched from the server once (before,
+/// a read beyond a chunk dropped it and the read of that chunk went to the server again).
+#[test]
+fn readahead_serves_reads_in_any_order() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
+    let srv = nbdkit(&srv_sock, &["memory", "64M"]);
+    let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
+    let dev = NbdDevice::open(&px.uri(5), false).unwrap();
+    let mib = 256usize; // blocks
+    let total = 16 * mib;
+    let fill = |b: usize| -> Vec<u8> { vec![(b as u8).wrapping_mul(7).wrapping_add(1); BLOCK_SIZE] };
+    let all: Vec<u8> = (0..total).flat_map(fill).collect();
+    dev.write(0, &all).unwrap();
+    let reads = || -> Vec<(u64, u32)> { px.requests().iter().filter(|r| r.0 == 0).map(|r| (r.2, r.3)).collect() };
+    let before = reads().len();
+    // Two in order (the stream starts), then each group of four as 2, 1, 4, 3.
+    let mut order = vec![0, 1];
+    for g in (2..16).step_by(4) {
+        order.extend([g + 1, g, g + 3, g + 2].into_iter().filter(|&i| i < 16));
+    }
+    let mut buf = vec![0u8; mib * BLOCK_SIZE];
+    for &i in &order {
+        dev.read((i * mib) as u64, &mut buf).unwrap();
+        for k in 0..mib {
+            assert!(buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE] == fill(i * mib + k)[..], "MiB {i}, block {k}");
+        }
+    }
+    dev.flush().unwrap();
+    // Every block of the stream fetched once.
+    let mut seen = std::collections::HashMap::new();
+    for (off, len) in &reads()[before..] {
+        for b in off / BLOCK_SIZE as u64..(off + u64::from(*len)) / BLOCK_SIZE as u64 {
+            *seen.entry(b).or_insert(0) += 1;
+        }
+    }
+    let again = seen.values().filter(|&&n| n > 1).count();
+    assert_eq!(again, 0, "{again} blocks fetched more than once for 16 MiB read out of order");
+    assert!((0..total as u64).all(|b| seen.contains_key(&b)));
+    drop(dev);
+    px.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // Crashes at chosen requests: a proxy between the client and nbdkit
 
@@ -1058,6 +1104,108 @@ fn multi_conn_spreads_requests() {
         vol.close().unwrap();
         assert_clean(file);
     }
+}
+
+/// Structured read replies put together from chunks in any order: data after a gap, a
+/// hole, data before what came; in order (appended); and a reply whose chunks leave a
+/// gap (zeros, as before). A fake server sends each shape for one read.
+#[test]
+fn structured_chunks_in_any_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("chunks");
+    let l = UnixListener::bind(&sock).unwrap();
+    let block = |b: u64| vec![(b as u8) ^ 0x5a; BLOCK_SIZE];
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut c, _) = l.accept()?;
+        let opt_reply = |c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]| {
+            let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
+            m.extend_from_slice(&opt.to_be_bytes());
+            m.extend_from_slice(&kind.to_be_bytes());
+            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            m.extend_from_slice(body);
+            c.write_all(&m)
+        };
+        c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
+        let mut f = [0u8; 4];
+        c.read_exact(&mut f)?;
+        loop {
+            let mut h = [0u8; 16];
+            c.read_exact(&mut h)?;
+            let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+            let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
+            c.read_exact(&mut d)?;
+            match opt {
+                8 => opt_reply(&mut c, 8, 1, &[])?, // structured replies: ACK
+                7 => {
+                    let mut info = vec![0u8, 0];
+                    info.extend_from_slice(&(16u64 << 20).to_be_bytes());
+                    info.extend_from_slice(&1u16.to_be_bytes()); // HAS_FLAGS
+                    opt_reply(&mut c, 7, 3, &info)?;
+                    opt_reply(&mut c, 7, 1, &[])?;
+                    break;
+                }
+                _ => opt_reply(&mut c, opt, (1 << 31) + 1, &[])?,
+            }
+        }
+        // (flags, type, cookie, payload)
+        let chunk = |c: &mut std::os::unix::net::UnixStream, done: bool, kind: u16, cookie: u64, p: &[u8]| {
+            let mut m = 0x668e_33efu32.to_be_bytes().to_vec();
+            m.extend_from_slice(&u16::from(done).to_be_bytes());
+            m.extend_from_slice(&kind.to_be_bytes());
+            m.extend_from_slice(&cookie.to_be_bytes());
+            m.extend_from_slice(&(p.len() as u32).to_be_bytes());
+            m.extend_from_slice(p);
+            c.write_all(&m)
+        };
+        let data = |first: u64, n: u64| -> Vec<u8> {
+            let mut p = (first * BLOCK_SIZE as u64).to_be_bytes().to_vec();
+            (first..first + n).for_each(|b| p.extend(block(b)));
+            p
+        };
+        let hole = |first: u64, n: u64| -> Vec<u8> {
+            let mut p = (first * BLOCK_SIZE as u64).to_be_bytes().to_vec();
+            p.extend_from_slice(&((n * BLOCK_SIZE as u64) as u32).to_be_bytes());
+            p
+        };
+        loop {
+            let mut h = [0u8; 28];
+            if c.read_exact(&mut h).is_err() || h[7] != 0 {
+                return Ok(()); // NBD_CMD_DISC or gone
+            }
+            let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+            let b = u64::from_be_bytes(h[16..24].try_into().unwrap()) / BLOCK_SIZE as u64;
+            match b {
+                0 => {
+                    chunk(&mut c, false, 1, cookie, &data(2, 2))?;
+                    chunk(&mut c, false, 2, cookie, &hole(1, 1))?;
+                    chunk(&mut c, true, 1, cookie, &data(0, 1))?;
+                }
+                4 => {
+                    chunk(&mut c, false, 1, cookie, &data(4, 1))?;
+                    chunk(&mut c, false, 1, cookie, &data(5, 2))?;
+                    chunk(&mut c, true, 2, cookie, &hole(7, 1))?;
+                }
+                _ => chunk(&mut c, true, 1, cookie, &data(b, 1))?,
+            }
+        }
+    });
+    let dev = NbdDevice::open(&format!("nbd+unix:///?socket={}&timeout=5", sock.display()), true).unwrap();
+    assert!(dev.structured_replies());
+    let zero = vec![0u8; BLOCK_SIZE];
+    let mut buf = vec![0u8; 4 * BLOCK_SIZE];
+    for (first, want) in [
+        (0u64, [block(0), zero.clone(), block(2), block(3)]),
+        (4, [block(4), block(5), block(6), zero.clone()]),
+        (8, [block(8), zero.clone(), zero.clone(), zero.clone()]),
+    ] {
+        buf.fill(0xff);
+        dev.read(first, &mut buf).unwrap();
+        for (k, w) in want.iter().enumerate() {
+            assert!(buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE] == w[..], "read at {first}: block {k}");
+        }
+    }
+    drop(dev);
+    server.join().unwrap().unwrap();
 }
 
 /// Structured replies: negotiated with nbdkit and qemu-nbd, off with `structured=0`. A

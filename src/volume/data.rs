@@ -77,8 +77,9 @@ impl Inner {
         }
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
-        // Past the file's last extent no page can be mapped: one lookup, not one per page.
-        let mapped_end = file::mapped_end(&mut self.st, i)?;
+        // Past the file's last extent no page can be mapped: one lookup, not one per page
+        // (a one-page write asks about its page alone).
+        let mapped_end = if first == last { u64::MAX } else { file::mapped_end(&mut self.st, i)? };
         for p in first..=last {
             let ps = p * bs;
             let from = offset.max(ps);

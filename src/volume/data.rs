@@ -7,7 +7,7 @@ use crate::fs::file::{self};
 use crate::fs::pages;
 
 use super::*;
-use crate::disk::device::{AlignedBuf, BlockDevice};
+use crate::disk::device::AlignedBuf;
 use crate::engine::store::{read_inode, MetaRead};
 
 impl Inner {
@@ -112,6 +112,35 @@ impl Inner {
         i.ctime = t;
         self.st.put_inode(i)?;
         Ok(data.len())
+    }
+}
+
+/// Where a read puts its bytes: `buf(n)` gives room for exactly `n` of them (asked again
+/// when a read is done over, with the new length).
+trait ReadSink {
+    fn buf(&mut self, n: usize) -> &mut [u8];
+}
+
+impl ReadSink for Vec<u8> {
+    fn buf(&mut self, n: usize) -> &mut [u8] {
+        self.clear();
+        self.resize(n, 0);
+        self
+    }
+}
+
+impl ReadSink for AlignedBuf {
+    fn buf(&mut self, n: usize) -> &mut [u8] {
+        if self.len() != n {
+            *self = AlignedBuf::new(n);
+        }
+        self
+    }
+}
+
+impl ReadSink for [u8] {
+    fn buf(&mut self, n: usize) -> &mut [u8] {
+        &mut self[..n]
     }
 }
 
@@ -255,54 +284,28 @@ impl Volume {
     /// lock; if a write-back or commit ran meanwhile (either may rewrite a block that the
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
-        self.read_as(ino, offset, size, |plan, dev| plan.execute(dev), |v| v)
+        let mut out = Vec::new();
+        self.read_to(ino, offset, size, &mut out)?;
+        Ok(out)
     }
 
     /// [`Volume::read`] into a buffer aligned as `O_DIRECT` wants, so that page-aligned
     /// reads go from the device straight into it (the FUSE layer replies from it).
     pub fn read_aligned(&self, ino: u64, offset: u64, size: usize) -> Result<AlignedBuf> {
-        let aligned = |v: Vec<u8>| {
-            let mut b = AlignedBuf::new(v.len());
-            b.copy_from_slice(&v);
-            b
-        };
-        let execute = |plan: &file::ReadPlan, dev: &dyn BlockDevice| {
-            let mut b = AlignedBuf::new(plan.len());
-            plan.execute_into(dev, &mut b)?;
-            Ok(b)
-        };
-        self.read_as(ino, offset, size, execute, aligned)
+        let mut out = AlignedBuf::new(0);
+        self.read_to(ino, offset, size, &mut out)?;
+        Ok(out)
     }
 
     /// [`Volume::read`] into `out` (up to its length): the number of bytes read. Whole
     /// pages of a page-aligned read go from the device straight into `out` when it is
     /// page-aligned (the FUSE layer passes its ring buffer).
     pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
-        let size = out.len();
-        let out = std::cell::RefCell::new(out);
-        let execute = |plan: &file::ReadPlan, dev: &dyn BlockDevice| {
-            let mut out = out.borrow_mut();
-            let n = plan.len();
-            plan.execute_into(dev, &mut out[..n])?;
-            Ok(n)
-        };
-        let copy = |v: Vec<u8>| {
-            out.borrow_mut()[..v.len()].copy_from_slice(&v);
-            v.len()
-        };
-        self.read_as(ino, offset, size, execute, copy)
+        self.read_to(ino, offset, out.len(), out)
     }
 
-    /// [`Volume::read`], with the plan carried out by `execute` and bytes produced
-    /// otherwise turned into the same type by `from_vec`.
-    fn read_as<T>(
-        &self,
-        ino: u64,
-        offset: u64,
-        size: usize,
-        execute: impl Fn(&file::ReadPlan, &dyn BlockDevice) -> Result<T>,
-        from_vec: impl Fn(Vec<u8>) -> T,
-    ) -> Result<T> {
+    /// [`Volume::read`] into `sink`; returns the number of bytes read.
+    fn read_to(&self, ino: u64, offset: u64, size: usize, sink: &mut (impl ReadSink + ?Sized)) -> Result<usize> {
         // Planned with the volume lock shared when the file's data is not in flight and
         // its extent map is cached; else exclusively (waiting for the data to land).
         let planned = match self.shared(|view, seen| {
@@ -321,30 +324,33 @@ impl Volume {
             }
         };
         let (plan, epoch, touch) = match planned {
-            Planned::Done(out, touch) => {
+            Planned::Done(bytes, touch) => {
+                sink.buf(bytes.len()).copy_from_slice(&bytes);
                 self.touch_atime(ino, touch);
-                return Ok(from_vec(out));
+                return Ok(bytes.len());
             }
             Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
         };
         let planned_at = contention::current_stamp();
-        let out = execute(&plan, &*self.s.dev)?;
+        plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
         // Shared is enough to see whether a write-back or commit ran meanwhile.
         let unchanged = self.shared(|_, seen| Ok(seen.delta.epoch() == epoch)).and_then(|r| r.ok()) == Some(true);
-        let out = if unchanged {
+        let n = if unchanged {
             // What was read is the state the plan saw.
             contention::set_stamp(planned_at);
-            out
+            plan.len()
         } else {
             let mut g = self.lock();
             self.wait_landed(&mut g, ino)?;
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
             let g = &mut *g;
-            from_vec(file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?)
+            let bytes = file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?;
+            sink.buf(bytes.len()).copy_from_slice(&bytes);
+            bytes.len()
         };
         self.touch_atime(ino, touch);
-        Ok(out)
+        Ok(n)
     }
 
     /// Record an access to `ino` if the atime policy asked for it (`wanted`): a read

@@ -359,11 +359,13 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
         }
         // A READ goes straight into the entry's payload buffer when the handler can.
         let read = match q.request(c.ent) {
-            Ok(inc) => match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
-                Ok(Request::Read { fh, offset, size }) => Some((inc.header, inc.commit_id, fh, offset, size)),
-                _ => None,
-            },
-            Err(_) => None,
+            Ok(inc) if inc.header.opcode == wire::opcode::READ => {
+                match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
+                    Ok(Request::Read { fh, offset, size }) => Some((inc.header, inc.commit_id, fh, offset, size)),
+                    _ => None,
+                }
+            }
+            _ => None,
         };
         if let Some((header, commit_id, fh, offset, size)) = read {
             let req = Request::Read { fh, offset, size };

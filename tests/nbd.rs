@@ -1109,6 +1109,42 @@ fn multi_conn_spreads_requests() {
 /// Structured read replies put together from chunks in any order: data after a gap, a
 /// hole, data before what came; in order (appended); and a reply whose chunks leave a
 /// gap (zeros, as before). A fake server sends each shape for one read.
+/// The server side of a fixed-newstyle handshake for the fake servers below: greet,
+/// read the client's flags, then answer options until NBD_OPT_GO, which gets a 16 MiB
+/// export with transmission flags `flags`. Structured replies are acknowledged when
+/// `structured`, every other option is refused (NBD_REP_ERR_UNSUP).
+fn fake_handshake(c: &mut std::os::unix::net::UnixStream, flags: u16, structured: bool) -> std::io::Result<()> {
+    fn opt_reply(c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]) -> std::io::Result<()> {
+        let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
+        m.extend_from_slice(&opt.to_be_bytes());
+        m.extend_from_slice(&kind.to_be_bytes());
+        m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        m.extend_from_slice(body);
+        c.write_all(&m)
+    }
+    c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
+    let mut f = [0u8; 4];
+    c.read_exact(&mut f)?;
+    loop {
+        let mut h = [0u8; 16];
+        c.read_exact(&mut h)?;
+        let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+        let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
+        c.read_exact(&mut d)?;
+        match opt {
+            8 if structured => opt_reply(c, 8, 1, &[])?, // NBD_OPT_STRUCTURED_REPLY: ACK
+            7 => {
+                let mut info = vec![0u8, 0];
+                info.extend_from_slice(&(16u64 << 20).to_be_bytes());
+                info.extend_from_slice(&flags.to_be_bytes());
+                opt_reply(c, 7, 3, &info)?;
+                return opt_reply(c, 7, 1, &[]);
+            }
+            _ => opt_reply(c, opt, (1 << 31) + 1, &[])?,
+        }
+    }
+}
+
 #[test]
 fn structured_chunks_in_any_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -1117,37 +1153,8 @@ fn structured_chunks_in_any_order() {
     let block = |b: u64| vec![(b as u8) ^ 0x5a; BLOCK_SIZE];
     let server = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut c, _) = l.accept()?;
-        let opt_reply = |c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]| {
-            let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
-            m.extend_from_slice(&opt.to_be_bytes());
-            m.extend_from_slice(&kind.to_be_bytes());
-            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            m.extend_from_slice(body);
-            c.write_all(&m)
-        };
-        c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
-        let mut f = [0u8; 4];
-        c.read_exact(&mut f)?;
-        loop {
-            let mut h = [0u8; 16];
-            c.read_exact(&mut h)?;
-            let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
-            let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
-            c.read_exact(&mut d)?;
-            match opt {
-                8 => opt_reply(&mut c, 8, 1, &[])?, // structured replies: ACK
-                7 => {
-                    let mut info = vec![0u8, 0];
-                    info.extend_from_slice(&(16u64 << 20).to_be_bytes());
-                    info.extend_from_slice(&1u16.to_be_bytes()); // HAS_FLAGS
-                    opt_reply(&mut c, 7, 3, &info)?;
-                    opt_reply(&mut c, 7, 1, &[])?;
-                    break;
-                }
-                _ => opt_reply(&mut c, opt, (1 << 31) + 1, &[])?,
-            }
-        }
-        // (flags, type, cookie, payload)
+        fake_handshake(&mut c, 1, true)?; // HAS_FLAGS
+                                          // (flags, type, cookie, payload)
         let chunk = |c: &mut std::os::unix::net::UnixStream, done: bool, kind: u16, cookie: u64, p: &[u8]| {
             let mut m = 0x668e_33efu32.to_be_bytes().to_vec();
             m.extend_from_slice(&u16::from(done).to_be_bytes());
@@ -1275,35 +1282,9 @@ fn garbage_replies_fail_with_eio_in_bounded_time() {
     let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (stop2, conns2) = (stop.clone(), conns.clone());
     let server = std::thread::spawn(move || {
-        fn opt_reply(c: &mut std::os::unix::net::UnixStream, opt: u32, kind: u32, body: &[u8]) -> std::io::Result<()> {
-            let mut m = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec();
-            m.extend_from_slice(&opt.to_be_bytes());
-            m.extend_from_slice(&kind.to_be_bytes());
-            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            m.extend_from_slice(body);
-            c.write_all(&m)
-        }
         fn serve(mut c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
             c.set_nonblocking(false)?;
-            c.write_all(b"NBDMAGICIHAVEOPT\x00\x03")?;
-            let mut f = [0u8; 4];
-            c.read_exact(&mut f)?;
-            loop {
-                let mut h = [0u8; 16];
-                c.read_exact(&mut h)?;
-                let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
-                let mut d = vec![0u8; u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize];
-                c.read_exact(&mut d)?;
-                if opt == 7 {
-                    let mut info = vec![0u8, 0];
-                    info.extend_from_slice(&(16u64 << 20).to_be_bytes());
-                    info.extend_from_slice(&5u16.to_be_bytes()); // HAS_FLAGS | SEND_FLUSH
-                    opt_reply(&mut c, 7, 3, &info)?;
-                    opt_reply(&mut c, 7, 1, &[])?;
-                    break;
-                }
-                opt_reply(&mut c, opt, (1 << 31) + 1, &[])?; // NBD_REP_ERR_UNSUP
-            }
+            fake_handshake(&mut c, 5, false)?; // HAS_FLAGS | SEND_FLUSH
             loop {
                 let mut h = [0u8; 28];
                 c.read_exact(&mut h)?;

@@ -82,32 +82,36 @@ work_in_background() {
   ) &
   WORK_PID=$!
 }
-work_result() {
+# Wait for the workload, say how it ended, and stop unless it ended as expected: step
+# $1, $2 = 1 when it must succeed, 0 when it must fail, $3 what was expected.
+expect_work() {
   local c s t errs
+  wait "$WORK_PID" || true
   read -r c s t <"$DIR/work.rc"
   errs=$(sed 's/.*: //' "$DIR/cp.err" | sort | uniq -c | sort -rn | head -2 | tr -s ' ' | tr '\n' ';')
-  echo "cp exit $c, sync exit $s at $(python3 -c "print(round($t - $T0, 1))") s${errs:+; errors:$errs}"
-  WORK_OK=$([ "$c$s" = 00 ] && echo 1 || echo 0)
+  say "$1: cp exit $c, sync exit $s at $(python3 -c "print(round($t - $T0, 1))") s${errs:+; errors:$errs}"
+  [ "$([ "$c$s" = 00 ] && echo 1 || echo 0)" = "$2" ] || { say "$1: FAILED: $3"; exit 1; }
+}
+# A fresh volume, mounted, the copy running, and the OSD killed half a second into it.
+kill_osd_under_work() {
+  "$DXFS" mkfs -f "$URI" >/dev/null
+  mount_it
+  T0=$(date +%s.%N)
+  work_in_background
+  sleep 0.5
+  osd_kill
 }
 
 echo "ceph_fault.sh: OSD down ${DOWN_S} s, then for good; timeout=${TIMEOUT_S} s; tree $TREE ($(find "$TREE" | wc -l) entries)"
 nbd_start
 
 # 1. The OSD comes back before the timeout.
-"$DXFS" mkfs "$URI" >/dev/null
-mount_it
-T0=$(date +%s.%N)
-work_in_background
-sleep 0.5
-osd_kill
+kill_osd_under_work
 say "1: OSD killed"
 sleep "$DOWN_S"
 osd_start
 say "1: OSD started again"
-wait "$WORK_PID" || true
-work_result >/dev/null  # sets WORK_OK (a $(...) call could not)
-say "1: $(work_result)"
-[ "$WORK_OK" = 1 ] || { say "1: FAILED: the workload should have ridden out the outage"; exit 1; }
+expect_work 1 1 "the workload should have ridden out the outage"
 unmount_it
 mount_it
 diff -r --no-dereference "$TREE" "$MNT/tree" >/dev/null || { say "1: FAILED: the tree differs"; exit 1; }
@@ -116,17 +120,9 @@ unmount_it
 "$DXFS" fsck -n "$URI"
 
 # 2. The OSD stays down past the timeout.
-"$DXFS" mkfs -f "$URI" >/dev/null
-mount_it
-T0=$(date +%s.%N)
-work_in_background
-sleep 0.5
-osd_kill
+kill_osd_under_work
 say "2: OSD killed, left down"
-wait "$WORK_PID" || true
-work_result >/dev/null  # sets WORK_OK (a $(...) call could not)
-say "2: $(work_result)"
-[ "$WORK_OK" = 0 ] || { say "2: FAILED: the workload should have failed"; exit 1; }
+expect_work 2 0 "the workload should have failed"
 unmount_it
 nbd_stop
 osd_start

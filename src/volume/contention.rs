@@ -95,7 +95,7 @@ pub(super) fn current_stamp() -> u64 {
 /// The volume lock, held exclusively; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
     guard: RwLockWriteGuard<'a, Inner>,
-    /// The linearization stamp of this hold (retaken after a condition-variable wait).
+    /// The linearization stamp of this hold (retaken after a wait on a `Signal`).
     stamp: u64,
     /// For a hold that an operation was charged in: the delta's log blocks then.
     charged_at: Option<usize>,

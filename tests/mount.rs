@@ -1790,12 +1790,12 @@ fn open_directory_outlives_its_name() {
 }
 
 /// Unmount and remount the same image at once, many times: the new daemon waits for the
-/// old one to finish its last commit and let go of the image (`lock_wait`), and nothing
+/// old one to finish its last commit and let go of the image (`lock_wait`: the image's
+/// lock, or over NBD the volume's mount mark), and nothing
 /// written before an unmount is ever missing after the remount.
 #[test]
 fn remount_of_the_same_image_waits_for_the_old_daemon() {
     require_fuse!();
-    not_over_nbd!("the wait is for the image file's lock; over NBD nothing tells a new daemon that an old one is still committing (docs/DESIGN.md)");
     let s = Scratch::new(32);
     let mut daemons = Vec::new();
     for round in 0..15 {

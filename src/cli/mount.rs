@@ -267,12 +267,14 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     if !dir.is_dir() {
         return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
     }
-    let opened = if nbd {
-        dxfs::block::open_device(&image.to_string_lossy(), o.read_only)
-    } else {
-        open_waiting(&image, o.read_only, lock_wait).map(|d| Arc::new(d) as Arc<dyn dxfs::block::BlockDevice>)
-    }
-    .and_then(|d| dxfs::Volume::open(d, dxfs::OpenOptions { read_only: o.read_only, ..vol_opts }));
+    let opened = open_waiting(lock_wait, || {
+        let dev = if nbd {
+            dxfs::block::open_device(&image.to_string_lossy(), o.read_only)?
+        } else {
+            Arc::new(FileDevice::open(&image, o.read_only)?) as Arc<dyn dxfs::block::BlockDevice>
+        };
+        dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: o.read_only, ..vol_opts.clone() })
+    });
     let vol = match opened {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),
@@ -330,14 +332,15 @@ fn remount(dir: &Path, opts: &[&str]) -> i32 {
     }
 }
 
-/// Open the image read-write, waiting up to `wait` for a previous user to let go of it:
-/// after `umount` the old daemon may still be writing its last commit, and a remount
-/// right away must wait for it rather than fail (or, worse, write beside it).
-fn open_waiting(image: &Path, read_only: bool, wait: std::time::Duration) -> dxfs::Result<FileDevice> {
+/// Open the volume, waiting up to `wait` while it is in use (`Error::Busy`): after
+/// `umount` the old daemon may still be writing its last commit, holding the image's lock
+/// and, on any device (NBD too), the volume's mount mark; a remount right away must wait
+/// for it rather than fail.
+fn open_waiting<T>(wait: std::time::Duration, mut open: impl FnMut() -> dxfs::Result<T>) -> dxfs::Result<T> {
     let deadline = std::time::Instant::now() + wait;
     let mut told = false;
     loop {
-        match FileDevice::open(image, read_only) {
+        match open() {
             Err(dxfs::Error::Busy(m)) if std::time::Instant::now() < deadline => {
                 if !told {
                     tracing::info!("{m}; waiting up to {wait:?} for it to be released");

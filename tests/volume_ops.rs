@@ -846,3 +846,25 @@ fn single_page_overwrites_remap_in_place() {
     assert_eq!(vol.extent_tree_blocks(g).unwrap().len(), 1, "256 one-page extents would need more than one leaf");
     close_and_check(dev, vol);
 }
+
+/// A write of many pages over written pages and holes counts in st_blocks only the
+/// holes' blocks, before its write-back and after (the write reads the extents of its
+/// range once and walks them page by page).
+#[test]
+fn a_long_write_counts_only_the_holes_it_fills() {
+    let (dev, vol) = mem_volume(8192);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    for start in [0u64, 8, 16] {
+        vol.write(f, start * 4096, &[1u8; 4 * 4096]).unwrap();
+    }
+    vol.sync().unwrap();
+    let before = vol.getattr(f).unwrap().blocks;
+    assert_eq!(before, 12 * 8, "three extents of four pages, in 512-byte sectors");
+    // Pages 0..24: 12 over written pages, holes 4..8 and 12..16, and 20..24 past the end.
+    vol.write(f, 0, &[2u8; 24 * 4096]).unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 24 * 8, "only the 12 new pages count");
+    vol.sync().unwrap();
+    assert_eq!(vol.getattr(f).unwrap().blocks, 24 * 8, "after write-back");
+    assert_eq!(vol.read(f, 0, 24 * 4096).unwrap(), vec![2u8; 24 * 4096]);
+    close_and_check(dev, vol);
+}

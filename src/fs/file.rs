@@ -208,11 +208,6 @@ fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
     Ok(ino_loc(inode.ino).0 + 1)
 }
 
-/// The logical block after the file's last extent (0 for a file with none).
-pub fn mapped_end(st: &mut Store, inode: &Inode) -> Result<u64> {
-    Ok(extent_before(st, inode, u64::MAX)?.map_or(0, |e| e.end()))
-}
-
 /// Whether logical block `p` is mapped (written or preallocated): one tree descent.
 pub fn is_mapped(st: &mut Store, inode: &Inode, p: u64) -> Result<bool> {
     Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))

@@ -77,9 +77,18 @@ impl Inner {
         }
         let bs = BLOCK_SIZE as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
-        // Past the file's last extent no page can be mapped: one lookup, not one per page
-        // (a one-page write asks about its page alone).
-        let mapped_end = if first == last { u64::MAX } else { file::mapped_end(&mut self.st, i)? };
+        // Which pages lie over blocks the file has: a one-page write asks about its page
+        // (one descent); a longer one reads the extents of its range once (one descent and
+        // a scan), not one descent per page.
+        let extents = if first == last { Vec::new() } else { file::extents_in(&mut self.st, i, first, last + 1)? };
+        let mut next = extents.iter().peekable();
+        let mut mapped = |st: &mut crate::engine::store::Store, p: u64| -> Result<bool> {
+            if first == last {
+                return file::is_mapped(st, i, p);
+            }
+            while next.next_if(|e| e.end() <= p).is_some() {}
+            Ok(next.peek().is_some_and(|e| e.logical <= p))
+        };
         for p in first..=last {
             let ps = p * bs;
             let from = offset.max(ps);
@@ -90,7 +99,7 @@ impl Inner {
                 page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
                 continue;
             }
-            if p < mapped_end && file::is_mapped(&mut self.st, i, p)? {
+            if mapped(&mut self.st, p)? {
                 self.delta.mark_overwrite(ino, p);
             }
             let page = if full {

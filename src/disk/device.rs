@@ -86,7 +86,8 @@ pub trait BlockDevice: Send + Sync {
     fn read_data(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         self.read(block, buf)
     }
-    /// Write file data: as [`BlockDevice::write`], past any cache, as `read_data`.
+    /// Write blocks the metadata cache never holds (file data, a commit's log body): as
+    /// [`BlockDevice::write`], past any cache, as `read_data`.
     fn write_data(&self, block: u64, buf: &[u8]) -> Result<()> {
         self.write(block, buf)
     }

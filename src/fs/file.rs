@@ -351,15 +351,14 @@ pub fn writeback(
         let rest = pages.split_off(&(p0 + len));
         let run = std::mem::replace(pages, rest);
         out.push(DataWrite { phys, pages: run });
-        let mapped = match len {
-            1 => remap_one(st, inode, p0, phys),
-            _ => Ok(false),
-        }
-        .and_then(|done| match done {
-            true => Ok(()),
-            false => unmap(st, inode, p0, p0 + len)
-                .and_then(|()| map(st, inode, Extent { logical: p0, len, phys, unwritten: false })),
-        });
+        let mut remap = || {
+            if len == 1 && remap_one(st, inode, p0, phys)? {
+                return Ok(());
+            }
+            unmap(st, inode, p0, p0 + len)?;
+            map(st, inode, Extent { logical: p0, len, phys, unwritten: false })
+        };
+        let mapped = remap();
         if let Err(e) = mapped {
             break Err(e);
         }

@@ -340,7 +340,7 @@ fn dirty_cushion(conn: Option<u64>, fs: crate::StatFs) -> u64 {
     let path = format!("/sys/class/bdi/0:{n}/max_bytes");
     let want = (fs.blocks * u64::from(fs.bsize) / 16).clamp(1 << 20, 1 << 30);
     if let Err(e) = std::fs::write(&path, want.to_string()) {
-        tracing::info!("cannot lower the kernel's dirty limit for this mount to {want} bytes: {e}");
+        tracing::info!("cannot set the kernel's dirty limit for this mount to {want} bytes: {e}");
     }
     let cushion = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok());
     let cushion = cushion.filter(|&c| c > 0).unwrap_or(UNKNOWN);

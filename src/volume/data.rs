@@ -8,7 +8,7 @@ use crate::fs::pages;
 
 use super::*;
 use crate::disk::device::AlignedBuf;
-use crate::engine::store::{read_inode, MetaRead};
+use crate::engine::store::{read_inode, MetaRead, Store};
 
 impl Inner {
     pub(super) fn truncate(&mut self, i: &mut Inode, size: u64) -> Result<()> {
@@ -82,7 +82,7 @@ impl Inner {
         // a scan), not one descent per page.
         let extents = if first == last { Vec::new() } else { file::extents_in(&mut self.st, i, first, last + 1)? };
         let mut next = extents.iter().peekable();
-        let mut mapped = |st: &mut crate::engine::store::Store, p: u64| -> Result<bool> {
+        let mut mapped = |st: &mut Store, p: u64| -> Result<bool> {
             if first == last {
                 return file::is_mapped(st, i, p);
             }

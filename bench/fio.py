@@ -4,7 +4,8 @@
     python3 bench/fio.py [--targets ext4,dxfs,dxfs-wb] [--runtime 8] [--size-mib 1024]
                          [--dxfs-bin target/release/dxfs] [--transport uring]
 
-Each target gets a fresh 4 GiB volume on a loop device over a sparse file in /dev/shm.
+Each target gets a fresh volume (4 GiB unless --volume-gib says) on a loop device over a
+sparse file in /dev/shm.
 Jobs: sequential write and read of SIZE (buffered and O_DIRECT, 1 MiB requests, cold
 read after dropping the page cache), random 4 KiB write and read over 256 MiB (1 job and
 4 jobs), random write with an fsync every 1,000 writes and after every write. Prints
@@ -74,6 +75,7 @@ def main():
     ap.add_argument("--targets", default="ext4,dxfs,dxfs-wb")
     ap.add_argument("--runtime", type=int, default=8)
     ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--volume-gib", type=int, default=4, help="size of each fresh volume (default 4)")
     ap.add_argument("--transport", default="uring")
     ap.add_argument("--jobs", default="", help="comma-separated job numbers (1-based) to run; default all")
     ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
@@ -87,7 +89,7 @@ def main():
             # A fresh volume per job, so no job finds another's files or fragmentation.
             fs = "ext4" if t == "ext4" else "dxfs"
             wb = ["--writeback-cache", "on" if t == "dxfs-wb" else "off"]
-            with LoopVolume(fs, 4, dxfs, a.transport, wb) as tg:
+            with LoopVolume(fs, a.volume_gib, dxfs, a.transport, wb) as tg:
                 res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
             print(f"{t}: {label} done", file=sys.stderr)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")

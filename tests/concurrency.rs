@@ -211,7 +211,8 @@ fn a_full_delta_commits_in_the_background() {
         cv: Condvar::new(),
         flushes_waiting: AtomicU64::new(0),
     });
-    let opts = OpenOptions { dirty_limit: 64, ..OpenOptions::default() };
+    // No flushes ahead of the commit: the delta must fill and commit.
+    let opts = OpenOptions { dirty_limit: 64, flush_from: 0, ..OpenOptions::default() };
     let vol = Arc::new(Volume::open(gated.clone(), opts).unwrap());
     // Whatever happens below, the gate opens before the volume is dropped (a failed
     // assertion must not leave a drop waiting for a commit held at the gate forever).

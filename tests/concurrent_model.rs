@@ -413,11 +413,14 @@ fn check_inodes(seed: u64, vol: &Volume, m: &FsModel) {
 fn open_options(small: bool) -> OpenOptions {
     // A small dirty limit makes data commit inside writes, too; a tiny metadata cache (the
     // least it keeps is 64 clean blocks) makes reads that share the volume lock miss and
-    // run again exclusively, while other threads evict and reload blocks.
+    // run again exclusively, while other threads evict and reload blocks. The other half
+    // flushes dirty pages ahead of the commit from 16 on (with the small log a flush
+    // would find no room), so flushes run beside the operations.
     let d = OpenOptions::default();
     OpenOptions {
         dirty_limit: if small { 64 } else { d.dirty_limit },
         cache_blocks: if small { 64 } else { d.cache_blocks },
+        flush_from: if small { d.flush_from } else { 16 },
         ..d
     }
 }
@@ -442,10 +445,11 @@ fn concurrent_run(plan: Plan) {
     let ran = run_workers(&vol, plan, None);
     let n = ran.recs.len();
     eprintln!(
-        "seed {}: {}; {} shared reads missed the cache",
+        "seed {}: {}; {} shared reads missed the cache, {} flushes ahead of the commit",
         plan.seed,
         summary(&ran.recs),
-        vol.lock_stats().shared_missed
+        vol.lock_stats().shared_missed,
+        vol.flushes()
     );
     let m = replay(plan.seed, vol.root(), ran.recs, &[], |_, _| {});
     assert_eq!(dump(&vol), m.dump(), "seed {}: the tree after {n} operations", plan.seed);

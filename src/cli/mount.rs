@@ -138,6 +138,8 @@ fn mount_option(
         "noprefetch" => v.sorted_prefetch = false,
         "noxattrfilter" => v.use_xattr_filter = false,
         "noaccounting" => v.space_accounting = false,
+        // Write dirty pages back ahead of the commit past this many (0: only commits do).
+        "flush_from" => v.flush_from = num(val)? as u64,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
         // Trim the blocks each committed delta frees.
         "discard" => v.discard = true,

@@ -183,6 +183,12 @@ impl Space {
         self.promised = self.promised.saturating_sub(pages);
     }
 
+    /// `meta` promised extent-map blocks are no longer needed (their file's pages were
+    /// all written back ahead of the commit).
+    pub fn settle_meta(&mut self, meta: u64) {
+        self.promised_meta = self.promised_meta.saturating_sub(meta);
+    }
+
     /// The delta is written back: nothing is promised any more.
     pub fn clear_promises(&mut self) {
         self.promised = 0;

@@ -22,11 +22,11 @@ impl Inner {
             if size % bs != 0 {
                 let p = size / bs;
                 let tail = (size % bs) as usize;
-                if self.delta.page_mut(i.ino, p).is_none() {
+                // The new last page's tail must read as zeros if the file grows again. A
+                // hole already does: only a page with a block is read and rewritten.
+                if self.delta.page_mut(i.ino, p).is_none() && file::is_mapped(&mut self.st, i, p)? {
                     let page = file::read_page(&mut self.st, i, p)?;
-                    if file::is_mapped(&mut self.st, i, p)? {
-                        self.delta.mark_overwrite(i.ino, p);
-                    }
+                    self.delta.mark_overwrite(i.ino, p);
                     self.delta.add_page(&mut self.st.space, i, p, page);
                 }
                 if let Some(page) = self.delta.page_mut(i.ino, p) {
@@ -416,7 +416,15 @@ impl Volume {
             // A partial page is read, modified and written: it must have landed.
             let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;
             let g = if partial { self.charged_on_with(ino, cost) } else { self.charged_with(cost) };
-            let r = g.and_then(|(mut g, mut i)| g.write(&mut i, off, chunk, drop_privileges));
+            let r = g.and_then(|(mut g, mut i)| {
+                let n = g.write(&mut i, off, chunk, drop_privileges)?;
+                // Past a quarter of the dirty limits, write back in the background.
+                if g.delta.wants_flush(&g.st) {
+                    drop(g);
+                    self.s.ask_flush();
+                }
+                Ok(n)
+            });
             match r {
                 Ok(n) => done += n,
                 Err(e) if done == 0 => return Err(e),

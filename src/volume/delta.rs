@@ -85,7 +85,24 @@ pub(super) struct Delta {
     /// lock: their extent maps point at blocks not written yet, so reading their data
     /// waits until the pages have landed.
     in_flight: HashSet<u64>,
+    /// Extent-map blocks promised per file for the write-back of its dirty pages (the
+    /// `writeback_meta` of each page made dirty): settled when a flush ahead of the commit
+    /// writes back all of a file's pages, so flushing does not promise them twice.
+    meta_promised: HashMap<u64, u64>,
+    /// Dirty pages past which write-back starts ahead of the commit (0: never): the
+    /// option, at most a quarter of the dirty limit.
+    flush_from: u64,
+    /// Flushes ahead of the commit done so far: a writer held back by the dirty limits
+    /// sees progress by it changing.
+    flushes: u64,
 }
+
+/// Most pages (32 MiB) and runs of pages one flush ahead of the commit takes: it holds
+/// the volume lock for their write-back, an extent-map change per run (some 1.5 µs for a
+/// scattered page), so a flush of 512 runs holds it for about a millisecond, and a writer
+/// held back by the dirty limits waits for about one flush.
+pub(super) const FLUSH_PAGES: u64 = 8192;
+pub(super) const FLUSH_RUNS: u64 = 512;
 
 /// Runs of dirty pages past which a delta commits: about 3.5 µs of extent-map work each
 /// at write-back (examples/random_overwrite.rs), and a writer may go to twice this while a
@@ -120,7 +137,99 @@ impl Delta {
             accounting: opts.space_accounting,
             in_flight: HashSet::new(),
             overwrites: HashMap::new(),
+            meta_promised: HashMap::new(),
+            flush_from: opts.flush_from.min(opts.dirty_limit / 4),
+            flushes: 0,
         }
+    }
+
+    /// Whether the dirty pages are many enough, or scattered enough, to write some back
+    /// ahead of the commit: `flush_from` pages (a quarter of the dirty limit by
+    /// default), or a quarter of the runs limit (or `flush_from` runs if fewer); and
+    /// only while the log has room for write-back beside what any operation needs.
+    pub(super) fn wants_flush(&self, st: &Store) -> bool {
+        self.flush_from > 0
+            && (self.dirty_pages >= self.flush_from || self.dirty_runs >= (RUN_LIMIT / 4).min(self.flush_from))
+            && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+    }
+
+    /// Dirty metadata blocks up to which a flush may write back: the log's capacity less
+    /// the room any front-end operation and one write-back fragment need.
+    fn flush_limit(&self) -> usize {
+        (self.log_capacity as usize).saturating_sub(OP_LOG_BLOCKS as usize + WRITEBACK_HEADROOM)
+    }
+
+    /// Flushes ahead of the commit done so far.
+    pub(super) fn flushes(&self) -> u64 {
+        self.flushes
+    }
+
+    /// Write back dirty pages ahead of the commit (a *flush*, at most `FLUSH_PAGES` in
+    /// `FLUSH_RUNS` runs, fewer with a small `flush_from`): allocate and
+    /// map their blocks in this delta, as the commit's write-back would, and hand back
+    /// their data for the caller to write without the volume lock. Their files are in
+    /// flight until [`Delta::landed`]. The delta stays open: the commit that ends it
+    /// writes back what is left. Stops short of the log room any front-end operation
+    /// needs, so a flush never makes an operation commit early.
+    pub(super) fn flush_some(&mut self, st: &mut Store) -> Result<Vec<DataWrite>> {
+        let limit = self.flush_limit();
+        let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
+        inos.sort_unstable();
+        let mut data = Vec::new();
+        // A small `flush_from` (tests) makes small flushes, which end inside files.
+        let (mut left_pages, mut left_runs) = (FLUSH_PAGES.min(self.flush_from), FLUSH_RUNS.min(self.flush_from));
+        for ino in inos {
+            if left_pages == 0 || left_runs == 0 || st.dirty_count() + st.space.dirty_blocks() >= limit {
+                break;
+            }
+            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
+            self.dirty_runs -= runs(&pages);
+            // The pages within what is left of this flush's pages and runs go now, the
+            // rest stay dirty.
+            let (mut n, mut nr, mut prev, mut split) = (0u64, 0u64, None, None);
+            for &k in pages.keys() {
+                let starts_run = prev.is_none_or(|q: u64| q + 1 != k);
+                if n == left_pages || (starts_run && nr == left_runs) {
+                    split = Some(k);
+                    break;
+                }
+                nr += u64::from(starts_run);
+                n += 1;
+                prev = Some(k);
+            }
+            left_runs -= nr;
+            let mut rest = match split {
+                Some(k) => pages.split_off(&k),
+                None => Pages::new(),
+            };
+            let taken: Vec<u64> = pages.keys().copied().collect();
+            self.in_flight.insert(ino);
+            let mut inode = st.inode(ino)?;
+            let n = file::writeback(st, &mut inode, &mut pages, limit, &mut data)?;
+            st.put_inode(&inode)?;
+            self.dirty_pages -= n;
+            st.space.settle_pages(n);
+            left_pages -= n;
+            // What the log's room left unwritten stays dirty with the rest.
+            rest.append(&mut pages);
+            if let Some(o) = self.overwrites.get_mut(&ino) {
+                for p in taken.iter().filter(|p| !rest.contains_key(p)) {
+                    o.remove(p);
+                }
+            }
+            if rest.is_empty() {
+                self.overwrites.remove(&ino);
+                st.space.settle_meta(self.meta_promised.remove(&ino).unwrap_or(0));
+            } else {
+                self.dirty_runs += runs(&rest);
+                self.dirty.insert(ino, rest);
+            }
+        }
+        if !data.is_empty() {
+            self.epoch += 1;
+            self.flushes += 1;
+        }
+        Ok(data)
     }
 
     pub(super) fn epoch(&self) -> u64 {
@@ -186,7 +295,9 @@ impl Delta {
             }
         }
         self.dirty_pages += 1;
-        space.promise(1, Self::writeback_meta(before, before + 1, extent_depth(i)));
+        let meta = Self::writeback_meta(before, before + 1, extent_depth(i));
+        *self.meta_promised.entry(i.ino).or_default() += meta;
+        space.promise(1, meta);
     }
 
     /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their
@@ -309,6 +420,7 @@ impl Delta {
             }
         }
         st.space.clear_promises();
+        self.meta_promised.clear();
         if data.is_empty() && st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
             self.in_flight.clear();
             return Ok(None);

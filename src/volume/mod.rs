@@ -143,6 +143,10 @@ struct Shared {
     background: Mutex<Background>,
     /// Notified when a background commit has taken its snapshot or stopped.
     background_cv: Condvar,
+    /// The thread that writes dirty pages back ahead of the commit (`flush_ahead`).
+    flusher: Mutex<Flusher>,
+    /// Set by a writer that finds the delta wants a flush; the flusher clears it.
+    flush_wanted: std::sync::atomic::AtomicBool,
     /// Pages of file data a commit has snapshotted and not yet written (and freed).
     in_flight_pages: std::sync::atomic::AtomicU64,
     /// Runs of file data (one device request or more each) a commit has snapshotted and
@@ -151,6 +155,14 @@ struct Shared {
     read_only: bool,
     discard: bool,
     atime: AtimePolicy,
+}
+
+/// The flusher thread: whether it runs, and the last one started (joined before another
+/// starts and when the volume is dropped).
+#[derive(Default)]
+struct Flusher {
+    running: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The state of background commits: request `n` is served once `snapshotted >= n`.
@@ -274,6 +286,8 @@ impl Volume {
                 journal: Mutex::new(journal),
                 background: Mutex::new(Background::default()),
                 background_cv: Condvar::new(),
+                flusher: Mutex::new(Flusher::default()),
+                flush_wanted: Default::default(),
                 in_flight_pages: Default::default(),
                 in_flight_runs: Default::default(),
                 read_only,
@@ -406,8 +420,9 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
-        // A background commit finishes first: nothing of ours writes after the drop, and
-        // its thread's share of the volume (the mount mark with it) is gone.
+        // Background commits and flushes finish first: nothing of ours writes after the
+        // drop, and their threads' share of the volume (the mount mark with it) is gone.
+        self.s.wait_flusher();
         self.s.wait_background();
         let (ro, failed) = {
             let g = self.lock();

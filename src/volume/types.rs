@@ -113,6 +113,12 @@ pub struct OpenOptions {
     pub cache_blocks: usize,
     /// Dirty data pages (4 KiB) held before the delta commits by itself.
     pub dirty_limit: u64,
+    /// Dirty data pages past which a background thread writes some back ahead of the
+    /// commit (at most a quarter of `dirty_limit`; also past a quarter of the runs
+    /// limit, or this many runs if fewer), so the commit has less to write and a writer
+    /// at the dirty limit waits for one flush, not for a whole commit. 0: never (the
+    /// commit writes everything back).
+    pub flush_from: u64,
     /// Place children in their directory's reserved inode region (A/B switch).
     pub reserve_regions: bool,
     /// Answer getxattr from the bloom filter when it rules the name out (A/B switch).
@@ -174,6 +180,7 @@ impl Default for OpenOptions {
             read_only: false,
             cache_blocks: 262_144,
             dirty_limit: 32_768,
+            flush_from: 8192,
             reserve_regions: true,
             use_xattr_filter: true,
             sorted_prefetch: true,

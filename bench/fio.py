@@ -3,6 +3,7 @@
 
     python3 bench/fio.py [--targets ext4,dxfs,dxfs-wb] [--runtime 8] [--size-mib 1024]
                          [--dxfs-bin target/release/dxfs] [--transport uring]
+                         [--volume-gib 4] [--dxfs-opts flush_from=0] [--jobs 1,6]
 
 Each target gets a fresh volume (4 GiB unless --volume-gib says) on a loop device over a
 sparse file in /dev/shm.
@@ -77,6 +78,7 @@ def main():
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--volume-gib", type=int, default=4, help="size of each fresh volume (default 4)")
     ap.add_argument("--transport", default="uring")
+    ap.add_argument("--dxfs-opts", default="", help="extra dxfs mount options, comma-separated (e.g. flush_from=0)")
     ap.add_argument("--jobs", default="", help="comma-separated job numbers (1-based) to run; default all")
     ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
     a = ap.parse_args()
@@ -89,6 +91,8 @@ def main():
             # A fresh volume per job, so no job finds another's files or fragmentation.
             fs = "ext4" if t == "ext4" else "dxfs"
             wb = ["--writeback-cache", "on" if t == "dxfs-wb" else "off"]
+            if a.dxfs_opts:
+                wb += ["-o", a.dxfs_opts]
             with LoopVolume(fs, a.volume_gib, dxfs, a.transport, wb) as tg:
                 res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
             print(f"{t}: {label} done", file=sys.stderr)

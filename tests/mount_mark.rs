@@ -334,6 +334,29 @@ fn a_volume_left_clean_frees_its_mark_until_it_changes_again() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
 
+/// A flush ahead of the commit takes the mark back as a commit does: once another host
+/// has taken a volume left clean here, the flusher writes nothing and the volume fails.
+#[test]
+fn a_flush_ahead_of_the_commit_respects_a_mark_taken_meanwhile() {
+    let dev = volume();
+    let opts = OpenOptions { mark_interval_ms: 100, flush_from: 4, ..Default::default() };
+    let vol = Volume::open(dev.clone(), opts).unwrap();
+    let f = vol.lookup(vol.root(), b"f").unwrap().ino;
+    vol.shutdown().unwrap();
+    write_mark(&*dev, &foreign(8, now_ms(), 5000));
+    let writes = dev.stats().writes;
+    for p in 0..16u64 {
+        let _ = vol.write(f, p * 4096, &[7u8; 4096]);
+    }
+    vol.wait_flushed(Duration::from_secs(10));
+    assert_eq!(dev.stats().writes, writes, "the flusher wrote to a volume another host holds");
+    assert!(matches!(vol.write(f, 0, b"x"), Err(Error::Failed)));
+    drop(vol);
+    assert_eq!(read_mark(&*dev).host, "other-host");
+    let r = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}
+
 /// A stale mark whose holder closes cleanly while it is being watched: the volume is free.
 #[test]
 fn a_mark_closed_while_watched_is_taken() {

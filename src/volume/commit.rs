@@ -163,6 +163,12 @@ impl Shared {
             if g.is_failed() || g.opts.read_only || !g.delta.wants_flush(&g.st) {
                 return Ok(false);
             }
+            // As a commit: a volume left clean by `shutdown` takes its mount mark back
+            // before it writes.
+            if let Some(Err(e)) = g.mark.as_ref().map(|m| m.unpark()) {
+                g.failed = true;
+                return Err(e);
+            }
             let g = &mut *g;
             match g.delta.flush_some(&mut g.st) {
                 Ok(d) => d,

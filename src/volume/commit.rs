@@ -155,12 +155,12 @@ impl Shared {
     /// commit does, so
     /// flushes and commits write to the device one at a time: a block a flush writes is
     /// never freed and written again by someone else before the flush's write is done.
-    /// Returns whether the delta still wants a flush.
+    /// Returns whether the flusher should go on (see `Delta::wants_more_flushing`).
     fn flush_ahead(&self) -> Result<bool> {
         let _journal = self.journal.lock();
         let data = {
             let mut g = self.lock();
-            if g.is_failed() || g.opts.read_only || !g.delta.wants_flush(&g.st) {
+            if g.is_failed() || g.opts.read_only || !g.delta.wants_more_flushing(&g.st) {
                 return Ok(false);
             }
             // As a commit: a volume left clean by `shutdown` takes its mount mark back
@@ -189,7 +189,7 @@ impl Shared {
         }
         self.landed.notify_all();
         wrote?;
-        Ok(g.delta.wants_flush(&g.st))
+        Ok(g.delta.wants_more_flushing(&g.st))
     }
 
     /// Wait until the flusher has stopped and its thread has exited.

@@ -148,9 +148,20 @@ impl Delta {
     /// default), or a quarter of the runs limit (or `flush_from` runs if fewer); and
     /// only while the log has room for write-back beside what any operation needs.
     pub(super) fn wants_flush(&self, st: &Store) -> bool {
+        self.over_flush_marks(1) && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+    }
+
+    /// Whether a flusher at work goes on: until the dirty pages are down to half the
+    /// marks that start it, so it does not stop and start again at every write.
+    pub(super) fn wants_more_flushing(&self, st: &Store) -> bool {
+        self.over_flush_marks(2) && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+    }
+
+    /// Whether the dirty pages or their runs reach the flush marks divided by `div`.
+    fn over_flush_marks(&self, div: u64) -> bool {
+        let runs = (RUN_LIMIT / 4).min(self.flush_from);
         self.flush_from > 0
-            && (self.dirty_pages >= self.flush_from || self.dirty_runs >= (RUN_LIMIT / 4).min(self.flush_from))
-            && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+            && (self.dirty_pages >= (self.flush_from / div).max(1) || self.dirty_runs >= (runs / div).max(1))
     }
 
     /// Dirty metadata blocks up to which a flush may write back: the log's capacity less

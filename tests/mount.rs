@@ -1297,18 +1297,22 @@ fn lookup_counts_are_balanced_by_forgets() {
 }
 
 /// `sync(1)` cannot reach a FUSE daemon; `dxfs sync` (an fsync of the mount's root)
-/// can: what it synced survives a SIGKILL of the daemon. And `df` right after `rm` shows
-/// the space, with no commit in between.
+/// can: what it synced survives a SIGKILL of the daemon, also when it is given a
+/// directory inside the mount that did not change (an fsync of that directory alone
+/// would commit nothing). And `df` right after `rm` shows the space, with no commit in
+/// between.
 #[test]
 fn dxfs_sync_and_df_after_rm() {
     require_fuse!();
     let s = Scratch::new(64);
     // A long commit interval: nothing but `dxfs sync` commits during the test.
     let m = s.mount(&["-o", "commit=3600"]);
+    fs::create_dir(s.path("sub")).unwrap();
+    assert!(dxfs().arg("sync").arg(&s.mnt).status().unwrap().success());
     let big = s.path("big");
     fs::write(&big, pattern(1, 24 << 20)).unwrap();
     fs::write(s.path("small"), pattern(2, 5000)).unwrap();
-    let st = dxfs().arg("sync").arg(&s.mnt).status().unwrap();
+    let st = dxfs().arg("sync").arg(s.path("sub")).status().unwrap();
     assert!(st.success(), "dxfs sync: {st}");
     let before = nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
     fs::remove_file(&big).unwrap();

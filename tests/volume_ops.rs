@@ -959,3 +959,77 @@ fn writes_flushed_ahead_of_the_commit_read_back_and_count_right() {
     check_blocks(&vol, &model, "after a reopen");
     close_and_check(dev, vol);
 }
+
+/// fsync commits only when the file or directory has something in the delta: a second
+/// fsync, or one of a file that other changes left alone, writes nothing; each kind of
+/// change of its own makes it commit; an fsync of the root always commits; and what the
+/// fsyncs made durable is what a crash right after them recovers.
+#[test]
+fn an_fsync_of_an_unchanged_file_writes_nothing() {
+    use dxfs::block::BlockDevice;
+    let dev = Arc::new(MemDevice::new(4096));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    // No mount-mark refresh may write during the test.
+    let vol = Volume::open(dev.clone(), OpenOptions { mark_interval_ms: 600_000, ..Default::default() }).unwrap();
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let f = vol.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    let g = vol.create(d, b"g", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, b"one").unwrap();
+    let writes = || dev.stats().writes;
+    let w = writes();
+    vol.fsync(f).unwrap();
+    let mut w1 = writes();
+    assert!(w1 > w, "the first fsync committed");
+    vol.fsync(f).unwrap();
+    vol.fsync(d).unwrap(); // the creates went with f's commit
+    assert_eq!(writes(), w1, "nothing of f or d is left to commit");
+    vol.write(g, 0, b"two").unwrap();
+    vol.fsync(f).unwrap();
+    assert_eq!(writes(), w1, "only g changed");
+    vol.fsync(g).unwrap();
+    assert!(writes() > w1, "g's change committed");
+    // An fsync of the root commits whatever the delta holds (how a mount is synced).
+    vol.write(g, 3, b"!").unwrap();
+    w1 = writes();
+    vol.fsync(root).unwrap();
+    assert!(writes() > w1, "an fsync of the root commits everything");
+    type Change<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let changes: Vec<Change> = vec![
+        ("write", Box::new(|| assert_eq!(vol.write(f, 3, b"!").unwrap(), 1))),
+        (
+            "truncate",
+            Box::new(|| vol.setattr(f, &SetAttr { size: Some(4), ..Default::default() }).map(|_| ()).unwrap()),
+        ),
+        (
+            "chmod",
+            Box::new(|| vol.setattr(f, &SetAttr { mode: Some(0o600), ..Default::default() }).map(|_| ()).unwrap()),
+        ),
+        ("setxattr", Box::new(|| vol.setxattr(f, b"user.k", b"v", XattrMode::Any).unwrap())),
+        ("link", Box::new(|| vol.link(f, root, b"f2").map(|_| ()).unwrap())),
+        ("rename", Box::new(|| vol.rename(root, b"f2", root, b"f3", RenameFlags::default()).unwrap())),
+        ("unlink", Box::new(|| vol.unlink(root, b"f3").unwrap())),
+    ];
+    for (what, change) in &changes {
+        w1 = writes();
+        vol.fsync(f).unwrap();
+        assert_eq!(writes(), w1, "before the {what}: nothing to commit");
+        change();
+        vol.fsync(f).unwrap();
+        assert!(writes() > w1, "the fsync after a {what} committed");
+    }
+    // A crash now recovers everything the fsyncs made durable (the image, read-only: the
+    // volume is still open read-write here).
+    let img = Arc::new(MemDevice::from_bytes(dev.to_bytes()));
+    assert_clean(img.clone());
+    let got = dump(&Volume::open(img, OpenOptions { read_only: true, ..Default::default() }).unwrap());
+    let file = |path: &str| match &got[path].0 {
+        Node::File { data, .. } => data.clone(),
+        other => panic!("{path}: {other:?}"),
+    };
+    assert_eq!(file("/d/f"), b"one!");
+    assert_eq!(file("/d/g"), b"two!");
+    assert!(!got.contains_key("/f3"));
+    drop(changes);
+    close_and_check(dev, vol);
+}

@@ -35,6 +35,10 @@ pub struct Store {
     /// stale inode number pointing into one is NotFound, not a checksum error.
     freed_meta: rustc_hash::FxHashSet<u64>,
     freed_in_flight: rustc_hash::FxHashSet<u64>,
+    /// Inodes stored (`put_inode`) since the last snapshot: every change to a file or
+    /// directory stores its inode (times, size, links), so an inode not here has nothing
+    /// in the delta being built (an fsync of it need not commit).
+    changed_inodes: rustc_hash::FxHashSet<u64>,
     /// Read an uncached inode block together with its aligned window of inode blocks
     /// (off unless the volume's sorted prefetch is on).
     pub inode_readahead: bool,
@@ -413,6 +417,7 @@ impl Store {
             xattr_block_reads: Default::default(),
             shared_inode_block: None,
             freed_meta: Default::default(),
+            changed_inodes: Default::default(),
             freed_in_flight: Default::default(),
             inode_readahead: false,
             lazy_frees: None,
@@ -474,6 +479,7 @@ impl Store {
     /// Seal the delta's metadata: the changed bitmap words go into their blocks, and the
     /// dirty blocks come out for the log (they stay cached, in flight, until `landed`).
     pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
+        self.changed_inodes.clear();
         self.space.write_out(&mut self.cache);
         self.cache.take_dirty()
     }
@@ -567,7 +573,13 @@ impl Store {
         let (b, s) = self.check_ino(inode.ino)?;
         let blk = self.cache.get_mut(&*self.dev, b, Some(INODE_MAGIC))?;
         inode.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
+        self.changed_inodes.insert(inode.ino);
         Ok(())
+    }
+
+    /// Whether inode `ino` was stored since the last snapshot (see `changed_inodes`).
+    pub fn inode_changed(&self, ino: u64) -> bool {
+        self.changed_inodes.contains(&ino)
     }
 
     /// Write inode block `b` anew, empty, owned by directory `owner` (fsck, for a damaged

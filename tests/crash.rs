@@ -201,3 +201,36 @@ fn device_dies_mid_commit() {
     let got = recover(dev.crash_image(dev.events(), CrashMode::All)).unwrap();
     assert_eq!(got, synced);
 }
+
+/// A device that dies while the flusher writes pages back ahead of the commit: the
+/// volume fails, a read of the file being flushed returns (an error) instead of waiting
+/// for data that will never land, and the image recovers to the last sync.
+#[test]
+fn device_dies_under_a_flush_ahead_of_the_commit() {
+    let base = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(256), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let vol = Arc::new(Volume::open(dev.clone(), OpenOptions { flush_from: 8, ..OpenOptions::default() }).unwrap());
+    let root = vol.root();
+    let a = vol.create(root, b"kept", 0o644, 0, 0).unwrap();
+    vol.write(a.ino, 0, b"durable").unwrap();
+    vol.sync().unwrap();
+    let synced = dump(&vol);
+    let f = vol.create(root, b"lost", 0o644, 0, 0).unwrap().ino;
+    dev.set_cut_after(Some(dev.events()));
+    for p in 0..32u64 {
+        let _ = vol.write(f, p * 4096, &[7u8; 4096]);
+    }
+    vol.wait_flushed(std::time::Duration::from_secs(10));
+    assert!(vol.flushes() > 0, "no flush ran");
+    let v = vol.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || tx.send(v.read(f, 0, 4096).is_err()).unwrap());
+    let failed = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("a read of the flushed file hung");
+    reader.join().unwrap();
+    assert!(failed, "a read from a failed volume's unwritten blocks returned data");
+    assert!(vol.sync().is_err(), "a sync of a failed volume must fail");
+    drop(Arc::into_inner(vol).expect("one owner"));
+    let got = recover(dev.crash_image(dev.events(), CrashMode::All)).unwrap();
+    assert_eq!(got, synced);
+}

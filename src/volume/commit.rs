@@ -173,7 +173,11 @@ impl Shared {
             match g.delta.flush_some(&mut g.st) {
                 Ok(d) => d,
                 Err(e) => {
+                    // Readers waiting for files this flush marked in flight must not wait
+                    // for a write that will not come: they find the volume failed.
                     g.failed = true;
+                    g.delta.landed();
+                    self.landed.notify_all();
                     return Err(e);
                 }
             }
@@ -242,7 +246,10 @@ impl Shared {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
                 Err(e) => {
+                    // As a failed flush: no reader waits for data that will not be written.
                     g.failed = true;
+                    g.delta.landed();
+                    self.landed.notify_all();
                     return Err(e);
                 }
             }

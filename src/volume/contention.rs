@@ -279,6 +279,9 @@ impl Drop for Reading<'_> {
 
 /// What a read-only operation sees besides the metadata it reads.
 pub(super) struct Seen<'a> {
+    /// The volume failed (`Inner::is_failed`): file data it mapped may never have been
+    /// written, so reads of file data refuse.
+    pub(super) failed: bool,
     pub(super) delta: &'a Delta,
     pub(super) opts: &'a OpenOptions,
     /// Per directory, the readdir position up to which readahead was issued.
@@ -294,7 +297,10 @@ impl Volume {
         let g = self.s.read();
         let inner = &*g.guard;
         let mut view = CacheView::new(&inner.st);
-        let r = f(&mut view, &Seen { delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead });
+        let r = f(
+            &mut view,
+            &Seen { failed: inner.is_failed(), delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead },
+        );
         if !view.missed() {
             return Some(r);
         }
@@ -312,7 +318,8 @@ impl Volume {
         }
         let mut g = self.lock();
         let inner = &mut *g;
-        f(&mut inner.st, &Seen { delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead })
+        let failed = inner.is_failed();
+        f(&mut inner.st, &Seen { failed, delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead })
     }
 }
 

@@ -318,6 +318,9 @@ impl Volume {
         // Planned with the volume lock shared when the file's data is not in flight and
         // its extent map is cached; else exclusively (waiting for the data to land).
         let planned = match self.shared(|view, seen| {
+            if seen.failed {
+                return Err(Error::Failed);
+            }
             if seen.delta.in_flight(ino) {
                 view.decline();
                 return Ok(Planned::Done(Vec::new(), false));

@@ -214,10 +214,12 @@ impl Delta {
                 None => Pages::new(),
             };
             let taken: Vec<u64> = pages.keys().copied().collect();
-            self.in_flight.insert(ino);
             let mut inode = st.inode(ino)?;
             let n = file::writeback(st, &mut inode, &mut pages, limit, &mut data)?;
             st.put_inode(&inode)?;
+            if n > 0 {
+                self.in_flight.insert(ino);
+            }
             self.dirty_pages -= n;
             st.space.settle_pages(n);
             left_pages -= n;

@@ -1,0 +1,290 @@
+//! File data: the extent map (inline in the inode, or a B+tree when it outgrows the
+//! inode), reads, and write-back of delayed-allocation pages.
+//!
+//! Writes land in memory as dirty pages; blocks are chosen only when the pages are
+//! written back (at commit, or ahead of it by the flusher), so a file written in any
+//! order comes out contiguous. Every write-back goes to fresh blocks (redirect on write)
+//! and the old blocks are freed with the delta: committed data is never overwritten.
+//!
+//! This module is the extent map and preallocation; `read` plans and carries out reads,
+//! `writeback` maps dirty pages to blocks and writes them.
+
+use std::collections::BTreeMap;
+
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::engine::store::{MetaRead, Store};
+use crate::error::{Error, Result};
+
+mod read;
+mod writeback;
+
+// The page pool, for the submodules (`super::pages`, as this module used it).
+use super::pages;
+
+pub use read::{plan_read, read, read_page, ReadPlan};
+pub use writeback::{write_runs, writeback, DataWrite};
+
+/// Dirty pages of one file, by page index.
+pub type Pages = BTreeMap<u64, Box<Block>>;
+
+/// Extents overlapping logical blocks `[start, end)`, in order.
+pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
+    let mut out = Vec::new();
+    match &inode.data {
+        InodeData::Extents { ext, n } => {
+            for e in &ext[..*n as usize] {
+                if e.end() > start && e.logical < end {
+                    out.push(*e);
+                }
+            }
+        }
+        InodeData::ExtentTree { tree, .. } => {
+            let from = match btree::floor(st, tree, inode.ino, start)? {
+                Some((k, v)) if Extent::decode_value(k, &v)?.end() > start => k,
+                _ => start,
+            };
+            let mut err = None;
+            btree::scan(st, tree, inode.ino, from, |k, v| {
+                if k >= end {
+                    return false;
+                }
+                match Extent::decode_value(k, v) {
+                    Ok(e) => {
+                        if e.end() > start {
+                            out.push(e)
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        err = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        InodeData::InlineSymlink(_) | InodeData::Dir(_) => {}
+    }
+    for e in &out {
+        if e.len == 0
+            || e.end() > 1 << 32
+            || e.phys < st.store().sb.layout.first_free()
+            || e.phys + e.len > st.store().sb.layout.block_count
+        {
+            return Err(Error::corrupt(format!("inode {}: extent {e:?} out of range", inode.ino)));
+        }
+    }
+    Ok(out)
+}
+
+/// Every extent of the file (fsck, truncate of the whole file).
+pub fn all_extents(st: &mut Store, inode: &Inode) -> Result<Vec<Extent>> {
+    extents_in(st, inode, 0, 1 << 32)
+}
+
+fn set_inline(inode: &mut Inode, list: &[Extent]) {
+    let mut ext = [Extent::default(); INLINE_EXTENTS];
+    ext[..list.len()].copy_from_slice(list);
+    inode.data = InodeData::Extents { ext, n: list.len() as u8 };
+}
+
+/// Replace the extents overlapping `[start,end)` (`old`, as returned by `extents_in`)
+/// with `new` (sorted, inside the same span or its remainders).
+fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Result<()> {
+    let ino = inode.ino;
+    match &mut inode.data {
+        InodeData::Extents { ext, n } => {
+            let mut list: Vec<Extent> = ext[..*n as usize].iter().filter(|e| !old.contains(e)).copied().collect();
+            list.extend_from_slice(new);
+            list.sort_by_key(|e| e.logical);
+            if list.len() <= INLINE_EXTENTS {
+                set_inline(inode, &list);
+            } else {
+                let mut tree = TreeRoot::default();
+                for e in &list {
+                    btree::insert(st, &mut tree, ino, e.logical, &e.encode_value(), false)?;
+                }
+                inode.data = InodeData::ExtentTree { tree, count: list.len() as u32 };
+            }
+        }
+        InodeData::ExtentTree { tree, count } => {
+            for e in old {
+                btree::remove(st, tree, ino, e.logical)?;
+            }
+            for e in new {
+                btree::insert(st, tree, ino, e.logical, &e.encode_value(), false)?;
+            }
+            *count = (*count as usize + new.len() - old.len()) as u32;
+            if (*count as usize) <= INLINE_EXTENTS / 2 {
+                // Shrink back into the inode.
+                let t = *tree;
+                let list = all_extents(st, inode)?;
+                let mut t2 = t;
+                btree::destroy(st, &mut t2, ino)?;
+                set_inline(inode, &list);
+            }
+        }
+        _ => return Err(Error::Invalid("not a file".into())),
+    }
+    Ok(())
+}
+
+/// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
+pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+    let mark = st.usage_mark();
+    unmap(st, inode, start, end)?;
+    st.account(&mut inode.blocks, mark);
+    Ok(())
+}
+
+/// `punch` without the block accounting (for callers that account themselves).
+fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+    if start >= end {
+        return Ok(());
+    }
+    let old = extents_in(st, inode, start, end)?;
+    if old.is_empty() {
+        return Ok(());
+    }
+    let mut new = Vec::new();
+    for e in &old {
+        let cut_s = e.logical.max(start);
+        let cut_e = e.end().min(end);
+        st.space.free_deferred(e.phys + (cut_s - e.logical), cut_e - cut_s);
+        if e.logical < start {
+            new.push(Extent { len: start - e.logical, ..*e });
+        }
+        if e.end() > end {
+            new.push(Extent {
+                logical: end,
+                len: e.end() - end,
+                phys: e.phys + (end - e.logical),
+                unwritten: e.unwritten,
+            });
+        }
+    }
+    replace(st, inode, &old, &new)
+}
+
+/// Map a new extent over a hole, merging with the extent that ends where it starts.
+fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
+    // The extent just before, if it ends where this one starts: one descent.
+    if let Some(l) = extent_before(st, inode, e.logical)? {
+        if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31 {
+            let merged = Extent { len: l.len + e.len, ..l };
+            return replace(st, inode, &[l], &[merged]);
+        }
+    }
+    replace(st, inode, &[], &[e])
+}
+
+/// Move every extent at or after logical block `from` by `delta` blocks (collapse and
+/// insert range); an extent that straddles `from` is split there first. The caller makes
+/// sure the blocks the extents move onto are a hole.
+pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
+    let mark = st.usage_mark();
+    if let Some(e) = extents_in(st, inode, from, from + 1)?.first().copied() {
+        if e.logical < from {
+            let left = Extent { len: from - e.logical, ..e };
+            let right = Extent { logical: from, len: e.end() - from, phys: e.phys + (from - e.logical), ..e };
+            replace(st, inode, &[e], &[left, right])?;
+        }
+    }
+    let old = extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?;
+    let mut new = Vec::with_capacity(old.len());
+    for e in &old {
+        let logical = e.logical.checked_add_signed(delta).ok_or(Error::FileTooBig)?;
+        new.push(Extent { logical, ..*e });
+    }
+    replace(st, inode, &old, &new)?;
+    st.account(&mut inode.blocks, mark);
+    Ok(())
+}
+
+/// Number of extents that end after logical block `from` (what a shift moves).
+pub fn extents_after(st: &mut Store, inode: &Inode, from: u64) -> Result<u64> {
+    Ok(extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?.len() as u64)
+}
+
+/// Where the data of logical block `lblk` should go: right after the block mapped
+/// just before it, or near the inode.
+fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
+    if let Some(e) = extent_before(st, inode, lblk)? {
+        return Ok(e.phys + e.len + lblk.saturating_sub(e.end()).min(64));
+    }
+    Ok(ino_loc(inode.ino).0 + 1)
+}
+
+/// Whether logical block `p` is mapped (written or preallocated): one tree descent.
+pub fn is_mapped(st: &mut Store, inode: &Inode, p: u64) -> Result<bool> {
+    Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))
+}
+
+/// The last extent that starts before logical block `lblk`: one tree descent, not a scan
+/// from the start of the file (write-back asks this once per run of pages).
+fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Extent>> {
+    if lblk == 0 {
+        return Ok(None);
+    }
+    match &inode.data {
+        InodeData::Extents { ext, n } => Ok(ext[..*n as usize].iter().rev().find(|e| e.logical < lblk).copied()),
+        InodeData::ExtentTree { tree, .. } => match btree::floor(st, tree, inode.ino, lblk - 1)? {
+            Some((k, v)) => Ok(Some(Extent::decode_value(k, &v)?)),
+            None => Ok(None),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// Allocate unwritten extents over the holes of `[start, end)` (fallocate), at most
+/// `max_blocks` blocks, stopping early once the delta's dirty metadata reaches
+/// `meta_limit` blocks. Returns the logical block reached: `end` when done.
+pub fn preallocate(
+    st: &mut Store,
+    inode: &mut Inode,
+    start: u64,
+    end: u64,
+    max_blocks: u64,
+    meta_limit: usize,
+) -> Result<u64> {
+    let mark = st.usage_mark();
+    let mut at = start;
+    let mut budget = max_blocks;
+    let existing = extents_in(st, inode, start, end)?;
+    let mut holes = Vec::new();
+    for e in &existing {
+        if e.logical > at {
+            holes.push((at, e.logical));
+        }
+        at = at.max(e.end());
+    }
+    if at < end {
+        holes.push((at, end));
+    }
+    let mut reached = end;
+    'holes: for (s, e) in holes {
+        let mut done = s;
+        while done < e {
+            if budget == 0 || st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+                reached = done;
+                break 'holes;
+            }
+            let goal = goal_for(st, inode, done)?;
+            let (phys, len) = st.space.alloc(goal, (e - done).min(budget), 1).ok_or(Error::NoSpace)?;
+            map(st, inode, Extent { logical: done, len, phys, unwritten: true })?;
+            done += len;
+            budget -= len;
+        }
+    }
+    st.account(&mut inode.blocks, mark);
+    Ok(reached)
+}
+
+/// Free every block of a file (its last link and last open handle are gone).
+pub fn free_all(st: &mut Store, inode: &mut Inode) -> Result<()> {
+    punch(st, inode, 0, 1 << 32)
+}

@@ -1,0 +1,247 @@
+//! Write-back of delayed-allocation pages: blocks from a pool near the file's previous
+//! extent, the extent map changed (in place for a page over a written one), and the data
+//! handed to the caller to write without the volume lock (`write_runs`).
+
+use crate::disk::codec::*;
+use crate::disk::device::AlignedBuf;
+use crate::disk::format::*;
+use crate::engine::store::Store;
+use crate::error::{Error, Result};
+
+use super::{extent_before, goal_for, map, unmap, Pages};
+use crate::engine::btree;
+
+/// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
+/// Write-back maps the blocks at once and leaves the writing to its caller, which does
+/// it without the volume lock and before the delta that maps them can commit.
+pub struct DataWrite {
+    pub phys: u64,
+    /// The run's dirty pages, by page number (consecutive): split off the file's dirty
+    /// pages whole, so taking a run under the volume lock does not touch each page.
+    pub pages: Pages,
+}
+
+/// Write runs of file data, those that lie side by side on the device together, in
+/// requests of at most `piece` pages; each run is freed once written, and `written` is
+/// told the pages and the runs done after each request.
+pub fn write_runs(
+    dev: &dyn crate::disk::device::BlockDevice,
+    runs: Vec<DataWrite>,
+    piece: usize,
+    mut written: impl FnMut(u64, u64),
+) -> Result<()> {
+    // A buffer as large as the largest request, not the largest possible one: a commit of
+    // one page should not clear 4 MiB.
+    let piece = piece.max(1);
+    let (mut largest, mut group, mut end) = (0usize, 0usize, None);
+    for r in &runs {
+        group = if end == Some(r.phys) { group + r.pages.len() } else { r.pages.len() };
+        end = Some(r.phys + r.pages.len() as u64);
+        largest = largest.max(group.min(piece));
+    }
+    let mut buf = AlignedBuf::new(largest * BLOCK_SIZE);
+    let mut runs = runs.into_iter().peekable();
+    // The request being filled: its first block and its pages so far.
+    let (mut start, mut n) = (0u64, 0usize);
+    let mut pages_in = 0u64;
+    let mut runs_in = 0u64;
+    while let Some(run) = runs.next() {
+        let mut pages = run.pages.values();
+        let mut at = run.phys;
+        loop {
+            if n > 0 && (at != start + n as u64 || n == piece) {
+                dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
+                written(pages_in, std::mem::take(&mut runs_in));
+                (n, pages_in) = (0, 0);
+            }
+            let Some(p) = pages.next() else { break };
+            if n == 0 {
+                start = at;
+            }
+            buf[n * BLOCK_SIZE..(n + 1) * BLOCK_SIZE].copy_from_slice(&p[..]);
+            n += 1;
+            pages_in += 1;
+            at += 1;
+        }
+        runs_in += 1;
+        // Written (or copied into the request being filled): the pages can be reused.
+        super::pages::recycle(run.pages.into_values());
+        // The next run continues this request only if it starts where this one ended.
+        if runs.peek().is_none_or(|r| r.phys != at) && n > 0 {
+            dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
+            written(pages_in, std::mem::take(&mut runs_in));
+            (n, pages_in) = (0, 0);
+        }
+    }
+    Ok(())
+}
+
+/// Write back dirty pages: allocate fresh blocks for each run of consecutive pages and
+/// remap; the data itself goes to `out`, for the caller to write before the delta commits.
+/// The blocks were charged to the delta when the pages were dirtied. Works one allocated
+/// fragment at a time and stops early, leaving the rest in `pages`, once the delta's dirty
+/// metadata reaches `meta_limit` blocks, so the caller can commit and go on: every
+/// intermediate state maps each page either to its old block or to its new one, whose
+/// data is in `out`. Returns the number of pages written back.
+pub fn writeback(
+    st: &mut Store,
+    inode: &mut Inode,
+    pages: &mut Pages,
+    meta_limit: usize,
+    out: &mut Vec<DataWrite>,
+) -> Result<u64> {
+    let mark = st.usage_mark();
+    let mut written = 0u64;
+    // Runs take their blocks one after another from a *pool*: a free extent of at least
+    // `POOL_MIN` blocks (when there is one) sized for all the pages left. The scattered
+    // pages of random overwrites then land side by side and go out as a few large device
+    // requests (`write_runs`), instead of filling the one-block holes their own earlier
+    // overwrites left behind, one small request each.
+    let mut pool: Option<(u64, u64)> = None;
+    let mut next_goal = None;
+    let r = loop {
+        let Some((&p0, _)) = pages.first_key_value() else { break Ok(()) };
+        if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+            break Ok(());
+        }
+        // The run of consecutive pages from p0 (at most 8192), walked in key order.
+        let mut n = 1u64;
+        for &p in pages.keys().skip(1) {
+            if n == 8192 || p != p0 + n {
+                break;
+            }
+            n += 1;
+        }
+        if pool.is_none() {
+            let goal = match next_goal {
+                Some(g) => g,
+                None => match goal_for(st, inode, p0) {
+                    Ok(g) => g,
+                    Err(e) => break Err(e),
+                },
+            };
+            let want = pages.len() as u64;
+            let got = st.space.alloc(goal, want, want.min(POOL_MIN)).or_else(|| st.space.alloc(goal, n, 1));
+            let Some(got) = got else { break Err(Error::NoSpace) };
+            pool = Some(got);
+        }
+        let (phys, left) = pool.expect("a pool was just taken");
+        let len = n.min(left);
+        pool = (left > len).then_some((phys + len, left - len));
+        next_goal = Some(phys + len);
+        // Split the run off whole: what is left starts after it.
+        let rest = pages.split_off(&(p0 + len));
+        let run = std::mem::replace(pages, rest);
+        out.push(DataWrite { phys, pages: run });
+        let mut remap = || {
+            if len == 1 && remap_one(st, inode, p0, phys)? {
+                return Ok(());
+            }
+            unmap(st, inode, p0, p0 + len)?;
+            map(st, inode, Extent { logical: p0, len, phys, unwritten: false })
+        };
+        let mapped = remap();
+        if let Err(e) = mapped {
+            break Err(e);
+        }
+        written += len;
+    };
+    // What the pool has left was never referenced: free again at once.
+    if let Some((phys, left)) = pool {
+        st.space.free_now(phys, left);
+    }
+    st.account(&mut inode.blocks, mark);
+    r.map(|()| written)
+}
+
+/// Write-back of one page over a written page of a file whose extents are in a tree:
+/// the extent holding it gives up that block with its records changed in place where the
+/// key stays (`insert` with replace), not removed and inserted again. One to three tree
+/// descents instead of about seven (the scattered pages of random overwrites are nearly
+/// all such runs). Returns false, having changed nothing, when the general path must do
+/// it: no tree, a hole, an unwritten extent, or a tree about to shrink into the inode.
+fn remap_one(st: &mut Store, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> {
+    let ino = inode.ino;
+    let InodeData::ExtentTree { tree, count } = &inode.data else { return Ok(false) };
+    // Far from the size at which `replace` moves the extents back into the inode.
+    if (*count as usize) <= INLINE_EXTENTS / 2 + 2 {
+        return Ok(false);
+    }
+    let Some((k, v)) = btree::floor(st, tree, ino, p)? else { return Ok(false) };
+    let e = Extent::decode_value(k, &v)?;
+    if e.end() <= p || e.unwritten {
+        return Ok(false);
+    }
+    // The page just before, when this one starts the extent: the new block may follow
+    // its block on the device (write-back's goal is right after it), and then they merge.
+    let left = match e.logical == p {
+        true => extent_before(st, inode, p)?
+            .filter(|l| l.end() == p && l.phys + l.len == phys && !l.unwritten && l.len + 1 < 1 << 31),
+        false => None,
+    };
+    let InodeData::ExtentTree { tree, count } = &mut inode.data else { return Ok(false) };
+    let put = |st: &mut Store, tree: &mut TreeRoot, x: Extent, replace: bool| {
+        btree::insert(st, tree, ino, x.logical, &x.encode_value(), replace)
+    };
+    match left {
+        Some(l) => {
+            btree::remove(st, tree, ino, p)?;
+            *count -= 1;
+            put(st, tree, Extent { len: l.len + 1, ..l }, true)?;
+        }
+        None if e.logical == p => put(st, tree, Extent { logical: p, len: 1, phys, unwritten: false }, true)?,
+        None => {
+            put(st, tree, Extent { len: p - e.logical, ..e }, true)?;
+            put(st, tree, Extent { logical: p, len: 1, phys, unwritten: false }, false)?;
+            *count += 1;
+        }
+    }
+    if e.end() > p + 1 {
+        let rest = p + 1 - e.logical;
+        put(st, tree, Extent { logical: p + 1, len: e.len - rest, phys: e.phys + rest, unwritten: false }, false)?;
+        *count += 1;
+    }
+    st.space.free_deferred(e.phys + (p - e.logical), 1);
+    Ok(true)
+}
+
+/// Smallest free extent write-back takes blocks from while one exists (64 KiB).
+const POOL_MIN: u64 = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::device::{BlockDevice, MemDevice};
+
+    /// A run of `n` pages from logical page `lp`, at block `phys`, page k filled with
+    /// byte `tag + k`.
+    fn run(phys: u64, lp: u64, n: u64, tag: u8) -> DataWrite {
+        let pages = (0..n).map(|k| (lp + k, Box::new([tag.wrapping_add(k as u8); BLOCK_SIZE]))).collect();
+        DataWrite { phys, pages }
+    }
+
+    /// Runs side by side on the device go out as one request, up to the piece size;
+    /// every page lands where its run says, and the callback counts pages and runs.
+    #[test]
+    fn write_runs_joins_neighbours_and_splits_pieces() {
+        let dev = MemDevice::new(64);
+        // 10..12 and 12..13 touch, 20..25 stands alone, 25..26 touches it.
+        let runs = vec![run(10, 0, 2, 1), run(12, 7, 1, 50), run(20, 3, 5, 100), run(25, 40, 1, 200)];
+        let (mut pages, mut done) = (0, 0);
+        let mut calls = 0;
+        write_runs(&dev, runs, 4, |p, r| {
+            pages += p;
+            done += r;
+            calls += 1;
+        })
+        .unwrap();
+        assert_eq!((pages, done), (9, 4));
+        // [10, 11, 12] in one request; [20..24] split at 4 pages: [20..23], [24, 25].
+        assert_eq!((dev.stats().writes, calls), (3, 3));
+        let mut b = [0u8; BLOCK_SIZE];
+        for (block, byte) in [(10, 1), (11, 2), (12, 50), (20, 100), (24, 104), (25, 200)] {
+            dev.read(block, &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == byte), "block {block}");
+        }
+    }
+}

@@ -175,9 +175,7 @@ impl Shared {
                 Err(e) => {
                     // Readers waiting for files this flush marked in flight must not wait
                     // for a write that will not come: they find the volume failed.
-                    g.failed = true;
-                    g.delta.landed();
-                    self.landed.notify_all();
+                    self.data_done(g, false);
                     return Err(e);
                 }
             }
@@ -187,13 +185,20 @@ impl Shared {
         }
         let wrote = file::write_runs(&*self.dev, data, DATA_PIECE, |_, _| {});
         let mut g = self.lock();
+        self.data_done(&mut g, wrote.is_ok());
+        wrote?;
+        Ok(g.delta.wants_more_flushing(&g.st))
+    }
+
+    /// The data a commit or flush wrote back is on the device, or its write failed (which
+    /// fails the volume): its files are no longer in flight, and their waiting readers
+    /// are woken.
+    fn data_done(&self, g: &mut Inner, written: bool) {
         g.delta.landed();
-        if wrote.is_err() {
+        if !written {
             g.failed = true;
         }
         self.landed.notify_all();
-        wrote?;
-        Ok(g.delta.wants_more_flushing(&g.st))
     }
 
     /// Wait until the flusher has stopped and its thread has exited.
@@ -247,9 +252,7 @@ impl Shared {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     // As a failed flush: no reader waits for data that will not be written.
-                    g.failed = true;
-                    g.delta.landed();
-                    self.landed.notify_all();
+                    self.data_done(&mut g, false);
                     return Err(e);
                 }
             }
@@ -272,14 +275,7 @@ impl Shared {
         });
         self.in_flight_pages.store(0, Ordering::Release);
         self.in_flight_runs.store(0, Ordering::Release);
-        {
-            let mut g = self.lock();
-            g.delta.landed();
-            if wrote.is_err() {
-                g.failed = true;
-            }
-            self.landed.notify_all();
-        }
+        self.data_done(&mut self.lock(), wrote.is_ok());
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
         if r.is_ok() && self.discard {

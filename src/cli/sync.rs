@@ -23,7 +23,7 @@ pub fn run(a: SyncArgs) -> i32 {
         // The root of the dxfs mount the path lies in (the deepest one), else the path.
         let full = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
         let root = mounts.iter().filter(|m| full.starts_with(m)).max_by_key(|m| m.components().count());
-        let target = root.cloned().unwrap_or(p.clone());
+        let target = root.cloned().unwrap_or_else(|| p.clone());
         // Directories open read-only; fsync on that descriptor reaches the daemon as
         // FSYNCDIR and returns once the delta is durable.
         match File::open(&target).and_then(|f| f.sync_all()) {

@@ -150,11 +150,10 @@ impl Shared {
         }
     }
 
-    /// One flush: write back up to `FLUSH_PAGES` dirty pages in `FLUSH_RUNS` runs under the
-    /// volume lock, then write their data without it. It holds `journal` throughout, as a
-    /// commit does, so
-    /// flushes and commits write to the device one at a time: a block a flush writes is
-    /// never freed and written again by someone else before the flush's write is done.
+    /// One flush: write back some dirty pages under the volume lock (`Delta::flush_some`),
+    /// then write their data without it. It holds `journal` throughout, as a commit does,
+    /// so flushes and commits write to the device one at a time: a block a flush writes
+    /// is never freed and written again by someone else before the flush's write is done.
     /// Returns whether the flusher should go on (see `Delta::wants_more_flushing`).
     fn flush_ahead(&self) -> Result<bool> {
         let _journal = self.journal.lock();

@@ -101,8 +101,8 @@ pub(super) struct Delta {
 /// the volume lock for their write-back, an extent-map change per run (some 1.5 µs for a
 /// scattered page), so a flush of 512 runs holds it for about a millisecond, and a writer
 /// held back by the dirty limits waits for about one flush.
-pub(super) const FLUSH_PAGES: u64 = 8192;
-pub(super) const FLUSH_RUNS: u64 = 512;
+const FLUSH_PAGES: u64 = 8192;
+const FLUSH_RUNS: u64 = 512;
 
 /// Runs of dirty pages past which a delta commits: about 3.5 µs of extent-map work each
 /// at write-back (examples/random_overwrite.rs), and a writer may go to twice this while a
@@ -148,20 +148,22 @@ impl Delta {
     /// default), or a quarter of the runs limit (or `flush_from` runs if fewer); and
     /// only while the log has room for write-back beside what any operation needs.
     pub(super) fn wants_flush(&self, st: &Store) -> bool {
-        self.over_flush_marks(1) && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+        self.past_flush_marks(st, 1)
     }
 
     /// Whether a flusher at work goes on: until the dirty pages are down to half the
     /// marks that start it, so it does not stop and start again at every write.
     pub(super) fn wants_more_flushing(&self, st: &Store) -> bool {
-        self.over_flush_marks(2) && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+        self.past_flush_marks(st, 2)
     }
 
-    /// Whether the dirty pages or their runs reach the flush marks divided by `div`.
-    fn over_flush_marks(&self, div: u64) -> bool {
+    /// Whether the dirty pages or their runs reach the flush marks divided by `div`, with
+    /// room in the log for write-back.
+    fn past_flush_marks(&self, st: &Store, div: u64) -> bool {
         let runs = (RUN_LIMIT / 4).min(self.flush_from);
         self.flush_from > 0
             && (self.dirty_pages >= (self.flush_from / div).max(1) || self.dirty_runs >= (runs / div).max(1))
+            && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
     }
 
     /// Dirty metadata blocks up to which a flush may write back: the log's capacity less
@@ -197,15 +199,15 @@ impl Delta {
             self.dirty_runs -= runs(&pages);
             // The pages within what is left of this flush's pages and runs go now, the
             // rest stay dirty.
-            let (mut n, mut nr, mut prev, mut split) = (0u64, 0u64, None, None);
+            let (mut np, mut nr, mut prev, mut split) = (0u64, 0u64, None, None);
             for &k in pages.keys() {
                 let starts_run = prev.is_none_or(|q: u64| q + 1 != k);
-                if n == left_pages || (starts_run && nr == left_runs) {
+                if np == left_pages || (starts_run && nr == left_runs) {
                     split = Some(k);
                     break;
                 }
                 nr += u64::from(starts_run);
-                n += 1;
+                np += 1;
                 prev = Some(k);
             }
             left_runs -= nr;

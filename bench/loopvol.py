@@ -18,9 +18,10 @@ def run(cmd, **kw):
 class LoopVolume:
     """`with LoopVolume("ext4" | "dxfs", ...) as v:` mounts on `v.mnt`.
 
-    `log`: a file for the dxfs daemon's stderr (default: discarded). `fsck=True`: after
-    unmounting, check the volume read-only (`e2fsck -fn`, `dxfs fsck -n`) and keep
-    `(exit code, output)` in `v.fsck_result` for the caller to judge."""
+    `log`: a file for the dxfs daemon's stderr (default: discarded). The environment
+    variable DXFS_MKFS_OPTS adds flags to `dxfs mkfs` (A/B runs of on-disk features).
+    `fsck=True`: after unmounting, check the volume read-only (`e2fsck -fn`, `dxfs fsck
+    -n`) and keep `(exit code, output)` in `v.fsck_result` for the caller to judge."""
 
     def __init__(self, fs, size_gib, dxfs=None, transport="auto", options=(), log=None, fsck=False):
         self.fs, self.size_gib, self.dxfs = fs, size_gib, dxfs
@@ -55,7 +56,8 @@ class LoopVolume:
             self.old_param = open(URING_PARAM).read().strip()
             with open(URING_PARAM, "w") as f:
                 f.write("Y\n")
-        run([self.dxfs, "mkfs", "-f", self.dev])
+        # Extra mkfs flags for A/B runs of on-disk features (e.g. --no-one-flush-commit).
+        run([self.dxfs, "mkfs", "-f", self.dev] + os.environ.get("DXFS_MKFS_OPTS", "").split())
         err = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
             self.daemon = subprocess.Popen(

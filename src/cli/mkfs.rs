@@ -45,6 +45,10 @@ pub struct MkfsArgs {
     /// the device is then not recognised, and older readers can write the volume.
     #[arg(long)]
     no_mount_mark: bool,
+    /// Every commit with two device flushes (no ONE_FLUSH_COMMIT feature: small deltas
+    /// then do not log their file data), as older readers need.
+    #[arg(long)]
+    no_one_flush_commit: bool,
     /// Overwrite whatever the image or device holds (a filesystem, or any data).
     #[arg(long, short = 'f')]
     force: bool,
@@ -165,6 +169,7 @@ pub fn run(a: MkfsArgs) -> i32 {
         root_owner,
         lazy_inode_free: !a.no_lazy_inode_free,
         mount_mark: !a.no_mount_mark,
+        one_flush_commit: !a.no_one_flush_commit,
     };
     match mkfs(dev.clone(), &o) {
         Ok(sb) => {

@@ -66,8 +66,14 @@ pub const RO_COMPAT_MOUNT_MARK: u32 = 16;
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
 pub const INCOMPAT_SPILLED_BITMAP: u32 = 1;
+/// incompat: a commit block may be marked `ONE_FLUSH` (FORMAT.md §12): written with its
+/// body, and the delta's small file data logged in it, under a single flush. A torn one
+/// has a valid commit block over a body that fails its checksum, which recovery must take
+/// for "not committed"; a reader that does not know this would refuse the volume as
+/// corrupt after such a crash.
+pub const INCOMPAT_ONE_FLUSH_COMMIT: u32 = 2;
 /// Features this code understands (unknown compat features are harmless by definition).
-pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP;
+pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP | INCOMPAT_ONE_FLUSH_COMMIT;
 pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
     | RO_COMPAT_XATTR_FILTER_K
     | RO_COMPAT_LAZY_INODE_FREE
@@ -396,6 +402,12 @@ impl Superblock {
     /// Whether the volume has a mount mark (ro_compat MOUNT_MARK, FORMAT.md §15).
     pub fn mount_mark(&self) -> bool {
         self.ro_compat & RO_COMPAT_MOUNT_MARK != 0 && self.layout.mark_block != 0
+    }
+
+    /// Whether small deltas may commit with one flush (incompat ONE_FLUSH_COMMIT,
+    /// FORMAT.md §12).
+    pub fn one_flush_commit(&self) -> bool {
+        self.incompat & INCOMPAT_ONE_FLUSH_COMMIT != 0
     }
 
     /// Whether inode slots may be freed through the lazy-free tree (FORMAT.md §6.1).
@@ -992,6 +1004,12 @@ mod tests {
             seal(&mut b, 0);
             assert!(Superblock::decode(&b, 0).is_err(), "mark block {bad}");
         }
+        // mkfs's defaults since ONE_FLUSH_COMMIT: incompat 2 (FORMAT.md §14's block).
+        let current = Superblock { incompat: INCOMPAT_ONE_FLUSH_COMMIT, ..marked.clone() };
+        let b = current.encode(0);
+        assert_eq!(&b[0x18..0x1c], &[2, 0, 0, 0], "incompat");
+        assert_eq!(get_u32(&b[..], 4), 0x53d9_9eda, "crc of the worked example today: {:#010x}", get_u32(&b[..], 4));
+        assert!(Superblock::decode(&b, 0).unwrap().one_flush_commit());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod fault;
 pub(crate) mod format;
 pub mod hash;
 pub mod nbd;
+pub(crate) mod overlay;
 pub mod probe;
 
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The delta log: how a delta's metadata becomes durable atomically, and recovery.
 //!
-//! Two log areas are used alternately. Committing delta `n`:
+//! Two log areas are used alternately. Committing delta `n` takes one of two shapes.
+//!
+//! With two flushes (any delta):
 //! 1. the caller has already written the delta's data blocks (to blocks free in the last
 //!    committed state, so nothing committed is overwritten);
 //! 2. write the target list and the block images into area `n % 2`, behind its first block;
@@ -10,9 +12,20 @@
 //!    server that offers it, else a write and a flush);
 //! 6. write the blocks to their home locations (made durable by the next commit's step 3).
 //!
+//! With one flush (`commit_one_flush`: a delta whose file data, if any, is small and
+//! goes into the log with its metadata, and which wrote no data elsewhere):
+//! 1. write the commit block, marked `ONE_FLUSH`, and the body as one request;
+//! 2. flush — delta `n` is committed, and the previous delta's home writes are durable;
+//! 3. write metadata and data blocks to their home locations.
+//!
+//! A one-flush commit cut short can leave a valid commit block over a body that never
+//! fully arrived; its checksum tells, and recovery then takes the other area's delta,
+//! the one before. A two-flush commit's body was durable before its commit block was
+//! written, so there a mismatch is corruption.
+//!
 //! Recovery reads both commit blocks and replays the newest valid one. Only that one can
-//! be missing from home locations: step 3 of delta `n` made delta `n-1`'s homes durable,
-//! and delta `n+1` never touches area `n % 2`. Replay is idempotent.
+//! be missing from home locations: the flush of delta `n` made delta `n-1`'s homes
+//! durable, and delta `n+1` never touches area `n % 2`. Replay is idempotent.
 
 use crate::disk::codec::*;
 use crate::disk::device::{AlignedBuf, BlockDevice};
@@ -22,8 +35,24 @@ use crate::error::{Error, Result};
 /// Block images with their home addresses.
 pub type BlockImages = Vec<(u64, Box<Block>)>;
 
+/// What recovery found to replay: the newest committed delta's metadata images and the
+/// file data it logged (one-flush commits), each with its home address.
+#[derive(Default)]
+pub struct Replay {
+    pub meta: BlockImages,
+    pub data: BlockImages,
+}
+
+/// Descriptor flag: the image is file data (a one-flush commit logs small data), not
+/// metadata: it has no header, and a read-only recovery must not take it for metadata.
+const DATA_TARGET: u64 = 1 << 63;
+
 /// Targets listed per descriptor block.
 const TARGETS_PER_DESC: usize = BLOCK_SIZE / 8;
+
+/// Commit block flag: the body was written with the commit block under one flush, so a
+/// body that fails its checksum means the commit never completed (FORMAT.md §12).
+const ONE_FLUSH: u32 = 1;
 
 /// Largest number of blocks one delta can log in areas of `log_blocks` blocks.
 pub fn capacity(log_blocks: u32) -> usize {
@@ -45,14 +74,19 @@ fn body_crc(body: &[u8]) -> u32 {
     crc32c::crc32c(body)
 }
 
-/// A commit block's fields, when valid.
-fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
+/// A commit block's sequence, count and flags, when valid.
+fn read_commit_flags(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize, u32)>> {
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(at, &mut b)?;
     if magic(&b) != COMMIT_MAGIC || verify(&b, at, Some(COMMIT_MAGIC)).is_err() {
         return Ok(None);
     }
-    Ok(Some((get_u64(&b, 16), get_u32(&b, 24) as usize)))
+    Ok(Some((get_u64(&b, 16), get_u32(&b, 24) as usize, get_u32(&b, 32))))
+}
+
+/// A commit block's sequence and count, when valid.
+fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
+    Ok(read_commit_flags(dev, at)?.map(|(s, n, _)| (s, n)))
 }
 
 /// A log area's first block, and (sequence, blocks logged) when its commit block is valid.
@@ -75,7 +109,7 @@ pub fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<
         return Ok(None);
     }
     let (body, ok) = read_body(dev, at, n)?;
-    let targets = (0..n).map(|i| get_u64(&body, i * 8)).collect();
+    let targets = (0..n).map(|i| get_u64(&body, i * 8) & !DATA_TARGET).collect();
     Ok(Some((targets, ok)))
 }
 
@@ -96,33 +130,47 @@ fn read_body(dev: &dyn BlockDevice, at: u64, n: usize) -> Result<(Vec<u8>, bool)
 impl Journal {
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.
-    pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, BlockImages)> {
-        let mut best: Option<(u64, u64, usize)> = None; // (seq, area start, count)
+    pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Replay)> {
+        let mut valid: Vec<(u64, u64, usize, u32)> = Vec::new(); // (seq, area start, count, flags)
         for area in 0..2 {
             let at = layout.log_area(area);
-            if let Some((seq, n)) = read_commit(dev, at)? {
-                if best.is_none_or(|(s, _, _)| seq > s) {
-                    best = Some((seq, at, n));
-                }
+            if let Some((seq, n, flags)) = read_commit_flags(dev, at)? {
+                valid.push((seq, at, n, flags));
             }
         }
-        let Some((seq, at, n)) = best else {
-            return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Vec::new()));
-        };
-        if n > capacity(layout.log_blocks) {
-            return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
-        }
-        let ndesc = n.div_ceil(TARGETS_PER_DESC);
-        let (body, ok) = read_body(dev, at, n)?;
-        if !ok {
-            // Step 3 flushed the body before the commit block was written, so a body
-            // that does not match means the device broke its promise.
+        // Newest first; on a tie, area 0.
+        valid.sort_by_key(|v| std::cmp::Reverse(v.0));
+        let mut chosen = None;
+        for (i, &(seq, at, n, flags)) in valid.iter().enumerate() {
+            if n > capacity(layout.log_blocks) {
+                return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
+            }
+            let (body, ok) = read_body(dev, at, n)?;
+            if ok {
+                chosen = Some((seq, n, body));
+                break;
+            }
+            if flags & ONE_FLUSH != 0 && i == 0 {
+                // Written with its body under one flush that never completed: this delta
+                // was not committed, and the other area holds the one before it.
+                tracing::info!("commit {seq} was cut short before its flush; recovering the delta before it");
+                continue;
+            }
+            // A two-flush commit's body was flushed before its commit block was written
+            // (and an older area is consulted only after a cut one-flush commit, whose
+            // predecessor had completed), so a body that does not match means the
+            // device broke its promise.
             return Err(Error::corrupt(format!("log body of commit {seq} fails its checksum")));
         }
+        let Some((seq, n, body)) = chosen else {
+            return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Replay::default()));
+        };
+        let ndesc = n.div_ceil(TARGETS_PER_DESC);
         let log_end = layout.log_area(1) + layout.log_blocks as u64;
-        let mut out = Vec::with_capacity(n);
+        let mut out = Replay::default();
         for i in 0..n {
-            let t = get_u64(&body, i * 8);
+            let entry = get_u64(&body, i * 8);
+            let t = entry & !DATA_TARGET;
             if t == 0
                 || (t >= layout.log_area(0) && t < log_end)
                 || t >= layout.backup_superblock()
@@ -132,18 +180,21 @@ impl Journal {
             }
             let mut img = Box::new([0u8; BLOCK_SIZE]);
             img.copy_from_slice(&body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE]);
-            out.push((t, img));
+            if entry & DATA_TARGET != 0 {
+                out.data.push((t, img));
+            } else {
+                out.meta.push((t, img));
+            }
         }
         if apply {
             Self::apply(dev, &out)?;
         }
-        let last_blocks = out.len();
-        Ok((Journal { layout, seq, last_blocks }, out))
+        Ok((Journal { layout, seq, last_blocks: n }, out))
     }
 
     /// Write a recovered delta's blocks home, and make them durable.
-    pub fn apply(dev: &dyn BlockDevice, blocks: &BlockImages) -> Result<()> {
-        for (t, img) in blocks {
+    pub fn apply(dev: &dyn BlockDevice, replay: &Replay) -> Result<()> {
+        for (t, img) in replay.meta.iter().chain(&replay.data) {
             dev.write(*t, &img[..])?;
         }
         dev.flush()
@@ -154,8 +205,8 @@ impl Journal {
         capacity(self.layout.log_blocks)
     }
 
-    /// Commit one delta whose metadata blocks (sealed, ascending) are `blocks`. Data
-    /// blocks must already have been written.
+    /// Commit one delta whose metadata blocks (sealed, ascending) are `blocks`, with two
+    /// flushes. Data blocks must already have been written.
     pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
         let n = blocks.len();
         if n > self.capacity() {
@@ -163,50 +214,114 @@ impl Journal {
         }
         let seq = self.seq + 1;
         let at = self.layout.log_area(seq % 2);
-        let ndesc = n.div_ceil(TARGETS_PER_DESC);
-        let mut body = AlignedBuf::new((ndesc + n) * BLOCK_SIZE);
-        for (i, (t, img)) in blocks.iter().enumerate() {
-            put_u64(&mut body, i * 8, *t);
-            body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE].copy_from_slice(&img[..]);
-        }
-        if !body.is_empty() {
+        let targets: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
+        let buf = body_buf(&targets, 0, targets.len());
+        if !buf.is_empty() {
             // Past the host's cache when the device has a way (as file data): nothing
             // reads the log but recovery, and a large body is one request, not a copy into
             // the cache that the flush below then writes out.
-            dev.write_data(at + 1, &body)?;
+            dev.write_data(at + 1, &buf)?;
         }
         dev.flush()?;
-        let mut cb = [0u8; BLOCK_SIZE];
-        put_u32(&mut cb, 0, COMMIT_MAGIC);
-        put_u64(&mut cb, 16, seq);
-        put_u32(&mut cb, 24, n as u32);
-        put_u32(&mut cb, 28, body_crc(&body));
-        seal(&mut cb, at);
-        // Durable on its own (FUA where the device has it): step 3's flush already made
+        let cb = commit_block(at, seq, n, body_crc(&buf), 0);
+        // Durable on its own (FUA where the device has it): the flush above already made
         // everything this delta depends on durable, and nothing else is written between.
         dev.write_durable(at, &cb)?;
         self.seq = seq;
         self.last_blocks = n;
-        // Home writes, coalesced into runs of adjacent blocks, handed to the device as
-        // one batch (no order among them is needed: the next flush covers them all).
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut i = 0;
-        while i < n {
-            let mut j = i + 1;
-            while j < n && blocks[j].0 == blocks[j - 1].0 + 1 && j - i < 256 {
-                j += 1;
-            }
-            let mut run = Vec::with_capacity((j - i) * BLOCK_SIZE);
-            for (_, img) in &blocks[i..j] {
-                run.extend_from_slice(&img[..]);
-            }
-            runs.push((blocks[i].0, run));
-            i = j;
-        }
-        let reqs: Vec<(u64, &[u8])> = runs.iter().map(|(b, r)| (*b, &r[..])).collect();
-        dev.write_many(&reqs)?;
-        Ok(())
+        // The images go home from the body, where they lie in target order.
+        let images = &buf[n.div_ceil(TARGETS_PER_DESC) * BLOCK_SIZE..];
+        dev.write_many(&home_runs(&targets, images))
     }
+
+    /// Commit one delta with a single flush: its metadata `blocks` (sealed, ascending)
+    /// and the file data it maps, `data` (block, contents; written nowhere yet), go into
+    /// the log together, the commit block in the same request; the data also goes home in
+    /// the same batch, and `data_home` is called once all of it is written; then one
+    /// flush, and the metadata goes home. The delta must have written no data outside the
+    /// log before (a crash before the flush could keep its commit and lose that data).
+    pub fn commit_one_flush(
+        &mut self,
+        dev: &dyn BlockDevice,
+        blocks: &[(u64, Box<Block>)],
+        data: &[(u64, &[u8])],
+        data_home: impl FnOnce(),
+    ) -> Result<()> {
+        // Metadata first, then the data, each ascending; data entries carry their flag.
+        let meta: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
+        let mut logged: Vec<(u64, &[u8])> = data.to_vec();
+        logged.sort_unstable_by_key(|(t, _)| *t);
+        let targets: Vec<(u64, &[u8])> = meta.iter().chain(&logged).copied().collect();
+        let n = targets.len();
+        if n > self.capacity() {
+            return Err(Error::corrupt(format!("delta of {n} blocks exceeds the log capacity {}", self.capacity())));
+        }
+        let seq = self.seq + 1;
+        let at = self.layout.log_area(seq % 2);
+        // The commit block goes first, in the same request as the body it vouches for.
+        let mut buf = body_buf(&targets, 1, meta.len());
+        let crc = body_crc(&buf[BLOCK_SIZE..]);
+        buf[..BLOCK_SIZE].copy_from_slice(&commit_block(at, seq, n, crc, ONE_FLUSH));
+        // The data goes home now too, from the body, so readers wait for it, not for the
+        // flush (if the commit is cut, those blocks are free in the delta recovery takes).
+        let images = &buf[(1 + n.div_ceil(TARGETS_PER_DESC)) * BLOCK_SIZE..];
+        let (meta_images, data_images) = images.split_at(meta.len() * BLOCK_SIZE);
+        let mut reqs: Vec<(u64, &[u8])> = vec![(at, &buf[..])];
+        reqs.extend(home_runs(&logged, data_images));
+        dev.write_many(&reqs)?;
+        data_home();
+        dev.flush()?;
+        self.seq = seq;
+        self.last_blocks = n;
+        dev.write_many(&home_runs(&meta, meta_images))
+    }
+}
+
+/// A log body for `targets` (descriptors, then images), behind `lead` blocks left for
+/// the caller; the targets from `data_from` on are file data.
+fn body_buf(targets: &[(u64, &[u8])], lead: usize, data_from: usize) -> AlignedBuf {
+    let n = targets.len();
+    let ndesc = n.div_ceil(TARGETS_PER_DESC);
+    if n == 0 && lead == 0 {
+        return AlignedBuf::new(0);
+    }
+    let mut buf = AlignedBuf::new((lead + ndesc + n) * BLOCK_SIZE);
+    let body = &mut buf[lead * BLOCK_SIZE..];
+    for (i, (t, img)) in targets.iter().enumerate() {
+        put_u64(body, i * 8, if i >= data_from { t | DATA_TARGET } else { *t });
+        body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE].copy_from_slice(img);
+    }
+    buf
+}
+
+/// A sealed commit block.
+fn commit_block(at: u64, seq: u64, n: usize, crc: u32, flags: u32) -> [u8; BLOCK_SIZE] {
+    let mut cb = [0u8; BLOCK_SIZE];
+    put_u32(&mut cb, 0, COMMIT_MAGIC);
+    put_u64(&mut cb, 16, seq);
+    put_u32(&mut cb, 24, n as u32);
+    put_u32(&mut cb, 28, crc);
+    put_u32(&mut cb, 32, flags);
+    seal(&mut cb, at);
+    cb
+}
+
+/// Home writes of `targets` (ascending) whose images lie one after another in
+/// `images`: runs of adjacent blocks, at most 256 each, as slices of `images`, for one
+/// `write_many` batch (no order among them is needed: the next flush covers them all).
+fn home_runs<'a>(targets: &[(u64, &[u8])], images: &'a [u8]) -> Vec<(u64, &'a [u8])> {
+    let n = targets.len();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let mut j = i + 1;
+        while j < n && targets[j].0 == targets[j - 1].0 + 1 && j - i < 256 {
+            j += 1;
+        }
+        runs.push((targets[i].0, &images[i * BLOCK_SIZE..j * BLOCK_SIZE]));
+        i = j;
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -218,7 +333,7 @@ mod tests {
         let layout = Layout::new(4096, 64).unwrap();
         let dev = MemDevice::new(4096);
         let (j, replay) = Journal::recover(&dev, layout, true).unwrap();
-        assert!(replay.is_empty() && j.seq == 0, "a blank device has nothing to replay");
+        assert!(replay.meta.is_empty() && j.seq == 0, "a blank device has nothing to replay");
         (dev, layout, j)
     }
 
@@ -247,7 +362,11 @@ mod tests {
         dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
         dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
         let (j2, replay) = Journal::recover(&dev, layout, false).unwrap();
-        assert_eq!((j2.seq, j2.last_blocks, replay.len()), (2, 2, 2), "both areas valid: the higher sequence wins");
+        assert_eq!(
+            (j2.seq, j2.last_blocks, replay.meta.len() + replay.data.len()),
+            (2, 2, 2),
+            "both areas valid: the higher sequence wins"
+        );
         assert_eq!(read(&dev, home)[100], 0, "a read-only recovery writes nothing home");
         Journal::recover(&dev, layout, true).unwrap();
         assert_eq!(read(&dev, home)[100], 2);
@@ -266,7 +385,7 @@ mod tests {
         cb[2000..].fill(0xFF);
         dev.write(at, &cb[..]).unwrap();
         let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
-        assert_eq!((j2.seq, replay.len()), (1, 1));
+        assert_eq!((j2.seq, replay.meta.len() + replay.data.len()), (1, 1));
         assert_eq!(read(&dev, home)[100], 1, "delta 1's image is home");
     }
 
@@ -280,6 +399,45 @@ mod tests {
         let mut b = read(&dev, body);
         b[0] ^= 1;
         dev.write(body, &b[..]).unwrap();
+        assert!(matches!(Journal::recover(&dev, layout, true), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_one_flush_commit_logs_its_data_and_writes_it_home() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        let data = [7u8; BLOCK_SIZE];
+        let flushes = dev.stats().flushes;
+        j.commit_one_flush(&dev, &[image(home, 1)], &[(home + 5, &data[..])], || {}).unwrap();
+        assert_eq!(dev.stats().flushes - flushes, 1, "one flush");
+        assert_eq!(read(&dev, home + 5)[..], data[..], "the data is home");
+        dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
+        dev.write(home + 5, &[0u8; BLOCK_SIZE]).unwrap();
+        let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!((j2.seq, replay.meta.len() + replay.data.len()), (1, 2));
+        assert_eq!(read(&dev, home)[100], 1);
+        assert_eq!(read(&dev, home + 5)[..], data[..], "the logged data is replayed");
+    }
+
+    #[test]
+    fn a_one_flush_commit_cut_short_falls_back_to_the_delta_before() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        let data = [7u8; BLOCK_SIZE];
+        j.commit_one_flush(&dev, &[image(home, 2)], &[(home + 5, &data[..])], || {}).unwrap();
+        // Delta 2's commit block arrived, one block of its body did not.
+        let body = layout.log_area(0) + 2;
+        dev.write(body, &[0u8; BLOCK_SIZE]).unwrap();
+        let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!((j2.seq, replay.meta.len() + replay.data.len()), (1, 1), "delta 2 never committed");
+        assert_eq!(read(&dev, home)[100], 1, "delta 1's image is home");
+        // The same cut in a two-flush commit is the device breaking its promise.
+        let mut j = Journal { layout, seq: 1, last_blocks: 1 };
+        j.commit(&dev, &[image(home, 3)]).unwrap();
+        let mut b = read(&dev, layout.log_area(0) + 2);
+        b[0] ^= 1;
+        dev.write(layout.log_area(0) + 2, &b[..]).unwrap();
         assert!(matches!(Journal::recover(&dev, layout, true), Err(Error::Corrupt(_))));
     }
 

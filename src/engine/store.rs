@@ -129,11 +129,16 @@ pub fn open_lenient(
         tracing::warn!("rolling back from delta {home}, whose commit record is damaged, to delta {}", journal.seq);
     }
     let mut cache = MetaCache::new(cache_blocks);
+    let mut dev = dev;
     if apply {
         Journal::apply(&*dev, &replay)?;
     } else {
-        for (b, img) in replay {
+        for (b, img) in replay.meta {
             cache.pin(b, img)?;
+        }
+        // Logged file data is read past the cache: lay it over the device instead.
+        if !replay.data.is_empty() {
+            dev = Arc::new(crate::disk::overlay::Overlay::new(dev, replay.data));
         }
     }
     let mut damage = Vec::new();

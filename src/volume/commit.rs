@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::fs::file;
 
 use super::contention::Held;
-use super::delta::{Cost, Short};
+use super::delta::{Cost, Flight, Short};
 use super::*;
 
 impl Volume {
@@ -262,11 +262,32 @@ impl Shared {
         // freed once written, so a writer held back by the dirty limit goes on as soon as
         // a piece is on the device (`in_flight_pages`).
         let data = std::mem::take(&mut flight.data);
+        let dev = self.dev.clone();
+        if flight.one_flush {
+            // Small data goes into the log with the metadata and home beside it, under
+            // one flush; readers of those files wait until it is home.
+            snapshotted();
+            let logged: Vec<(u64, &[u8])> = data
+                .iter()
+                .flat_map(|w| w.pages.values().enumerate().map(move |(i, p)| (w.phys + i as u64, &p[..])))
+                .collect();
+            let home = std::cell::Cell::new(false);
+            let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, || {
+                home.set(true);
+                self.data_done(&mut self.lock(), true);
+            });
+            drop(logged);
+            drop(data);
+            if !home.get() {
+                // As a failed data write: no reader waits for data that will not come.
+                self.data_done(&mut self.lock(), false);
+            }
+            return self.committed(flight, r);
+        }
         let pages: u64 = data.iter().map(|w| w.pages.len() as u64).sum();
         self.in_flight_pages.store(pages, Ordering::Release);
         self.in_flight_runs.store(data.len() as u64, Ordering::Release);
         snapshotted();
-        let dev = self.dev.clone();
         let wrote = file::write_runs(&*dev, data, DATA_PIECE, |pages, runs| {
             self.in_flight_pages.fetch_sub(pages, Ordering::AcqRel);
             self.in_flight_runs.fetch_sub(runs, Ordering::AcqRel);
@@ -277,10 +298,16 @@ impl Shared {
         self.data_done(&mut self.lock(), wrote.is_ok());
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
+        self.committed(flight, r)
+    }
+
+    /// A flight's log and home writes are done (`r`): trim its frees and release what
+    /// it held.
+    fn committed(&self, flight: Flight, r: Result<()>) -> Result<()> {
         if r.is_ok() && self.discard {
             // Durable: the freed runs are unreferenced, and still held, so nothing can
             // reuse them before the trim is done.
-            Volume::discard(&*dev, &flight.held);
+            Volume::discard(&*self.dev, &flight.held);
         }
         let mut g = self.lock();
         match r {

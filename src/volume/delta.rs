@@ -20,7 +20,15 @@ pub(super) struct Flight {
     pub(super) held: Vec<(u64, u64)>,
     /// File data the delta's extent maps point at, written before its log.
     pub(super) data: Vec<DataWrite>,
+    /// Commit with one flush, `data` in the log beside the metadata (small data, none
+    /// written elsewhere by the delta, and a volume with the feature).
+    pub(super) one_flush: bool,
 }
+
+/// Most pages of file data a delta may log with its metadata and commit with one flush
+/// (1 MiB): the data is written twice, so this is for the small deltas an fsync makes,
+/// where a device flush and two round trips cost more than the copy.
+const LOGGED_DATA_PAGES: usize = 256;
 
 /// What an operation may need, charged before it changes anything.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +103,9 @@ pub(super) struct Delta {
     /// Flushes ahead of the commit done so far: a writer held back by the dirty limits
     /// sees progress by it changing.
     flushes: u64,
+    /// A flush wrote file data of this delta to the device: it must commit with two
+    /// flushes (that data must be durable before its commit block is written).
+    flushed_data: bool,
 }
 
 /// Most pages (32 MiB) and runs of pages one flush ahead of the commit takes: it holds
@@ -140,6 +151,7 @@ impl Delta {
             meta_promised: HashMap::new(),
             flush_from: opts.flush_from.min(opts.dirty_limit / 4),
             flushes: 0,
+            flushed_data: false,
         }
     }
 
@@ -243,6 +255,7 @@ impl Delta {
         if !data.is_empty() {
             self.epoch += 1;
             self.flushes += 1;
+            self.flushed_data = true;
         }
         Ok(data)
     }
@@ -442,14 +455,21 @@ impl Delta {
         }
         let held = st.space.begin_hold();
         st.freed_to_flight();
+        let flushed_data = self.flushed_data;
         let blocks = self.snapshot(st, state);
         st.space.keep_held(&held);
-        Ok(Some(Flight { blocks, held, data }))
+        let pages: usize = data.iter().map(|w| w.pages.len()).sum();
+        let one_flush = st.sb.one_flush_commit()
+            && !flushed_data
+            && pages <= LOGGED_DATA_PAGES
+            && blocks.len() + pages <= self.log_capacity as usize;
+        Ok(Some(Flight { blocks, held, data, one_flush }))
     }
 
     /// Seal the delta's metadata (bitmap and state block included) for the log.
     fn snapshot(&mut self, st: &mut Store, state: &mut State) -> Vec<(u64, Box<Block>)> {
         self.epoch += 1;
+        self.flushed_data = false;
         self.seq += 1;
         state.commit_seq = self.seq;
         if let Some(t) = st.lazy_frees {

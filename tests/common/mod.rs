@@ -133,9 +133,18 @@ pub fn recover(img: Vec<u8>) -> Result<Dump, String> {
     if !r.errors.is_empty() {
         return Err(format!("fsck -n: {:?}", r.errors));
     }
+    // A read-only open replays in memory only (metadata in the cache, logged file data
+    // over the device): it must see what a read-write open's replay writes home.
+    let ro = Volume::open(dev.clone(), OpenOptions { read_only: true, ..OpenOptions::default() })
+        .map_err(|e| format!("read-only open: {e}"))?;
+    let seen = dump(&ro);
+    drop(ro);
     let vol = Volume::open(dev.clone(), OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
     let d = dump(&vol);
     vol.close().map_err(|e| format!("close: {e}"))?;
+    if seen != d {
+        return Err("a read-only open sees another state than the recovery writes home".into());
+    }
     let r = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("fsck failed to run: {e}"))?;
     if !r.errors.is_empty() {
         return Err(format!("fsck after recovery: {:?}", r.errors));

@@ -1064,6 +1064,11 @@ fn full_volume_with_writeback_cache() {
     require_fuse!();
     let s = Scratch::new(64);
     let m = s.mount(&[]);
+    // The kernel's dirty bound for the mount: a quarter of the volume while it is roomy.
+    let bound = dirty_bound(&s.mnt);
+    if let Some(b) = bound() {
+        assert!(about(b, 16 << 20), "dirty bound of an empty 64 MiB volume: {b}");
+    }
     let fill = s.path("fill");
     let mut f = File::create(&fill).unwrap();
     let mut accepted = 0u64;
@@ -1076,6 +1081,16 @@ fn full_volume_with_writeback_cache() {
     };
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     assert!(accepted > 16 << 20, "only {accepted} bytes accepted");
+    if let Some(b) = bound() {
+        // Lowered once free space went below two bounds (after the kernel wrote its
+        // dirty pages back, in a thread of the daemon's: give it a moment).
+        let t = std::time::Instant::now();
+        while !bound().is_some_and(|b| about(b, 4 << 20)) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let now = bound().unwrap_or(0);
+        assert!(about(now, 4 << 20), "dirty bound of a full 64 MiB volume: {now} (was {b})");
+    }
     f.sync_all().expect("fsync after ENOSPC: what write() accepted must be on the volume");
     drop(f);
     // A file opened now goes around the cache: exact to the last blocks.
@@ -1098,11 +1113,34 @@ fn full_volume_with_writeback_cache() {
     assert_eq!(back.len() as u64, accepted, "size of the file written into the page cache");
     assert!(back == pattern(0, back.len()), "content of the file written into the page cache");
     assert_eq!(fs::read(s.path("tail")).unwrap(), pattern(0, tail as usize));
-    // Deleting gives the space back, and writes go through the cache again.
+    // Deleting gives the space back, and writes go through the cache again, with the
+    // large bound again once the volume is roomy.
     fs::remove_file(&fill).unwrap();
+    fs::remove_file(s.path("tail")).unwrap();
+    let bound = dirty_bound(&s.mnt);
     fs::write(s.path("after"), pattern(0, 8 << 20)).unwrap();
+    if bound().is_some() {
+        File::create(s.path("again")).unwrap();
+        let now = bound().unwrap_or(0);
+        assert!(about(now, 16 << 20), "dirty bound once the volume is roomy again: {now}");
+    }
     m.unmount();
     s.fsck();
+}
+
+/// Whether a bound the kernel reports is `want` as it stores it (in parts per million of
+/// its dirty limit, so a little off).
+fn about(got: u64, want: u64) -> bool {
+    got.abs_diff(want) <= want / 100
+}
+
+/// The kernel's dirty bound for the mount at `mnt` (its bdi's `max_bytes`), read on each
+/// call; None where sysfs does not show it.
+fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(mnt).unwrap().dev();
+    let path = format!("/sys/class/bdi/{}:{}/max_bytes", libc::major(dev), libc::minor(dev));
+    move || fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok())
 }
 
 /// Random operations on two files through the mount — pwrite at random offsets and

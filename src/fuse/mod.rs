@@ -15,13 +15,15 @@
 //! Files: `wire` (the kernel's wire format), `server` (the request handler over the
 //! volume: translation only), `transport` (the classic and io_uring request loops),
 //! `uring` (one io_uring queue: the buffers the kernel writes into), `session` (mounting,
-//! INIT, starting the transport), `lookups` (the kernel's inode references), `stats`
+//! INIT, starting the transport), `dirty_bound` (the kernel's dirty bound for a mount
+//! with the writeback cache, and the room kept for it), `lookups` (the kernel's inode references), `stats`
 //! (requests per opcode), `devfd` (cloned descriptors), `fusermount` (mounts by users
 //! other than root), `mountinfo`.
 
 use std::time::Duration;
 
 mod devfd;
+mod dirty_bound;
 mod fusermount;
 mod lookups;
 mod mountinfo;

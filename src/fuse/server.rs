@@ -3,7 +3,7 @@
 //! lives here; the transports (`transport.rs`) carry the requests and replies.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use std::time::Duration;
 // The frontend sees only the library's public API.
 use crate::{Attr, Caller, Error, FileType, NewNode, RenameFlags, Result, SetAttr, SetTime, Time, Volume, XattrMode};
 
+use super::dirty_bound::DirtyBound;
 use super::lookups::LookupCounts;
 use super::stats::RequestStats;
 use super::transport::{Handler, Reply};
@@ -58,8 +59,8 @@ pub(super) struct Server {
     pub(super) transport: std::sync::OnceLock<String>,
     /// With the writeback cache: the most file data the kernel may hold dirty for this
     /// mount (its bdi's `max_bytes`), which the volume must always be able to take.
-    /// Zero without the writeback cache.
-    cushion: AtomicU64,
+    /// None without the writeback cache.
+    bound: std::sync::OnceLock<Arc<DirtyBound>>,
     /// Free space is within two cushions of the end (see `near_full_check`).
     near_full: AtomicBool,
     /// Files open for writing, with their handle counts.
@@ -154,16 +155,21 @@ impl Server {
             stats: RequestStats::default(),
             invalidate: parking_lot::Mutex::new(None),
             transport: std::sync::OnceLock::new(),
-            cushion: AtomicU64::new(0),
+            bound: std::sync::OnceLock::new(),
             near_full: AtomicBool::new(false),
             writers: Default::default(),
         }
     }
 
-    /// The writeback cache is on, and the kernel holds at most `bytes` of this mount's
-    /// file data dirty.
-    pub(super) fn set_cushion(&self, bytes: u64) {
-        self.cushion.store(bytes, Ordering::Relaxed);
+    /// The writeback cache is on, and `bound` says how much of this mount's file data
+    /// the kernel may hold dirty.
+    pub(super) fn set_dirty_bound(&self, bound: Arc<DirtyBound>) {
+        let _ = self.bound.set(bound);
+    }
+
+    /// Bytes kept free for the kernel's dirty pages (0 without the writeback cache).
+    fn cushion(&self) -> u64 {
+        self.bound.get().map_or(0, |b| b.cushion())
     }
 
     /// Space the volume can still take, in bytes.
@@ -182,11 +188,11 @@ impl Server {
     /// handle), and that GETATTR fails with ENOSPC once less than a cushion is left.
     /// Called after writes and at opens; returns whether the volume is near full.
     fn near_full_check(&self) -> bool {
-        let cushion = self.cushion.load(Ordering::Relaxed);
-        if cushion == 0 {
-            return false;
-        }
-        let near = self.available() < 2 * cushion + NEAR_FULL_SLACK;
+        let Some(bound) = self.bound.get() else { return false };
+        let available = self.available();
+        // The kernel's bound shrinks as the volume fills (and grows as it empties).
+        bound.adjust(available, NEAR_FULL_SLACK);
+        let near = available < 2 * bound.cushion() + NEAR_FULL_SLACK;
         if near && !self.near_full.swap(true, Ordering::SeqCst) {
             tracing::info!("volume near full: writes through the page cache now ask first");
             let writers: Vec<u64> = self.writers.lock().keys().copied().collect();
@@ -223,7 +229,7 @@ impl Server {
         if !write {
             return (COUNTED, open_flags);
         }
-        if self.cushion.load(Ordering::Relaxed) > 0 {
+        if self.cushion() > 0 {
             *self.writers.lock().entry(ino).or_insert(0) += 1;
             if self.near_full_check() {
                 open_flags |= fopen::DIRECT_IO;
@@ -553,7 +559,7 @@ impl Server {
                 if flags & wire::GETATTR_FH != 0
                     && fh == COUNTED_WRITE
                     && self.near_full_check()
-                    && self.available() < self.cushion.load(Ordering::Relaxed) + NEAR_FULL_SLACK =>
+                    && self.available() < self.cushion() + NEAR_FULL_SLACK =>
             {
                 Reply::Error(libc::ENOSPC)
             }

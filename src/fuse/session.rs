@@ -12,6 +12,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::dirty_bound::DirtyBound;
 use crate::Volume;
 
 use super::mountinfo::{connection_of, mount_id_of};
@@ -66,7 +67,8 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
     let conn = connection_of(mountpoint);
     let started = handshake(&dev, opts, &server).and_then(|uring| {
         if opts.writeback_cache {
-            server.set_cushion(dirty_cushion(conn, vol.statfs()));
+            let fs = vol.statfs();
+            server.set_dirty_bound(DirtyBound::new(conn, fs.blocks * u64::from(fs.bsize), mountpoint.to_path_buf()));
         }
         serve(&dev, &server, opts, uring, conn)
     });
@@ -326,26 +328,6 @@ fn set_readahead(conn: Option<u64>, kb: u32) {
     if let Err(e) = std::fs::write(format!("/sys/class/bdi/0:{n}/read_ahead_kb"), kb.to_string()) {
         tracing::info!("cannot set readahead to {kb} KiB: {e}");
     }
-}
-
-/// With the writeback cache: bound what the kernel may hold dirty for this mount (its
-/// bdi's `max_bytes`, which root may set; FUSE bdis have a strict limit) to a sixteenth
-/// of the volume, between 1 MiB and 1 GiB, and return the bound in force — the room the
-/// server keeps free for it. Without sysfs, a conservative 256 MiB. (A 64 MiB ceiling made
-/// random writes over a 256 MiB file half as fast: the kernel wrote back scattered pages,
-/// one WRITE each, all the time; the kernel caps the bound by its own dirty limit anyway.)
-fn dirty_cushion(conn: Option<u64>, fs: crate::StatFs) -> u64 {
-    const UNKNOWN: u64 = 256 << 20;
-    let Some(n) = conn else { return UNKNOWN };
-    let path = format!("/sys/class/bdi/0:{n}/max_bytes");
-    let want = (fs.blocks * u64::from(fs.bsize) / 16).clamp(1 << 20, 1 << 30);
-    if let Err(e) = std::fs::write(&path, want.to_string()) {
-        tracing::info!("cannot set the kernel's dirty limit for this mount to {want} bytes: {e}");
-    }
-    let cushion = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let cushion = cushion.filter(|&c| c > 0).unwrap_or(UNKNOWN);
-    tracing::info!("the kernel may hold {cushion} bytes of file data dirty: kept free for it");
-    cushion
 }
 
 /// The thread that tells the kernel to drop cached pages of ranges written with

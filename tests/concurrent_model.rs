@@ -527,7 +527,13 @@ fn crash_run(plan: Plan, cuts: usize) {
     points.sort_unstable();
     points.dedup();
     let seqs: Vec<u64> = states.keys().copied().collect();
-    let modes = [CrashMode::All, CrashMode::DropUnflushed, CrashMode::Torn, CrashMode::DropRandomUnflushed(plan.seed)];
+    let modes = [
+        CrashMode::All,
+        CrashMode::DropUnflushed,
+        CrashMode::Torn,
+        CrashMode::DropRandomUnflushed(plan.seed),
+        CrashMode::NewestUnflushed(4),
+    ];
     for mode in modes {
         let mut floor = 0u64;
         for &at in &points {
@@ -545,15 +551,15 @@ fn crash_run(plan: Plan, cuts: usize) {
                     seqs.first()..=seqs.last()
                 );
             };
-            // A random subset of the unflushed writes may keep a delta at one cut and lose
-            // it at the next: no order between cuts then.
-            if !matches!(mode, CrashMode::DropRandomUnflushed(_)) {
+            // A subset of the unflushed writes may keep a delta at one cut and lose it at
+            // the next: no order between cuts then.
+            if !matches!(mode, CrashMode::DropRandomUnflushed(_) | CrashMode::NewestUnflushed(_)) {
                 floor = k;
             }
         }
     }
     eprintln!(
-        "seed {}: {} writes, {} sealed deltas, {} syncs, {} crash points checked in 4 modes",
+        "seed {}: {} writes, {} sealed deltas, {} syncs, {} crash points checked in 5 modes",
         plan.seed,
         n,
         commits.len(),

@@ -162,6 +162,14 @@ fn crash_at_every_write_unflushed_dropped_or_torn() {
     crash_everywhere(2, 80, &[CrashMode::DropUnflushed, CrashMode::Torn]);
 }
 
+/// A device that reorders writes between flushes: the newest few writes before the cut
+/// arrived, older unflushed ones did not (a one-flush commit's log may be on the device
+/// while the previous delta's home writes are not).
+#[test]
+fn crash_at_every_write_newest_unflushed_kept() {
+    crash_everywhere(5, 80, &[CrashMode::NewestUnflushed(2), CrashMode::NewestUnflushed(9)]);
+}
+
 #[test]
 fn crash_at_every_write_random_unflushed_subsets() {
     crash_everywhere(3, 60, &[CrashMode::DropRandomUnflushed(7), CrashMode::DropRandomUnflushed(8)]);

@@ -24,6 +24,10 @@ pub enum CrashMode {
     /// The durable prefix plus a pseudo-random subset (deterministic for the seed) of
     /// the later writes, applied in order.
     DropRandomUnflushed(u64),
+    /// The durable prefix plus only the newest `n` writes before the crash: the older
+    /// unflushed writes are lost while the newer ones arrived, as a device that reorders
+    /// writes between flushes may leave it.
+    NewestUnflushed(usize),
 }
 
 /// One recorded block write.
@@ -220,6 +224,10 @@ impl FaultDevice {
                 let d = durable_prefix(&st.flushes, at);
                 build_image(&self.base, writes, |i| i < d || survives(seed, i) || fua_done(&st.fua, i, at))
             }
+            CrashMode::NewestUnflushed(n) => {
+                let d = durable_prefix(&st.flushes, at);
+                build_image(&self.base, writes, |i| i < d || i + n >= at || fua_done(&st.fua, i, at))
+            }
         }
     }
 
@@ -352,6 +360,12 @@ impl Iterator for CrashImages {
             return None;
         }
         self.next_at += 1;
+        if let CrashMode::NewestUnflushed(n) = self.mode {
+            // Built from scratch each time (tests use few of these).
+            let d = durable_prefix(&self.flushes, at);
+            let (fua, writes) = (&self.fua, &self.writes[..at]);
+            return Some((at, build_image(&self.base, writes, |i| i < d || i + n >= at || fua_done(fua, i, at))));
+        }
         if let CrashMode::DropUnflushed | CrashMode::DropRandomUnflushed(_) = self.mode {
             let d = durable_prefix(&self.flushes, at);
             if fua_after(&self.fua, d, at) {
@@ -420,6 +434,7 @@ impl Iterator for CrashImages {
                 }
                 self.cur.clone()
             }
+            CrashMode::NewestUnflushed(_) => unreachable!("built from scratch above"),
         };
         Some((at, img))
     }
@@ -720,6 +735,19 @@ mod tests {
     }
 
     #[test]
+    fn fault_newest_unflushed_keeps_the_newest_writes_only() {
+        let dev = FaultDevice::new(vec![0; 8 * BLOCK_SIZE]);
+        dev.write(1, &[1; BLOCK_SIZE]).unwrap();
+        dev.flush().unwrap();
+        dev.write(2, &[2; BLOCK_SIZE]).unwrap();
+        dev.write(3, &[3; BLOCK_SIZE]).unwrap();
+        dev.write(4, &[4; BLOCK_SIZE]).unwrap();
+        let img = dev.crash_image(dev.events(), CrashMode::NewestUnflushed(1));
+        let block = |b: usize| img[b * BLOCK_SIZE];
+        assert_eq!((block(1), block(2), block(3), block(4)), (1, 0, 0, 4), "flushed and newest kept, older lost");
+    }
+
+    #[test]
     fn fault_crash_images_iterator_matches_crash_image() {
         let dev = stamped_workload(24, 300);
         for mode in [
@@ -728,6 +756,7 @@ mod tests {
             CrashMode::Torn,
             CrashMode::DropRandomUnflushed(1),
             CrashMode::DropRandomUnflushed(0xDEAD_BEEF),
+            CrashMode::NewestUnflushed(3),
         ] {
             let iter = dev.crash_images(mode);
             assert_eq!(iter.len(), 301);

@@ -35,8 +35,9 @@ use crate::error::{Error, Result};
 /// Block images with their home addresses.
 pub type BlockImages = Vec<(u64, Box<Block>)>;
 
-/// What recovery found to replay: the newest committed delta's metadata images and the
-/// file data it logged (one-flush commits), each with its home address.
+/// What recovery found to replay, in order: the newest committed delta's metadata images
+/// and the file data it logged (one-flush commits), each with its home address; before a
+/// one-flush commit, the images of the delta before it come first.
 #[derive(Default)]
 pub struct Replay {
     pub meta: BlockImages,
@@ -147,7 +148,7 @@ impl Journal {
             }
             let (body, ok) = read_body(dev, at, n)?;
             if ok {
-                chosen = Some((seq, n, body));
+                chosen = Some((i, seq, n, flags, body));
                 break;
             }
             if flags & ONE_FLUSH != 0 && i == 0 {
@@ -162,37 +163,33 @@ impl Journal {
             // device broke its promise.
             return Err(Error::corrupt(format!("log body of commit {seq} fails its checksum")));
         }
-        let Some((seq, n, body)) = chosen else {
+        let Some((i, seq, n, flags, body)) = chosen else {
             return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Replay::default()));
         };
-        let ndesc = n.div_ceil(TARGETS_PER_DESC);
-        let log_end = layout.log_area(1) + layout.log_blocks as u64;
         let mut out = Replay::default();
-        for i in 0..n {
-            let entry = get_u64(&body, i * 8);
-            let t = entry & !DATA_TARGET;
-            if t == 0
-                || (t >= layout.log_area(0) && t < log_end)
-                || t >= layout.backup_superblock()
-                || (layout.mark_block != 0 && t == layout.mark_block)
-            {
-                return Err(Error::corrupt(format!("commit {seq} targets block {t}, which it may not")));
-            }
-            let mut img = Box::new([0u8; BLOCK_SIZE]);
-            img.copy_from_slice(&body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE]);
-            if entry & DATA_TARGET != 0 {
-                out.data.push((t, img));
-            } else {
-                out.meta.push((t, img));
+        // A one-flush commit block went out before the flush that makes the previous
+        // delta's home writes durable, so the device may have kept it and lost some of
+        // those: replay the previous delta first, from the other area, while that still
+        // holds it whole. (Once the next delta has written over that area, this delta's
+        // flush had completed, and the previous delta's home writes are durable.)
+        if flags & ONE_FLUSH != 0 {
+            if let Some(&(pseq, pat, pn, _)) = valid.get(i + 1).filter(|v| v.0 + 1 == seq) {
+                if pn <= capacity(layout.log_blocks) {
+                    let (pbody, pok) = read_body(dev, pat, pn)?;
+                    if pok {
+                        images(layout, pseq, pn, &pbody, &mut out)?;
+                    }
+                }
             }
         }
+        images(layout, seq, n, &body, &mut out)?;
         if apply {
             Self::apply(dev, &out)?;
         }
         Ok((Journal { layout, seq, last_blocks: n }, out))
     }
 
-    /// Write a recovered delta's blocks home, and make them durable.
+    /// Write recovered blocks home in order, and make them durable.
     pub fn apply(dev: &dyn BlockDevice, replay: &Replay) -> Result<()> {
         for (t, img) in replay.meta.iter().chain(&replay.data) {
             dev.write(*t, &img[..])?;
@@ -275,6 +272,31 @@ impl Journal {
         self.last_blocks = n;
         dev.write_many(&home_runs(&meta, meta_images))
     }
+}
+
+/// Append the images of commit `seq`'s body (`n` of them) to `out`, checking each target.
+fn images(layout: Layout, seq: u64, n: usize, body: &[u8], out: &mut Replay) -> Result<()> {
+    let ndesc = n.div_ceil(TARGETS_PER_DESC);
+    let log_end = layout.log_area(1) + layout.log_blocks as u64;
+    for i in 0..n {
+        let entry = get_u64(body, i * 8);
+        let t = entry & !DATA_TARGET;
+        if t == 0
+            || (t >= layout.log_area(0) && t < log_end)
+            || t >= layout.backup_superblock()
+            || (layout.mark_block != 0 && t == layout.mark_block)
+        {
+            return Err(Error::corrupt(format!("commit {seq} targets block {t}, which it may not")));
+        }
+        let mut img = Box::new([0u8; BLOCK_SIZE]);
+        img.copy_from_slice(&body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE]);
+        if entry & DATA_TARGET != 0 {
+            out.data.push((t, img));
+        } else {
+            out.meta.push((t, img));
+        }
+    }
+    Ok(())
 }
 
 /// A log body for `targets` (descriptors, then images), behind `lead` blocks left for
@@ -439,6 +461,21 @@ mod tests {
         b[0] ^= 1;
         dev.write(layout.log_area(0) + 2, &b[..]).unwrap();
         assert!(matches!(Journal::recover(&dev, layout, true), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_one_flush_commit_replays_the_delta_before_it_too() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[image(home, 1), image(home + 1, 1)]).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 2)], &[], || {}).unwrap();
+        // Delta 1's home write of `home + 1` was still unflushed when delta 2's commit
+        // block went out, and the device kept the one and lost the other.
+        dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
+        let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!((j2.seq, replay.meta.len()), (2, 3), "delta 1's images, then delta 2's");
+        assert_eq!(read(&dev, home)[100], 2, "the newest image wins");
+        assert_eq!(read(&dev, home + 1)[100], 1, "delta 1's lost home write is replayed");
     }
 
     #[test]

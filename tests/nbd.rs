@@ -893,7 +893,8 @@ fn check_after_crash(img: &Path, durable: &std::collections::BTreeMap<String, Ve
 /// and started again. Refused, dropped or restarted, the client must ride it out (every
 /// fsync succeeds); left down, the workload fails with EIO. Either way the image
 /// opens, every file whose fsync returned is intact and fsck is clean: no delta is
-/// committed whose writes the server had not acknowledged and flushed.
+/// committed whose writes the server had not acknowledged and flushed. On a volume with
+/// one-flush commits (the default) and on one without (each commit block a FUA write).
 #[test]
 fn crash_at_each_request() {
     need!("nbdkit");
@@ -905,11 +906,11 @@ fn crash_at_each_request() {
         let (s, a) = (srv_sock.clone(), img_arg.clone());
         move || nbdkit(&s, &["--filter=cache", "file", &a, "cache=writeback"])
     };
-    let fresh = || {
+    let fresh = |one_flush_commit: bool| {
         let _ = std::fs::remove_file(&img);
         sparse_image(&img, 32 << 20);
         let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
-        mkfs(file, &MkfsOptions::default()).unwrap();
+        mkfs(file, &MkfsOptions { one_flush_commit, ..MkfsOptions::default() }).unwrap();
     };
     const STEPS: usize = 9;
     // Restarts run on this long-lived thread: an nbdkit started from a proxy thread that
@@ -931,51 +932,62 @@ fn crash_at_each_request() {
         rx.recv().unwrap()
     };
 
-    // A run without a cut: how many requests the open and the workload take.
-    fresh();
-    let px = Proxy::start(&px_sock, &srv_sock, serve(), usize::MAX, Cut::Connection, Box::new(restart.clone()));
-    let dev = open_device(&px.uri(5), false).unwrap();
-    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
-    let opened = px.requests().len();
-    let (durable, err) = crash_workload(&vol, STEPS);
-    assert!(err.is_none(), "{err:?}");
-    let total = px.requests().len();
-    drop(vol);
-    drop(dev);
-    let log = px.requests();
-    // The cache filter allows multi-conn: the default four connections are under test.
-    assert_eq!(px.per_connection().len(), 4, "connections: {:?}", px.per_connection());
-    px.stop();
-    let flushes = log.iter().filter(|r| r.0 == 3).count();
-    let fua = log.iter().filter(|r| r.0 == 1 && r.1 & 1 != 0).count();
-    // The cache filter offers FUA, so the commit blocks' FUA writes are under test too.
-    assert!(flushes >= STEPS && fua >= STEPS, "{flushes} flushes and {fua} FUA writes for {STEPS} fsyncs");
-    check_after_crash(&img, &durable, "no cut");
+    for one_flush in [true, false] {
+        // A run without a cut: how many requests the open and the workload take.
+        fresh(one_flush);
+        let px = Proxy::start(&px_sock, &srv_sock, serve(), usize::MAX, Cut::Connection, Box::new(restart.clone()));
+        let dev = open_device(&px.uri(5), false).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let opened = px.requests().len();
+        let (durable, err) = crash_workload(&vol, STEPS);
+        assert!(err.is_none(), "{err:?}");
+        let total = px.requests().len();
+        drop(vol);
+        drop(dev);
+        let log = px.requests();
+        // The cache filter allows multi-conn: the default four connections are under test.
+        assert_eq!(px.per_connection().len(), 4, "connections: {:?}", px.per_connection());
+        px.stop();
+        let flushes = log.iter().filter(|r| r.0 == 3).count();
+        let fua = log.iter().filter(|r| r.0 == 1 && r.1 & 1 != 0).count();
+        // One flush per small commit; without one-flush commits the cache filter's FUA is
+        // under test too, for the commit blocks.
+        let fua_want = if one_flush { 0 } else { STEPS };
+        assert!(flushes >= STEPS && fua >= fua_want, "{flushes} flushes and {fua} FUA writes for {STEPS} fsyncs");
+        check_after_crash(&img, &durable, "no cut");
 
-    // Cut points: every request of the first three deltas, then every sixth one.
-    let points: Vec<usize> = (opened..total).filter(|&k| k < opened + 24 || k % 6 == 0).collect();
-    eprintln!("{} requests to open, {total} in all; {} cut points", opened, points.len());
-    for cut in [Cut::Refuse, Cut::Connection, Cut::RestartServer, Cut::KillServer] {
-        for &k in &points {
-            let what = format!("{cut:?} at request {k}");
-            fresh();
-            let px = Proxy::start(&px_sock, &srv_sock, serve(), k, cut, Box::new(restart.clone()));
-            let timeout = if cut == Cut::KillServer { 1 } else { 20 };
-            let dev = open_device(&px.uri(timeout), false).unwrap();
-            let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
-            let t0 = Instant::now();
-            let (durable, err) = crash_workload(&vol, STEPS);
-            match (cut, err) {
-                (Cut::KillServer, Some(Error::Io(_) | Error::Failed)) => {}
-                (Cut::KillServer, e) => panic!("{what}: the workload must fail with EIO, got {e:?}"),
-                (_, None) => vol.sync().unwrap(),
-                (_, Some(e)) => panic!("{what}: the client did not ride it out: {e}"),
+        // Cut points: every request of the first three deltas, then every sixth one.
+        // (Without one-flush commits, the first three deltas only, cut two ways: what
+        // differs there is each commit's own requests.)
+        let points: Vec<usize> = (opened..total).filter(|&k| k < opened + 24 || (one_flush && k % 6 == 0)).collect();
+        eprintln!("{} requests to open, {total} in all; {} cut points", opened, points.len());
+        let cuts: &[Cut] = if one_flush {
+            &[Cut::Refuse, Cut::Connection, Cut::RestartServer, Cut::KillServer]
+        } else {
+            &[Cut::Connection, Cut::KillServer]
+        };
+        for &cut in cuts {
+            for &k in &points {
+                let what = format!("{cut:?} at request {k}, one-flush commits {one_flush}");
+                fresh(one_flush);
+                let px = Proxy::start(&px_sock, &srv_sock, serve(), k, cut, Box::new(restart.clone()));
+                let timeout = if cut == Cut::KillServer { 1 } else { 20 };
+                let dev = open_device(&px.uri(timeout), false).unwrap();
+                let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+                let t0 = Instant::now();
+                let (durable, err) = crash_workload(&vol, STEPS);
+                match (cut, err) {
+                    (Cut::KillServer, Some(Error::Io(_) | Error::Failed)) => {}
+                    (Cut::KillServer, e) => panic!("{what}: the workload must fail with EIO, got {e:?}"),
+                    (_, None) => vol.sync().unwrap(),
+                    (_, Some(e)) => panic!("{what}: the client did not ride it out: {e}"),
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "{what}: took {:?}", t0.elapsed());
+                drop(vol);
+                drop(dev);
+                px.stop();
+                check_after_crash(&img, &durable, &what);
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "{what}: took {:?}", t0.elapsed());
-            drop(vol);
-            drop(dev);
-            px.stop();
-            check_after_crash(&img, &durable, &what);
         }
     }
     drop(restart);
@@ -985,15 +997,17 @@ fn crash_at_each_request() {
 /// A commit makes its commit block durable with one FUA write where the server offers
 /// FUA (one flush per commit, before the commit block), and with a write and a flush
 /// where it does not (nbdkit's fua filter in its default mode, none): seen by a proxy.
+/// On a volume with one-flush commits a small commit takes one flush and no FUA either
+/// way.
 #[test]
 fn commit_block_uses_fua_when_offered() {
     need!("nbdkit");
-    for offered in [true, false] {
+    for (offered, one_flush_commit) in [(true, false), (false, false), (true, true), (false, true)] {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("img");
         sparse_image(&img, 32 << 20);
         let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
-        mkfs(file, &MkfsOptions::default()).unwrap();
+        mkfs(file, &MkfsOptions { one_flush_commit, ..MkfsOptions::default() }).unwrap();
         let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
         let img_arg = format!("file={}", img.display());
         let mut args = vec!["file", &img_arg];
@@ -1019,7 +1033,9 @@ fn commit_block_uses_fua_when_offered() {
         let log = px.requests()[from..].to_vec();
         let flushes = log.iter().filter(|r| r.0 == 3).count();
         let fua: Vec<_> = log.iter().enumerate().filter(|(_, r)| r.1 & 1 != 0).collect();
-        if offered {
+        if one_flush_commit {
+            assert_eq!((flushes, fua.len()), (N, 0), "one flush per commit, no FUA: {log:?}");
+        } else if offered {
             assert_eq!((flushes, fua.len()), (N, N), "one flush and one FUA write per commit: {log:?}");
             for (i, r) in fua {
                 assert!(r.0 == 1 && r.3 == BLOCK_SIZE as u32, "FUA on a one-block write: {r:?}");

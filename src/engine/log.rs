@@ -14,9 +14,10 @@
 //!
 //! With one flush (`commit_one_flush`: a delta whose file data, if any, is small and
 //! goes into the log with its metadata, and which wrote no data elsewhere):
-//! 1. write the commit block, marked `ONE_FLUSH`, and the body as one request;
+//! 1. write the commit block, marked `ONE_FLUSH`, and the body as one request, and the
+//!    data to its own blocks beside it;
 //! 2. flush — delta `n` is committed, and the previous delta's home writes are durable;
-//! 3. write metadata and data blocks to their home locations.
+//! 3. write the metadata blocks to their home locations.
 //!
 //! A one-flush commit cut short can leave a valid commit block over a body that never
 //! fully arrived; its checksum tells, and recovery then takes the other area's delta,
@@ -24,8 +25,11 @@
 //! written, so there a mismatch is corruption.
 //!
 //! Recovery reads both commit blocks and replays the newest valid one. Only that one can
-//! be missing from home locations: the flush of delta `n` made delta `n-1`'s homes
-//! durable, and delta `n+1` never touches area `n % 2`. Replay is idempotent.
+//! be missing from home locations, with one exception: the flush of delta `n` made delta
+//! `n-1`'s homes durable, but a one-flush commit block may reach the device before that
+//! flush, so before a one-flush commit recovery also replays delta `n-1`, while its area
+//! holds it whole (delta `n+1` writes there only after `n`'s flush). Replay is
+//! idempotent.
 
 use crate::disk::codec::*;
 use crate::disk::device::{AlignedBuf, BlockDevice};

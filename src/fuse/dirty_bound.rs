@@ -39,7 +39,7 @@ pub(super) struct DirtyBound {
     /// The small bound is in force, or being put in force.
     lowered: AtomicBool,
     /// A change of level is under way (one at a time).
-    busy: Arc<AtomicBool>,
+    busy: AtomicBool,
 }
 
 impl DirtyBound {
@@ -65,7 +65,7 @@ impl DirtyBound {
             small,
             cushion: AtomicU64::new(cushion),
             lowered: AtomicBool::new(false),
-            busy: Arc::new(AtomicBool::new(false)),
+            busy: AtomicBool::new(false),
         })
     }
 

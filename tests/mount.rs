@@ -823,18 +823,28 @@ fn kill9_recovers() {
     }
     // More work in flight, never synced, when the daemon dies.
     let mnt = s.mnt.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
     let writer = std::thread::spawn(move || {
-        // Runs until the dead daemon makes every call fail.
+        // Runs until the dead daemon makes a call fail, or it is told the daemon is dead
+        // (a writer that slept through the kill would otherwise go on forever in the
+        // directory under the mount, once it is unmounted).
         for i in 0.. {
             let p = mnt.join(format!("scratch-{i}"));
-            if fs::write(&p, pattern(i, 20_000)).is_err() || (i % 2 == 1 && fs::remove_file(&p).is_err()) {
+            if stopped.load(std::sync::atomic::Ordering::SeqCst)
+                || fs::write(&p, pattern(i, 20_000)).is_err()
+                || (i % 2 == 1 && fs::remove_file(&p).is_err())
+            {
                 break;
             }
         }
     });
     std::thread::sleep(Duration::from_millis(300));
-    m.kill9();
-    writer.join().unwrap();
+    // The writer ends before the unmount: after the kill every call on the mount fails.
+    m.kill9_and(move || {
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        writer.join().unwrap();
+    });
 
     s.fsck();
     let m = s.mount(&[]);
@@ -1118,20 +1128,22 @@ fn full_volume_with_writeback_cache() {
     fs::remove_file(&fill).unwrap();
     fs::remove_file(s.path("tail")).unwrap();
     let bound = dirty_bound(&s.mnt);
-    fs::write(s.path("after"), pattern(0, 8 << 20)).unwrap();
     if bound().is_some() {
+        // An open for writing looks at the free space (three bounds and the slack: 52
+        // of the 64 MiB, and nearly all of it is free now).
         File::create(s.path("again")).unwrap();
         let now = bound().unwrap_or(0);
         assert!(about(now, 16 << 20), "dirty bound once the volume is roomy again: {now}");
     }
+    fs::write(s.path("after"), pattern(0, 8 << 20)).unwrap();
     m.unmount();
     s.fsck();
 }
 
-/// Whether a bound the kernel reports is `want` as it stores it (in parts per million of
-/// its dirty limit, so a little off).
+/// Whether a bound the kernel reports is `want` as it stores it (a share of its dirty
+/// limit, which follows free memory: a little off, and drifting).
 fn about(got: u64, want: u64) -> bool {
-    got.abs_diff(want) <= want / 100
+    got.abs_diff(want) <= want / 20
 }
 
 /// The kernel's dirty bound for the mount at `mnt` (its bdi's `max_bytes`), read on each

@@ -80,8 +80,10 @@ impl DirtyBound {
     pub(super) fn adjust(self: &Arc<Self>, available: u64, slack: u64) {
         let Some(sysfs) = &self.sysfs else { return };
         let lowered = self.lowered.load(Ordering::Acquire);
-        let lower = !lowered && available < 2 * self.large + slack;
-        let raise = lowered && available >= 3 * self.large + slack;
+        // Lowered where near full would begin with the large bound's room (so it never
+        // begins while the bound could still shrink), raised with room to spare.
+        let lower = !lowered && available < 2 * self.cushion() + slack;
+        let raise = lowered && available >= 3 * (self.large + self.large / 16) + slack;
         if !(lower || raise) || self.busy.swap(true, Ordering::AcqRel) {
             return;
         }

@@ -8,7 +8,8 @@
 //! at 0.4–0.6× ext4's speed, and at 1.4–1.5× with a 1 GiB bound. But the cushion is kept
 //! free, and "near full" (every write asks first) starts at two cushions. So the bound
 //! has two levels: *large* (a quarter of the volume, at most 1 GiB) while at least two
-//! large bounds and the slack are free, and *small* (a sixteenth, at most 1 GiB) below.
+//! of its cushions and the slack are free, and *small* (a sixteenth, at most 1 GiB)
+//! below: the bound drops where near full would begin with the large one.
 //!
 //! Lowering is the delicate direction: pages dirtied under the large bound stay dirty
 //! after the kernel's limit drops. So the kernel's limit drops first, then a thread of

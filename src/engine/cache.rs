@@ -3,9 +3,25 @@
 //!
 //! Only metadata passes through here; file data goes straight to the device. Every block
 //! read from the device is checked (crc32c and self address) before it is cached.
+//!
+//! The cache is shared by every thread of the volume: it is split into shards by block
+//! number, each a map behind its own reader-writer lock, so threads working on different
+//! blocks rarely meet. A block is handed out as a guard of its shard's lock
+//! ([`BlockRef`] to read, [`BlockMut`] to change): callers hold it only while they look
+//! at the block and take no other lock meanwhile (the store's `Tx` keeps at most one),
+//! so shard locks are leaves of the lock order. Which thread may *change* a block is not
+//! the cache's business: the owner's inode lock decides that (docs/DESIGN.md,
+//! "Concurrency"). A block missing from the cache is read from the device with no lock
+//! held and inserted unless another thread inserted it first.
+//!
+//! Blocks freed by the delta being built or by the one being committed stay *tombstoned*
+//! here until that delta is durable: their device copies still verify, but whatever they
+//! held is gone, so a stale reference to one (an old inode number) reads as gone
+//! ([`MetaCache::get_live`]) instead of being cached again.
 
-use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 
 use crate::disk::codec::*;
@@ -19,6 +35,13 @@ const MAX_GAP: u64 = 8;
 /// Bytes of coalesced reads handed to the device as one batch ([`BlockDevice::read_many`]:
 /// concurrent on a device that can have many requests in flight).
 const BATCH_BYTES: usize = 8 << 20;
+/// Shards of the cache: enough that two threads seldom want the same one at once.
+const SHARDS: usize = 64;
+
+/// A cached block, borrowed for reading: its shard stays read-locked while this lives.
+pub type BlockRef<'a> = MappedRwLockReadGuard<'a, Block>;
+/// A cached block, borrowed for changing: its shard stays write-locked while this lives.
+pub type BlockMut<'a> = MappedRwLockWriteGuard<'a, Block>;
 
 struct Cached {
     data: Box<Block>,
@@ -28,17 +51,36 @@ struct Cached {
     in_flight: bool,
 }
 
-/// Cached metadata blocks.
-pub struct MetaCache {
+/// Which delta freed a tombstoned block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Freed {
+    /// The delta being built.
+    Current,
+    /// The delta being committed.
+    InFlight,
+}
+
+#[derive(Default)]
+struct Shard {
     // Fx: block numbers need no DoS-resistant hashing, and this is the hottest map: every
     // access costs exactly one probe (the dirty flag lives beside the block).
     blocks: FxHashMap<u64, Cached>,
     /// Blocks made dirty in this delta, in first-dirtied order (may name blocks that were
     /// forgotten since; `take_dirty` skips those).
     dirty_list: Vec<u64>,
-    dirty_count: usize,
-    /// Clean blocks kept before eviction starts.
-    capacity: usize,
+    /// Dirty blocks in `blocks`.
+    dirty: usize,
+    /// Metadata blocks freed and not yet durable as free (see the module doc).
+    freed: FxHashMap<u64, Freed>,
+}
+
+/// Cached metadata blocks.
+pub struct MetaCache {
+    shards: Box<[RwLock<Shard>]>,
+    /// Dirty blocks over all shards.
+    dirty_count: AtomicUsize,
+    /// Clean blocks each shard keeps before eviction starts.
+    shard_capacity: usize,
 }
 
 /// How [`MetaCache::prefetch_windows`] reads: aligned windows of `blocks` blocks, keeping
@@ -50,129 +92,268 @@ pub struct Windows {
     pub limit: usize,
 }
 
+/// The shard of block `b`: a multiplicative hash, so a directory's neighbouring blocks
+/// spread over the shards.
+fn shard_of(b: u64) -> usize {
+    (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
+    match want {
+        Some(m) if magic(b) != m => {
+            Err(Error::corrupt(format!("block {blockno}: magic {:#010x}, expected {m:#010x}", magic(b))))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn read_verified(dev: &dyn BlockDevice, blockno: u64) -> Result<Box<Block>> {
+    if blockno >= dev.block_count() {
+        return Err(Error::corrupt(format!("reference to block {blockno} beyond the volume")));
+    }
+    let mut b = Box::new([0u8; BLOCK_SIZE]);
+    dev.read(blockno, &mut b[..])?;
+    verify(&b, blockno, None)?;
+    Ok(b)
+}
+
+/// A block the lock guarantees is there has gone: cannot happen, reported rather than
+/// panicking.
+fn vanished(blockno: u64) -> Error {
+    Error::corrupt(format!("block {blockno} left the cache while locked"))
+}
+
+impl Shard {
+    /// Cache `data` as block `b` unless the block is already there (another thread read
+    /// it first, or changed it since): evicts clean blocks first when the shard is full.
+    fn insert_clean(&mut self, b: u64, data: Box<Block>, capacity: usize) {
+        if self.blocks.contains_key(&b) {
+            return;
+        }
+        let keep = capacity + self.dirty;
+        if self.blocks.len() >= keep {
+            self.evict(keep);
+        }
+        self.blocks.insert(b, Cached { data, dirty: false, in_flight: false });
+    }
+
+    /// Make block `b` (cached) dirty in the current delta.
+    fn mark_dirty(&mut self, b: u64, count: &AtomicUsize) {
+        if let Some(c) = self.blocks.get_mut(&b) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty += 1;
+                self.dirty_list.push(b);
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Drop clean blocks until the shard holds a quarter less than `keep`; which ones is
+    /// left to the hash order, which is as good as random for a metadata cache.
+    fn evict(&mut self, keep: usize) {
+        let mut excess = self.blocks.len().saturating_sub(keep * 3 / 4);
+        self.blocks.retain(|_, c| {
+            if excess == 0 || c.dirty || c.in_flight {
+                true
+            } else {
+                excess -= 1;
+                false
+            }
+        });
+    }
+}
+
 impl MetaCache {
     pub fn new(capacity: usize) -> MetaCache {
-        MetaCache { blocks: FxHashMap::default(), dirty_list: Vec::new(), dirty_count: 0, capacity: capacity.max(64) }
+        MetaCache {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            dirty_count: AtomicUsize::new(0),
+            shard_capacity: capacity.max(64).div_ceil(SHARDS),
+        }
     }
 
-    fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
-        match want {
-            Some(m) if magic(b) != m => {
-                Err(Error::corrupt(format!("block {blockno}: magic {:#010x}, expected {m:#010x}", magic(b))))
+    fn shard(&self, b: u64) -> &RwLock<Shard> {
+        &self.shards[shard_of(b)]
+    }
+
+    /// A verified block, with its magic checked when `want` is given; read from the
+    /// device (with no lock held) on a miss. A tombstoned block is `NotFound`.
+    pub fn get(&self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<BlockRef<'_>> {
+        // A block freed by a delta that is not yet durable holds nothing any more.
+        self.get_live(dev, blockno, want)?.ok_or(Error::NotFound)
+    }
+
+    /// [`MetaCache::get`], or `None` for a block freed in a delta that is not yet durable
+    /// (see the module doc): its device copy is stale.
+    pub fn get_live(&self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<Option<BlockRef<'_>>> {
+        {
+            let s = self.shard(blockno).read();
+            if s.freed.contains_key(&blockno) {
+                return Ok(None);
             }
-            _ => Ok(()),
-        }
-    }
-
-    fn read_verified(dev: &dyn BlockDevice, blockno: u64) -> Result<Box<Block>> {
-        if blockno >= dev.block_count() {
-            return Err(Error::corrupt(format!("reference to block {blockno} beyond the volume")));
-        }
-        let mut b = Box::new([0u8; BLOCK_SIZE]);
-        dev.read(blockno, &mut b[..])?;
-        verify(&b, blockno, None)?;
-        Ok(b)
-    }
-
-    /// The cache slot of a block, reading it on a miss. An associated function over the
-    /// map alone, so callers can update the dirty bookkeeping while holding the slot.
-    fn slot<'a>(
-        blocks: &'a mut FxHashMap<u64, Cached>,
-        keep: usize,
-        dev: &dyn BlockDevice,
-        blockno: u64,
-    ) -> Result<&'a mut Cached> {
-        if blocks.len() > keep && !blocks.contains_key(&blockno) {
-            Self::evict(blocks, keep);
-        }
-        match blocks.entry(blockno) {
-            Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(v) => {
-                let data = Self::read_verified(dev, blockno)?;
-                Ok(v.insert(Cached { data, dirty: false, in_flight: false }))
+            if let Ok(r) = RwLockReadGuard::try_map(s, |s| s.blocks.get(&blockno).map(|c| &*c.data)) {
+                check_magic(&r, blockno, want)?;
+                return Ok(Some(r));
             }
         }
-    }
-
-    /// A verified block, with its magic checked when `want` is given.
-    pub fn get(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&Block> {
-        let c = Self::slot(&mut self.blocks, self.capacity + self.dirty_count, dev, blockno)?;
-        Self::check_magic(&c.data, blockno, want)?;
-        Ok(&c.data)
+        let data = read_verified(dev, blockno)?;
+        let mut s = self.shard(blockno).write();
+        if s.freed.contains_key(&blockno) {
+            return Ok(None);
+        }
+        s.insert_clean(blockno, data, self.shard_capacity);
+        let s = RwLockWriteGuard::downgrade(s);
+        let r =
+            RwLockReadGuard::try_map(s, |s| s.blocks.get(&blockno).map(|c| &*c.data)).map_err(|_| vanished(blockno))?;
+        check_magic(&r, blockno, want)?;
+        Ok(Some(r))
     }
 
     /// A block if it is cached (with its magic checked when `want` is given); never
-    /// reads. What threads sharing the volume lock read through ([`crate::engine::store::CacheView`]).
-    pub fn peek(&self, blockno: u64, want: Option<u32>) -> Option<Result<&Block>> {
-        let c = self.blocks.get(&blockno)?;
-        Some(Self::check_magic(&c.data, blockno, want).map(|()| &*c.data))
+    /// reads. `Some(Ok(None))` for a tombstoned block. What readers that must not wait
+    /// for the device read through ([`crate::engine::store::Tx::view`]).
+    pub fn peek(&self, blockno: u64, want: Option<u32>) -> Option<Result<Option<BlockRef<'_>>>> {
+        let s = self.shard(blockno).read();
+        if s.freed.contains_key(&blockno) {
+            return Some(Ok(None));
+        }
+        let r = RwLockReadGuard::try_map(s, |s| s.blocks.get(&blockno).map(|c| &*c.data)).ok()?;
+        Some(check_magic(&r, blockno, want).map(|()| Some(r)))
     }
 
     /// A verified block for modification; it joins the current delta's dirty set.
-    pub fn get_mut(&mut self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<&mut Block> {
-        let c = Self::slot(&mut self.blocks, self.capacity + self.dirty_count, dev, blockno)?;
-        Self::check_magic(&c.data, blockno, want)?;
-        if !c.dirty {
-            c.dirty = true;
-            self.dirty_count += 1;
-            self.dirty_list.push(blockno);
+    pub fn get_mut(&self, dev: &dyn BlockDevice, blockno: u64, want: Option<u32>) -> Result<BlockMut<'_>> {
+        let mut s = self.shard(blockno).write();
+        if !s.blocks.contains_key(&blockno) {
+            drop(s);
+            let data = read_verified(dev, blockno)?;
+            s = self.shard(blockno).write();
+            if s.freed.contains_key(&blockno) {
+                return Err(Error::NotFound);
+            }
+            s.insert_clean(blockno, data, self.shard_capacity);
         }
-        Ok(&mut c.data)
+        match s.blocks.get(&blockno) {
+            Some(c) => check_magic(&c.data, blockno, want)?,
+            None => return Err(vanished(blockno)),
+        }
+        s.mark_dirty(blockno, &self.dirty_count);
+        RwLockWriteGuard::try_map(s, |s| s.blocks.get_mut(&blockno).map(|c| &mut *c.data))
+            .map_err(|_| vanished(blockno))
     }
 
     /// A block that is being (re)initialised: zeroed and dirty, no read.
-    pub fn fresh(&mut self, blockno: u64) -> &mut Block {
-        let c = self.blocks.entry(blockno).or_insert_with(|| Cached {
-            data: Box::new([0u8; BLOCK_SIZE]),
-            dirty: false,
-            in_flight: false,
-        });
-        if !c.dirty {
-            c.dirty = true;
-            self.dirty_count += 1;
-            self.dirty_list.push(blockno);
-        }
-        c.data.fill(0);
-        &mut c.data
+    pub fn fresh(&self, blockno: u64) -> BlockMut<'_> {
+        let count = &self.dirty_count;
+        RwLockWriteGuard::map(self.shard(blockno).write(), |s| {
+            s.freed.remove(&blockno);
+            let c = s.blocks.entry(blockno).or_insert_with(|| Cached {
+                data: Box::new([0u8; BLOCK_SIZE]),
+                dirty: false,
+                in_flight: false,
+            });
+            if !c.dirty {
+                c.dirty = true;
+                s.dirty += 1;
+                s.dirty_list.push(blockno);
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            c.data.fill(0);
+            &mut *c.data
+        })
     }
 
     /// Hold a block image that is newer than the device's copy (read-only log
     /// overlay); it is verified and never evicted.
-    pub fn pin(&mut self, blockno: u64, img: Box<Block>) -> Result<()> {
+    pub fn pin(&self, blockno: u64, img: Box<Block>) -> Result<()> {
         verify(&img, blockno, None)?;
-        if !self.blocks.get(&blockno).is_some_and(|c| c.dirty) {
-            self.dirty_count += 1;
-            self.dirty_list.push(blockno);
+        let mut s = self.shard(blockno).write();
+        if !s.blocks.get(&blockno).is_some_and(|c| c.dirty) {
+            s.dirty += 1;
+            s.dirty_list.push(blockno);
+            self.dirty_count.fetch_add(1, Ordering::Relaxed);
         }
-        self.blocks.insert(blockno, Cached { data: img, dirty: true, in_flight: false });
+        s.blocks.insert(blockno, Cached { data: img, dirty: true, in_flight: false });
         Ok(())
     }
 
-    /// Drop a freed block: it must not be written back.
-    pub fn forget(&mut self, blockno: u64) {
-        if let Some(c) = self.blocks.remove(&blockno) {
+    /// Drop a block: it must not be written back.
+    pub fn forget(&self, blockno: u64) {
+        let mut s = self.shard(blockno).write();
+        if let Some(c) = s.blocks.remove(&blockno) {
             if c.dirty {
-                self.dirty_count -= 1;
+                s.dirty -= 1;
+                self.dirty_count.fetch_sub(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Drop a block freed by the current delta and tombstone it until the delta is
+    /// durable ([`MetaCache::freed_to_flight`], [`MetaCache::flight_landed`]).
+    pub fn free(&self, blockno: u64) {
+        self.forget(blockno);
+        self.shard(blockno).write().freed.insert(blockno, Freed::Current);
+    }
+
+    /// Whether a block is tombstoned (freed, not yet durably).
+    pub fn is_freed(&self, blockno: u64) -> bool {
+        self.shard(blockno).read().freed.contains_key(&blockno)
+    }
+
+    /// The delta being built goes in flight: its tombstones go with it.
+    pub fn freed_to_flight(&mut self) {
+        for s in self.shards.iter_mut() {
+            for f in s.get_mut().freed.values_mut() {
+                *f = Freed::InFlight;
+            }
+        }
+    }
+
+    /// The delta in flight is durable: its freed blocks are free, tombstones gone.
+    pub fn flight_landed(&self) {
+        for s in self.shards.iter() {
+            s.write().freed.retain(|_, f| *f != Freed::InFlight);
+        }
+    }
+
+    /// The delta being built was committed with its frees released at once (mid
+    /// write-back): its tombstones go.
+    pub fn forget_freed(&self) {
+        for s in self.shards.iter() {
+            s.write().freed.retain(|_, f| *f != Freed::Current);
         }
     }
 
     /// Whether the block is dirty in the current delta.
     pub fn is_dirty(&self, blockno: u64) -> bool {
-        self.blocks.get(&blockno).is_some_and(|c| c.dirty)
+        self.shard(blockno).read().blocks.get(&blockno).is_some_and(|c| c.dirty)
     }
 
     /// Whether the block is in memory.
     pub fn contains(&self, blockno: u64) -> bool {
-        self.blocks.contains_key(&blockno)
+        self.shard(blockno).read().blocks.contains_key(&blockno)
+    }
+
+    /// Whether the block is in memory or tombstoned: either way not to be read again.
+    fn known(&self, blockno: u64) -> bool {
+        let s = self.shard(blockno).read();
+        s.blocks.contains_key(&blockno) || s.freed.contains_key(&blockno)
+    }
+
+    /// Cache a block read by a prefetch, unless it is known already.
+    fn insert_read(&self, blockno: u64, data: Box<Block>) {
+        let mut s = self.shard(blockno).write();
+        if !s.freed.contains_key(&blockno) {
+            s.insert_clean(blockno, data, self.shard_capacity);
+        }
     }
 
     /// Read the blocks that are not yet cached in ascending order, coalescing runs of
     /// adjacent blocks into single requests (the sorted sweep of readdirplus and readahead).
     /// Blocks that fail verification are skipped here and reported by the later `get`.
-    pub fn prefetch(&mut self, dev: &dyn BlockDevice, wanted: &[u64]) -> Result<()> {
-        let mut want: Vec<u64> =
-            wanted.iter().copied().filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b)).collect();
+    pub fn prefetch(&self, dev: &dyn BlockDevice, wanted: &[u64]) -> Result<()> {
+        let mut want: Vec<u64> = wanted.iter().copied().filter(|b| *b < dev.block_count() && !self.known(*b)).collect();
         want.sort_unstable();
         want.dedup();
         // Runs (first index, end index into `want`): a run ends at a gap wider than
@@ -213,13 +394,12 @@ impl MetaCache {
                     let mut blk = Box::new([0u8; BLOCK_SIZE]);
                     blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
                     if verify(&blk, blockno, None).is_ok() {
-                        self.blocks.insert(blockno, Cached { data: blk, dirty: false, in_flight: false });
+                        self.insert_read(blockno, blk);
                     }
                 }
             }
             r = end;
         }
-        self.trim();
         Ok(())
     }
 
@@ -237,7 +417,7 @@ impl MetaCache {
     /// looks valid on the device). Returns the blocks read and the sum of `live` over
     /// the blocks kept, so that the caller can tell whether windows pay.
     pub fn prefetch_windows(
-        &mut self,
+        &self,
         dev: &dyn BlockDevice,
         wanted: &[u64],
         w: Windows,
@@ -249,7 +429,7 @@ impl MetaCache {
         let mut starts: Vec<u64> = wanted
             .iter()
             .copied()
-            .filter(|b| *b < dev.block_count() && !self.blocks.contains_key(b))
+            .filter(|b| *b < dev.block_count() && !self.known(*b))
             .map(|b| b - b % window)
             .collect();
         starts.sort_unstable();
@@ -268,52 +448,53 @@ impl MetaCache {
                 read += n as u64;
                 for k in 0..n {
                     let b = start + k as u64;
-                    if self.blocks.contains_key(&b) || !allocated(b) {
+                    if self.known(b) || !allocated(b) {
                         continue;
                     }
                     let mut blk = Box::new([0u8; BLOCK_SIZE]);
                     blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
                     if verify(&blk, b, Some(magic)).is_ok() {
                         alive += u64::from(live(&blk));
-                        self.blocks.insert(b, Cached { data: blk, dirty: false, in_flight: false });
+                        self.insert_read(b, blk);
                     }
                 }
             }
         }
-        self.trim();
         Ok((read, alive))
     }
 
     /// Number of dirty blocks in the current delta.
     pub fn dirty_count(&self) -> usize {
-        self.dirty_count
+        self.dirty_count.load(Ordering::Relaxed)
     }
 
     /// Seal every dirty block (address + crc) and hand the set over, ascending. The
     /// blocks stay cached, now clean.
     pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
-        let mut list = std::mem::take(&mut self.dirty_list);
-        list.sort_unstable();
-        list.dedup();
-        let mut out = Vec::with_capacity(self.dirty_count);
-        for b in list {
-            if let Some(c) = self.blocks.get_mut(&b) {
-                if c.dirty {
-                    c.dirty = false;
-                    c.in_flight = true;
-                    seal(&mut c.data, b);
-                    out.push((b, c.data.clone()));
+        let mut out = Vec::with_capacity(self.dirty_count());
+        for s in self.shards.iter_mut() {
+            let s = s.get_mut();
+            for b in std::mem::take(&mut s.dirty_list) {
+                if let Some(c) = s.blocks.get_mut(&b) {
+                    if c.dirty {
+                        c.dirty = false;
+                        c.in_flight = true;
+                        seal(&mut c.data, b);
+                        out.push((b, c.data.clone()));
+                    }
                 }
             }
+            s.dirty = 0;
         }
-        self.dirty_count = 0;
+        out.sort_unstable_by_key(|(b, _)| *b);
+        *self.dirty_count.get_mut() = 0;
         out
     }
 
     /// The blocks of a commit are home on the device: they may be evicted again.
-    pub fn landed(&mut self, blocks: &[(u64, Box<Block>)]) {
+    pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
         for (b, _) in blocks {
-            if let Some(c) = self.blocks.get_mut(b) {
+            if let Some(c) = self.shard(*b).write().blocks.get_mut(b) {
                 c.in_flight = false;
             }
         }
@@ -321,36 +502,27 @@ impl MetaCache {
 
     /// Forget every block (e.g. after a failed commit, to reload the committed state).
     pub fn clear(&mut self) {
-        self.blocks.clear();
-        self.dirty_list.clear();
-        self.dirty_count = 0;
+        for s in self.shards.iter_mut() {
+            let s = s.get_mut();
+            s.blocks.clear();
+            s.dirty_list.clear();
+            s.dirty = 0;
+        }
+        *self.dirty_count.get_mut() = 0;
     }
 
     /// Drop every clean block that is not in flight (what eviction may drop): their
     /// device copies are current.
-    pub fn drop_clean(&mut self) {
-        self.blocks.retain(|_, c| c.dirty || c.in_flight);
-    }
-
-    /// Drop clean blocks until the map holds a quarter less than `keep`; which ones is
-    /// left to the hash order, which is as good as random for a metadata cache.
-    /// Back under capacity after a prefetch (dirty blocks do not count).
-    fn trim(&mut self) {
-        if self.blocks.len() > self.capacity + self.dirty_count {
-            Self::evict(&mut self.blocks, self.capacity + self.dirty_count);
+    pub fn drop_clean(&self) {
+        for s in self.shards.iter() {
+            s.write().blocks.retain(|_, c| c.dirty || c.in_flight);
         }
     }
 
-    fn evict(blocks: &mut FxHashMap<u64, Cached>, keep: usize) {
-        let mut excess = blocks.len().saturating_sub(keep * 3 / 4);
-        blocks.retain(|_, c| {
-            if excess == 0 || c.dirty || c.in_flight {
-                true
-            } else {
-                excess -= 1;
-                false
-            }
-        });
+    /// Blocks in memory (tests of the bound).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().blocks.len()).sum()
     }
 }
 
@@ -368,24 +540,25 @@ mod tests {
 
     #[test]
     fn verifies_dirty_tracks_and_evicts_only_clean() {
-        let dev = MemDevice::new(256);
-        for b in 0..200 {
+        let dev = MemDevice::new(4096);
+        for b in 0..4000 {
             sealed(&dev, b, 0xABCD);
         }
-        let mut c = MetaCache::new(64);
+        let mut c = MetaCache::new(640);
         assert!(c.get(&dev, 3, Some(0xABCD)).is_ok());
         assert!(c.get(&dev, 3, Some(0x1111)).is_err(), "wrong magic must be refused");
         c.get_mut(&dev, 5, Some(0xABCD)).unwrap()[100] = 9;
-        for b in 0..200 {
-            c.get(&dev, b, None).unwrap();
+        for b in 0..4000 {
+            drop(c.get(&dev, b, None).unwrap());
         }
-        assert!(c.blocks.len() <= 64 + 1 + 1, "cache exceeded its bound: {}", c.blocks.len());
+        // Each shard keeps its share of the capacity (10 blocks) plus its dirty ones.
+        assert!(c.len() <= 640 + SHARDS, "cache exceeded its bound: {}", c.len());
         assert_eq!(c.get(&dev, 5, None).unwrap()[100], 9, "dirty block was evicted");
         let d = c.take_dirty();
         assert_eq!(d.len(), 1);
         verify(&d[0].1, 5, Some(0xABCD)).unwrap();
-        // Unwritten block 250 is zeros: fails verification.
-        assert!(c.get(&dev, 250, None).is_err());
+        // Unwritten block 4050 is zeros: fails verification.
+        assert!(c.get(&dev, 4050, None).is_err());
         assert!(c.get(&dev, 10_000, None).is_err());
     }
 
@@ -395,12 +568,32 @@ mod tests {
         for b in 0..64 {
             sealed(&dev, b, 1);
         }
-        let mut c = MetaCache::new(1000);
+        let c = MetaCache::new(1000);
         let before = dev.stats().reads;
         c.prefetch(&dev, &[12, 10, 11, 30, 31, 50]).unwrap();
         assert_eq!(dev.stats().reads - before, 3, "three runs, three requests");
         let before = dev.stats().reads;
-        c.get(&dev, 31, None).unwrap();
+        drop(c.get(&dev, 31, None).unwrap());
         assert_eq!(dev.stats().reads, before, "prefetched block read again");
+    }
+
+    #[test]
+    fn freed_blocks_read_as_gone_until_durable() {
+        let dev = MemDevice::new(64);
+        for b in 0..64 {
+            sealed(&dev, b, 1);
+        }
+        let mut c = MetaCache::new(1000);
+        drop(c.get(&dev, 7, None).unwrap());
+        c.free(7);
+        assert!(c.get_live(&dev, 7, None).unwrap().is_none(), "freed in the delta being built");
+        c.prefetch(&dev, &[7]).unwrap();
+        assert!(!c.contains(7), "a prefetch does not bring a freed block back");
+        c.freed_to_flight();
+        assert!(c.get_live(&dev, 7, None).unwrap().is_none(), "freed by the delta in flight");
+        c.forget_freed();
+        assert!(c.is_freed(7), "only the current delta's tombstones went");
+        c.flight_landed();
+        assert!(c.get_live(&dev, 7, None).unwrap().is_some(), "durable: the block is an ordinary one again");
     }
 }

@@ -9,6 +9,8 @@
 //! charge their worst-case cost before they are accepted; deletions may use the reserve.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
@@ -18,9 +20,43 @@ use crate::error::{Error, Result};
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
 
+/// The bitmap's words (1 = in use), shared: the space map changes them under its owner's
+/// lock, and anyone may ask whether a block is in use without that lock (an inode read
+/// does, to tell a stale inode number). Blocks past the end read as used.
+pub struct Bitmap {
+    words: Box<[AtomicU64]>,
+}
+
+impl Bitmap {
+    fn new(n: usize) -> Bitmap {
+        Bitmap { words: (0..n).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    fn word(&self, i: usize) -> u64 {
+        self.words[i].load(Ordering::Relaxed)
+    }
+
+    /// Set word `i` (only its one writer, the space map, changes words).
+    fn put(&self, i: usize, v: u64) {
+        self.words[i].store(v, Ordering::Relaxed)
+    }
+
+    /// Whether block `b` is in use (blocks past the end count as used).
+    pub fn is_used(&self, b: u64) -> bool {
+        match self.words.get((b / 64) as usize) {
+            Some(w) => w.load(Ordering::Relaxed) & (1 << (b % 64)) != 0,
+            None => true,
+        }
+    }
+}
+
 /// The free-space map and the delta's budget.
 pub struct Space {
-    words: Vec<u64>,
+    words: Arc<Bitmap>,
     layout: Layout,
     free: u64,
     /// Extents freed by the current delta, released when it commits.
@@ -49,7 +85,7 @@ impl Space {
     pub fn fresh(layout: Layout) -> Space {
         let nwords = (layout.bitmap_count() as usize) * WORDS_PER_BLOCK;
         let mut s = Space {
-            words: vec![0; nwords],
+            words: Arc::new(Bitmap::new(nwords)),
             layout,
             free: 0,
             deferred: Vec::new(),
@@ -64,7 +100,7 @@ impl Space {
         };
         // Bits past the end of the volume read as used, so no search needs a bound check.
         for b in layout.block_count..(nwords as u64 * 64) {
-            s.words[(b / 64) as usize] |= 1 << (b % 64);
+            s.or_bit(b);
         }
         for b in (0..layout.first_free()).chain(layout.fixed_data_blocks()) {
             s.set(b);
@@ -78,8 +114,8 @@ impl Space {
     /// (nothing is allocated from it, and statfs shows no free space).
     pub fn all_used(layout: Layout) -> Space {
         let mut s = Space::fresh(layout);
-        for w in s.words.iter_mut() {
-            *w = u64::MAX;
+        for i in 0..s.words.len() {
+            s.words.put(i, u64::MAX);
         }
         s.free = 0;
         s
@@ -100,19 +136,19 @@ impl Space {
     }
 
     /// Read the bitmap from its blocks.
-    pub fn load(dev: &dyn BlockDevice, cache: &mut MetaCache, layout: Layout) -> Result<Space> {
+    pub fn load(dev: &dyn BlockDevice, cache: &MetaCache, layout: Layout) -> Result<Space> {
         let mut s = Space::fresh(layout);
         s.dirty.clear();
         for i in 0..layout.bitmap_count() {
             let b = cache.get(dev, layout.bitmap_block(i), Some(BITMAP_MAGIC))?;
             let base = i as usize * WORDS_PER_BLOCK;
             for w in 0..WORDS_PER_BLOCK {
-                s.words[base + w] = get_u64(b, BITMAP_HEADER + 8 * w);
+                s.words.put(base + w, get_u64(&b[..], BITMAP_HEADER + 8 * w));
             }
         }
         // Past-the-end bits must read as used whatever the image says.
         for b in layout.block_count..(s.words.len() as u64 * 64) {
-            s.words[(b / 64) as usize] |= 1 << (b % 64);
+            s.or_bit(b);
         }
         let fixed = (0..layout.first_free()).chain(layout.fixed_data_blocks()).chain([layout.backup_superblock()]);
         for b in fixed {
@@ -125,16 +161,28 @@ impl Space {
     }
 
     fn count_free(&self) -> u64 {
-        self.words.iter().map(|w| w.count_zeros() as u64).sum()
+        (0..self.words.len()).map(|i| self.words.word(i).count_zeros() as u64).sum()
+    }
+
+    /// The bitmap's words, for lock-free `is_used` questions.
+    pub fn bitmap(&self) -> Arc<Bitmap> {
+        self.words.clone()
+    }
+
+    /// Mark `b` in use in memory only.
+    fn or_bit(&mut self, b: u64) {
+        let i = (b / 64) as usize;
+        self.words.put(i, self.words.word(i) | 1 << (b % 64));
     }
 
     fn set(&mut self, b: u64) {
-        self.words[(b / 64) as usize] |= 1 << (b % 64);
+        self.or_bit(b);
         self.dirty.insert(b / BITS_PER_BITMAP_BLOCK);
     }
 
     fn clear(&mut self, b: u64) {
-        self.words[(b / 64) as usize] &= !(1 << (b % 64));
+        let i = (b / 64) as usize;
+        self.words.put(i, self.words.word(i) & !(1 << (b % 64)));
         self.dirty.insert(b / BITS_PER_BITMAP_BLOCK);
     }
 
@@ -144,8 +192,8 @@ impl Space {
     pub fn free_runs(&self) -> u64 {
         let mut runs = 0u64;
         let mut prev_free = 0u64; // bit 63 of the previous word, free
-        for &w in &self.words {
-            let free = !w;
+        for i in 0..self.words.len() {
+            let free = !self.words.word(i);
             // A run starts at a free bit whose lower neighbour is in use.
             let starts = free & !((free << 1) | prev_free);
             runs += u64::from(starts.count_ones());
@@ -155,10 +203,7 @@ impl Space {
     }
 
     pub fn is_used(&self, b: u64) -> bool {
-        match self.words.get((b / 64) as usize) {
-            Some(w) => w & (1 << (b % 64)) != 0,
-            None => true,
-        }
+        self.words.is_used(b)
     }
 
     /// Free blocks in the working map.
@@ -236,7 +281,7 @@ impl Space {
         let start = (from / 64) as usize;
         for k in 0..=n {
             let wi = (start + k) % n;
-            let mut w = self.words[wi];
+            let mut w = self.words.word(wi);
             if k == 0 {
                 w |= (1u64 << (from % 64)) - 1;
             }
@@ -346,7 +391,7 @@ impl Space {
     pub fn keep_held(&mut self, held: &[(u64, u64)]) {
         for &(s, l) in held {
             for b in s..s + l {
-                self.words[(b / 64) as usize] |= 1 << (b % 64);
+                self.or_bit(b);
             }
         }
     }
@@ -366,14 +411,14 @@ impl Space {
     }
 
     /// Copy changed words into their bitmap blocks in the cache.
-    pub fn write_out(&mut self, cache: &mut MetaCache) {
+    pub fn write_out(&mut self, cache: &MetaCache) {
         for i in std::mem::take(&mut self.dirty) {
             let blockno = self.layout.bitmap_block(i);
-            let b = cache.fresh(blockno);
-            put_u32(b, 0, BITMAP_MAGIC);
+            let mut b = cache.fresh(blockno);
+            put_u32(&mut b[..], 0, BITMAP_MAGIC);
             let base = i as usize * WORDS_PER_BLOCK;
             for w in 0..WORDS_PER_BLOCK {
-                put_u64(b, BITMAP_HEADER + 8 * w, self.words[base + w]);
+                put_u64(&mut b[..], BITMAP_HEADER + 8 * w, self.words.word(base + w));
             }
         }
     }
@@ -412,12 +457,12 @@ mod tests {
         let mut s = Space::fresh(l);
         let mut cache = MetaCache::new(100);
         let (a, _) = s.alloc(l.first_free(), 10, 10).unwrap();
-        s.write_out(&mut cache);
+        s.write_out(&cache);
         let _ = cache.take_dirty();
         let free0 = s.free();
         s.free_deferred(a, 10);
         let held = s.begin_hold();
-        s.write_out(&mut cache);
+        s.write_out(&cache);
         s.keep_held(&held);
         let img = cache.take_dirty();
         let word = get_u64(&img[0].1[..], BITMAP_HEADER + 8 * (a / 64) as usize);

@@ -14,7 +14,7 @@
 use crate::disk::format::*;
 use crate::disk::hash::ext4_hash;
 use crate::engine::btree;
-use crate::engine::store::{MetaRead, Store};
+use crate::engine::store::{MetaRead, Store, Tx};
 use crate::error::{Error, Result};
 
 /// The hash key of a name before displacement.
@@ -80,8 +80,8 @@ pub fn lookup(st: &mut (impl MetaRead + ?Sized), dir: &Inode, name: &[u8]) -> Re
 
 /// Insert a new entry, or fail with `Exists`. One probe from the name's hash both looks
 /// for the name (within `max_disp`) and finds the first key no entry holds. Returns the key.
-pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
-    let h = name_key(st, name);
+pub fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
+    let h = name_key(st.store(), name);
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
     let limit = h + dir.dir()?.max_disp as u64;
@@ -116,7 +116,7 @@ pub fn insert(st: &mut Store, dir: &mut Inode, name: &[u8], ino: u64, ft: FileTy
 }
 
 /// Remove the entry with `key` (found by `lookup`).
-pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
+pub fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
     let d = dir.dir_mut()?;
@@ -132,7 +132,7 @@ pub fn remove(st: &mut Store, dir: &mut Inode, key: u64) -> Result<()> {
 }
 
 /// Point an existing entry at another inode (rename over an existing name).
-pub fn replace(st: &mut Store, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
+pub fn replace(st: &mut Tx, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
     let d = dir.dir_mut()?;
@@ -172,7 +172,7 @@ pub fn read(
 }
 
 /// Free the index of an empty directory (rmdir).
-pub fn destroy(st: &mut Store, dir: &mut Inode) -> Result<()> {
+pub fn destroy(st: &mut Tx, dir: &mut Inode) -> Result<()> {
     let dir_ino = dir.ino;
     let d = dir.dir_mut()?;
     let mut t = d.tree;

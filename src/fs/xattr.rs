@@ -17,7 +17,7 @@
 
 use crate::disk::codec::*;
 use crate::disk::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
-use crate::engine::store::{MetaRead, Store};
+use crate::engine::store::{MetaRead, Tx};
 use crate::error::{Error, Result};
 
 /// Seed of the filter hash (erofs's value), plus the namespace index.
@@ -185,7 +185,7 @@ pub fn load(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Xatt
 }
 
 /// The blocks an inode's xattrs occupy: head first, then continuations (fsck).
-pub fn blocks_of(st: &mut Store, inode: &Inode) -> Result<Vec<u64>> {
+pub fn blocks_of(st: &mut Tx, inode: &Inode) -> Result<Vec<u64>> {
     if inode.xattr_block == 0 {
         return Ok(Vec::new());
     }
@@ -197,26 +197,29 @@ pub fn blocks_of(st: &mut Store, inode: &Inode) -> Result<Vec<u64>> {
 }
 
 /// Reference count of a head block (fsck).
-pub fn refcount(st: &mut Store, block: u64) -> Result<u32> {
+pub fn refcount(st: &mut Tx, block: u64) -> Result<u32> {
     Ok(get_u32(st.block(block, Some(XATTR_MAGIC))?, 16))
 }
 
 /// Drop an inode's reference to its xattr block(s); free them with the last one.
 /// Returns the number of blocks the inode no longer counts.
-pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
+pub fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
     if inode.xattr_block == 0 {
         return Ok(0);
     }
     let owned = blocks_of(st, inode)?;
     let head = inode.xattr_block;
     inode.xattr_block = 0;
+    // Reference counts change with the sharing hints locked, so a block another inode is
+    // about to share is not freed under it.
+    let mut hints = st.store().xattr_shared.lock();
     let blk = st.block_mut(head, Some(XATTR_MAGIC))?;
     let refs = get_u32(blk, 16);
     if refs > 1 {
         put_u32(blk, 16, refs - 1);
         return Ok(1);
     }
-    st.xattr_shared.forget_block(head);
+    hints.forget_block(head);
     for b in &owned {
         st.free_meta(*b);
     }
@@ -224,15 +227,16 @@ pub fn release(st: &mut Store, inode: &mut Inode) -> Result<u64> {
 }
 
 /// Point the inode at an existing block holding exactly `bytes`, if one is known.
-fn share(st: &mut Store, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool> {
-    let Some(b) = st.xattr_shared.get(hash) else { return Ok(false) };
+fn share(st: &mut Tx, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool> {
+    let mut hints = st.store().xattr_shared.lock();
+    let Some(b) = hints.get(hash) else { return Ok(false) };
     // The index is only a hint: the block may have changed or gone since.
-    let ok = st.space.is_used(b)
+    let ok = st.store().is_used(b)
         && st.block(b, Some(XATTR_MAGIC)).is_ok_and(|blk| {
             get_u16(blk, 24) == 0 && get_u32(blk, 20) as usize == bytes.len() && &blk[HEAD..HEAD + bytes.len()] == bytes
         });
     if !ok {
-        st.xattr_shared.forget_hash(hash);
+        hints.forget_hash(hash);
         return Ok(false);
     }
     let blk = st.block_mut(b, Some(XATTR_MAGIC))?;
@@ -247,12 +251,12 @@ fn share(st: &mut Store, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<b
 }
 
 /// Store a new list: inline when it fits, else in a shared or private block (chain).
-pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
+pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
     let bytes = encode(list);
     if bytes.len() > LIST_MAX {
         return Err(Error::TooBig);
     }
-    inode.xattr_filter = filter_of(list, st.sb.filter_hashes());
+    inode.xattr_filter = filter_of(list, st.store().sb.filter_hashes());
     let released = release(st, inode)?;
     inode.blocks = inode.blocks.saturating_sub(released);
     inode.xattr_inline = [0; INLINE_XATTR];
@@ -274,7 +278,7 @@ pub fn store(st: &mut Store, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         put_u32(blk, 16, 1);
         put_u32(blk, 20, bytes.len() as u32);
         blk[HEAD..HEAD + bytes.len()].copy_from_slice(&bytes);
-        st.xattr_shared.insert(hash, b);
+        st.store().xattr_shared.lock().insert(hash, b);
         inode.xattr_block = b;
         inode.blocks += 1;
         return Ok(());

@@ -13,7 +13,7 @@ use crate::disk::format::*;
 use crate::engine::btree;
 use crate::engine::cache::MetaCache;
 use crate::engine::space::Space;
-use crate::engine::store::Store;
+use crate::engine::store::{Store, Tx};
 use crate::error::Result;
 use crate::fs::dir;
 use crate::fs::file;
@@ -132,7 +132,7 @@ impl Walk<'_> {
     ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>, HashMap<u64, u32>) {
         let mut blocks: Vec<u64> = mismatched.to_vec();
         for &b in leaked {
-            if self.st.block(b, Some(INODE_MAGIC)).is_ok() {
+            if self.st.tx().block(b, Some(INODE_MAGIC)).is_ok() {
                 blocks.push(b);
             }
         }
@@ -142,7 +142,7 @@ impl Walk<'_> {
         let mut heads: HashMap<u64, u32> = HashMap::new();
         let mut found: Vec<Inode> = Vec::new();
         for b in blocks {
-            let used = match self.st.block(b, Some(INODE_MAGIC)) {
+            let used = match self.st.tx().block(b, Some(INODE_MAGIC)) {
                 Ok(blk) => get_u16(blk, IB_USED) & !lazy.get(&b).copied().unwrap_or(0),
                 Err(_) => continue,
             };
@@ -172,7 +172,7 @@ impl Walk<'_> {
         let mut named = HashSet::new();
         for i in found.iter().filter(|i| i.is_dir()) {
             if let Ok(d) = i.dir() {
-                let _ = btree::scan(&mut self.st, &d.tree, i.ino, 0, |_, v| {
+                let _ = btree::scan(&mut self.st.tx(), &d.tree, i.ino, 0, |_, v| {
                     if let Ok((c, _, _)) = decode_dirent(v) {
                         if c != i.ino {
                             named.insert(c);
@@ -199,21 +199,21 @@ impl Walk<'_> {
         let mut own = Vec::new();
         match &i.data {
             InodeData::Dir(d) => {
-                own.extend(btree::check(&mut self.st, &d.tree, ino).ok()?.blocks);
+                own.extend(btree::check(&mut self.st.tx(), &d.tree, ino).ok()?.blocks);
                 own.extend((d.region_used as u64..d.region_len as u64).map(|k| d.region_start + k));
             }
             InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
                 if let InodeData::ExtentTree { tree, .. } = &i.data {
-                    own.extend(btree::check(&mut self.st, tree, ino).ok()?.blocks);
+                    own.extend(btree::check(&mut self.st.tx(), tree, ino).ok()?.blocks);
                 }
-                for e in file::all_extents(&mut self.st, i).ok()? {
+                for e in file::all_extents(&mut self.st.tx(), i).ok()? {
                     own.extend(e.phys..e.phys + e.len);
                 }
             }
             InodeData::InlineSymlink(_) => {}
         }
-        let xblocks = xattr::blocks_of(&mut self.st, i).ok()?;
-        xattr::load(&mut self.st, i).ok()?;
+        let xblocks = xattr::blocks_of(&mut self.st.tx(), i).ok()?;
+        xattr::load(&mut self.st.tx(), i).ok()?;
         // The head may be shared, with the walk's inodes or other lost ones: not checked
         // against them, only claimed when nothing seen owns it yet.
         let head = xblocks.first().copied();
@@ -222,7 +222,7 @@ impl Walk<'_> {
         let ok = own
             .iter()
             .chain(head.as_ref())
-            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.space.is_used(*b))
+            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.is_used(*b))
             && own.iter().all(|b| !self.owner.contains_key(b) && !claimed.contains(b));
         if let Some(h) = head.filter(|h| !self.owner.contains_key(h)) {
             own.push(h);
@@ -264,7 +264,8 @@ impl Walk<'_> {
         let mut owned = 0u64;
         match &i.data {
             InodeData::Dir(d) => {
-                let stats = match btree::check(&mut self.st, &d.tree, ino) {
+                let found = btree::check(&mut self.st.tx(), &d.tree, ino);
+                let stats = match found {
                     Ok(s) => s,
                     Err(e) => {
                         self.salvage.insert(ino);
@@ -293,7 +294,8 @@ impl Walk<'_> {
             }
             InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
                 if let InodeData::ExtentTree { tree, count } = &i.data {
-                    match btree::check(&mut self.st, tree, ino) {
+                    let found = btree::check(&mut self.st.tx(), tree, ino);
+                    match found {
                         Ok(s) => {
                             for b in &s.blocks {
                                 self.own(*b, ino, "extent tree");
@@ -310,7 +312,8 @@ impl Walk<'_> {
                         }
                     }
                 }
-                match file::all_extents(&mut self.st, i) {
+                let found = file::all_extents(&mut self.st.tx(), i);
+                match found {
                     Ok(list) => {
                         let mut last_end = 0;
                         for e in list {
@@ -332,7 +335,8 @@ impl Walk<'_> {
             }
             InodeData::InlineSymlink(_) => {}
         }
-        match xattr::blocks_of(&mut self.st, i) {
+        let found = xattr::blocks_of(&mut self.st.tx(), i);
+        match found {
             Ok(bs) => {
                 // The head may be shared: counted here, owned once after the walk.
                 if let Some((head, conts)) = bs.split_first() {
@@ -348,7 +352,8 @@ impl Walk<'_> {
                 self.blind(format!("inode {ino}: xattr block unreadable: {e}"))
             }
         }
-        match xattr::load(&mut self.st, i) {
+        let found = xattr::load(&mut self.st.tx(), i);
+        match found {
             Ok(list) => {
                 if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
                     let want = xattr::filter_of(&list, self.st.sb.filter_hashes());
@@ -529,7 +534,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             let d = *i.dir()?;
             let mut ents = Vec::new();
             let mut bad = None;
-            let r = btree::scan(&mut w.st, &d.tree, ino, 0, |k, v| {
+            let r = btree::scan(&mut w.st.tx(), &d.tree, ino, 0, |k, v| {
                 match decode_dirent(v) {
                     Ok((c, ft, name)) => ents.push((k, c, ft, name.to_vec())),
                     Err(e) => bad = Some(e),
@@ -620,7 +625,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let refs: Vec<(u64, u32)> = w.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
     for (b, n) in refs {
         w.own(b, 0, "xattr");
-        match xattr::refcount(&mut w.st, b) {
+        let found = xattr::refcount(&mut w.st.tx(), b);
+        match found {
             Ok(c) => xattr_counts.push((b, c, n)),
             Err(e) => w.err(format!("xattr block {b}: {e}")),
         }
@@ -663,14 +669,15 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // slots of a block only lost inodes live in).
     let mut lazy_all: HashMap<u64, u16> = HashMap::new();
     let mut lazy_drops = Vec::new();
-    if let Some(t) = w.st.lazy_frees.filter(|t| t.root != 0) {
-        match btree::check(&mut w.st, &t, LAZY_FREE_OWNER) {
+    if let Some(t) = w.st.lazy_frees().filter(|t| t.root != 0) {
+        let found = btree::check(&mut w.st.tx(), &t, LAZY_FREE_OWNER);
+        match found {
             Ok(stats) => {
                 for b in &stats.blocks {
                     w.own(*b, 0, "lazy-free tree");
                 }
                 let mut recs = Vec::new();
-                let r = btree::scan(&mut w.st, &t, LAZY_FREE_OWNER, 0, |k, v| {
+                let r = btree::scan(&mut w.st.tx(), &t, LAZY_FREE_OWNER, 0, |k, v| {
                     recs.push((k, v.to_vec()));
                     true
                 });
@@ -695,9 +702,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let mut slot_fixes = Vec::new();
     let mut reinit: Vec<(u64, u64)> = Vec::new();
     for (&b, &mask) in &ib {
-        match w.st.block(b, Some(INODE_MAGIC)) {
-            Ok(blk) => {
-                let used = get_u16(blk, IB_USED);
+        let found = w.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u16(blk, IB_USED));
+        match found {
+            Ok(used) => {
                 let freed = lazy.get(&b).copied().unwrap_or(0);
                 // A record may only free slots the block marks used.
                 if freed & !used != 0 || used & !freed != mask {
@@ -728,7 +735,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let pending_tail = w.st.sb.pending_grow_tail();
     for b in layout.first_free()..layout.backup_superblock() {
         let owned = w.owner.contains_key(&b);
-        let marked = w.st.space.is_used(b);
+        let marked = w.st.is_used(b);
         let in_tail = pending_tail.contains(&b);
         if owned {
             used += 1;

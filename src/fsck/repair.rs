@@ -86,11 +86,12 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     let root = sb.root_ino;
     let (rb, slot) = ino_loc(root);
     let o = crate::engine::store::open_lenient(dev.clone(), sb.clone(), true, 1 << 12, true, false)?;
-    let mut st = o.opened.store;
+    let store = o.opened.store;
+    let mut st = store.tx();
     let mut recs = std::collections::BTreeMap::new();
     let mut nodes = Vec::new();
     for b in sb.layout.first_free()..sb.layout.backup_superblock() {
-        if b == rb || !st.space.is_used(b) || !btree::owned_node(&mut st, b, root) {
+        if b == rb || !store.is_used(b) || !btree::owned_node(&mut st, b, root) {
             continue;
         }
         nodes.push(b);
@@ -103,6 +104,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
         }
     }
     drop(st);
+    drop(store);
     let found = recs.len();
     let vol = Volume::open_without_root(dev)?;
     vol.repair(|st, _| {
@@ -135,7 +137,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
 /// Rebuild directory `d`'s index from the records of its readable leaves (entries that
 /// do not decode are left out); the readable old nodes are freed, an unreadable one is
 /// left for the next pass to find leaked. Returns (entries the inode claimed, entries kept).
-pub(super) fn rebuild_index(st: &mut Store, d: u64) -> Result<(u64, u64)> {
+pub(super) fn rebuild_index(st: &mut Tx, d: u64) -> Result<(u64, u64)> {
     let mut i = st.inode(d)?;
     let old = i.dir()?.tree;
     let had = i.dir()?.entries;
@@ -174,10 +176,10 @@ pub(super) fn rebuild(
         for &b in owner.keys() {
             space.mark_used(b);
         }
-        space.write_out(&mut cache);
+        space.write_out(&cache);
     }
     if let Some(state) = state {
-        state.encode_into(cache.fresh(STATE_BLOCK));
+        state.encode_into(&mut cache.fresh(STATE_BLOCK));
     }
     for (b, img) in cache.take_dirty() {
         dev.write(b, &img[..])?;
@@ -209,10 +211,10 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
             state.inodes = n;
         }
         for &b in f.leaked {
-            st.space.free_deferred(b, 1);
+            st.space().free_deferred(b, 1);
         }
         for &b in f.marked_free {
-            st.space.mark_used(b);
+            st.space().mark_used(b);
         }
         for &(b, _, users) in f.xattr_refs {
             put_u32(st.block_mut(b, Some(XATTR_MAGIC))?, 16, users);

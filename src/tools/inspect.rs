@@ -177,7 +177,8 @@ impl Inspector {
             if !cur.is_dir() {
                 return Err(Error::NotDir);
             }
-            match dir::lookup(&mut self.st, &cur, part.as_bytes())? {
+            let found = dir::lookup(&mut self.st.tx(), &cur, part.as_bytes())?;
+            match found {
                 Some(f) => cur = self.st.inode(f.ino)?,
                 None => return Err(Error::NotFound),
             }
@@ -269,7 +270,7 @@ impl Inspector {
                 _ => ("data", None, Vec::new()),
             }
         };
-        Ok(BlockInfo { block: n, kind, checksum_ok, in_use: self.st.space.is_used(n), fields })
+        Ok(BlockInfo { block: n, kind, checksum_ok, in_use: self.st.space().is_used(n), fields })
     }
 
     /// A directory's entries, "." and ".." first, then in index order.
@@ -279,7 +280,7 @@ impl Inspector {
             return Err(Error::NotDir);
         }
         let mut out = Vec::new();
-        dir::read(&mut self.st, &d, 0, |e| {
+        dir::read(&mut self.st.tx(), &d, 0, |e| {
             out.push(Entry { name: e.name, ino: e.ino, file_type: type_name(Some(e.ft)) });
             true
         })?;
@@ -323,7 +324,7 @@ impl Inspector {
     pub fn htree(&mut self, path: &str) -> Result<Htree> {
         let i = self.resolve(path)?;
         let d = *i.dir()?;
-        let leaves = btree::leaves(&mut self.st, &d.tree, i.ino)?
+        let leaves = btree::leaves(&mut self.st.tx(), &d.tree, i.ino)?
             .into_iter()
             .map(|l| Leaf {
                 block: l.block,
@@ -346,7 +347,7 @@ impl Inspector {
         if matches!(i.data, InodeData::InlineSymlink(_)) {
             return Ok(Vec::new());
         }
-        Ok(file::all_extents(&mut self.st, &i)?
+        Ok(file::all_extents(&mut self.st.tx(), &i)?
             .into_iter()
             .map(|e| ExtentInfo { logical: e.logical, physical: e.phys, length: e.len, unwritten: e.unwritten })
             .collect())
@@ -356,7 +357,7 @@ impl Inspector {
     pub fn xattrs(&mut self, path: &str) -> Result<XattrList> {
         let i = self.resolve(path)?;
         let k = self.sb.filter_hashes();
-        let names = xattr::load(&mut self.st, &i)?
+        let names = xattr::load(&mut self.st.tx(), &i)?
             .into_iter()
             .map(|x| XattrName {
                 name: xattr::full_name(x.idx, &x.name),

@@ -61,10 +61,10 @@ impl Inner {
         if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, suffix, self.st.sb.filter_hashes()) {
             return Ok(());
         }
-        let mut list = xattr::load(&mut self.st, i)?;
+        let mut list = xattr::load(&mut self.st.tx(), i)?;
         if let Some(p) = list.iter().position(|x| x.idx == idx && x.name == suffix) {
             list.remove(p);
-            xattr::store(&mut self.st, i, &list)?;
+            xattr::store(&mut self.st.tx(), i, &list)?;
         }
         Ok(())
     }
@@ -72,7 +72,7 @@ impl Inner {
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.
     /// The xattr filter usually answers without reading anything.
     pub(super) fn acl_of(&mut self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
-        acl_in(&mut self.st, i, idx)
+        acl_in(&mut self.st.tx(), i, idx)
     }
 
     /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
@@ -98,12 +98,12 @@ impl Inner {
         if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"", self.st.sb.filter_hashes()) {
             return Ok(());
         }
-        let mut list = xattr::load(&mut self.st, i)?;
+        let mut list = xattr::load(&mut self.st.tx(), i)?;
         let Some(x) = list.iter_mut().find(|x| x.idx == 2) else { return Ok(()) };
         let mut a = acl::decode(&x.value).map_err(|_| Error::corrupt(format!("inode {}: bad ACL", i.ino)))?;
         acl::chmod(&mut a, i.mode);
         x.value = acl::encode(&a);
-        xattr::store(&mut self.st, i, &list)
+        xattr::store(&mut self.st.tx(), i, &list)
     }
 }
 
@@ -235,15 +235,15 @@ impl Volume {
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
         }
-        let mut g = self.charged(|g| {
+        let g = self.charged(|g| {
             // The new list may need every block of a maximal chain; the old ones are
             // released only with the delta.
             let i = g.st.inode(ino)?;
-            let now = xattr::encoded_len(&xattr::load(&mut g.st, &i)?);
+            let now = xattr::encoded_len(&xattr::load(&mut g.st.tx(), &i)?);
             Ok(Cost::new(xattr::blocks_for(now + 6 + suffix.len() + value.len()), 0, false))
         })?;
         let mut i = g.st.inode(ino)?;
-        let mut list = xattr::load(&mut g.st, &i)?;
+        let mut list = xattr::load(&mut g.st.tx(), &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix);
         match (pos, mode) {
             (Some(_), XattrMode::Create) => return Err(Error::Exists),
@@ -275,7 +275,7 @@ impl Volume {
             }
             (None, false) => {}
         }
-        xattr::store(&mut g.st, &mut i, &list)?;
+        xattr::store(&mut g.st.tx(), &mut i, &list)?;
         i.ctime = now();
         g.st.put_inode(&i)
     }
@@ -283,12 +283,12 @@ impl Volume {
     /// Remove an xattr.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let (idx, suffix) = xattr::split_name(name)?;
-        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        let g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
         let mut i = g.st.inode(ino)?;
-        let mut list = xattr::load(&mut g.st, &i)?;
+        let mut list = xattr::load(&mut g.st.tx(), &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix).ok_or(Error::NoData)?;
         list.remove(pos);
-        xattr::store(&mut g.st, &mut i, &list)?;
+        xattr::store(&mut g.st.tx(), &mut i, &list)?;
         i.ctime = now();
         g.st.put_inode(&i)
     }
@@ -318,11 +318,11 @@ mod tests {
             let value = format!("{i:0>100}");
             vol.setxattr(f, b"user.v", value.as_bytes(), XattrMode::Any).unwrap();
         }
-        assert_eq!(vol.lock().st.xattr_shared.len(), XATTR_SHARE_HINTS, "bounded");
+        assert_eq!(vol.lock().st.xattr_shared.lock().len(), XATTR_SHARE_HINTS, "bounded");
         for i in 0..n {
             vol.unlink(root, format!("f{i}").as_bytes()).unwrap();
         }
-        assert!(vol.lock().st.xattr_shared.is_empty(), "freed blocks' hints are gone");
+        assert!(vol.lock().st.xattr_shared.lock().is_empty(), "freed blocks' hints are gone");
         vol.close().unwrap();
         let r = crate::fsck::check(dev, false, &mut |_| {}).unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);

@@ -169,7 +169,7 @@ impl Shared {
                 return Err(e);
             }
             let g = &mut *g;
-            match g.delta.flush_some(&mut g.st) {
+            match g.delta.flush_some(&g.st) {
                 Ok(d) => d,
                 Err(e) => {
                     // Readers waiting for files this flush marked in flight must not wait
@@ -379,10 +379,10 @@ impl Volume {
                     g.charged();
                     return Ok((g, read));
                 }
-                Err(Short::Space) if !g.st.space.could_fit_after_commit(c.meta + c.pages, c.deletion) => {
+                Err(Short::Space) if !g.st.space().could_fit_after_commit(c.meta + c.pages, c.deletion) => {
                     return Err(Error::NoSpace)
                 }
-                Err(Short::Space) if commits > 0 && g.st.space.deferred() == 0 => return Err(Error::NoSpace),
+                Err(Short::Space) if commits > 0 && g.st.space().deferred() == 0 => return Err(Error::NoSpace),
                 Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
                 // Other threads may fill the delta again between our commit and our retry:
                 // only a delta left empty proves the operation can never fit. (Each such

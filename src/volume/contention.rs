@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{Delta, Inner, OpenOptions, Shared, Volume};
-use crate::engine::store::{CacheView, MetaRead};
+use crate::engine::store::{MetaRead, Tx};
 use crate::error::Result;
 
 /// Totals of the volume lock since the volume was opened.
@@ -158,7 +158,7 @@ impl Held<'_> {
     }
 
     fn log_blocks(&self) -> usize {
-        self.guard.st.dirty_count() + self.guard.st.space.pending_bitmap_blocks()
+        self.guard.st.dirty_count() + self.guard.st.space().pending_bitmap_blocks()
     }
 
     /// [`Held::wait`], for at most `timeout`.
@@ -293,10 +293,10 @@ impl Volume {
     /// of the cache, so readers do not wait for each other. `None` if it needed a block
     /// the cache lacks, or declined (`CacheView::decline`): it must then be done with
     /// the lock held exclusively.
-    pub(super) fn shared<T>(&self, f: impl FnOnce(&mut CacheView, &Seen) -> Result<T>) -> Option<Result<T>> {
+    pub(super) fn shared<T>(&self, f: impl FnOnce(&mut Tx, &Seen) -> Result<T>) -> Option<Result<T>> {
         let g = self.s.read();
         let inner = &*g.guard;
-        let mut view = CacheView::new(&inner.st);
+        let mut view = inner.st.view();
         let r = f(
             &mut view,
             &Seen { failed: inner.is_failed(), delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead },
@@ -319,7 +319,11 @@ impl Volume {
         let mut g = self.lock();
         let inner = &mut *g;
         let failed = inner.is_failed();
-        f(&mut inner.st, &Seen { failed, delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead })
+        let r = f(
+            &mut inner.st.tx(),
+            &Seen { failed, delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead },
+        );
+        r
     }
 }
 

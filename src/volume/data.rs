@@ -8,7 +8,7 @@ use crate::fs::pages;
 
 use super::*;
 use crate::disk::device::AlignedBuf;
-use crate::engine::store::{read_inode, MetaRead, Store};
+use crate::engine::store::{read_inode, MetaRead, Tx};
 
 impl Inner {
     pub(super) fn truncate(&mut self, i: &mut Inode, size: u64) -> Result<()> {
@@ -18,22 +18,22 @@ impl Inner {
         if size < i.size {
             let bs = BLOCK_SIZE as u64;
             let keep = size.div_ceil(bs);
-            self.delta.drop_pages(&mut self.st.space, i.ino, |p| p >= keep);
+            self.delta.drop_pages(&mut self.st.space(), i.ino, |p| p >= keep);
             if size % bs != 0 {
                 let p = size / bs;
                 let tail = (size % bs) as usize;
                 // The new last page's tail must read as zeros if the file grows again. A
                 // hole already does: only a page with a block is read and rewritten.
-                if self.delta.page_mut(i.ino, p).is_none() && file::is_mapped(&mut self.st, i, p)? {
-                    let page = file::read_page(&mut self.st, i, p)?;
+                if self.delta.page_mut(i.ino, p).is_none() && file::is_mapped(&mut self.st.tx(), i, p)? {
+                    let page = file::read_page(&mut self.st.tx(), i, p)?;
                     self.delta.mark_overwrite(i.ino, p);
-                    self.delta.add_page(&mut self.st.space, i, p, page);
+                    self.delta.add_page(&mut self.st.space(), i, p, page);
                 }
                 if let Some(page) = self.delta.page_mut(i.ino, p) {
                     page[tail..].fill(0);
                 }
             }
-            file::punch(&mut self.st, i, keep, 1 << 32)?;
+            file::punch(&mut self.st.tx(), i, keep, 1 << 32)?;
         }
         i.size = size;
         Ok(())
@@ -80,9 +80,9 @@ impl Inner {
         // Which pages lie over blocks the file has: a one-page write asks about its page
         // (one descent); a longer one reads the extents of its range once (one descent and
         // a scan), not one descent per page.
-        let extents = if first == last { Vec::new() } else { file::extents_in(&mut self.st, i, first, last + 1)? };
+        let extents = if first == last { Vec::new() } else { file::extents_in(&mut self.st.tx(), i, first, last + 1)? };
         let mut next = extents.iter().peekable();
-        let mut mapped = |st: &mut Store, p: u64| -> Result<bool> {
+        let mut mapped = |st: &mut Tx, p: u64| -> Result<bool> {
             if first == last {
                 return file::is_mapped(st, i, p);
             }
@@ -99,18 +99,18 @@ impl Inner {
                 page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
                 continue;
             }
-            if mapped(&mut self.st, p)? {
+            if mapped(&mut self.st.tx(), p)? {
                 self.delta.mark_overwrite(ino, p);
             }
             let page = if full {
                 // Copied straight into a new page: no zeroing first, one copy.
                 pages::copy_of(bytes)
             } else {
-                let mut page = if ps >= i.size { pages::zeroed() } else { file::read_page(&mut self.st, i, p)? };
+                let mut page = if ps >= i.size { pages::zeroed() } else { file::read_page(&mut self.st.tx(), i, p)? };
                 page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
                 page
             };
-            self.delta.add_page(&mut self.st.space, i, p, page);
+            self.delta.add_page(&mut self.st.space(), i, p, page);
         }
         if drop_privileges {
             self.drop_privileges(i)?;
@@ -332,7 +332,8 @@ impl Volume {
                 let mut g = self.lock();
                 self.wait_landed(&mut g, ino)?;
                 let g = &mut *g;
-                plan_read_of(&mut g.st, &g.delta, &self.s.atime, ino, offset, size)?
+                let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size)?;
+                planned
             }
         };
         let (plan, epoch, touch) = match planned {
@@ -357,7 +358,7 @@ impl Volume {
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
             let g = &mut *g;
-            let bytes = file::read(&mut g.st, &i, g.delta.pages(ino), offset, len)?;
+            let bytes = file::read(&mut g.st.tx(), &i, g.delta.pages(ino), offset, len)?;
             sink.buf(bytes.len()).copy_from_slice(&bytes);
             bytes.len()
         };
@@ -375,7 +376,7 @@ impl Volume {
         // result) does not move the caller's linearization stamp.
         let stamp = contention::current_stamp();
         // No blocks needed: the inode block is rewritten in place.
-        let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(mut g, mut i)| {
+        let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(g, mut i)| {
             let t = now();
             if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
                 i.atime = t;
@@ -489,8 +490,8 @@ impl Volume {
             }
             if first_full < last_full {
                 let g = &mut *g;
-                g.delta.drop_pages(&mut g.st.space, ino, |p| (first_full..last_full).contains(&p));
-                file::punch(&mut g.st, &mut i, first_full, last_full)?;
+                g.delta.drop_pages(&mut g.st.space(), ino, |p| (first_full..last_full).contains(&p));
+                file::punch(&mut g.st.tx(), &mut i, first_full, last_full)?;
             }
             i.ctime = now();
             i.mtime = i.ctime;
@@ -503,7 +504,7 @@ impl Volume {
         let mut at = s;
         loop {
             let mut i = g.st.inode(ino)?;
-            at = file::preallocate(&mut g.st, &mut i, at, e, FALLOC_STEP, limit)?;
+            at = file::preallocate(&mut g.st.tx(), &mut i, at, e, FALLOC_STEP, limit)?;
             if at >= e && !keep_size && end > i.size {
                 i.size = end;
             }
@@ -535,7 +536,7 @@ impl Inner {
             InodeData::ExtentTree { count, .. } => u64::from(count) + 1,
             _ => 1,
         };
-        let extents = n.min(self.st.space.free_runs() + holes);
+        let extents = n.min(self.st.space().free_runs() + holes);
         2 * extent_depth(i) + 3 + extents.div_ceil(64)
     }
 }

@@ -175,7 +175,7 @@ impl Delta {
         let runs = (RUN_LIMIT / 4).min(self.flush_from);
         self.flush_from > 0
             && (self.dirty_pages >= (self.flush_from / div).max(1) || self.dirty_runs >= (runs / div).max(1))
-            && st.dirty_count() + st.space.dirty_blocks() < self.flush_limit()
+            && st.dirty_count() + st.space().dirty_blocks() < self.flush_limit()
     }
 
     /// Dirty metadata blocks up to which a flush may write back: the log's capacity less
@@ -196,7 +196,7 @@ impl Delta {
     /// flight until [`Delta::landed`]. The delta stays open: the commit that ends it
     /// writes back what is left. Stops short of the log room any front-end operation
     /// needs, so a flush never makes an operation commit early.
-    pub(super) fn flush_some(&mut self, st: &mut Store) -> Result<Vec<DataWrite>> {
+    pub(super) fn flush_some(&mut self, st: &Store) -> Result<Vec<DataWrite>> {
         let limit = self.flush_limit();
         let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
         inos.sort_unstable();
@@ -204,7 +204,7 @@ impl Delta {
         // A small `flush_from` (tests) makes small flushes, which end inside files.
         let (mut left_pages, mut left_runs) = (FLUSH_PAGES.min(self.flush_from), FLUSH_RUNS.min(self.flush_from));
         for ino in inos {
-            if left_pages == 0 || left_runs == 0 || st.dirty_count() + st.space.dirty_blocks() >= limit {
+            if left_pages == 0 || left_runs == 0 || st.dirty_count() + st.space().dirty_blocks() >= limit {
                 break;
             }
             let mut pages = self.dirty.remove(&ino).unwrap_or_default();
@@ -228,14 +228,16 @@ impl Delta {
                 None => Pages::new(),
             };
             let taken: Vec<u64> = pages.keys().copied().collect();
-            let mut inode = st.inode(ino)?;
-            let n = file::writeback(st, &mut inode, &mut pages, limit, &mut data)?;
-            st.put_inode(&inode)?;
+            let mut tx = st.tx();
+            let mut inode = tx.inode(ino)?;
+            let n = file::writeback(&mut tx, &mut inode, &mut pages, limit, &mut data)?;
+            tx.put_inode(&inode)?;
             if n > 0 {
                 self.in_flight.insert(ino);
             }
             self.dirty_pages -= n;
-            st.space.settle_pages(n);
+            tx.space().settle_pages(n);
+            drop(tx);
             left_pages -= n;
             // What the log's room left unwritten stays dirty with the rest.
             rest.append(&mut pages);
@@ -246,7 +248,7 @@ impl Delta {
             }
             if rest.is_empty() {
                 self.overwrites.remove(&ino);
-                st.space.settle_meta(self.meta_promised.remove(&ino).unwrap_or(0));
+                st.space().settle_meta(self.meta_promised.remove(&ino).unwrap_or(0));
             } else {
                 self.dirty_runs += runs(&rest);
                 self.dirty.insert(ino, rest);
@@ -365,13 +367,13 @@ impl Delta {
 
     /// Whether the delta holds no change at all (no dirty metadata or data).
     pub(super) fn is_empty(&self, st: &Store) -> bool {
-        st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 && self.dirty_pages == 0
+        st.dirty_count() == 0 && st.space().pending_bitmap_blocks() == 0 && self.dirty_pages == 0
     }
 
     /// Whether a change of cost `c` fits in the current delta: room in the log for any
     /// one operation, the dirty-data limit, and the space budget.
     pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        let used = (st.dirty_count() + st.space.pending_bitmap_blocks()) as u64;
+        let used = (st.dirty_count() + st.space().pending_bitmap_blocks()) as u64;
         if used + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
         }
@@ -383,7 +385,7 @@ impl Delta {
         {
             return Err(Short::Dirty);
         }
-        if self.accounting && st.space.available(c.deletion) < c.meta + c.pages {
+        if self.accounting && st.space().available(c.deletion) < c.meta + c.pages {
             return Err(Short::Space);
         }
         Ok(())
@@ -430,34 +432,38 @@ impl Delta {
             let mut inode = st.inode(ino)?;
             self.in_flight.insert(ino);
             loop {
-                let n = file::writeback(st, &mut inode, &mut pages, limit, &mut data)?;
-                st.put_inode(&inode)?;
+                let n = {
+                    let mut tx = st.tx();
+                    let n = file::writeback(&mut tx, &mut inode, &mut pages, limit, &mut data)?;
+                    tx.put_inode(&inode)?;
+                    n
+                };
                 self.dirty_pages -= n;
-                st.space.settle_pages(n);
+                st.space_mut().settle_pages(n);
                 if pages.is_empty() {
                     break;
                 }
                 // The log is full: commit what is mapped so far, its data first (under
                 // the lock: only write-backs larger than a log area come here).
                 file::write_runs(&**st.dev(), std::mem::take(&mut data), DATA_PIECE, |_, _| {})?;
-                st.space.release_deferred();
+                st.space_mut().release_deferred();
                 st.forget_freed();
                 let blocks = self.snapshot(st, state);
                 journal.commit(&**st.dev(), &blocks)?;
                 st.landed(&blocks);
             }
         }
-        st.space.clear_promises();
+        st.space_mut().clear_promises();
         self.meta_promised.clear();
-        if data.is_empty() && st.dirty_count() == 0 && st.space.pending_bitmap_blocks() == 0 {
+        if data.is_empty() && st.dirty_count() == 0 && st.space().pending_bitmap_blocks() == 0 {
             self.in_flight.clear();
             return Ok(None);
         }
-        let held = st.space.begin_hold();
+        let held = st.space_mut().begin_hold();
         st.freed_to_flight();
         let flushed_data = self.flushed_data;
         let blocks = self.snapshot(st, state);
-        st.space.keep_held(&held);
+        st.space_mut().keep_held(&held);
         let pages: usize = data.iter().map(|w| w.pages.len()).sum();
         let one_flush = st.sb.one_flush_commit()
             && !flushed_data
@@ -472,16 +478,16 @@ impl Delta {
         self.flushed_data = false;
         self.seq += 1;
         state.commit_seq = self.seq;
-        if let Some(t) = st.lazy_frees {
+        if let Some(t) = st.lazy_frees() {
             state.lazy_frees = t;
         }
-        state.encode_into(st.fresh_block(STATE_BLOCK));
+        state.encode_into(st.tx().fresh_block(STATE_BLOCK));
         st.take_dirty()
     }
 
     /// A flight is durable and home: release what it held.
     pub(super) fn finish_commit(&mut self, st: &mut Store, f: &Flight) {
-        st.space.end_hold(&f.held);
+        st.space_mut().end_hold(&f.held);
         st.flight_landed();
         st.landed(&f.blocks);
     }
@@ -571,25 +577,25 @@ mod tests {
         let mut st = store();
         let opts = OpenOptions::default();
         let mut d = Delta::new(7, 256, &opts);
-        let free = st.space.available(false);
+        let free = st.space_mut().available(false);
         let (a, b) = (file(33), file(34));
         for p in 0..3 {
-            d.add_page(&mut st.space, &a, p, page());
+            d.add_page(st.space_mut(), &a, p, page());
         }
-        d.add_page(&mut st.space, &b, 9, page());
+        d.add_page(st.space_mut(), &b, 9, page());
         // Three pages of one file and one of another: a data block each, plus the first
         // page's extent-map change and one block per 64 pages, for each file.
         let meta = Delta::writeback_meta(0, 3, 0) + Delta::writeback_meta(0, 1, 0);
-        assert_eq!(st.space.promised(), 4 + meta);
-        assert_eq!(free - st.space.available(false), st.space.promised());
+        assert_eq!(st.space_mut().promised(), 4 + meta);
+        assert_eq!(free - st.space_mut().available(false), st.space_mut().promised());
         assert_eq!((d.page_count(33), d.pages_in(33, 1, 5), d.page_count(34)), (3, 2, 1));
-        d.drop_pages(&mut st.space, 33, |p| p >= 1);
+        d.drop_pages(st.space_mut(), 33, |p| p >= 1);
         assert_eq!(d.page_count(33), 1);
-        d.drop_pages(&mut st.space, 34, |_| true);
+        d.drop_pages(st.space_mut(), 34, |_| true);
         assert!(d.pages(34).is_none(), "a file with no dirty page leaves the delta");
         assert_eq!(d.dirty_pages, 1);
-        st.space.clear_promises();
-        assert_eq!(st.space.available(false), free);
+        st.space_mut().clear_promises();
+        assert_eq!(st.space_mut().available(false), free);
     }
 
     #[test]
@@ -599,14 +605,14 @@ mod tests {
         let mut d = Delta::new(0, 1 << 20, &opts);
         let (a, b) = (file(33), file(34));
         for p in [1, 3, 5] {
-            d.add_page(&mut st.space, &a, p, page());
+            d.add_page(st.space_mut(), &a, p, page());
         }
         assert_eq!(d.dirty_runs, 3);
-        d.add_page(&mut st.space, &a, 2, page()); // joins 1 and 3
-        d.add_page(&mut st.space, &a, 6, page()); // extends 5
-        d.add_page(&mut st.space, &b, 1, page()); // another file: a run of its own
+        d.add_page(st.space_mut(), &a, 2, page()); // joins 1 and 3
+        d.add_page(st.space_mut(), &a, 6, page()); // extends 5
+        d.add_page(st.space_mut(), &b, 1, page()); // another file: a run of its own
         assert_eq!(d.dirty_runs, 3);
-        d.drop_pages(&mut st.space, 33, |p| p == 2); // splits 1..=3 again
+        d.drop_pages(st.space_mut(), 33, |p| p == 2); // splits 1..=3 again
         assert_eq!(d.dirty_runs, 4);
         d.shift_pages(33, 5, -1); // 5, 6 move onto 4, 5, next to 3
         assert_eq!(d.dirty_runs, 3);
@@ -614,7 +620,7 @@ mod tests {
         // Scattered pages up to the run limit: the next page needs a commit first.
         let c = file(35);
         for k in 0..RUN_LIMIT - 3 {
-            d.add_page(&mut st.space, &c, 2 * k, page());
+            d.add_page(st.space_mut(), &c, 2 * k, page());
         }
         assert_eq!(d.dirty_runs, RUN_LIMIT);
         assert!(matches!(d.fits(&st, Cost::new(1, 1, false), 1), Err(Short::Dirty)));
@@ -622,7 +628,7 @@ mod tests {
             !matches!(d.fits(&st, Cost::new(1, 0, false), 1), Err(Short::Dirty)),
             "an operation with no page still fits"
         );
-        st.space.clear_promises();
+        st.space_mut().clear_promises();
     }
 
     #[test]
@@ -633,11 +639,11 @@ mod tests {
         assert!(d.fits(&st, Cost::new(3, 2, false), 1).is_ok());
         let a = file(33);
         for p in 0..3 {
-            d.add_page(&mut st.space, &a, p, page());
+            d.add_page(st.space_mut(), &a, p, page());
         }
         assert!(d.fits(&st, Cost::new(0, 1, false), 1).is_ok());
         assert!(d.fits(&st, Cost::new(0, 2, false), 1) == Err(Short::Dirty), "past the dirty limit: commit first");
-        let avail = st.space.available(false);
+        let avail = st.space_mut().available(false);
         assert!(d.fits(&st, Cost::new(avail + 1, 0, false), 1) == Err(Short::Space));
         assert!(d.fits(&st, Cost::new(avail + 1, 0, true), 1).is_ok(), "deletions may use the reserve");
         let small_log = Delta::new(0, OP_LOG_BLOCKS, &opts);

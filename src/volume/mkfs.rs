@@ -113,7 +113,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         grow_from: 0,
     };
     let mut st = Store::new(dev.clone(), MetaCache::new(1024), Space::fresh(layout), sb.clone(), true);
-    let root = st.alloc_root()?;
+    let root = st.tx().alloc_root()?;
     sb.root_ino = root;
     st.sb.root_ino = root;
     let t = now();
@@ -127,7 +127,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     ri.crtime = t;
     st.put_inode(&ri)?;
     let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1, lazy_frees: TreeRoot::default() };
-    state.encode_into(st.fresh_block(STATE_BLOCK));
+    state.encode_into(st.tx().fresh_block(STATE_BLOCK));
     // Empty log areas: no commit block is valid.
     let zero = vec![0u8; BLOCK_SIZE];
     dev.write(layout.log_area(0), &zero)?;

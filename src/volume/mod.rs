@@ -17,7 +17,7 @@ use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
 use crate::engine::btree;
 use crate::engine::log::Journal;
-use crate::engine::store::Store;
+use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
 
 mod attrs;
@@ -346,7 +346,7 @@ impl Volume {
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
         let g = self.lock();
-        let s = &g.st.space;
+        let s = g.st.space();
         let bavail = s.available_after_commit(false);
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
@@ -370,10 +370,10 @@ impl Volume {
 
     /// Blocks of a file's extent tree (none while its map is inline; tests and tools).
     pub fn extent_tree_blocks(&self, ino: u64) -> Result<Vec<u64>> {
-        let mut g = self.lock();
+        let g = self.lock();
         let i = g.st.inode(ino)?;
         match i.data {
-            InodeData::ExtentTree { tree, .. } => btree::blocks(&mut g.st, &tree, ino),
+            InodeData::ExtentTree { tree, .. } => btree::blocks(&mut g.st.tx(), &tree, ino),
             _ => Ok(Vec::new()),
         }
     }
@@ -383,16 +383,18 @@ impl Volume {
         let mut g = self.lock();
         let d = g.dir_inode(ino)?;
         let t = d.dir()?.tree;
-        btree::blocks(&mut g.st, &t, ino)
+        let r = btree::blocks(&mut g.st.tx(), &t, ino);
+        r
     }
 
     /// Run a repair on the lower layers and the state block inside the current delta
     /// (fsck, resize).
-    pub(crate) fn repair(&self, f: impl FnOnce(&mut Store, &mut State) -> Result<()>) -> Result<()> {
+    pub(crate) fn repair(&self, f: impl FnOnce(&mut Tx, &mut State) -> Result<()>) -> Result<()> {
         let mut g = self.lock();
         g.check_writable()?;
         let g = &mut *g;
-        f(&mut g.st, &mut g.state)
+        let r = f(&mut g.st.tx(), &mut g.state);
+        r
     }
 
     /// How many xattr lists were read from xattr blocks so far (the storage reads the

@@ -13,7 +13,7 @@ use crate::engine::store::read_inode;
 
 impl Inner {
     pub(super) fn new_inode(&mut self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
-        let ino = self.st.alloc_inode(parent)?;
+        let ino = self.st.tx().alloc_inode(parent)?;
         let t = now();
         let mut i = Inode::new(ino, mode);
         i.uid = uid;
@@ -53,13 +53,14 @@ impl Inner {
         // number, and give it back if the insert refuses.
         let saved = p;
         let mut i = self.new_inode(&mut p, mode, uid, gid, rdev)?;
-        if let Err(e) = dir::insert(&mut self.st, &mut p, name, i.ino, ft) {
+        let r = dir::insert(&mut self.st.tx(), &mut p, name, i.ino, ft);
+        if let Err(e) = r {
             if saved != p {
                 // The allocation moved the region: record that before the slot is given
                 // back, so the slot's block is known to be in the current region.
                 self.st.put_inode(&p)?;
             }
-            self.st.free_inode(i.ino)?;
+            self.st.tx().free_inode(i.ino)?;
             self.state.inodes -= 1;
             return Err(e);
         }
@@ -128,17 +129,17 @@ impl Inner {
     }
 
     pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
-        self.delta.drop_pages(&mut self.st.space, i.ino, |_| true);
+        self.delta.drop_pages(&mut self.st.space(), i.ino, |_| true);
         match i.data {
             InodeData::Dir(d) => {
-                dir::destroy(&mut self.st, &mut i)?;
-                self.st.release_region(&d)?;
+                dir::destroy(&mut self.st.tx(), &mut i)?;
+                self.st.tx().release_region(&d)?;
             }
             InodeData::InlineSymlink(_) => {}
-            _ => file::free_all(&mut self.st, &mut i)?,
+            _ => file::free_all(&mut self.st.tx(), &mut i)?,
         }
-        xattr::release(&mut self.st, &mut i)?;
-        self.st.free_inode(i.ino)?;
+        xattr::release(&mut self.st.tx(), &mut i)?;
+        self.st.tx().free_inode(i.ino)?;
         self.state.inodes = self.state.inodes.saturating_sub(1);
         Ok(())
     }
@@ -264,7 +265,7 @@ impl Volume {
         let (mode, acls) = g.inherited(&p, mode, n.umask)?;
         let (_, mut i) = g.create_node(p, name, mode, n.uid, gid, n.rdev)?;
         if !acls.is_empty() {
-            xattr::store(&mut g.st, &mut i, &acls)?;
+            xattr::store(&mut g.st.tx(), &mut i, &acls)?;
             g.st.put_inode(&i)?;
         }
         if open {
@@ -299,7 +300,7 @@ impl Volume {
         i.nlink = 0;
         g.push_orphan(&mut i);
         if !acls.is_empty() {
-            xattr::store(&mut g.st, &mut i, &acls)?;
+            xattr::store(&mut g.st.tx(), &mut i, &acls)?;
         }
         g.st.put_inode(&i)?;
         *g.open.entry(i.ino).or_insert(0) += 1;
@@ -358,7 +359,8 @@ impl Volume {
         }
         self.wait_landed(&mut g, ino)?;
         let g = &mut *g;
-        file::read(&mut g.st, &i, g.delta.pages(ino), 0, i.size as usize)
+        let r = file::read(&mut g.st.tx(), &i, g.delta.pages(ino), 0, i.size as usize);
+        r
     }
 
     /// Add a hard link.
@@ -384,7 +386,7 @@ impl Volume {
             // Unlinked and unused: it is about to be freed (or already was).
             return Err(Error::NotFound);
         }
-        dir::insert(&mut g.st, &mut p, newname, ino, type_of(i.mode)?)?;
+        dir::insert(&mut g.st.tx(), &mut p, newname, ino, type_of(i.mode)?)?;
         g.unlinked_at.remove(&ino);
         g.listed_held.remove(&ino);
         if held {
@@ -410,7 +412,7 @@ impl Volume {
         }
         let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
         let mut p = g.dir_inode(parent)?;
-        let f = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
+        let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
         let i = g.st.inode(f.ino)?;
         if want_dir {
             if !i.is_dir() {
@@ -422,7 +424,7 @@ impl Volume {
         } else if i.is_dir() {
             return Err(Error::IsDir);
         }
-        dir::remove(&mut g.st, &mut p, f.key)?;
+        dir::remove(&mut g.st.tx(), &mut p, f.key)?;
         let t = now();
         p.mtime = t;
         p.ctime = t;
@@ -475,8 +477,8 @@ impl Volume {
             // takes no new ones.
             return Err(Error::NotFound);
         }
-        let src = dir::lookup(&mut g.st, &p, name)?.ok_or(Error::NotFound)?;
-        let dst = dir::lookup(&mut g.st, &np0, newname)?;
+        let src = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
+        let dst = dir::lookup(&mut g.st.tx(), &np0, newname)?;
         if flags.noreplace && dst.is_some() {
             return Err(Error::Exists);
         }
@@ -500,10 +502,10 @@ impl Volume {
             if di.is_dir() && parent != newparent && g.is_within(parent, d.ino)? {
                 return Err(Error::Invalid("cannot move a directory into itself".into()));
             }
-            dir::replace(&mut g.st, &mut p, src.key, name, d.ino, d.ft)?;
+            dir::replace(&mut g.st.tx(), &mut p, src.key, name, d.ino, d.ft)?;
             g.st.put_inode(&p)?;
             let mut np = g.dir_inode(newparent)?;
-            dir::replace(&mut g.st, &mut np, d.key, newname, src.ino, src.ft)?;
+            dir::replace(&mut g.st.tx(), &mut np, d.key, newname, src.ino, src.ft)?;
             g.st.put_inode(&np)?;
             if parent != newparent {
                 if si.is_dir() != di.is_dir() {
@@ -543,18 +545,18 @@ impl Volume {
                     return Err(Error::NotEmpty);
                 }
                 let mut np = g.dir_inode(newparent)?;
-                dir::replace(&mut g.st, &mut np, d.key, newname, src.ino, src.ft)?;
+                dir::replace(&mut g.st.tx(), &mut np, d.key, newname, src.ino, src.ft)?;
                 g.st.put_inode(&np)?;
                 replaced = Some(di);
             } else {
                 let mut np = g.dir_inode(newparent)?;
-                dir::insert(&mut g.st, &mut np, newname, src.ino, src.ft)?;
+                dir::insert(&mut g.st.tx(), &mut np, newname, src.ino, src.ft)?;
                 g.st.put_inode(&np)?;
             }
             let mut p = g.dir_inode(parent)?;
             // The entry's key may have moved if the insert above displaced it: look again.
-            let s2 = dir::lookup(&mut g.st, &p, name)?.ok_or_else(|| Error::corrupt("rename source vanished"))?;
-            dir::remove(&mut g.st, &mut p, s2.key)?;
+            let s2 = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or_else(|| Error::corrupt("rename source vanished"))?;
+            dir::remove(&mut g.st.tx(), &mut p, s2.key)?;
             g.st.put_inode(&p)?;
             if si.is_dir() {
                 if parent != newparent {
@@ -628,7 +630,7 @@ mod tests {
         vol.mkdir(x, b"d", 0o755, 0, 0).unwrap();
         {
             // Damage: a's parent becomes b, so walking up from b never reaches the root.
-            let mut g = vol.lock();
+            let g = vol.lock();
             let mut ai = g.st.inode(a).unwrap();
             ai.parent = b;
             g.st.put_inode(&ai).unwrap();

@@ -64,7 +64,7 @@ impl Volume {
             // as many new ones may be split off, each with its path; plus the punch of the
             // collapsed range and the split of one extent.
             let depth = extent_depth(&i);
-            let moved = file::extents_after(&mut g.st, &i, s)?;
+            let moved = file::extents_after(&mut g.st.tx(), &i, s)?;
             let meta = 2 * (moved / 32 + 1) * (depth + 1) + 2 * (2 * depth + 2) + 4;
             if meta + OP_LOG_BLOCKS > g.delta.log_capacity() / 2 {
                 return Err(Error::NotSupported);
@@ -75,13 +75,13 @@ impl Volume {
         let mut i = g.st.inode(ino)?;
         if insert {
             g.delta.shift_pages(ino, s, n as i64);
-            file::shift(&mut g.st, &mut i, s, n as i64)?;
+            file::shift(&mut g.st.tx(), &mut i, s, n as i64)?;
             i.size += len;
         } else {
-            g.delta.drop_pages(&mut g.st.space, ino, |p| (s..s + n).contains(&p));
-            file::punch(&mut g.st, &mut i, s, s + n)?;
+            g.delta.drop_pages(&mut g.st.space(), ino, |p| (s..s + n).contains(&p));
+            file::punch(&mut g.st.tx(), &mut i, s, s + n)?;
             g.delta.shift_pages(ino, s + n, -(n as i64));
-            file::shift(&mut g.st, &mut i, s + n, -(n as i64))?;
+            file::shift(&mut g.st.tx(), &mut i, s + n, -(n as i64))?;
             i.size -= len;
         }
         let t = now();

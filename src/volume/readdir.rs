@@ -23,11 +23,11 @@ impl Inner {
             return Ok(());
         }
         let t = d.dir()?.tree;
-        let leaves = btree::leaves_from(&mut self.st, &t, d.ino, next.saturating_sub(2), READAHEAD_LEAVES)?;
+        let leaves = btree::leaves_from(&mut self.st.tx(), &t, d.ino, next.saturating_sub(2), READAHEAD_LEAVES)?;
         self.st.prefetch(&leaves)?;
         let mut inode_blocks = Vec::new();
         let mut mid = u64::MAX;
-        dir::read(&mut self.st, d, next, |e| {
+        dir::read(&mut self.st.tx(), d, next, |e| {
             inode_blocks.push(ino_loc(e.ino).0);
             if inode_blocks.len() == READAHEAD_ENTRIES / 2 {
                 mid = e.next;
@@ -95,7 +95,7 @@ impl Volume {
     fn readdir_plus_exclusive(&self, ino: u64, pos: u64, max: usize) -> Result<(Inode, Listing)> {
         let mut g = self.lock();
         let d = g.dir_inode(ino)?;
-        let ents = list(&mut g.st, &d, pos, max)?;
+        let ents = list(&mut g.st.tx(), &d, pos, max)?;
         if g.opts.sorted_prefetch {
             if ents.len() == max {
                 // A directory read in batches: read ahead from this batch on, so the batch
@@ -111,7 +111,7 @@ impl Volume {
             }
         }
         let inner = &mut *g;
-        let out = with_attrs(&mut inner.st, &inner.delta, ino, ents)?;
+        let out = with_attrs(&mut inner.st.tx(), &inner.delta, ino, ents)?;
         Ok((d, out))
     }
 }

@@ -146,7 +146,7 @@ pub(super) fn finish_pending_grow(vol: &Volume) -> Result<()> {
     };
     let tail = sb.pending_grow_tail();
     vol.repair(|st, _| {
-        st.space.free_now(tail.start, tail.end - tail.start);
+        st.space().free_now(tail.start, tail.end - tail.start);
         Ok(())
     })?;
     vol.commit()?;

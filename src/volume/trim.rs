@@ -23,16 +23,15 @@ impl Volume {
         loop {
             let g = self.lock();
             g.check_writable()?;
-            let space = &g.st.space;
-            let count = space.layout().block_count;
-            while next < count && space.is_used(next) {
+            let count = g.st.sb.layout.block_count;
+            while next < count && g.st.is_used(next) {
                 next += 1;
             }
             if next >= count {
                 return Ok(trimmed);
             }
             let start = next;
-            while next < count && next - start < SWEEP_RUN && !space.is_used(next) {
+            while next < count && next - start < SWEEP_RUN && !g.st.is_used(next) {
                 next += 1;
             }
             g.st.dev().trim(start, next - start)?;

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::disk::codec::*;
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::store::{MetaRead, Store};
+use crate::engine::store::{MetaRead, Tx};
 use crate::error::{Error, Result};
 
 mod read;
@@ -82,7 +82,7 @@ pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, 
 }
 
 /// Every extent of the file (fsck, truncate of the whole file).
-pub fn all_extents(st: &mut Store, inode: &Inode) -> Result<Vec<Extent>> {
+pub fn all_extents(st: &mut Tx, inode: &Inode) -> Result<Vec<Extent>> {
     extents_in(st, inode, 0, 1 << 32)
 }
 
@@ -94,7 +94,7 @@ fn set_inline(inode: &mut Inode, list: &[Extent]) {
 
 /// Replace the extents overlapping `[start,end)` (`old`, as returned by `extents_in`)
 /// with `new` (sorted, inside the same span or its remainders).
-fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Result<()> {
+fn replace(st: &mut Tx, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Result<()> {
     let ino = inode.ino;
     match &mut inode.data {
         InodeData::Extents { ext, n } => {
@@ -134,7 +134,7 @@ fn replace(st: &mut Store, inode: &mut Inode, old: &[Extent], new: &[Extent]) ->
 }
 
 /// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
-pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+pub fn punch(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     let mark = st.usage_mark();
     unmap(st, inode, start, end)?;
     st.account(&mut inode.blocks, mark);
@@ -142,7 +142,7 @@ pub fn punch(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<
 }
 
 /// `punch` without the block accounting (for callers that account themselves).
-fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+fn unmap(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     if start >= end {
         return Ok(());
     }
@@ -154,7 +154,7 @@ fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> 
     for e in &old {
         let cut_s = e.logical.max(start);
         let cut_e = e.end().min(end);
-        st.space.free_deferred(e.phys + (cut_s - e.logical), cut_e - cut_s);
+        st.free_deferred(e.phys + (cut_s - e.logical), cut_e - cut_s);
         if e.logical < start {
             new.push(Extent { len: start - e.logical, ..*e });
         }
@@ -171,7 +171,7 @@ fn unmap(st: &mut Store, inode: &mut Inode, start: u64, end: u64) -> Result<()> 
 }
 
 /// Map a new extent over a hole, merging with the extent that ends where it starts.
-fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
+fn map(st: &mut Tx, inode: &mut Inode, e: Extent) -> Result<()> {
     // The extent just before, if it ends where this one starts: one descent.
     if let Some(l) = extent_before(st, inode, e.logical)? {
         if l.end() == e.logical && l.phys + l.len == e.phys && l.unwritten == e.unwritten && l.len + e.len < 1 << 31 {
@@ -185,7 +185,7 @@ fn map(st: &mut Store, inode: &mut Inode, e: Extent) -> Result<()> {
 /// Move every extent at or after logical block `from` by `delta` blocks (collapse and
 /// insert range); an extent that straddles `from` is split there first. The caller makes
 /// sure the blocks the extents move onto are a hole.
-pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
+pub fn shift(st: &mut Tx, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
     let mark = st.usage_mark();
     if let Some(e) = extents_in(st, inode, from, from + 1)?.first().copied() {
         if e.logical < from {
@@ -206,13 +206,13 @@ pub fn shift(st: &mut Store, inode: &mut Inode, from: u64, delta: i64) -> Result
 }
 
 /// Number of extents that end after logical block `from` (what a shift moves).
-pub fn extents_after(st: &mut Store, inode: &Inode, from: u64) -> Result<u64> {
+pub fn extents_after(st: &mut Tx, inode: &Inode, from: u64) -> Result<u64> {
     Ok(extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?.len() as u64)
 }
 
 /// Where the data of logical block `lblk` should go: right after the block mapped
 /// just before it, or near the inode.
-fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
+fn goal_for(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<u64> {
     if let Some(e) = extent_before(st, inode, lblk)? {
         return Ok(e.phys + e.len + lblk.saturating_sub(e.end()).min(64));
     }
@@ -220,13 +220,13 @@ fn goal_for(st: &mut Store, inode: &Inode, lblk: u64) -> Result<u64> {
 }
 
 /// Whether logical block `p` is mapped (written or preallocated): one tree descent.
-pub fn is_mapped(st: &mut Store, inode: &Inode, p: u64) -> Result<bool> {
+pub fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
     Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))
 }
 
 /// The last extent that starts before logical block `lblk`: one tree descent, not a scan
 /// from the start of the file (write-back asks this once per run of pages).
-fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Extent>> {
+fn extent_before(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<Option<Extent>> {
     if lblk == 0 {
         return Ok(None);
     }
@@ -244,7 +244,7 @@ fn extent_before(st: &mut Store, inode: &Inode, lblk: u64) -> Result<Option<Exte
 /// `max_blocks` blocks, stopping early once the delta's dirty metadata reaches
 /// `meta_limit` blocks. Returns the logical block reached: `end` when done.
 pub fn preallocate(
-    st: &mut Store,
+    st: &mut Tx,
     inode: &mut Inode,
     start: u64,
     end: u64,
@@ -269,12 +269,12 @@ pub fn preallocate(
     'holes: for (s, e) in holes {
         let mut done = s;
         while done < e {
-            if budget == 0 || st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+            if budget == 0 || st.store().dirty_count() + st.space().dirty_blocks() >= meta_limit {
                 reached = done;
                 break 'holes;
             }
             let goal = goal_for(st, inode, done)?;
-            let (phys, len) = st.space.alloc(goal, (e - done).min(budget), 1).ok_or(Error::NoSpace)?;
+            let (phys, len) = st.alloc(goal, (e - done).min(budget), 1).ok_or(Error::NoSpace)?;
             map(st, inode, Extent { logical: done, len, phys, unwritten: true })?;
             done += len;
             budget -= len;
@@ -285,6 +285,6 @@ pub fn preallocate(
 }
 
 /// Free every block of a file (its last link and last open handle are gone).
-pub fn free_all(st: &mut Store, inode: &mut Inode) -> Result<()> {
+pub fn free_all(st: &mut Tx, inode: &mut Inode) -> Result<()> {
     punch(st, inode, 0, 1 << 32)
 }

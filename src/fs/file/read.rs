@@ -4,7 +4,7 @@
 use crate::disk::codec::*;
 use crate::disk::device::AlignedBuf;
 use crate::disk::format::*;
-use crate::engine::store::{MetaRead, Store};
+use crate::engine::store::{MetaRead, Tx};
 use crate::error::Result;
 
 use super::{extents_in, Pages};
@@ -111,16 +111,16 @@ impl ReadPlan {
 }
 
 /// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
-pub fn read(st: &mut Store, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
-    plan_read(st, inode, dirty, offset, len)?.execute(&**st.dev())
+pub fn read(st: &mut Tx, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
+    plan_read(st, inode, dirty, offset, len)?.execute(&**st.store().dev())
 }
 
 /// The current content of page `p` (for read-modify-write of a partial page).
-pub fn read_page(st: &mut Store, inode: &Inode, p: u64) -> Result<Box<Block>> {
+pub fn read_page(st: &mut Tx, inode: &Inode, p: u64) -> Result<Box<Block>> {
     let mut b = super::pages::zeroed();
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {
-            st.dev().read_data(e.phys + (p - e.logical), &mut b[..])?;
+            st.store().dev().read_data(e.phys + (p - e.logical), &mut b[..])?;
         }
     }
     Ok(b)

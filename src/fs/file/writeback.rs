@@ -5,7 +5,7 @@
 use crate::disk::codec::*;
 use crate::disk::device::AlignedBuf;
 use crate::disk::format::*;
-use crate::engine::store::Store;
+use crate::engine::store::Tx;
 use crate::error::{Error, Result};
 
 use super::{extent_before, goal_for, map, unmap, Pages};
@@ -84,7 +84,7 @@ pub fn write_runs(
 /// intermediate state maps each page either to its old block or to its new one, whose
 /// data is in `out`. Returns the number of pages written back.
 pub fn writeback(
-    st: &mut Store,
+    st: &mut Tx,
     inode: &mut Inode,
     pages: &mut Pages,
     meta_limit: usize,
@@ -101,7 +101,7 @@ pub fn writeback(
     let mut next_goal = None;
     let r = loop {
         let Some((&p0, _)) = pages.first_key_value() else { break Ok(()) };
-        if st.dirty_count() + st.space.dirty_blocks() >= meta_limit {
+        if st.store().dirty_count() + st.space().dirty_blocks() >= meta_limit {
             break Ok(());
         }
         // The run of consecutive pages from p0 (at most 8192), walked in key order.
@@ -121,7 +121,10 @@ pub fn writeback(
                 },
             };
             let want = pages.len() as u64;
-            let got = st.space.alloc(goal, want, want.min(POOL_MIN)).or_else(|| st.space.alloc(goal, n, 1));
+            let got = match st.alloc(goal, want, want.min(POOL_MIN)) {
+                Some(g) => Some(g),
+                None => st.alloc(goal, n, 1),
+            };
             let Some(got) = got else { break Err(Error::NoSpace) };
             pool = Some(got);
         }
@@ -148,7 +151,7 @@ pub fn writeback(
     };
     // What the pool has left was never referenced: free again at once.
     if let Some((phys, left)) = pool {
-        st.space.free_now(phys, left);
+        st.free_now(phys, left);
     }
     st.account(&mut inode.blocks, mark);
     r.map(|()| written)
@@ -160,7 +163,7 @@ pub fn writeback(
 /// descents instead of about seven (the scattered pages of random overwrites are nearly
 /// all such runs). Returns false, having changed nothing, when the general path must do
 /// it: no tree, a hole, an unwritten extent, or a tree about to shrink into the inode.
-fn remap_one(st: &mut Store, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> {
+fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> {
     let ino = inode.ino;
     let InodeData::ExtentTree { tree, count } = &inode.data else { return Ok(false) };
     // Far from the size at which `replace` moves the extents back into the inode.
@@ -180,7 +183,7 @@ fn remap_one(st: &mut Store, inode: &mut Inode, p: u64, phys: u64) -> Result<boo
         false => None,
     };
     let InodeData::ExtentTree { tree, count } = &mut inode.data else { return Ok(false) };
-    let put = |st: &mut Store, tree: &mut TreeRoot, x: Extent, replace: bool| {
+    let put = |st: &mut Tx, tree: &mut TreeRoot, x: Extent, replace: bool| {
         btree::insert(st, tree, ino, x.logical, &x.encode_value(), replace)
     };
     match left {
@@ -201,7 +204,7 @@ fn remap_one(st: &mut Store, inode: &mut Inode, p: u64, phys: u64) -> Result<boo
         put(st, tree, Extent { logical: p + 1, len: e.len - rest, phys: e.phys + rest, unwritten: false }, false)?;
         *count += 1;
     }
-    st.space.free_deferred(e.phys + (p - e.logical), 1);
+    st.free_deferred(e.phys + (p - e.logical), 1);
     Ok(true)
 }
 

@@ -1,0 +1,534 @@
+//! The metadata store: device, block cache and free space bundled for the layers above,
+//! plus the inode table (inode records, their allocation and placement, seed 002).
+//!
+//! Inode numbers are addresses: `ino = block * 16 + slot`, slot 0 of every inode block
+//! being its header. A directory reserves a region of inode blocks next to its own inode;
+//! its children take slots from that region in creation order, and when it is full the
+//! next region (twice as large, up to 64 blocks) is allocated close by.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::disk::codec::*;
+use crate::disk::device::BlockDevice;
+use crate::disk::format::*;
+use crate::engine::cache::{MetaCache, Windows};
+use crate::engine::log::Journal;
+use crate::engine::space::{Bitmap, Space};
+use crate::error::{Error, Result};
+
+mod inodes;
+mod tx;
+
+pub use tx::{read_inode, MetaRead, Tx};
+
+/// Device + cache + space: everything below the inode layer, shared by every thread of
+/// the volume. Operations reach blocks through a [`Tx`] (one per operation), which holds
+/// at most one block of the cache at a time; everything else here is behind short locks
+/// of its own, leaves of the lock order (docs/DESIGN.md, "Concurrency"):
+/// `lazy` → `space` → a cache shard, and `xattr_shared` → the same.
+pub struct Store {
+    dev: Arc<dyn BlockDevice>,
+    cache: MetaCache,
+    space: Mutex<Space>,
+    /// The space map's words, read without its lock.
+    bitmap: Arc<Bitmap>,
+    pub sb: Superblock,
+    /// Use directory inode reservation (A/B switch; on by default).
+    pub reserve_regions: bool,
+    /// Recently stored shareable xattr blocks by content hash (a hint, checked on use).
+    /// Its lock also makes finding, sharing and releasing a shared xattr block one step.
+    pub xattr_shared: Mutex<BlockHints>,
+    /// Xattr lists read from xattr blocks (not inline): what the bloom filter saves.
+    pub xattr_block_reads: AtomicU64,
+    /// Without reservation: the inode block new inodes currently go to.
+    shared_inode_block: Mutex<Option<u64>>,
+    /// Inodes stored (`put_inode`) since the last snapshot: every change to a file or
+    /// directory stores its inode (times, size, links), so an inode not here has nothing
+    /// in the delta being built (an fsync of it need not commit).
+    changed_inodes: Sharded<rustc_hash::FxHashSet<u64>>,
+    /// Read an uncached inode block together with its aligned window of inode blocks
+    /// (off unless the volume's sorted prefetch is on).
+    pub inode_readahead: bool,
+    /// The lazy-free tree's root (inode block → slots freed but still marked used there),
+    /// when the volume has the LAZY_INODE_FREE feature; the state block carries it. Held
+    /// while the tree changes.
+    lazy: Mutex<Option<TreeRoot>>,
+    /// The lazy-free tree's records, in memory: an inode read checks here instead of in
+    /// the tree (a tree lookup doubled the cost of a cached getattr). Kept equal to the
+    /// tree by every change to it.
+    lazy_masks: Sharded<rustc_hash::FxHashMap<u64, u16>>,
+    /// Running share of live inode slots in the windows read lately: windows pay only
+    /// when most of what they bring in is live (a directory thinned to 1% is not).
+    density: Mutex<Density>,
+}
+
+/// How dense in live inodes the inode windows read lately were.
+struct Density {
+    share: f64,
+    /// Prefetch sweeps so far (block mode samples windows again now and then).
+    sweeps: u64,
+}
+
+/// A map split into shards by key, each behind its own lock: for the small per-block and
+/// per-inode sets every operation touches, so two threads seldom meet on one lock.
+struct Sharded<T> {
+    shards: Box<[Mutex<T>]>,
+}
+
+impl<T: Default> Sharded<T> {
+    fn new() -> Sharded<T> {
+        Sharded { shards: (0..16).map(|_| Mutex::new(T::default())).collect() }
+    }
+
+    fn shard(&self, key: u64) -> parking_lot::MutexGuard<'_, T> {
+        self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize].lock()
+    }
+
+    fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
+        for s in self.shards.iter_mut() {
+            f(s.get_mut());
+        }
+    }
+}
+
+/// The engine of an opened volume: its log (recovered), the store (cache and free
+/// space) and the state block.
+pub struct Opened {
+    pub journal: Journal,
+    pub store: Store,
+    pub state: State,
+}
+
+/// The engine's one open sequence, shared by `Volume::open` and fsck: recover the log —
+/// replaying its newest delta on the device when `apply`, else overlaying it in the cache
+/// (pinned: a read-only open never writes) — then load free space and read the state
+/// block.
+pub fn open(
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    apply: bool,
+    cache_blocks: usize,
+    reserve_regions: bool,
+    allow_rollback: bool,
+) -> Result<Opened> {
+    let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions, allow_rollback)?;
+    if let Some(e) = o.damage.into_iter().next() {
+        return Err(e);
+    }
+    Ok(o.opened)
+}
+
+/// What a lenient open found damaged besides what it opened.
+pub struct LenientOpen {
+    pub opened: Opened,
+    /// The free-space map could not be read: `opened.store` holds a map with every block
+    /// in use (nothing can be allocated from it). The tree can rebuild it (fsck).
+    pub bitmap_damaged: bool,
+    /// The state block could not be read: `opened.state` holds a state with no orphans
+    /// and no inode count. The tree can rebuild it (fsck).
+    pub state_damaged: bool,
+    /// The errors behind the damage, in the order found.
+    pub damage: Vec<Error>,
+}
+
+/// [`open`] that gets past a damaged free-space map or state block, both derivable from
+/// the tree: fsck rebuilds them, and a read-only open still reads the namespace.
+pub fn open_lenient(
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    apply: bool,
+    cache_blocks: usize,
+    reserve_regions: bool,
+    allow_rollback: bool,
+) -> Result<LenientOpen> {
+    // The state block at home names the last delta whose home writes began; those begin
+    // only after its commit block is durable. A newest valid commit older than that means
+    // a committed commit block was damaged since: recovering would silently roll the
+    // volume back past a completed sync (a torn commit block of a delta that never
+    // completed cannot look like this). Read before any replay overwrites it.
+    let home_seq = {
+        let mut b = [0u8; BLOCK_SIZE];
+        dev.read(STATE_BLOCK, &mut b)?;
+        verify(&b, STATE_BLOCK, Some(STATE_MAGIC)).ok().map(|_| State::decode(&b).commit_seq)
+    };
+    let (journal, replay) = Journal::recover(&*dev, sb.layout, false)?;
+    if let Some(home) = home_seq.filter(|&h| h > journal.seq) {
+        if !allow_rollback {
+            return Err(Error::corrupt(format!(
+                "the commit record of delta {home} is damaged: the newest readable one is delta {}, and \
+                 recovering from it would lose what was committed after it (open with rollback \
+                 allowed, `-o recovery=rollback`, to accept that)",
+                journal.seq
+            )));
+        }
+        tracing::warn!("rolling back from delta {home}, whose commit record is damaged, to delta {}", journal.seq);
+    }
+    let cache = MetaCache::new(cache_blocks);
+    let mut dev = dev;
+    if apply {
+        Journal::apply(&*dev, &replay)?;
+    } else {
+        for (b, img) in replay.meta {
+            cache.pin(b, img)?;
+        }
+        // Logged file data is read past the cache: lay it over the device instead.
+        if !replay.data.is_empty() {
+            dev = Arc::new(crate::disk::overlay::Overlay::new(dev, replay.data));
+        }
+    }
+    let mut damage = Vec::new();
+    let space = match Space::load(&*dev, &cache, sb.layout) {
+        Ok(s) => s,
+        Err(e @ Error::Corrupt(_)) => {
+            damage.push(context("free-space map", e));
+            Space::all_used(sb.layout)
+        }
+        Err(e) => return Err(e),
+    };
+    let bitmap_damaged = !damage.is_empty();
+    let state = match cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)) {
+        Ok(b) => State::decode(&b),
+        Err(e @ Error::Corrupt(_)) => {
+            damage.push(context("state block", e));
+            State {
+                orphan_head: 0,
+                next_generation: 1,
+                commit_seq: journal.seq,
+                inodes: 0,
+                lazy_frees: TreeRoot::default(),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    let state_damaged = damage.len() > usize::from(bitmap_damaged);
+    if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
+        return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
+    }
+    let lazy = sb.lazy_inode_free();
+    if state.lazy_frees.root >= sb.layout.block_count || (state.lazy_frees.root == 0) != (state.lazy_frees.depth == 0) {
+        return Err(Error::corrupt(format!("lazy-free tree root {:?} is invalid", state.lazy_frees)));
+    }
+    if !lazy && state.lazy_frees.root != 0 {
+        return Err(Error::corrupt("a lazy-free tree on a volume without the LAZY_INODE_FREE feature"));
+    }
+    let mut store = Store::new(dev, cache, space, sb, reserve_regions);
+    *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
+    store.load_lazy_masks();
+    Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damaged, state_damaged, damage })
+}
+
+/// Say which structure a corruption was found in.
+fn context(what: &str, e: Error) -> Error {
+    match e {
+        Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
+        e => e,
+    }
+}
+
+/// Xattr blocks remembered for sharing: enough for the distinct lists of a working set
+/// (ACL-heavy trees have a handful), few enough that the index stays small.
+pub const XATTR_SHARE_HINTS: usize = 4096;
+
+/// A bounded map of hints from a content hash to the block holding that content, kept
+/// both ways so a freed block's hint goes in O(1). Hints are checked on use, so one that
+/// is evicted (oldest first) or stale costs only a missed chance to share.
+pub struct BlockHints {
+    by_hash: rustc_hash::FxHashMap<u64, u64>,
+    by_block: rustc_hash::FxHashMap<u64, u64>,
+    /// Hashes in insertion order, for eviction; may hold hashes already gone.
+    order: std::collections::VecDeque<u64>,
+    cap: usize,
+}
+
+impl BlockHints {
+    pub fn new(cap: usize) -> BlockHints {
+        BlockHints {
+            by_hash: Default::default(),
+            by_block: Default::default(),
+            order: Default::default(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// The block last recorded for `hash`.
+    pub fn get(&self, hash: u64) -> Option<u64> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    /// Number of hints held (at most the capacity).
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether no hint is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// Remember that `block` holds the content of `hash`, evicting the oldest hint past
+    /// the capacity.
+    pub fn insert(&mut self, hash: u64, block: u64) {
+        self.forget_hash(hash);
+        self.forget_block(block);
+        self.by_hash.insert(hash, block);
+        self.by_block.insert(block, hash);
+        self.order.push_back(hash);
+        while self.by_hash.len() > self.cap {
+            match self.order.pop_front() {
+                Some(h) => self.forget_hash(h),
+                None => break,
+            }
+        }
+        if self.order.len() > 2 * self.cap {
+            // Drop the queue's entries for hints already gone (amortised O(1)).
+            let live = &self.by_hash;
+            self.order.retain(|h| live.contains_key(h));
+        }
+    }
+
+    pub fn forget_hash(&mut self, hash: u64) {
+        if let Some(b) = self.by_hash.remove(&hash) {
+            self.by_block.remove(&b);
+        }
+    }
+
+    pub fn forget_block(&mut self, block: u64) {
+        if let Some(h) = self.by_block.remove(&block) {
+            self.by_hash.remove(&h);
+        }
+    }
+}
+
+/// Free blocks (beyond the reserve) below which inode frees are written into their
+/// blocks rather than recorded in the lazy-free tree, which may need a new node.
+const LAZY_FREE_MIN_AVAILABLE: u64 = 64;
+
+/// Below this share of live slots in recent windows, inode blocks are read one by one.
+const WINDOW_MIN_DENSITY: f64 = 0.25;
+
+/// Inode blocks read together on a miss (128 KiB), as ext4 reads its inode tables.
+pub const INODE_WINDOW: u64 = 32;
+
+impl Store {
+    /// The lower layers of an opened (or new) volume.
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        cache: MetaCache,
+        space: Space,
+        sb: Superblock,
+        reserve_regions: bool,
+    ) -> Store {
+        Store {
+            dev,
+            cache,
+            bitmap: space.bitmap(),
+            space: Mutex::new(space),
+            sb,
+            reserve_regions,
+            xattr_shared: Mutex::new(BlockHints::new(XATTR_SHARE_HINTS)),
+            xattr_block_reads: Default::default(),
+            shared_inode_block: Mutex::new(None),
+            changed_inodes: Sharded::new(),
+            inode_readahead: false,
+            lazy: Mutex::new(None),
+            lazy_masks: Sharded::new(),
+            density: Mutex::new(Density { share: 1.0, sweeps: 0 }),
+        }
+    }
+
+    /// A handle for one operation: reads and changes blocks, allocates and frees.
+    pub fn tx(&self) -> Tx<'_> {
+        Tx::new(self, false)
+    }
+
+    /// A handle that sees only what the cache holds and never reads the device: a block
+    /// it lacks is *missed* ([`Tx::missed`]), and whatever the work computed must be thrown
+    /// away and the work done again through [`Store::tx`]. What readers that must not
+    /// wait for the device use.
+    pub fn view(&self) -> Tx<'_> {
+        Tx::new(self, true)
+    }
+
+    /// The free-space map and the budget, locked (a leaf lock: take nothing while
+    /// holding it, and never hold it across device I/O).
+    pub fn space(&self) -> MutexGuard<'_, Space> {
+        self.space.lock()
+    }
+
+    /// [`Store::space`], for a holder of the whole store.
+    pub fn space_mut(&mut self) -> &mut Space {
+        self.space.get_mut()
+    }
+
+    /// Whether block `b` is in use, without the space map's lock.
+    pub fn is_used(&self, b: u64) -> bool {
+        self.bitmap.is_used(b)
+    }
+
+    /// The device the volume lives on.
+    pub fn dev(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// Read the uncached ones of `blocks` in one sorted sweep.
+    pub fn prefetch(&self, blocks: &[u64]) -> Result<()> {
+        self.cache.prefetch(&*self.dev, blocks)
+    }
+
+    /// Dirty metadata blocks in the delta.
+    pub fn dirty_count(&self) -> usize {
+        self.cache.dirty_count()
+    }
+
+    /// Bitmap blocks the delta will write (see [`Space::pending_bitmap_blocks`]).
+    pub fn pending_bitmap_blocks(&self) -> usize {
+        self.space().pending_bitmap_blocks()
+    }
+
+    /// Seal the delta's metadata: the changed bitmap words go into their blocks, and the
+    /// dirty blocks come out for the log (they stay cached, in flight, until `landed`).
+    pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
+        self.changed_inodes.for_each(|s| s.clear());
+        self.space.get_mut().write_out(&self.cache);
+        self.cache.take_dirty()
+    }
+
+    /// Blocks of a commit are durable and home.
+    pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
+        self.cache.landed(blocks)
+    }
+
+    /// Forget every clean cached block (a cold-cache start).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear()
+    }
+
+    /// Drop the cached metadata blocks that are clean and not in flight.
+    pub fn drop_clean(&self) {
+        self.cache.drop_clean()
+    }
+
+    /// The delta's commit goes in flight: its freed blocks stay tombstoned until it lands.
+    pub fn freed_to_flight(&mut self) {
+        self.cache.freed_to_flight();
+    }
+
+    /// The commit in flight is durable and home.
+    pub fn flight_landed(&self) {
+        self.cache.flight_landed();
+    }
+
+    /// A delta committed synchronously (mid write-back): its frees are released.
+    pub fn forget_freed(&self) {
+        self.cache.forget_freed();
+    }
+
+    fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {
+        let (b, s) = ino_loc(ino);
+        if s == 0 || b < self.sb.layout.first_free() || b >= self.sb.layout.block_count {
+            return Err(Error::NotFound);
+        }
+        Ok((b, s))
+    }
+
+    /// Read an inode (see [`read_inode`]).
+    pub fn inode(&self, ino: u64) -> Result<Inode> {
+        self.tx().inode(ino)
+    }
+
+    /// Write an inode back into its block.
+    pub fn put_inode(&self, inode: &Inode) -> Result<()> {
+        self.tx().put_inode(inode)
+    }
+
+    /// Whether inode `ino` was stored since the last snapshot (see `changed_inodes`).
+    pub fn inode_changed(&self, ino: u64) -> bool {
+        self.changed_inodes.shard(ino).contains(&ino)
+    }
+
+    /// Read the inode blocks `blocks` (sorted prefetch): in aligned windows of
+    /// [`INODE_WINDOW`] blocks, at most `limit` blocks, while recent windows were mostly
+    /// live inodes; else block by block in one sorted, coalesced sweep, trying windows
+    /// again every 16th sweep in case the density came back.
+    pub fn prefetch_inodes(&self, blocks: &[u64], limit: usize) -> Result<()> {
+        let mut limit = limit;
+        {
+            let mut d = self.density.lock();
+            d.sweeps += 1;
+            if d.share < WINDOW_MIN_DENSITY {
+                if d.sweeps % 16 != 0 {
+                    drop(d);
+                    return self.cache.prefetch(&*self.dev, blocks);
+                }
+                // A sample: a few windows are enough to see whether density came back.
+                limit = limit.min(4 * INODE_WINDOW as usize);
+            }
+        }
+        let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
+        let allocated = |b: u64| self.is_used(b);
+        let w = Windows { blocks: INODE_WINDOW, magic: INODE_MAGIC, limit };
+        let (read, alive) = self.cache.prefetch_windows(&*self.dev, blocks, w, allocated, live)?;
+        if read > 0 {
+            let d = alive as f64 / (read * (INODES_PER_BLOCK - 1)) as f64;
+            let mut g = self.density.lock();
+            g.share = (g.share + d) / 2.0;
+        }
+        Ok(())
+    }
+
+    /// The lazy-free tree's root, when the volume has one (the state block's copy).
+    pub fn lazy_frees(&self) -> Option<TreeRoot> {
+        *self.lazy.lock()
+    }
+
+    /// Slots of inode block `b` that are free although its used mask says otherwise.
+    pub fn lazy_mask(&self, b: u64) -> u16 {
+        self.lazy_masks.shard(b).get(&b).copied().unwrap_or(0)
+    }
+
+    /// Read the lazy-free records into memory (at open). A tree that cannot be read
+    /// leaves records out: they then look absent, which costs slots (marked used, fsck
+    /// gives them back), never a live inode.
+    fn load_lazy_masks(&mut self) {
+        self.lazy_masks.for_each(|s| s.clear());
+        let Some(t) = self.lazy.get_mut().filter(|t| t.root != 0) else { return };
+        let mut found = Vec::new();
+        let r = crate::engine::btree::scan(&mut self.tx(), &t, LAZY_FREE_OWNER, 0, |k, v| {
+            if let [a, b] = v {
+                found.push((k, u16::from_le_bytes([*a, *b])));
+            }
+            true
+        });
+        if let Err(e) = r {
+            tracing::error!("lazy-free tree: {e}");
+        }
+        for (b, m) in found {
+            self.lazy_masks.shard(b).insert(b, m);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_hints_are_bounded_and_found_both_ways() {
+        let mut h = BlockHints::new(100);
+        for i in 0..10_000u64 {
+            h.insert(i * 7, 1_000_000 + i);
+        }
+        assert_eq!(h.len(), 100, "bounded");
+        assert!(h.order.len() <= 200, "the eviction queue stays bounded too");
+        assert_eq!(h.get(9_999 * 7), Some(1_000_000 + 9_999), "the newest is kept");
+        assert_eq!(h.get(0), None, "the oldest went");
+        h.forget_block(1_000_000 + 9_999);
+        assert_eq!(h.get(9_999 * 7), None, "forgotten by block");
+        h.insert(5, 42);
+        h.insert(6, 42);
+        assert_eq!((h.get(5), h.get(6)), (None, Some(42)), "a block holds one content");
+    }
+}

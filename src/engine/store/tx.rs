@@ -1,0 +1,307 @@
+//! An operation's handle on the store ([`Tx`]): how the layers above read and change
+//! metadata blocks, allocate and free, and count what they allocated.
+//!
+//! A `Tx` holds at most one cached block at a time (a guard of that block's cache shard)
+//! and lets it go at the start of its next call, before it takes anything else: so a
+//! thread never holds two shard locks, never waits for a lock while holding a block, and
+//! the shard locks stay leaves of the lock order. The borrow checker does the rest: the
+//! `&Block` a call returns borrows the `Tx`, so it is dead before the next call.
+
+use std::cell::Cell;
+
+use super::*;
+use crate::engine::btree::{NodeRead, NodeStore, BTREE_MAGIC};
+use crate::engine::cache::{BlockMut, BlockRef};
+
+thread_local! {
+    /// Block guards this thread's handles hold: every way into the cache that does not
+    /// go through the handle holding one would risk taking a shard lock twice.
+    static GUARDS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Reading metadata: through a [`Tx`] of the store, which reads what the cache lacks, or
+/// a view ([`Store::view`]), which sees only what is cached.
+pub trait MetaRead: NodeRead {
+    /// The store: superblock, space map, lazy-free records.
+    fn store(&self) -> &Store;
+    /// A verified metadata block, its magic checked when `want` is given.
+    fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block>;
+    /// Inode block `b`, or `None` if it was freed by a delta that is not yet durable (a
+    /// stale inode number); read ahead in windows by the store's policy.
+    fn inode_block(&mut self, b: u64) -> Result<Option<&Block>>;
+    /// Whether a block was not there to read (a view): the error that came of it is not
+    /// the block's fault, and the work will be done again.
+    fn missed(&self) -> bool {
+        false
+    }
+}
+
+/// One operation's access to the store (see the module doc).
+pub struct Tx<'a> {
+    st: &'a Store,
+    /// The block this handle holds for reading, if any.
+    cur: Option<BlockRef<'a>>,
+    /// The block this handle holds for changing, if any.
+    cur_mut: Option<BlockMut<'a>>,
+    /// Sees only cached blocks and never reads the device.
+    view: bool,
+    /// A view lacked a block.
+    missed: bool,
+    /// Blocks allocated less blocks freed through this handle: what `usage_mark` and
+    /// `account` measure an owner's growth by.
+    net: i64,
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        self.let_go();
+    }
+}
+
+impl<'a> Tx<'a> {
+    pub(super) fn new(st: &'a Store, view: bool) -> Tx<'a> {
+        Tx { st, cur: None, cur_mut: None, view, missed: false, net: 0 }
+    }
+
+    /// Let go of the block held, if any: done first by every call, before it takes
+    /// anything else.
+    pub(super) fn release_block(&mut self) {
+        if self.cur.take().is_some() || self.cur_mut.take().is_some() {
+            GUARDS.with(|g| g.set(g.get() - 1));
+        }
+        debug_assert_eq!(GUARDS.with(|g| g.get()), 0, "another handle of this thread holds a block");
+    }
+
+    /// Let go of the block held without the check (a handle going away takes nothing).
+    fn let_go(&mut self) {
+        if self.cur.take().is_some() || self.cur_mut.take().is_some() {
+            GUARDS.with(|g| g.set(g.get() - 1));
+        }
+    }
+
+    fn hold(&mut self, r: BlockRef<'a>) -> &Block {
+        GUARDS.with(|g| g.set(g.get() + 1));
+        self.cur.insert(r)
+    }
+
+    fn hold_mut(&mut self, w: BlockMut<'a>) -> &mut Block {
+        GUARDS.with(|g| g.set(g.get() + 1));
+        self.cur_mut.insert(w)
+    }
+
+    /// The store this handle works on (for its shared parts, outliving the handle's
+    /// borrows).
+    pub fn store(&self) -> &'a Store {
+        self.st
+    }
+
+    /// The free-space map and budget, locked (see [`Store::space`]).
+    pub fn space(&mut self) -> MutexGuard<'a, Space> {
+        self.release_block();
+        self.st.space.lock()
+    }
+
+    /// Whether a view lacked a block (see [`Store::view`]).
+    pub fn missed(&self) -> bool {
+        self.missed
+    }
+
+    /// Give up, as after a miss: the work needs more than a view can see.
+    pub fn decline(&mut self) {
+        self.missed = true;
+    }
+
+    fn would_block(&mut self) -> Error {
+        self.missed = true;
+        Error::Io(std::io::ErrorKind::WouldBlock.into())
+    }
+
+    /// A verified metadata block, read (and verified) on a miss.
+    pub fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
+        self.release_block();
+        let st = self.st;
+        let r = if self.view {
+            match st.cache.peek(b, want) {
+                None => return Err(self.would_block()),
+                Some(r) => r?.ok_or(Error::NotFound)?,
+            }
+        } else {
+            st.cache.get(&*st.dev, b, want)?
+        };
+        Ok(self.hold(r))
+    }
+
+    /// A metadata block to change: it joins the delta's dirty set.
+    pub fn block_mut(&mut self, b: u64, want: Option<u32>) -> Result<&mut Block> {
+        self.release_block();
+        if self.view {
+            return Err(Error::ReadOnly);
+        }
+        let st = self.st;
+        let w = st.cache.get_mut(&*st.dev, b, want)?;
+        Ok(self.hold_mut(w))
+    }
+
+    /// A zeroed dirty block for new contents, without reading the device.
+    pub fn fresh_block(&mut self, b: u64) -> &mut Block {
+        self.release_block();
+        let w = self.st.cache.fresh(b);
+        self.hold_mut(w)
+    }
+
+    /// Read the uncached ones of `blocks` in one sorted sweep.
+    pub fn prefetch(&mut self, blocks: &[u64]) -> Result<()> {
+        self.release_block();
+        self.st.prefetch(blocks)
+    }
+
+    /// See [`Store::prefetch_inodes`].
+    pub fn prefetch_inodes(&mut self, blocks: &[u64], limit: usize) -> Result<()> {
+        self.release_block();
+        self.st.prefetch_inodes(blocks, limit)
+    }
+
+    /// Whether block `b` is dirty in the delta being built.
+    pub fn is_dirty(&mut self, b: u64) -> bool {
+        self.release_block();
+        self.st.cache.is_dirty(b)
+    }
+
+    /// Allocate a run of between `min` and `want` blocks near `goal` (see
+    /// [`Space::alloc`]), counted as this operation's.
+    pub fn alloc(&mut self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+        let got = self.space().alloc(goal, want, min);
+        if let Some((_, n)) = got {
+            self.net += n as i64;
+        }
+        got
+    }
+
+    /// Allocate one metadata block near `goal`, zeroed and dirty.
+    pub fn alloc_meta(&mut self, goal: u64) -> Result<u64> {
+        let (b, _) = self.alloc(goal, 1, 1).ok_or(Error::NoSpace)?;
+        self.fresh_block(b);
+        Ok(b)
+    }
+
+    /// Free a metadata block at the end of the delta; its cached copy is dropped (and
+    /// tombstoned) so it is never written home (a stale write could land on the block's
+    /// next owner).
+    pub fn free_meta(&mut self, block: u64) {
+        self.release_block();
+        self.st.cache.free(block);
+        self.free_deferred(block, 1);
+    }
+
+    /// Free a run of blocks at the end of the delta (see [`Space::free_deferred`]).
+    pub fn free_deferred(&mut self, start: u64, len: u64) {
+        self.space().free_deferred(start, len);
+        self.net -= len as i64;
+    }
+
+    /// Free a run now: blocks allocated in this same delta, which the committed state
+    /// never referenced (see [`Space::free_now`]).
+    pub fn free_now(&mut self, start: u64, len: u64) {
+        self.space().free_now(start, len);
+        self.net -= len as i64;
+    }
+
+    /// A mark for counting the blocks an operation allocates and frees from here on
+    /// (through this handle).
+    pub fn usage_mark(&self) -> i64 {
+        self.net
+    }
+
+    /// Adjust an owner's block count (`inode.blocks`) by what this handle allocated and
+    /// freed since `mark`.
+    pub fn account(&self, blocks: &mut u64, mark: i64) {
+        *blocks = (*blocks as i64 + self.net - mark).max(0) as u64;
+    }
+
+    /// Read an inode (see [`read_inode`]).
+    pub fn inode(&mut self, ino: u64) -> Result<Inode> {
+        read_inode(self, ino)
+    }
+
+    /// Write an inode back into its block.
+    pub fn put_inode(&mut self, inode: &Inode) -> Result<()> {
+        let (b, s) = self.st.check_ino(inode.ino)?;
+        let blk = self.block_mut(b, Some(INODE_MAGIC))?;
+        inode.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
+        self.release_block();
+        self.st.changed_inodes.shard(inode.ino).insert(inode.ino);
+        Ok(())
+    }
+}
+
+impl MetaRead for Tx<'_> {
+    fn store(&self) -> &Store {
+        self.st
+    }
+    fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
+        Tx::block(self, b, want)
+    }
+    fn inode_block(&mut self, b: u64) -> Result<Option<&Block>> {
+        self.release_block();
+        let st = self.st;
+        let r = if self.view {
+            match st.cache.peek(b, Some(INODE_MAGIC)) {
+                None => return Err(self.would_block()),
+                Some(r) => r?,
+            }
+        } else {
+            if st.inode_readahead && !st.cache.contains(b) && !st.cache.is_freed(b) {
+                st.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
+            }
+            st.cache.get_live(&*st.dev, b, Some(INODE_MAGIC))?
+        };
+        Ok(r.map(|r| self.hold(r)))
+    }
+    fn missed(&self) -> bool {
+        self.missed
+    }
+}
+
+impl NodeRead for Tx<'_> {
+    fn node(&mut self, block: u64) -> Result<&Block> {
+        self.block(block, Some(BTREE_MAGIC))
+    }
+}
+
+impl NodeStore for Tx<'_> {
+    fn node_mut(&mut self, block: u64) -> Result<&mut Block> {
+        self.block_mut(block, Some(BTREE_MAGIC))
+    }
+    fn alloc_node(&mut self, near: u64) -> Result<u64> {
+        let (b, _) = self.alloc(near, 1, 1).ok_or(Error::NoSpace)?;
+        put_u32(self.fresh_block(b), 0, BTREE_MAGIC);
+        Ok(b)
+    }
+    fn free_node(&mut self, block: u64) -> Result<()> {
+        self.free_meta(block);
+        Ok(())
+    }
+}
+
+/// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale handle);
+/// a damaged block is `Corrupt`.
+pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+    let (b, s) = r.store().check_ino(ino)?;
+    if !r.store().is_used(b) {
+        return Err(Error::NotFound);
+    }
+    // A damaged lazy-free tree must not make every inode unreadable: no directory
+    // entry names a lazily freed inode, so reading goes on as if it had no record
+    // (fsck reports the tree; changes that need it fail).
+    let lazy = r.store().lazy_mask(b);
+    let blk = r.inode_block(b)?.ok_or(Error::NotFound)?;
+    if get_u16(blk, IB_USED) & (1 << s) == 0 {
+        return Err(Error::NotFound);
+    }
+    let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
+        .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
+    if lazy & (1 << s) != 0 {
+        return Err(Error::NotFound);
+    }
+    Ok(i)
+}

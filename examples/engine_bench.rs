@@ -16,12 +16,13 @@
 //! `--threads T` measures scaling instead (issue 14): for 1..=T threads, in private
 //! directories and in one shared directory, each thread creates, looks up and unlinks
 //! its share of N files. It prints operations per second, the speedup over one thread,
-//! the share of the operations' time spent holding the volume-wide lock exclusively
-//! ("held"), holding it shared with other readers ("shared": lookups that find their
-//! blocks cached), or waiting for it, the reads that missed the cache and were done
-//! again exclusively, and from the one-thread exclusive share an Amdahl projection to 16
-//! and 64 cores. The projection counts only time under the lock, not the cost of cache
-//! lines the threads share (the lock word itself): the measured speedup is the check.
+//! the share of the operations' thread time spent holding the volume lock exclusively
+//! ("excl": commits' snapshots, which stop every operation), holding volume-wide leaf
+//! locks ("leaf": the space map, the inodes' lives, ...), waiting for either ("waited"),
+//! and holding the volume lock shared with the other operations ("shared": not serial),
+//! and from the one-thread serial share (excl + leaf) an Amdahl projection to 16 and 64
+//! cores. The projection counts only time under locks, not the cost of cache lines the
+//! threads share (the shared lock's word itself): the measured speedup is the check.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -173,16 +174,16 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>) {
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     println!("dxfs engine scaling: {n} files per run, {cpus} CPUs here, device {}", file.unwrap_or("memory"));
     println!(
-        "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10} {:>10}",
+        "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "dirs",
         "threads",
         "phase",
         "ops/s",
         "speedup",
-        "held %",
-        "shared %",
+        "excl %",
+        "leaf %",
         "waited %",
-        "missed",
+        "shared %",
         "Amdahl 16",
         "Amdahl 64"
     );
@@ -225,25 +226,28 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>) {
                 let ops = (per * threads as u64) as f64 / wall.as_secs_f64();
                 // Thread-time spent in operations: every thread was busy for the whole wall time.
                 let busy = wall.as_secs_f64() * threads as f64;
+                // Serial: time on locks that keep every other operation out of their part:
+                // the volume lock held exclusively (commits' snapshots) and leaf locks.
                 let held = l.held.as_secs_f64() / busy;
+                let leaf = l.leaf_held.as_secs_f64() / busy;
+                let waited = (l.waited + l.shared_waited + l.leaf_waited).as_secs_f64() / busy;
                 let shared_held = l.shared_held.as_secs_f64() / busy;
-                let waited = (l.waited + l.shared_waited).as_secs_f64() / busy;
                 if threads == 1 {
                     base.push(ops);
-                    serial.push(held);
+                    serial.push(held + leaf);
                 }
                 let amdahl = |cores: f64| 1.0 / (serial[k] + (1.0 - serial[k]) / cores);
                 println!(
-                    "{:<8} {:>7} {:<7} {:>11.0} {:>7.2}x {:>8.1}% {:>8.1}% {:>8.1}% {:>8} {:>9.1}x {:>9.1}x",
+                    "{:<8} {:>7} {:<7} {:>11.0} {:>7.2}x {:>8.1}% {:>8.1}% {:>8.1}% {:>8.1}% {:>9.1}x {:>9.1}x",
                     if shared { "shared" } else { "private" },
                     threads,
                     label,
                     ops,
                     ops / base[k],
                     100.0 * held,
-                    100.0 * shared_held,
+                    100.0 * leaf,
                     100.0 * waited,
-                    l.shared_missed,
+                    100.0 * shared_held,
                     amdahl(16.0),
                     amdahl(64.0)
                 );

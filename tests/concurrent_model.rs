@@ -445,10 +445,10 @@ fn concurrent_run(plan: Plan) {
     let ran = run_workers(&vol, plan, None);
     let n = ran.recs.len();
     eprintln!(
-        "seed {}: {}; {} shared reads missed the cache, {} flushes ahead of the commit",
+        "seed {}: {}; {} device reads, {} flushes ahead of the commit",
         plan.seed,
         summary(&ran.recs),
-        vol.lock_stats().shared_missed,
+        vol.io_stats().reads,
         vol.flushes()
     );
     let m = replay(plan.seed, vol.root(), ran.recs, &[], |_, _| {});

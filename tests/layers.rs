@@ -25,7 +25,7 @@ fn rank(module: &[&str]) -> Option<(u32, u32)> {
         "engine" => (
             2,
             match second {
-                "cache" => 0,
+                "cache" | "leaf" => 0,
                 "log" | "space" | "btree" => 1,
                 "store" => 2,
                 _ => 3,

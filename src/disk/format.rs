@@ -759,7 +759,7 @@ impl Inode {
         put_u32(s, 84, self.flags);
         put_u64(s, 88, self.rdev);
         put_u64(s, 96, self.parent);
-        put_u64(s, 104, self.next_orphan);
+        put_u64(s, INODE_NEXT_ORPHAN, self.next_orphan);
         put_u64(s, 112, self.xattr_block);
         put_u32(s, 120, self.xattr_filter);
         put_u16(s, 124, self.xattr_inline_len);
@@ -880,7 +880,7 @@ impl Inode {
             flags: get_u32(s, 84),
             rdev: get_u64(s, 88),
             parent: get_u64(s, 96),
-            next_orphan: get_u64(s, 104),
+            next_orphan: get_u64(s, INODE_NEXT_ORPHAN),
             xattr_block: get_u64(s, 112),
             xattr_filter: get_u32(s, 120),
             xattr_inline_len,
@@ -891,6 +891,9 @@ impl Inode {
 }
 
 /// Inode block header (slot 0): owner directory and the bitmap of used slots.
+/// Offset of `next_orphan` in an inode record: the orphan list's link, which only the
+/// orphan list's code writes (`Tx::set_next_orphan`; `Tx::put_inode` keeps it).
+pub const INODE_NEXT_ORPHAN: usize = 104;
 pub const IB_OWNER: usize = 16;
 pub const IB_USED: usize = 24;
 

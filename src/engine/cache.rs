@@ -19,6 +19,7 @@
 //! held is gone, so a stale reference to one (an old inode number) reads as gone
 //! ([`MetaCache::get_live`]) instead of being cached again.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -37,6 +38,24 @@ const MAX_GAP: u64 = 8;
 const BATCH_BYTES: usize = 8 << 20;
 /// Shards of the cache: enough that two threads seldom want the same one at once.
 const SHARDS: usize = 64;
+
+thread_local! {
+    /// Log blocks this thread has added to deltas (see [`dirtied_here`]).
+    static DIRTIED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Log blocks this thread has added to deltas so far: metadata blocks it made dirty, and
+/// bitmap blocks its allocations and frees will have the commit rewrite. The difference
+/// across one operation is what that operation added (what `OP_LOG_BLOCKS` must bound),
+/// whatever other threads added meanwhile.
+pub fn dirtied_here() -> u64 {
+    DIRTIED.with(|d| d.get())
+}
+
+/// Count one more log block added by this thread.
+pub(crate) fn note_dirtied() {
+    DIRTIED.with(|d| d.set(d.get() + 1));
+}
 
 /// A cached block, borrowed for reading: its shard stays read-locked while this lives.
 pub type BlockRef<'a> = MappedRwLockReadGuard<'a, Block>;
@@ -145,6 +164,7 @@ impl Shard {
                 self.dirty += 1;
                 self.dirty_list.push(b);
                 count.fetch_add(1, Ordering::Relaxed);
+                note_dirtied();
             }
         }
     }
@@ -258,6 +278,7 @@ impl MetaCache {
                 s.dirty += 1;
                 s.dirty_list.push(blockno);
                 count.fetch_add(1, Ordering::Relaxed);
+                note_dirtied();
             }
             c.data.fill(0);
             &mut *c.data

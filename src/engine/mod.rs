@@ -1,12 +1,14 @@
 //! The storage engine: the verified metadata cache, the log (deltas' commit and
 //! recovery), free space, the store that bundles them, and the one B+tree.
 //!
-//! Order inside the layer, bottom up: `cache`; then `log`, `space` and `btree`, which do
-//! not use each other (the tree is generic over `btree::NodeStore`); then `store`, which
-//! bundles them and is the tree's node store. tests/layers.rs checks it.
+//! Order inside the layer, bottom up: `cache` and `leaf` (the small locks at the bottom
+//! of the lock order); then `log`, `space` and `btree`, which do not use each other (the
+//! tree is generic over `btree::NodeStore`); then `store`, which bundles them and is the
+//! tree's node store. tests/layers.rs checks it.
 
 pub(crate) mod btree;
 pub(crate) mod cache;
+pub(crate) mod leaf;
 pub(crate) mod log;
 pub(crate) mod space;
 pub(crate) mod store;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::{Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
-use crate::engine::cache::MetaCache;
+use crate::engine::cache::{note_dirtied, MetaCache};
 use crate::error::{Error, Result};
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
@@ -76,6 +76,10 @@ pub struct Space {
     promised_meta: u64,
     /// Kept free for deletions and commit-time metadata.
     reserve: u64,
+    /// Blocks charged by front-end operations now running, each its worst case: settled
+    /// (released) when the operation ends, by then its real allocations count instead.
+    /// What keeps two operations running at once from both taking the last blocks.
+    reserved: u64,
     /// Next-fit cursor for allocations without a better goal.
     cursor: u64,
 }
@@ -96,6 +100,7 @@ impl Space {
             promised: 0,
             promised_meta: 0,
             reserve: Self::reserve_for(layout.block_count),
+            reserved: 0,
             cursor: layout.first_free(),
         };
         // Bits past the end of the volume read as used, so no search needs a bound check.
@@ -177,13 +182,17 @@ impl Space {
 
     fn set(&mut self, b: u64) {
         self.or_bit(b);
-        self.dirty.insert(b / BITS_PER_BITMAP_BLOCK);
+        if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
+            note_dirtied();
+        }
     }
 
     fn clear(&mut self, b: u64) {
         let i = (b / 64) as usize;
         self.words.put(i, self.words.word(i) & !(1 << (b % 64)));
-        self.dirty.insert(b / BITS_PER_BITMAP_BLOCK);
+        if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
+            note_dirtied();
+        }
     }
 
     /// Whether block `b` is in use (blocks past the end count as used).
@@ -245,11 +254,28 @@ impl Space {
         self.promised + self.promised_meta
     }
 
-    /// What the front end may still charge: free less promised, less the reserve unless
-    /// the operation is a deletion.
+    /// What the front end may still charge: free less promised and less what running
+    /// operations reserved, less the reserve unless the operation is a deletion.
     pub fn available(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
-        self.free.saturating_sub(self.promised + self.promised_meta).saturating_sub(r)
+        self.free.saturating_sub(self.promised + self.promised_meta + self.reserved).saturating_sub(r)
+    }
+
+    /// An operation about to run takes `n` blocks of the budget for itself (its worst
+    /// case; the caller checked `available` under the same lock).
+    pub fn reserve_op(&mut self, n: u64) {
+        self.reserved += n;
+    }
+
+    /// An operation that reserved `n` blocks has ended: what it allocated is counted by
+    /// the map now, what it did not use is free again.
+    pub fn release_op(&mut self, n: u64) {
+        self.reserved = self.reserved.saturating_sub(n);
+    }
+
+    /// Blocks reserved by operations now running.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
     }
 
     /// What the front end can charge once the deltas now open or in flight have
@@ -258,7 +284,7 @@ impl Space {
     pub fn available_after_commit(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
         (self.free + self.deferred_blocks + self.held_blocks)
-            .saturating_sub(self.promised + self.promised_meta)
+            .saturating_sub(self.promised + self.promised_meta + self.reserved)
             .saturating_sub(r)
     }
 
@@ -344,7 +370,9 @@ impl Space {
             self.deferred.push((start, len));
             self.deferred_blocks += len;
             for i in start / BITS_PER_BITMAP_BLOCK..=(start + len - 1) / BITS_PER_BITMAP_BLOCK {
-                self.deferred_bitmap.insert(i);
+                if self.deferred_bitmap.insert(i) {
+                    note_dirtied();
+                }
             }
         }
     }

@@ -50,7 +50,7 @@ impl Inner {
     /// bit, the setgid bit if the group may execute (without group execute the bit marks
     /// mandatory locking and stays), and a file capability. Removing an xattr needs no
     /// new block, like `removexattr`.
-    pub(super) fn drop_privileges(&mut self, i: &mut Inode) -> Result<()> {
+    pub(super) fn drop_privileges(&self, i: &mut Inode) -> Result<()> {
         if i.mode & libc::S_ISUID != 0 {
             i.mode &= !libc::S_ISUID;
         }
@@ -71,14 +71,14 @@ impl Inner {
 
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.
     /// The xattr filter usually answers without reading anything.
-    pub(super) fn acl_of(&mut self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
+    pub(super) fn acl_of(&self, i: &Inode, idx: u8) -> Result<Option<Vec<acl::Entry>>> {
         acl_in(&mut self.st.tx(), i, idx)
     }
 
     /// The mode a new child of `parent` gets, and the ACL xattrs it inherits: with a
     /// default ACL in the parent, POSIX's inheritance rules (the umask does not apply);
     /// otherwise the umask.
-    pub(super) fn inherited(&mut self, p: &Inode, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
+    pub(super) fn inherited(&self, p: &Inode, mode: u32, umask: u32) -> Result<(u32, Vec<xattr::Xattr>)> {
         let Some(def) = self.acl_of(p, 3)? else {
             return Ok((mode & !(umask & 0o777), Vec::new()));
         };
@@ -94,7 +94,7 @@ impl Inner {
     }
 
     /// Keep an inode's access ACL in step with a new mode (chmod).
-    pub(super) fn chmod_acl(&mut self, i: &mut Inode) -> Result<()> {
+    pub(super) fn chmod_acl(&self, i: &mut Inode) -> Result<()> {
         if self.st.sb.xattr_filter() && xattr::ruled_out(i, 2, b"", self.st.sb.filter_hashes()) {
             return Ok(());
         }
@@ -113,7 +113,7 @@ impl Volume {
     /// `Error::AccessDenied` if not. The check `access(2)` and a mount without the
     /// kernel's own permission checks rely on.
     pub fn access(&self, ino: u64, caller: &Caller, want: u32) -> Result<()> {
-        self.reading(|r, _| {
+        self.reading(&[(ino, Mode::Read)], |r, _| {
             let i = read_inode(r, ino)?;
             let acl = acl_in(r, &i, 2)?;
             let in_group = |gid: u32| caller.in_group(gid);
@@ -134,12 +134,12 @@ impl Volume {
 
     /// Attributes of an inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.reading(|r, seen| attr_of(seen.delta, &read_inode(r, ino)?))
+        self.reading(&[(ino, Mode::Read)], |r, seen| attr_of(seen.delta, &read_inode(r, ino)?))
     }
 
     /// Change attributes (chmod, chown, truncate, utimens).
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
-        let cost = |g: &mut Inner| {
+        let cost = |g: &Inner| {
             let i = g.st.inode(ino)?;
             if s.size.is_none() {
                 return Ok((Cost::new(0, 0, true), i));
@@ -154,7 +154,9 @@ impl Volume {
             Ok((Cost::new(2 * depth + 3 + Delta::writeback_meta(0, 1, depth), 1, true), i))
         };
         // A truncate reads the new last page: its data must have landed.
-        let (mut g, mut i) = if s.size.is_some() { self.charged_on_with(ino, cost)? } else { self.charged_with(cost)? };
+        let want = [(ino, Mode::Write)];
+        let (g, mut i) =
+            if s.size.is_some() { self.charged_on_with(ino, &want, cost)? } else { self.charged_with(&want, cost)? };
         let t = now();
         if let Some(m) = s.mode {
             i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
@@ -198,7 +200,7 @@ impl Volume {
     /// Value of an xattr.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let (idx, suffix) = xattr::split_name(name)?;
-        self.reading(|r, seen| {
+        self.reading(&[(ino, Mode::Read)], |r, seen| {
             let i = read_inode(r, ino)?;
             let sb = &r.store().sb;
             if seen.opts.use_xattr_filter && sb.xattr_filter() && xattr::ruled_out(&i, idx, suffix, sb.filter_hashes())
@@ -212,7 +214,7 @@ impl Volume {
 
     /// Names of all xattrs.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        self.reading(|r, _| {
+        self.reading(&[(ino, Mode::Read)], |r, _| {
             let i = read_inode(r, ino)?;
             Ok(xattr::load(r, &i)?.iter().map(|x| xattr::full_name(x.idx, &x.name)).collect())
         })
@@ -235,7 +237,7 @@ impl Volume {
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
         }
-        let g = self.charged(|g| {
+        let g = self.charged(&[(ino, Mode::Write)], |g| {
             // The new list may need every block of a maximal chain; the old ones are
             // released only with the delta.
             let i = g.st.inode(ino)?;
@@ -283,7 +285,7 @@ impl Volume {
     /// Remove an xattr.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let (idx, suffix) = xattr::split_name(name)?;
-        let g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
+        let g = self.charged(&[(ino, Mode::Write)], |_| Ok(Cost::new(0, 0, true)))?;
         let mut i = g.st.inode(ino)?;
         let mut list = xattr::load(&mut g.st.tx(), &i)?;
         let pos = list.iter().position(|x| x.idx == idx && x.name == suffix).ok_or(Error::NoData)?;
@@ -318,11 +320,11 @@ mod tests {
             let value = format!("{i:0>100}");
             vol.setxattr(f, b"user.v", value.as_bytes(), XattrMode::Any).unwrap();
         }
-        assert_eq!(vol.lock().st.xattr_shared.lock().len(), XATTR_SHARE_HINTS, "bounded");
+        assert_eq!(vol.s.inner.read().st.xattr_shared.lock().len(), XATTR_SHARE_HINTS, "bounded");
         for i in 0..n {
             vol.unlink(root, format!("f{i}").as_bytes()).unwrap();
         }
-        assert!(vol.lock().st.xattr_shared.lock().is_empty(), "freed blocks' hints are gone");
+        assert!(vol.s.inner.read().st.xattr_shared.lock().is_empty(), "freed blocks' hints are gone");
         vol.close().unwrap();
         let r = crate::fsck::check(dev, false, &mut |_| {}).unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);

@@ -8,8 +8,12 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result};
 use crate::fs::file;
 
-use super::contention::Held;
+use super::contention::Op;
 use super::delta::{Cost, Flight, Short};
+
+/// How many times an operation short of space waits for the operations beside it to give
+/// back what they reserved (20 µs each) before it commits or fails.
+const SETTLE_WAITS: u32 = 500;
 use super::*;
 
 impl Volume {
@@ -48,7 +52,7 @@ impl Volume {
             self.s.background_cv.wait(&mut b);
         }
         drop(b);
-        if self.lock().failed {
+        if self.s.inner.read().failed.load(Ordering::Acquire) {
             return Err(Error::Failed);
         }
         Ok(())
@@ -165,7 +169,7 @@ impl Shared {
             // As a commit: a volume left clean by `shutdown` takes its mount mark back
             // before it writes.
             if let Some(Err(e)) = g.mark.as_ref().map(|m| m.unpark()) {
-                g.failed = true;
+                g.fail();
                 return Err(e);
             }
             let g = &mut *g;
@@ -183,8 +187,8 @@ impl Shared {
             return Ok(false);
         }
         let wrote = file::write_runs(&*self.dev, data, DATA_PIECE, |_, _| {});
-        let mut g = self.lock();
-        self.data_done(&mut g, wrote.is_ok());
+        let g = self.inner.read();
+        self.data_done(&g, wrote.is_ok());
         wrote?;
         Ok(g.delta.wants_more_flushing(&g.st))
     }
@@ -192,10 +196,10 @@ impl Shared {
     /// The data a commit or flush wrote back is on the device, or its write failed (which
     /// fails the volume): its files are no longer in flight, and their waiting readers
     /// are woken.
-    fn data_done(&self, g: &mut Inner, written: bool) {
+    fn data_done(&self, g: &Inner, written: bool) {
         g.delta.landed();
         if !written {
-            g.failed = true;
+            g.fail();
         }
         self.landed.notify_all();
     }
@@ -241,7 +245,7 @@ impl Shared {
             // A volume left clean by `shutdown` takes its mount mark back before it writes.
             if !g.delta.is_empty(&g.st) {
                 if let Some(Err(e)) = g.mark.as_ref().map(|m| m.unpark()) {
-                    g.failed = true;
+                    g.fail();
                     return Err(e);
                 }
             }
@@ -251,7 +255,7 @@ impl Shared {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     // As a failed flush: no reader waits for data that will not be written.
-                    self.data_done(&mut g, false);
+                    self.data_done(&g, false);
                     return Err(e);
                 }
             }
@@ -274,13 +278,13 @@ impl Shared {
             let home = std::cell::Cell::new(false);
             let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, || {
                 home.set(true);
-                self.data_done(&mut self.lock(), true);
+                self.data_done(&self.inner.read(), true);
             });
             drop(logged);
             drop(data);
             if !home.get() {
                 // As a failed data write: no reader waits for data that will not come.
-                self.data_done(&mut self.lock(), false);
+                self.data_done(&self.inner.read(), false);
             }
             return self.committed(flight, r);
         }
@@ -295,7 +299,7 @@ impl Shared {
         });
         self.in_flight_pages.store(0, Ordering::Release);
         self.in_flight_runs.store(0, Ordering::Release);
-        self.data_done(&mut self.lock(), wrote.is_ok());
+        self.data_done(&self.inner.read(), wrote.is_ok());
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
         self.committed(flight, r)
@@ -316,7 +320,7 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                g.failed = true;
+                g.fail();
                 Err(e)
             }
         }
@@ -324,95 +328,125 @@ impl Shared {
 }
 
 impl Volume {
-    /// Wait until the data of file `ino` written back by a commit in flight is on the
-    /// device (its extent map may point at blocks not written yet). The lock is released
-    /// while waiting.
-    pub(super) fn wait_landed(&self, g: &mut Held<'_>, ino: u64) -> Result<()> {
-        while g.delta.in_flight(ino) {
-            g.wait(&self.s.landed);
+    /// Begin an operation on `want` that reads file `ino`'s data: as [`Volume::op`], but
+    /// first waiting (with nothing held) until no commit or flush is writing that file's
+    /// data back (its extent map may point at blocks not written yet).
+    pub(super) fn op_landed(&self, want: &[(u64, Mode)], ino: u64) -> Result<Op<'_>> {
+        loop {
+            let op = self.op(want);
+            if !op.delta.in_flight(ino) {
+                return Ok(op);
+            }
+            op.wait(&self.s.landed, None);
+            if self.s.inner.read().is_failed() {
+                return Err(Error::Failed);
+            }
         }
-        if g.failed {
-            return Err(Error::Failed);
-        }
-        Ok(())
     }
 
-    /// Lock the volume for a change whose cost `cost` computes; if the current delta
-    /// cannot take it, commit and try again; fail with ENOSPC only when a fresh delta
-    /// still cannot.
-    pub(super) fn charged(&self, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
-        self.charged_with(|g| Ok((cost(g)?, ()))).map(|(g, ())| g)
+    /// Begin a change of the inodes `want` whose cost `cost` computes: reserve it in the
+    /// current delta; if the delta cannot take it, commit and try again; fail with ENOSPC
+    /// only when a fresh delta still cannot.
+    pub(super) fn charged(&self, want: &[(u64, Mode)], cost: impl Fn(&Inner) -> Result<Cost>) -> Result<Op<'_>> {
+        self.charged_with(want, |g| Ok((cost(g)?, ()))).map(|(g, ())| g)
     }
 
     /// [`Volume::charged`] for a change that reads file `ino`'s data (a partial page, a
     /// truncated tail): it also waits until a commit's write-back of that file has landed.
-    pub(super) fn charged_on(&self, ino: u64, cost: impl Fn(&mut Inner) -> Result<Cost>) -> Result<Held<'_>> {
-        self.charged_on_with(ino, |g| Ok((cost(g)?, ()))).map(|(g, ())| g)
+    pub(super) fn charged_on(
+        &self,
+        ino: u64,
+        want: &[(u64, Mode)],
+        cost: impl Fn(&Inner) -> Result<Cost>,
+    ) -> Result<Op<'_>> {
+        self.charged_on_with(ino, want, |g| Ok((cost(g)?, ()))).map(|(g, ())| g)
     }
 
     /// [`Volume::charged_on`], also handing back what the cost function read.
     pub(super) fn charged_on_with<T>(
         &self,
         ino: u64,
-        cost: impl Fn(&mut Inner) -> Result<(Cost, T)>,
-    ) -> Result<(Held<'_>, T)> {
+        want: &[(u64, Mode)],
+        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
+    ) -> Result<(Op<'_>, T)> {
         loop {
-            let (mut g, read) = self.charged_with(&cost)?;
-            if !g.delta.in_flight(ino) {
-                return Ok((g, read));
+            let (op, read) = self.charged_with(want, &cost)?;
+            if !op.delta.in_flight(ino) {
+                return Ok((op, read));
             }
-            // The lock is released while waiting, so the charge is made again.
-            self.wait_landed(&mut g, ino)?;
+            // Everything is let go while waiting, so the charge is made again.
+            op.wait(&self.s.landed, None);
         }
     }
 
     /// [`Volume::charged`], also handing back what the cost function read (typically the
-    /// decoded inodes), so the operation does not read them again under the same lock.
-    pub(super) fn charged_with<T>(&self, cost: impl Fn(&mut Inner) -> Result<(Cost, T)>) -> Result<(Held<'_>, T)> {
+    /// decoded inodes), so the operation does not read them again.
+    pub(super) fn charged_with<T>(
+        &self,
+        want: &[(u64, Mode)],
+        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
+    ) -> Result<(Op<'_>, T)> {
         let mut commits = 0;
+        let mut waits = 0;
         loop {
-            let mut g = self.lock();
-            g.check_writable()?;
-            let (c, read) = cost(&mut g)?;
-            match g.fits(c) {
+            let mut op = self.op(want);
+            op.check_writable()?;
+            let (c, read) = cost(&op)?;
+            let fit = op.delta.fits(&op.st, c, 1).and_then(|()| op.delta.reserve(&op.st, c));
+            match fit {
                 Ok(()) => {
-                    g.charged();
-                    return Ok((g, read));
+                    op.charged(c);
+                    return Ok((op, read));
                 }
-                Err(Short::Space) if !g.st.space().could_fit_after_commit(c.meta + c.pages, c.deletion) => {
+                Err(Short::Space) if !op.st.space().could_fit_after_commit(c.meta + c.pages, c.deletion) => {
                     return Err(Error::NoSpace)
                 }
-                Err(Short::Space) if commits > 0 && g.st.space().deferred() == 0 => return Err(Error::NoSpace),
+                // Operations running beside this one reserved their worst cases and give
+                // back what they do not use: when that could make room, wait for them
+                // rather than commit or fail (a serial order would have seen it free).
+                Err(Short::Space) if waits < SETTLE_WAITS && op.st.space().reserved() > 0 => {
+                    drop(op);
+                    waits += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+                Err(Short::Space) if commits > 0 && op.st.space().deferred() == 0 => return Err(Error::NoSpace),
                 Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
                 // Other threads may fill the delta again between our commit and our retry:
-                // only a delta left empty proves the operation can never fit. (Each such
-                // retry follows a commit of their changes, so they make progress.)
-                Err(Short::Delta) if commits >= 3 && g.delta.is_empty(&g.st) => {
+                // only a delta left empty, with no other operation running, proves the
+                // operation can never fit. (Each retry follows a commit of their changes,
+                // so they make progress.)
+                Err(Short::Delta) if commits >= 3 && op.delta.is_empty(&op.st) && op.delta.log_reserved() == 0 => {
                     return Err(Error::corrupt("an operation does not fit in an empty delta"))
                 }
                 // Dirty data past the limit while a commit is writing: take up to twice
                 // the limit rather than wait for that commit, and have the next one
                 // start as soon as it ends.
-                Err(Short::Dirty) if commits == 0 && self.committing() && g.delta.fits(&g.st, c, 2).is_ok() => {
+                Err(Short::Dirty) if commits == 0 && self.committing() && op.delta.fits(&op.st, c, 2).is_ok() => {
                     let pages = self.s.in_flight_pages.load(Ordering::Acquire);
                     let runs = self.s.in_flight_runs.load(Ordering::Acquire);
-                    if g.delta.room_beside(c, pages, runs) {
-                        self.s.ask_background();
-                        g.charged();
-                        return Ok((g, read));
+                    if op.delta.room_beside(c, pages, runs) {
+                        if op.delta.reserve(&op.st, c).is_ok() {
+                            self.s.ask_background();
+                            op.charged(c);
+                            return Ok((op, read));
+                        }
+                        continue;
                     }
                     // Wait for a piece of the commit's data to reach the device (its
                     // pages are then freed), and try again.
-                    g.wait_for(&self.s.landed, std::time::Duration::from_millis(10));
+                    op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
                 }
                 // Dirty data past the limit: a flush ahead of the commit makes room as
                 // soon as it has written back (at most 32 MiB in 512 runs), sooner than a
                 // commit would. Wait for it, while it makes progress.
-                Err(Short::Dirty) if commits == 0 && g.delta.wants_flush(&g.st) && self.s.ask_flush() => {
-                    let flushes = g.delta.flushes();
-                    g.wait_for(&self.s.landed, std::time::Duration::from_millis(10));
-                    if g.delta.flushes() == flushes && g.delta.fits(&g.st, c, 1).is_err() {
-                        drop(g);
+                Err(Short::Dirty) if commits == 0 && op.delta.wants_flush(&op.st) && self.s.ask_flush() => {
+                    let flushes = op.delta.flushes();
+                    op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
+                    let stuck = {
+                        let g = self.s.inner.read();
+                        g.delta.flushes() == flushes && g.delta.fits(&g.st, c, 1).is_err()
+                    };
+                    if stuck {
                         self.commit_soon()?;
                         commits += 1;
                     }
@@ -420,12 +454,12 @@ impl Volume {
                 // A full delta only needs to be snapshotted to make room; the space
                 // budget needs the commit's frees, which come at its end.
                 Err(Short::Delta | Short::Dirty) if commits == 0 => {
-                    drop(g);
+                    drop(op);
                     self.commit_soon()?;
                     commits += 1;
                 }
                 Err(_) => {
-                    drop(g);
+                    drop(op);
                     self.commit()?;
                     commits += 1;
                 }
@@ -439,21 +473,23 @@ impl Volume {
     /// operations each committed state holds: exactly those with smaller stamps.
     #[doc(hidden)]
     pub fn record_commit_stamps(&self) {
-        self.lock().commit_stamps.get_or_insert_with(Vec::new);
+        self.lock().commit_stamps.lock().get_or_insert_with(Vec::new);
     }
 
     /// Test hook: the `(sequence number, stamp)` of every delta sealed since
     /// [`Volume::record_commit_stamps`], in order.
     #[doc(hidden)]
     pub fn commit_stamps(&self) -> Vec<(u64, u64)> {
-        self.lock().commit_stamps.clone().unwrap_or_default()
+        let g = self.s.inner.read();
+        let stamps = g.commit_stamps.lock().clone().unwrap_or_default();
+        stamps
     }
 
     /// Test hook: flushes ahead of the commit done so far (see
     /// [`OpenOptions::flush_from`]).
     #[doc(hidden)]
     pub fn flushes(&self) -> u64 {
-        self.lock().delta.flushes()
+        self.s.inner.read().delta.flushes()
     }
 
     /// Test hook: wait (up to `within`) until the flusher has nothing left to do, so a
@@ -480,7 +516,7 @@ impl Volume {
     pub fn fsync(&self, ino: u64) -> Result<()> {
         {
             let _journal = self.s.journal.lock();
-            let g = self.lock();
+            let g = self.s.inner.read();
             if g.is_failed() {
                 return Err(Error::Failed);
             }

@@ -12,35 +12,43 @@
 //! from many threads in stamp order against a model (docs/DESIGN.md, "Concurrency").
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
+use super::delta::Cost;
+use super::locks::{Locked, Mode};
 use super::{Delta, Inner, OpenOptions, Shared, Volume};
-use crate::engine::store::{MetaRead, Tx};
+use crate::engine::store::MetaRead;
 use crate::error::Result;
 
-/// Totals of the volume lock since the volume was opened.
+/// Totals of the volume's volume-wide locks since the volume was opened: the volume lock
+/// (held exclusively by commits' snapshots, flushes and what must see the volume at rest;
+/// shared by every front-end operation) and the leaf locks (the space map, the inodes'
+/// lives, the lazy-free tree, ...). An operation's *serial* time, what bounds how far it
+/// scales across cores, is its waits for the volume lock and its time on leaf locks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LockStats {
-    /// Times the lock was taken.
+    /// Times the volume lock was taken exclusively.
     pub acquisitions: u64,
-    /// Time spent waiting for it, summed over all callers.
+    /// Time spent waiting to take it exclusively, summed over all callers.
     pub waited: Duration,
-    /// Time it was held, summed.
+    /// Time it was held exclusively, summed.
     pub held: Duration,
-    /// Times it was shared by an operation that only reads (`Volume::reading`).
+    /// Operations run (each shares the volume lock with the others).
     pub shared_acquisitions: u64,
-    /// Time readers spent waiting to share it (for a writer to finish), summed.
+    /// Time operations spent waiting to share it (for a snapshot to finish), summed.
     pub shared_waited: Duration,
-    /// Time it was held shared, summed over readers (who do not exclude each other).
+    /// Time operations held it shared, summed (they do not exclude each other).
     pub shared_held: Duration,
-    /// Reads that found a block missing from the cache and were done again with the lock
-    /// held exclusively (counted in `acquisitions` too).
-    pub shared_missed: u64,
+    /// Times a volume-wide leaf lock was taken.
+    pub leaf_acquisitions: u64,
+    /// Time spent waiting for leaf locks, summed.
+    pub leaf_waited: Duration,
+    /// Time leaf locks were held, summed.
+    pub leaf_held: Duration,
 }
 
 impl LockStats {
@@ -53,7 +61,9 @@ impl LockStats {
             shared_acquisitions: self.shared_acquisitions - earlier.shared_acquisitions,
             shared_waited: self.shared_waited.saturating_sub(earlier.shared_waited),
             shared_held: self.shared_held.saturating_sub(earlier.shared_held),
-            shared_missed: self.shared_missed - earlier.shared_missed,
+            leaf_acquisitions: self.leaf_acquisitions - earlier.leaf_acquisitions,
+            leaf_waited: self.leaf_waited.saturating_sub(earlier.leaf_waited),
+            leaf_held: self.leaf_held.saturating_sub(earlier.leaf_held),
         }
     }
 }
@@ -68,7 +78,6 @@ pub(super) struct LockCounters {
     shared_acquisitions: AtomicU64,
     shared_waited_ns: AtomicU64,
     shared_held_ns: AtomicU64,
-    shared_missed: AtomicU64,
     /// The last linearization stamp handed out (0: none yet).
     stamps: AtomicU64,
     /// The most log blocks (dirty metadata and bitmap blocks) one charged operation added
@@ -95,10 +104,8 @@ pub(super) fn current_stamp() -> u64 {
 /// The volume lock, held exclusively; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
     guard: RwLockWriteGuard<'a, Inner>,
-    /// The linearization stamp of this hold (retaken after a wait on a `Signal`).
+    /// The linearization stamp of this hold.
     stamp: u64,
-    /// For a hold that an operation was charged in: the delta's log blocks then.
-    charged_at: Option<usize>,
     /// When the lock was taken, if it is being measured.
     since: Option<Instant>,
     counters: &'a LockCounters,
@@ -133,69 +140,116 @@ impl DerefMut for Held<'_> {
 }
 
 impl Held<'_> {
-    /// Release the lock until `signal` is notified (the wait is not counted as held).
-    pub(super) fn wait(&mut self, signal: &Signal) {
-        self.record();
-        let seen = signal.generation();
-        RwLockWriteGuard::unlocked(&mut self.guard, || signal.wait_past(seen, None));
-        self.since = self.since.map(|_| Instant::now());
-        // Others changed the delta meanwhile: what this hold adds is no longer known.
-        self.charged_at = None;
-        // Others may have changed the state meanwhile: what is read from here on belongs
-        // at a new point of the serial order.
-        self.stamp = self.counters.next_stamp();
-    }
-
     /// The linearization stamp of this hold.
     pub(super) fn stamp(&self) -> u64 {
         self.stamp
     }
+}
 
-    /// An operation was charged in this hold: from here on, what it adds to the delta's
-    /// log blocks is measured (when the hold ends).
-    pub(super) fn charged(&mut self) {
-        self.charged_at = Some(self.log_blocks());
-    }
-
-    fn log_blocks(&self) -> usize {
-        self.guard.st.dirty_count() + self.guard.st.space().pending_bitmap_blocks()
-    }
-
-    /// [`Held::wait`], for at most `timeout`.
-    pub(super) fn wait_for(&mut self, signal: &Signal, timeout: Duration) {
-        self.record();
-        let seen = signal.generation();
-        RwLockWriteGuard::unlocked(&mut self.guard, || signal.wait_past(seen, Some(timeout)));
-        self.since = self.since.map(|_| Instant::now());
-    }
-
-    fn record(&self) {
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
         if let Some(since) = self.since {
             self.counters.held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 }
 
-impl Drop for Held<'_> {
+/// One front-end operation's hold: the volume lock shared with the other operations, the
+/// inode locks of what it reads or changes, its linearization stamp (taken while it holds
+/// them all), and what it charged against the delta, given back when it ends.
+pub(super) struct Op<'a> {
+    guard: RwLockReadGuard<'a, Inner>,
+    locks: Locked<'a>,
+    stamp: u64,
+    /// The cost reserved for it (see `Delta::reserve`), released at the end.
+    cost: Option<Cost>,
+    /// Log blocks this thread had dirtied when the operation was charged (the
+    /// per-operation measure behind [`Volume::op_log_blocks`]).
+    dirtied_at: Option<u64>,
+    /// When the lock was taken, if it is being measured.
+    since: Option<Instant>,
+    counters: &'a LockCounters,
+}
+
+impl Deref for Op<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl Op<'_> {
+    /// Lock `ino` too (see `Locked::add`); `false` when the operation must let go of
+    /// everything and start again with `ino` among the inodes it locks up front.
+    #[must_use]
+    pub(super) fn add(&mut self, ino: u64, mode: Mode) -> bool {
+        if !self.locks.add(ino, mode) {
+            return false;
+        }
+        // The operation now also orders against what `ino`'s lock orders.
+        self.stamp = self.counters.next_stamp();
+        true
+    }
+
+    /// The operation was charged `c` (reserved by the caller): it is given back, and what
+    /// the operation added to the delta's log is measured, when it ends.
+    pub(super) fn charged(&mut self, c: Cost) {
+        self.cost = Some(c);
+        self.dirtied_at = Some(crate::engine::cache::dirtied_here());
+    }
+
+    /// Let go of everything and wait until `signal` is notified (or for at most
+    /// `timeout`): the operation then starts again.
+    pub(super) fn wait(self, signal: &Signal, timeout: Option<Duration>) {
+        let seen = signal.generation();
+        drop(self);
+        signal.wait_past(seen, timeout);
+    }
+}
+
+impl Drop for Op<'_> {
     fn drop(&mut self) {
-        self.record();
-        if let Some(at) = self.charged_at {
-            let added = self.log_blocks().saturating_sub(at) as u64;
+        if let Some(c) = self.cost.take() {
+            self.guard.delta.release(&self.guard.st, c);
+        }
+        if let Some(at) = self.dirtied_at {
+            let added = crate::engine::cache::dirtied_here() - at;
             self.counters.op_log_max.fetch_max(added, Ordering::Relaxed);
+        }
+        if let Some(since) = self.since {
+            self.counters.shared_held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 }
 
 impl Volume {
-    /// Take the volume lock (the only way the volume's state is reached).
+    /// Take the volume lock exclusively: the commit's snapshot and what must see the whole
+    /// volume at rest.
     pub(super) fn lock(&self) -> Held<'_> {
         self.s.lock()
+    }
+
+    /// Begin a front-end operation on the inodes `want`: the volume lock shared, then
+    /// their inode locks (see [`Op`]).
+    pub(super) fn op(&self, want: &[(u64, Mode)]) -> Op<'_> {
+        let c = &self.s.lock_stats;
+        let t = c.enabled.then(Instant::now);
+        let guard = self.s.inner.read();
+        let locks = self.s.locks.lock(want);
+        let since = t.map(|t| {
+            let now = Instant::now();
+            c.shared_acquisitions.fetch_add(1, Ordering::Relaxed);
+            c.shared_waited_ns.fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+            now
+        });
+        Op { guard, locks, stamp: c.next_stamp(), cost: None, dirtied_at: None, since, counters: c }
     }
 
     /// How the volume lock has been used since the volume was opened (all zero unless
     /// opened with `OpenOptions::measure_lock`).
     pub fn lock_stats(&self) -> LockStats {
         let c = &self.s.lock_stats;
+        let leaf = self.s.inner.read().st.serial().clone();
         LockStats {
             acquisitions: c.acquisitions.load(Ordering::Relaxed),
             waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
@@ -203,7 +257,9 @@ impl Volume {
             shared_acquisitions: c.shared_acquisitions.load(Ordering::Relaxed),
             shared_waited: Duration::from_nanos(c.shared_waited_ns.load(Ordering::Relaxed)),
             shared_held: Duration::from_nanos(c.shared_held_ns.load(Ordering::Relaxed)),
-            shared_missed: c.shared_missed.load(Ordering::Relaxed),
+            leaf_acquisitions: leaf.acquisitions.load(Ordering::Relaxed),
+            leaf_waited: Duration::from_nanos(leaf.waited_ns.load(Ordering::Relaxed)),
+            leaf_held: Duration::from_nanos(leaf.held_ns.load(Ordering::Relaxed)),
         }
     }
 
@@ -234,96 +290,40 @@ impl Shared {
         let c = &self.lock_stats;
         if !c.enabled {
             let guard = self.inner.write();
-            return Held { guard, stamp: c.next_stamp(), charged_at: None, since: None, counters: c };
+            return Held { guard, stamp: c.next_stamp(), since: None, counters: c };
         }
         let t = Instant::now();
         let guard = self.inner.write();
         let since = Instant::now();
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
-        Held { guard, stamp: c.next_stamp(), charged_at: None, since: Some(since), counters: c }
-    }
-
-    /// Share the volume lock with other readers.
-    fn read(&self) -> Reading<'_> {
-        let c = &self.lock_stats;
-        if !c.enabled {
-            let guard = self.inner.read();
-            c.next_stamp();
-            return Reading { guard, since: None, counters: c };
-        }
-        let t = Instant::now();
-        let guard = self.inner.read();
-        let since = Instant::now();
-        c.next_stamp();
-        c.shared_acquisitions.fetch_add(1, Ordering::Relaxed);
-        c.shared_waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
-        Reading { guard, since: Some(since), counters: c }
-    }
-}
-
-/// The volume lock, shared by a reader; the hold time is recorded when it drops.
-struct Reading<'a> {
-    guard: RwLockReadGuard<'a, Inner>,
-    since: Option<Instant>,
-    counters: &'a LockCounters,
-}
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        if let Some(since) = self.since {
-            self.counters.shared_held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+        Held { guard, stamp: c.next_stamp(), since: Some(since), counters: c }
     }
 }
 
 /// What a read-only operation sees besides the metadata it reads.
 pub(super) struct Seen<'a> {
-    /// The volume failed (`Inner::is_failed`): file data it mapped may never have been
-    /// written, so reads of file data refuse.
-    pub(super) failed: bool,
     pub(super) delta: &'a Delta,
     pub(super) opts: &'a OpenOptions,
-    /// Per directory, the readdir position up to which readahead was issued.
-    pub(super) readahead: &'a HashMap<u64, u64>,
 }
 
 impl Volume {
-    /// Run an operation that only reads the volume with the lock shared, through a view
-    /// of the cache, so readers do not wait for each other. `None` if it needed a block
-    /// the cache lacks, or declined (`CacheView::decline`): it must then be done with
-    /// the lock held exclusively.
-    pub(super) fn shared<T>(&self, f: impl FnOnce(&mut Tx, &Seen) -> Result<T>) -> Option<Result<T>> {
-        let g = self.s.read();
-        let inner = &*g.guard;
-        let mut view = inner.st.view();
-        let r = f(
-            &mut view,
-            &Seen { failed: inner.is_failed(), delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead },
-        );
-        if !view.missed() {
-            return Some(r);
-        }
-        self.s.lock_stats.shared_missed.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-
-    /// Run an operation that only reads the volume: first with the lock shared
-    /// ([`Volume::shared`]); if it needed a block the cache lacks, again with the lock
-    /// held exclusively, through the store, which reads it (and its neighbours). `f`
-    /// must not change anything but what it returns.
-    pub(super) fn reading<T>(&self, f: impl Fn(&mut dyn MetaRead, &Seen) -> Result<T>) -> Result<T> {
-        if let Some(r) = self.shared(|view, seen| f(view, seen)) {
-            return r;
-        }
-        let mut g = self.lock();
-        let inner = &mut *g;
-        let failed = inner.is_failed();
-        let r = f(
-            &mut inner.st.tx(),
-            &Seen { failed, delta: &inner.delta, opts: &inner.opts, readahead: &inner.readahead },
-        );
+    /// Run an operation that only reads the volume, with the inodes `want` locked for
+    /// reading (and the volume lock shared): readers of different inodes, or of one, do
+    /// not wait for each other, only for writers of what they read. `f` must not change
+    /// anything but what it returns. A block the cache lacks is read from the device
+    /// meanwhile (a commit waits for that read before it seals its delta).
+    pub(super) fn reading<T>(&self, want: &[(u64, Mode)], f: impl FnOnce(&mut dyn MetaRead, &Seen) -> Result<T>) -> Result<T> {
+        let op = self.op(want);
+        let r = f(&mut op.st.tx(), &op.seen());
         r
+    }
+}
+
+impl Inner {
+    /// What a reader sees besides the metadata it reads.
+    pub(super) fn seen(&self) -> Seen<'_> {
+        Seen { delta: &self.delta, opts: &self.opts }
     }
 }
 

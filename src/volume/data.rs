@@ -10,28 +10,29 @@ use super::*;
 use crate::disk::device::AlignedBuf;
 use crate::engine::store::{read_inode, MetaRead, Tx};
 
+/// Zeros, to blank the tail of a page.
+static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
+
 impl Inner {
-    pub(super) fn truncate(&mut self, i: &mut Inode, size: u64) -> Result<()> {
+    pub(super) fn truncate(&self, i: &mut Inode, size: u64) -> Result<()> {
         if size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
         if size < i.size {
             let bs = BLOCK_SIZE as u64;
             let keep = size.div_ceil(bs);
-            self.delta.drop_pages(&mut self.st.space(), i.ino, |p| p >= keep);
+            self.delta.drop_pages(&self.st, i.ino, |p| p >= keep);
             if size % bs != 0 {
                 let p = size / bs;
                 let tail = (size % bs) as usize;
                 // The new last page's tail must read as zeros if the file grows again. A
                 // hole already does: only a page with a block is read and rewritten.
-                if self.delta.page_mut(i.ino, p).is_none() && file::is_mapped(&mut self.st.tx(), i, p)? {
+                if !self.delta.has_page(i.ino, p) && file::is_mapped(&mut self.st.tx(), i, p)? {
                     let page = file::read_page(&mut self.st.tx(), i, p)?;
                     self.delta.mark_overwrite(i.ino, p);
-                    self.delta.add_page(&mut self.st.space(), i, p, page);
+                    self.delta.add_page(&self.st, i, p, page);
                 }
-                if let Some(page) = self.delta.page_mut(i.ino, p) {
-                    page[tail..].fill(0);
-                }
+                self.delta.write_page(i.ino, p, tail, &ZEROS[..BLOCK_SIZE - tail]);
             }
             file::punch(&mut self.st.tx(), i, keep, 1 << 32)?;
         }
@@ -41,7 +42,7 @@ impl Inner {
 
     /// The cost of writing `len` bytes at `offset`: one block per page not yet dirty, and
     /// the extent-map changes of its write-back.
-    pub(super) fn write_cost(&mut self, i: &Inode, offset: u64, len: u64) -> Result<Cost> {
+    pub(super) fn write_cost(&self, i: &Inode, offset: u64, len: u64) -> Result<Cost> {
         let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
@@ -60,7 +61,7 @@ impl Inner {
 
     /// Write into dirty pages (charged by the caller); `i` is the file's inode, decoded
     /// under the same lock, and is stored with its new size and times.
-    pub(super) fn write(&mut self, i: &mut Inode, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
+    pub(super) fn write(&self, i: &mut Inode, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
         let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
@@ -95,8 +96,7 @@ impl Inner {
             let to = end.min(ps + bs);
             let full = from == ps && to == ps + bs;
             let bytes = &data[(from - offset) as usize..(to - offset) as usize];
-            if let Some(page) = self.delta.page_mut(ino, p) {
-                page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
+            if self.delta.write_page(ino, p, (from - ps) as usize, bytes) {
                 continue;
             }
             if mapped(&mut self.st.tx(), p)? {
@@ -110,7 +110,7 @@ impl Inner {
                 page[(from - ps) as usize..(to - ps) as usize].copy_from_slice(bytes);
                 page
             };
-            self.delta.add_page(&mut self.st.space(), i, p, page);
+            self.delta.add_page(&self.st, i, p, page);
         }
         if drop_privileges {
             self.drop_privileges(i)?;
@@ -185,35 +185,38 @@ fn plan_read_of(
         // A short target lives in the inode: there are no blocks to read.
         return Ok(Planned::Done(t[offset as usize..offset as usize + len].to_vec(), touch));
     }
-    let plan = file::plan_read(r, &i, delta.pages(ino), offset, len)?;
+    let plan = delta.with_pages(ino, |pages| file::plan_read(r, &i, pages, offset, len))?;
     Ok(Planned::Read { plan, epoch: delta.epoch(), touch })
 }
 
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
-        let mut g = self.lock();
+        let g = self.op(&[(ino, Mode::Read)]);
         let i = g.st.inode(ino)?;
-        *g.open.entry(ino).or_insert(0) += 1;
+        *g.life.lock().open.entry(ino).or_insert(0) += 1;
         g.attr(&i)
     }
 
     /// Release an open handle; frees the inode if it was the last reference.
     pub fn release(&self, ino: u64) -> Result<()> {
         {
-            let mut g = self.lock();
-            let n = match g.open.get_mut(&ino) {
-                Some(n) => {
-                    *n -= 1;
-                    *n
+            let g = self.op(&[(ino, Mode::Write)]);
+            {
+                let mut life = g.life.lock();
+                let n = match life.open.get_mut(&ino) {
+                    Some(n) => {
+                        *n -= 1;
+                        *n
+                    }
+                    None => return Ok(()),
+                };
+                if n > 0 {
+                    return Ok(());
                 }
-                None => return Ok(()),
-            };
-            if n > 0 {
-                return Ok(());
+                life.open.remove(&ino);
             }
-            g.open.remove(&ino);
-            if g.opts.read_only || g.failed || !g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+            if g.opts.read_only || g.is_failed() || !g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
                 return Ok(());
             }
         }
@@ -238,10 +241,11 @@ impl Volume {
         let deadline = std::time::Instant::now() + within;
         loop {
             {
-                let mut g = self.lock();
+                let g = self.s.inner.read();
+                let mut life = g.life.lock();
                 let now = std::time::Instant::now();
-                g.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
-                if g.unlinked_at.is_empty() || now >= deadline {
+                life.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
+                if life.unlinked_at.is_empty() || now >= deadline {
                     return;
                 }
             }
@@ -252,8 +256,12 @@ impl Volume {
     /// The holder no longer uses `ino`: free it if it has no link and no open handle.
     pub fn forgotten(&self, ino: u64) -> Result<()> {
         {
-            let g = self.lock();
-            if g.opts.read_only || g.failed || !g.held.contains(&ino) && !g.listed_held.contains(&ino) {
+            let g = self.s.inner.read();
+            let kept = {
+                let life = g.life.lock();
+                life.held.contains(&ino) || life.listed_held.contains(&ino)
+            };
+            if g.opts.read_only || g.is_failed() || !kept {
                 // Not an unlinked inode kept for the holder: nothing to free (the common
                 // case: no inode is read).
                 return Ok(());
@@ -265,21 +273,25 @@ impl Volume {
     /// Free `ino` if it has no link, no open handle and no holder (a deletion, so it may
     /// use the reserve).
     fn free_if_unused(&self, ino: u64) -> Result<()> {
-        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
-        if g.open.contains_key(&ino) {
-            return Ok(());
-        }
-        if g.is_held(ino) {
-            // Released while the holder still uses it: `forgotten` frees it (it is on
-            // the orphan list already, as every unlinked open inode is).
-            if !g.held.contains(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
-                g.listed_held.insert(ino);
+        let g = self.charged(&[(ino, Mode::Write)], |_| Ok(Cost::new(0, 0, true)))?;
+        let was_held = {
+            let mut life = g.life.lock();
+            if life.open.contains_key(&ino) {
+                return Ok(());
             }
-            return Ok(());
-        }
-        g.unlinked_at.remove(&ino);
-        g.listed_held.remove(&ino);
-        if g.held.remove(&ino) {
+            if g.is_held(ino) {
+                // Released while the holder still uses it: `forgotten` frees it (it is on
+                // the orphan list already, as every unlinked open inode is).
+                if !life.held.contains(&ino) && g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+                    life.listed_held.insert(ino);
+                }
+                return Ok(());
+            }
+            life.unlinked_at.remove(&ino);
+            life.listed_held.remove(&ino);
+            life.held.remove(&ino)
+        };
+        if was_held {
             let i = g.st.inode(ino)?;
             return g.free_inode(i);
         }
@@ -315,26 +327,15 @@ impl Volume {
 
     /// [`Volume::read`] into `sink`; returns the number of bytes read.
     fn read_to(&self, ino: u64, offset: u64, size: usize, sink: &mut (impl ReadSink + ?Sized)) -> Result<usize> {
-        // Planned with the volume lock shared when the file's data is not in flight and
-        // its extent map is cached; else exclusively (waiting for the data to land).
-        let planned = match self.shared(|view, seen| {
-            if seen.failed {
+        // Planned with the file read locked, once no commit or flush is writing its data
+        // back; the device reads run with nothing held.
+        let planned = {
+            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+            if g.is_failed() {
                 return Err(Error::Failed);
             }
-            if seen.delta.in_flight(ino) {
-                view.decline();
-                return Ok(Planned::Done(Vec::new(), false));
-            }
-            plan_read_of(view, seen.delta, &self.s.atime, ino, offset, size)
-        }) {
-            Some(r) => r?,
-            None => {
-                let mut g = self.lock();
-                self.wait_landed(&mut g, ino)?;
-                let g = &mut *g;
-                let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size)?;
-                planned
-            }
+            let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size)?;
+            planned
         };
         let (plan, epoch, touch) = match planned {
             Planned::Done(bytes, touch) => {
@@ -346,19 +347,20 @@ impl Volume {
         };
         let planned_at = contention::current_stamp();
         plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
-        // Shared is enough to see whether a write-back or commit ran meanwhile.
-        let unchanged = self.shared(|_, seen| Ok(seen.delta.epoch() == epoch)).and_then(|r| r.ok()) == Some(true);
+        // Whether a write-back or commit ran meanwhile.
+        let unchanged = self.s.inner.read().delta.epoch() == epoch;
         let n = if unchanged {
             // What was read is the state the plan saw.
             contention::set_stamp(planned_at);
             plan.len()
         } else {
-            let mut g = self.lock();
-            self.wait_landed(&mut g, ino)?;
+            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+            if g.is_failed() {
+                return Err(Error::Failed);
+            }
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
-            let g = &mut *g;
-            let bytes = file::read(&mut g.st.tx(), &i, g.delta.pages(ino), offset, len)?;
+            let bytes = g.delta.with_pages(ino, |pages| file::read(&mut g.st.tx(), &i, pages, offset, len))?;
             sink.buf(bytes.len()).copy_from_slice(&bytes);
             bytes.len()
         };
@@ -376,7 +378,7 @@ impl Volume {
         // result) does not move the caller's linearization stamp.
         let stamp = contention::current_stamp();
         // No blocks needed: the inode block is rewritten in place.
-        let r = self.charged_with(|g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(g, mut i)| {
+        let r = self.charged_with(&[(ino, Mode::Write)], |g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(g, mut i)| {
             let t = now();
             if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
                 i.atime = t;
@@ -410,7 +412,7 @@ impl Volume {
         let bs = BLOCK_SIZE as u64;
         for chunk in data.chunks(WRITE_CHUNK) {
             let off = offset + done as u64;
-            let cost = |g: &mut Inner| {
+            let cost = |g: &Inner| {
                 let i = g.st.inode(ino)?;
                 if i.file_type() == Some(FileType::Symlink) {
                     return Err(Error::Invalid("write to a symlink".into()));
@@ -419,8 +421,9 @@ impl Volume {
             };
             // A partial page is read, modified and written: it must have landed.
             let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;
-            let g = if partial { self.charged_on_with(ino, cost) } else { self.charged_with(cost) };
-            let r = g.and_then(|(mut g, mut i)| {
+            let want = [(ino, Mode::Write)];
+            let g = if partial { self.charged_on_with(ino, &want, cost) } else { self.charged_with(&want, cost) };
+            let r = g.and_then(|(g, mut i)| {
                 let n = g.write(&mut i, off, chunk, drop_privileges)?;
                 // Past a quarter of the dirty limits, write back in the background.
                 if g.delta.wants_flush(&g.st) {
@@ -453,7 +456,7 @@ impl Volume {
         }
         let bs = BLOCK_SIZE as u64;
         let (s, e) = (offset / bs, end.div_ceil(bs));
-        let mut g = self.charged_on(ino, |g| {
+        let mut g = self.charged_on(ino, &[(ino, Mode::Write)], |g| {
             let i = g.st.inode(ino)?;
             if i.file_type() != Some(FileType::RegularFile) {
                 return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
@@ -489,8 +492,7 @@ impl Volume {
                 }
             }
             if first_full < last_full {
-                let g = &mut *g;
-                g.delta.drop_pages(&mut g.st.space(), ino, |p| (first_full..last_full).contains(&p));
+                g.delta.drop_pages(&g.st, ino, |p| (first_full..last_full).contains(&p));
                 file::punch(&mut g.st.tx(), &mut i, first_full, last_full)?;
             }
             i.ctime = now();
@@ -514,7 +516,7 @@ impl Volume {
                 return Ok(());
             }
             drop(g);
-            g = self.charged(|g| {
+            g = self.charged(&[(ino, Mode::Write)], |g| {
                 let i = g.st.inode(ino)?;
                 let n = (e - at).min(FALLOC_STEP);
                 Ok(Cost::new(g.prealloc_meta(&i, n) + n, 0, false))

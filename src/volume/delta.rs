@@ -5,11 +5,15 @@
 use crate::disk::codec::*;
 use crate::disk::format::*;
 use crate::engine::log::Journal;
-use crate::engine::space::Space;
 use crate::engine::store::Store;
 use crate::error::Result;
 use crate::fs::file::{self, DataWrite, Pages};
-use std::collections::{HashMap, HashSet};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::engine::leaf::Sharded;
 
 use super::*;
 
@@ -63,49 +67,72 @@ pub(super) enum Short {
 /// promises against the space budget, and the counters of the commits that end it.
 /// Dirty metadata lives in the store's cache and the delta's frees in the space map and
 /// the store; the delta drives them through their own methods.
+///
+/// Operations running at once reach it through `&self`: a file's pages are changed only
+/// by an operation holding that file's inode lock for writing, under the lock of the
+/// table shard the file is in (a leaf lock, held for one page at a time); the totals are
+/// atomics. The commit and the flusher, which hold the volume lock exclusively, reach it
+/// through `&mut self`.
 pub(super) struct Delta {
-    /// Dirty pages by inode.
-    dirty: HashMap<u64, Pages>,
-    /// Pages in `dirty`: each was promised one data block.
-    dirty_pages: u64,
+    /// Dirty pages by inode, and what goes with them.
+    files: Sharded<rustc_hash::FxHashMap<u64, FileDelta>>,
+    /// Pages in `files`: each was promised one data block.
+    dirty_pages: AtomicU64,
     /// Dirty-data limit in pages: past it the delta commits.
     dirty_limit: u64,
     /// Runs of consecutive dirty pages (over all files): each costs its write-back an
     /// extent-map update under the volume lock, so past `RUN_LIMIT` of them the delta
     /// commits even below the dirty limit (random writes would otherwise make one commit
     /// hold the lock for a long time).
-    dirty_runs: u64,
+    dirty_runs: AtomicU64,
     /// Blocks one delta may log (the log's capacity).
     log_capacity: u64,
+    /// Log blocks set aside for the operations now running (`OP_LOG_BLOCKS` each): they
+    /// may all add to the delta before it commits.
+    log_reserved: AtomicU64,
     /// Sequence number of the last delta handed to the log.
     seq: u64,
     /// Counts the events that may rewrite a block on the device (write-backs and commit
     /// snapshots, each counted before its writes): a read planned under the lock and done
     /// without it is redone if this changed meanwhile.
-    epoch: u64,
+    epoch: AtomicU64,
     /// Charge against the space budget (off only for A/B measurements).
     accounting: bool,
-    /// Dirty pages over blocks the file already has (overwrites, or writes into a
-    /// preallocated range): their write-back swaps a block for a block, so they add
-    /// nothing to the file's block count.
-    overwrites: HashMap<u64, std::collections::BTreeSet<u64>>,
     /// Files whose written-back pages are being written to the device without the volume
     /// lock: their extent maps point at blocks not written yet, so reading their data
     /// waits until the pages have landed.
-    in_flight: HashSet<u64>,
-    /// Extent-map blocks promised per file for the write-back of its dirty pages (the
-    /// `writeback_meta` of each page made dirty): settled when a flush ahead of the commit
-    /// writes back all of a file's pages, so flushing does not promise them twice.
-    meta_promised: HashMap<u64, u64>,
+    in_flight: Mutex<rustc_hash::FxHashSet<u64>>,
+    /// `in_flight` is not empty: what readers look at first (it seldom is).
+    any_in_flight: AtomicBool,
     /// Dirty pages past which write-back starts ahead of the commit (0: never): the
     /// option, at most a quarter of the dirty limit.
     flush_from: u64,
     /// Flushes ahead of the commit done so far: a writer held back by the dirty limits
     /// sees progress by it changing.
-    flushes: u64,
+    flushes: AtomicU64,
     /// A flush wrote file data of this delta to the device: it must commit with two
     /// flushes (that data must be durable before its commit block is written).
     flushed_data: bool,
+}
+
+/// One file's part of the delta.
+#[derive(Default)]
+struct FileDelta {
+    pages: Pages,
+    /// Dirty pages over blocks the file already has (overwrites, or writes into a
+    /// preallocated range): their write-back swaps a block for a block, so they add
+    /// nothing to the file's block count.
+    overwrites: BTreeSet<u64>,
+    /// Extent-map blocks promised for the write-back of its dirty pages (the
+    /// `writeback_meta` of each page made dirty): settled when a flush ahead of the commit
+    /// writes back all of the file's pages, so flushing does not promise them twice.
+    meta_promised: u64,
+}
+
+impl FileDelta {
+    fn is_empty(&self) -> bool {
+        self.pages.is_empty() && self.overwrites.is_empty() && self.meta_promised == 0
+    }
 }
 
 /// Most pages (32 MiB) and runs of pages one flush ahead of the commit takes: it holds
@@ -138,21 +165,29 @@ fn runs(pages: &Pages) -> u64 {
 impl Delta {
     pub(super) fn new(seq: u64, log_capacity: u64, opts: &OpenOptions) -> Delta {
         Delta {
-            dirty: HashMap::new(),
-            dirty_pages: 0,
+            files: Sharded::new(),
+            dirty_pages: AtomicU64::new(0),
             dirty_limit: opts.dirty_limit,
-            dirty_runs: 0,
+            dirty_runs: AtomicU64::new(0),
             log_capacity,
+            log_reserved: AtomicU64::new(0),
             seq,
-            epoch: 0,
+            epoch: AtomicU64::new(0),
             accounting: opts.space_accounting,
-            in_flight: HashSet::new(),
-            overwrites: HashMap::new(),
-            meta_promised: HashMap::new(),
+            in_flight: Mutex::new(Default::default()),
+            any_in_flight: AtomicBool::new(false),
             flush_from: opts.flush_from.min(opts.dirty_limit / 4),
-            flushes: 0,
+            flushes: AtomicU64::new(0),
             flushed_data: false,
         }
+    }
+
+    fn dirty_pages(&self) -> u64 {
+        self.dirty_pages.load(Ordering::Relaxed)
+    }
+
+    fn dirty_runs(&self) -> u64 {
+        self.dirty_runs.load(Ordering::Relaxed)
     }
 
     /// Whether the dirty pages are many enough, or scattered enough, to write some back
@@ -174,7 +209,7 @@ impl Delta {
     fn past_flush_marks(&self, st: &Store, div: u64) -> bool {
         let runs = (RUN_LIMIT / 4).min(self.flush_from);
         self.flush_from > 0
-            && (self.dirty_pages >= (self.flush_from / div).max(1) || self.dirty_runs >= (runs / div).max(1))
+            && (self.dirty_pages() >= (self.flush_from / div).max(1) || self.dirty_runs() >= (runs / div).max(1))
             && st.dirty_count() + st.space().dirty_blocks() < self.flush_limit()
     }
 
@@ -186,7 +221,7 @@ impl Delta {
 
     /// Flushes ahead of the commit done so far.
     pub(super) fn flushes(&self) -> u64 {
-        self.flushes
+        self.flushes.load(Ordering::Acquire)
     }
 
     /// Write back dirty pages ahead of the commit (a *flush*, at most `FLUSH_PAGES` in
@@ -198,7 +233,8 @@ impl Delta {
     /// needs, so a flush never makes an operation commit early.
     pub(super) fn flush_some(&mut self, st: &Store) -> Result<Vec<DataWrite>> {
         let limit = self.flush_limit();
-        let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
+        let mut inos: Vec<u64> = Vec::new();
+        self.files.for_each(|m| inos.extend(m.iter().filter(|(_, f)| !f.pages.is_empty()).map(|(i, _)| *i)));
         inos.sort_unstable();
         let mut data = Vec::new();
         // A small `flush_from` (tests) makes small flushes, which end inside files.
@@ -207,8 +243,9 @@ impl Delta {
             if left_pages == 0 || left_runs == 0 || st.dirty_count() + st.space().dirty_blocks() >= limit {
                 break;
             }
-            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
-            self.dirty_runs -= runs(&pages);
+            let mut fd = self.files.shard(ino).remove(&ino).unwrap_or_default();
+            let mut pages = std::mem::take(&mut fd.pages);
+            *self.dirty_runs.get_mut() -= runs(&pages);
             // The pages within what is left of this flush's pages and runs go now, the
             // rest stay dirty.
             let (mut np, mut nr, mut prev, mut split) = (0u64, 0u64, None, None);
@@ -233,37 +270,39 @@ impl Delta {
             let n = file::writeback(&mut tx, &mut inode, &mut pages, limit, &mut data)?;
             tx.put_inode(&inode)?;
             if n > 0 {
-                self.in_flight.insert(ino);
+                self.in_flight.get_mut().insert(ino);
+                *self.any_in_flight.get_mut() = true;
             }
-            self.dirty_pages -= n;
+            *self.dirty_pages.get_mut() -= n;
             tx.space().settle_pages(n);
             drop(tx);
             left_pages -= n;
             // What the log's room left unwritten stays dirty with the rest.
             rest.append(&mut pages);
-            if let Some(o) = self.overwrites.get_mut(&ino) {
-                for p in taken.iter().filter(|p| !rest.contains_key(p)) {
-                    o.remove(p);
-                }
+            for p in taken.iter().filter(|p| !rest.contains_key(p)) {
+                fd.overwrites.remove(p);
             }
             if rest.is_empty() {
-                self.overwrites.remove(&ino);
-                st.space().settle_meta(self.meta_promised.remove(&ino).unwrap_or(0));
+                fd.overwrites.clear();
+                st.space().settle_meta(std::mem::take(&mut fd.meta_promised));
             } else {
-                self.dirty_runs += runs(&rest);
-                self.dirty.insert(ino, rest);
+                *self.dirty_runs.get_mut() += runs(&rest);
+                fd.pages = rest;
+            }
+            if !fd.is_empty() {
+                self.files.shard(ino).insert(ino, fd);
             }
         }
         if !data.is_empty() {
-            self.epoch += 1;
-            self.flushes += 1;
+            *self.epoch.get_mut() += 1;
+            *self.flushes.get_mut() += 1;
             self.flushed_data = true;
         }
         Ok(data)
     }
 
     pub(super) fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::Acquire)
     }
 
     pub(super) fn log_capacity(&self) -> u64 {
@@ -272,116 +311,149 @@ impl Delta {
 
     /// Whether some of a file's written-back pages have not reached the device yet.
     pub(super) fn in_flight(&self, ino: u64) -> bool {
-        self.in_flight.contains(&ino)
+        self.any_in_flight.load(Ordering::Acquire) && self.in_flight.lock().contains(&ino)
     }
 
     /// The data of the flight has been written: every file's blocks hold their data.
-    pub(super) fn landed(&mut self) {
-        self.in_flight.clear();
+    pub(super) fn landed(&self) {
+        let mut f = self.in_flight.lock();
+        f.clear();
+        self.any_in_flight.store(false, Ordering::Release);
     }
 
-    /// The dirty pages of a file, if it has any.
-    pub(super) fn pages(&self, ino: u64) -> Option<&Pages> {
-        self.dirty.get(&ino)
+    /// Run `f` over a file's dirty pages, if it has any (with its table shard locked:
+    /// `f` takes nothing else but cache blocks).
+    pub(super) fn with_pages<R>(&self, ino: u64, f: impl FnOnce(Option<&Pages>) -> R) -> R {
+        let m = self.files.shard(ino);
+        f(m.get(&ino).map(|d| &d.pages).filter(|p| !p.is_empty()))
     }
 
     /// Number of dirty pages of a file.
     pub(super) fn page_count(&self, ino: u64) -> u64 {
-        self.dirty.get(&ino).map_or(0, |m| m.len() as u64)
+        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.len() as u64)
     }
 
     /// Dirty pages of a file among pages `first..=last`.
     pub(super) fn pages_in(&self, ino: u64, first: u64, last: u64) -> u64 {
-        self.dirty.get(&ino).map_or(0, |m| m.range(first..=last).count() as u64)
+        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.range(first..=last).count() as u64)
     }
 
-    pub(super) fn page_mut(&mut self, ino: u64, p: u64) -> Option<&mut Box<[u8; BLOCK_SIZE]>> {
-        self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&p))
+    /// Copy `bytes` into dirty page `p` of `ino` at `at`, if that page is dirty; whether
+    /// it was.
+    pub(super) fn write_page(&self, ino: u64, p: u64, at: usize, bytes: &[u8]) -> bool {
+        let mut m = self.files.shard(ino);
+        match m.get_mut(&ino).and_then(|d| d.pages.get_mut(&p)) {
+            Some(page) => {
+                page[at..at + bytes.len()].copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether page `p` of `ino` is dirty.
+    pub(super) fn has_page(&self, ino: u64, p: u64) -> bool {
+        self.files.shard(ino).get(&ino).is_some_and(|d| d.pages.contains_key(&p))
     }
 
     /// Dirty pages of a file that will need blocks it does not have yet (what `stat`
     /// counts beyond the blocks already mapped).
     pub(super) fn new_page_count(&self, ino: u64) -> u64 {
-        self.page_count(ino) - self.overwrites.get(&ino).map_or(0, |s| s.len() as u64)
+        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.len() as u64 - d.overwrites.len() as u64)
     }
 
     /// Page `p` of `ino`, just made dirty, lies over a block the file already has.
-    pub(super) fn mark_overwrite(&mut self, ino: u64, p: u64) {
-        self.overwrites.entry(ino).or_default().insert(p);
+    pub(super) fn mark_overwrite(&self, ino: u64, p: u64) {
+        self.files.shard(ino).entry(ino).or_default().overwrites.insert(p);
     }
 
     /// Make page `p` of inode `i` dirty with contents `page`, promising its block and its
     /// share of the write-back's extent-map changes.
-    pub(super) fn add_page(&mut self, space: &mut Space, i: &Inode, p: u64, page: Box<[u8; BLOCK_SIZE]>) {
-        let before = self.page_count(i.ino);
-        let pages = self.dirty.entry(i.ino).or_default();
-        let (left, right) = (p > 0 && pages.contains_key(&(p - 1)), pages.contains_key(&(p + 1)));
-        if pages.insert(p, page).is_none() {
-            // A page alone starts a run; one between two runs joins them.
-            match (left, right) {
-                (false, false) => self.dirty_runs += 1,
-                (true, true) => self.dirty_runs -= 1,
-                _ => {}
+    pub(super) fn add_page(&self, st: &Store, i: &Inode, p: u64, page: Box<[u8; BLOCK_SIZE]>) {
+        let meta = {
+            let mut m = self.files.shard(i.ino);
+            let d = m.entry(i.ino).or_default();
+            let before = d.pages.len() as u64;
+            let (left, right) = (p > 0 && d.pages.contains_key(&(p - 1)), d.pages.contains_key(&(p + 1)));
+            if d.pages.insert(p, page).is_none() {
+                // A page alone starts a run; one between two runs joins them.
+                match (left, right) {
+                    (false, false) => {
+                        self.dirty_runs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (true, true) => {
+                        self.dirty_runs.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
             }
-        }
-        self.dirty_pages += 1;
-        let meta = Self::writeback_meta(before, before + 1, extent_depth(i));
-        *self.meta_promised.entry(i.ino).or_default() += meta;
-        space.promise(1, meta);
+            let meta = Self::writeback_meta(before, before + 1, extent_depth(i));
+            d.meta_promised += meta;
+            meta
+        };
+        self.dirty_pages.fetch_add(1, Ordering::Relaxed);
+        st.space().promise(1, meta);
     }
 
     /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their
     /// promised blocks go back to the budget.
-    pub(super) fn drop_pages(&mut self, space: &mut Space, ino: u64, which: impl Fn(u64) -> bool) {
-        if let Some(o) = self.overwrites.get_mut(&ino) {
-            o.retain(|p| !which(*p));
-        }
-        let Some(pages) = self.dirty.get_mut(&ino) else { return };
-        let before = pages.len();
-        let runs_before = runs(pages);
-        pages.retain(|p, _| !which(*p));
-        let n = (before - pages.len()) as u64;
-        self.dirty_runs = self.dirty_runs - runs_before + runs(pages);
-        if pages.is_empty() {
-            self.dirty.remove(&ino);
-        }
-        self.dirty_pages -= n;
-        space.settle_pages(n);
+    pub(super) fn drop_pages(&self, st: &Store, ino: u64, which: impl Fn(u64) -> bool) {
+        let n = {
+            let mut m = self.files.shard(ino);
+            let Some(d) = m.get_mut(&ino) else { return };
+            d.overwrites.retain(|p| !which(*p));
+            let before = d.pages.len();
+            let runs_before = runs(&d.pages);
+            d.pages.retain(|p, _| !which(*p));
+            let n = (before - d.pages.len()) as u64;
+            let runs_after = runs(&d.pages);
+            self.dirty_runs.fetch_add(runs_after, Ordering::Relaxed);
+            self.dirty_runs.fetch_sub(runs_before, Ordering::Relaxed);
+            if d.is_empty() {
+                m.remove(&ino);
+            }
+            n
+        };
+        self.dirty_pages.fetch_sub(n, Ordering::Relaxed);
+        st.space().settle_pages(n);
     }
 
     /// Move the dirty pages of `ino` at or after page `from` by `delta` pages (collapse
     /// and insert range); the pages they move onto are not dirty.
-    pub(super) fn shift_pages(&mut self, ino: u64, from: u64, delta: i64) {
-        if let Some(o) = self.overwrites.get_mut(&ino) {
-            let moved = o.split_off(&from);
-            o.extend(moved.into_iter().map(|p| p.saturating_add_signed(delta)));
-        }
-        let Some(pages) = self.dirty.get_mut(&ino) else { return };
-        let runs_before = runs(pages);
-        let moved = pages.split_off(&from);
+    pub(super) fn shift_pages(&self, ino: u64, from: u64, delta: i64) {
+        let mut m = self.files.shard(ino);
+        let Some(d) = m.get_mut(&ino) else { return };
+        let moved = d.overwrites.split_off(&from);
+        d.overwrites.extend(moved.into_iter().map(|p| p.saturating_add_signed(delta)));
+        let runs_before = runs(&d.pages);
+        let moved = d.pages.split_off(&from);
         for (p, page) in moved {
-            pages.insert(p.saturating_add_signed(delta), page);
+            d.pages.insert(p.saturating_add_signed(delta), page);
         }
-        self.dirty_runs = self.dirty_runs - runs_before + runs(pages);
+        let runs_after = runs(&d.pages);
+        self.dirty_runs.fetch_add(runs_after, Ordering::Relaxed);
+        self.dirty_runs.fetch_sub(runs_before, Ordering::Relaxed);
     }
 
     /// Whether the delta holds no change at all (no dirty metadata or data).
     pub(super) fn is_empty(&self, st: &Store) -> bool {
-        st.dirty_count() == 0 && st.space().pending_bitmap_blocks() == 0 && self.dirty_pages == 0
+        st.dirty_count() == 0 && st.pending_bitmap_blocks() == 0 && self.dirty_pages() == 0
     }
 
-    /// Whether a change of cost `c` fits in the current delta: room in the log for any
-    /// one operation, the dirty-data limit, and the space budget.
+    /// Whether a change of cost `c` fits in the current delta beside the operations
+    /// already running: room in the log for this one and each of them, the dirty-data
+    /// limit, and the space budget. Checks only; [`Delta::reserve`] takes the room.
     pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        let used = (st.dirty_count() + st.space().pending_bitmap_blocks()) as u64;
-        if used + OP_LOG_BLOCKS > self.log_capacity {
+        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
+        if used + self.log_reserved.load(Ordering::Acquire) + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
         }
         // Only changes that dirty pages are held back by the dirty-data limits (a delta
         // may be past them while a commit is writing: see `charged_with`).
+        let pages = self.dirty_pages();
         if c.pages > 0
-            && ((self.dirty_pages > 0 && self.dirty_pages + c.pages > self.dirty_limit * dirty_factor)
-                || self.dirty_runs >= RUN_LIMIT * dirty_factor)
+            && ((pages > 0 && pages + c.pages > self.dirty_limit * dirty_factor)
+                || self.dirty_runs() >= RUN_LIMIT * dirty_factor)
         {
             return Err(Short::Dirty);
         }
@@ -391,11 +463,46 @@ impl Delta {
         Ok(())
     }
 
+    /// Take what an operation of cost `c` may need, as [`Delta::fits`] saw it fit: its
+    /// log room and its worst case of blocks, both given back by [`Delta::release`] when
+    /// it ends. `Err` if others took it first (the caller looks again).
+    pub(super) fn reserve(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
+        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
+        let before = self.log_reserved.fetch_add(OP_LOG_BLOCKS, Ordering::AcqRel);
+        if used + before + OP_LOG_BLOCKS > self.log_capacity {
+            self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
+            return Err(Short::Delta);
+        }
+        if self.accounting {
+            let mut space = st.space();
+            if space.available(c.deletion) < c.meta + c.pages {
+                drop(space);
+                self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
+                return Err(Short::Space);
+            }
+            space.reserve_op(c.meta + c.pages);
+        }
+        Ok(())
+    }
+
+    /// An operation that reserved for cost `c` has ended.
+    pub(super) fn release(&self, st: &Store, c: Cost) {
+        self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
+        if self.accounting {
+            st.space().release_op(c.meta + c.pages);
+        }
+    }
+
+    /// Log room reserved by operations now running.
+    pub(super) fn log_reserved(&self) -> u64 {
+        self.log_reserved.load(Ordering::Acquire)
+    }
+
     /// Whether a change of cost `c` fits in twice the dirty-data limits, counting the
     /// `pages` and `runs` a running commit has not written yet: how far a writer may run
     /// ahead of that commit.
     pub(super) fn room_beside(&self, c: Cost, pages: u64, runs: u64) -> bool {
-        self.dirty_pages + pages + c.pages <= 2 * self.dirty_limit && self.dirty_runs + runs < 2 * RUN_LIMIT
+        self.dirty_pages() + pages + c.pages <= 2 * self.dirty_limit && self.dirty_runs() + runs < 2 * RUN_LIMIT
     }
 
     /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
@@ -418,19 +525,23 @@ impl Delta {
         state: &mut State,
         journal: &mut Journal,
     ) -> Result<Option<Flight>> {
-        let mut inos: Vec<u64> = self.dirty.keys().copied().collect();
-        inos.sort_unstable();
-        if !inos.is_empty() {
-            self.epoch += 1;
+        let mut files = Vec::new();
+        self.files.for_each(|m| files.extend(m.drain()));
+        files.sort_unstable_by_key(|(ino, _)| *ino);
+        if files.iter().any(|(_, f)| !f.pages.is_empty()) {
+            *self.epoch.get_mut() += 1;
         }
         let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
         let mut data = Vec::new();
-        for ino in inos {
-            let mut pages = self.dirty.remove(&ino).unwrap_or_default();
-            self.dirty_runs -= runs(&pages);
-            self.overwrites.remove(&ino);
+        for (ino, fd) in files {
+            let mut pages = fd.pages;
+            if pages.is_empty() {
+                continue;
+            }
+            *self.dirty_runs.get_mut() -= runs(&pages);
             let mut inode = st.inode(ino)?;
-            self.in_flight.insert(ino);
+            self.in_flight.get_mut().insert(ino);
+            *self.any_in_flight.get_mut() = true;
             loop {
                 let n = {
                     let mut tx = st.tx();
@@ -438,7 +549,7 @@ impl Delta {
                     tx.put_inode(&inode)?;
                     n
                 };
-                self.dirty_pages -= n;
+                *self.dirty_pages.get_mut() -= n;
                 st.space_mut().settle_pages(n);
                 if pages.is_empty() {
                     break;
@@ -454,9 +565,9 @@ impl Delta {
             }
         }
         st.space_mut().clear_promises();
-        self.meta_promised.clear();
-        if data.is_empty() && st.dirty_count() == 0 && st.space().pending_bitmap_blocks() == 0 {
-            self.in_flight.clear();
+        if data.is_empty() && st.dirty_count() == 0 && st.space_mut().pending_bitmap_blocks() == 0 {
+            self.in_flight.get_mut().clear();
+            *self.any_in_flight.get_mut() = false;
             return Ok(None);
         }
         let held = st.space_mut().begin_hold();
@@ -474,7 +585,7 @@ impl Delta {
 
     /// Seal the delta's metadata (bitmap and state block included) for the log.
     fn snapshot(&mut self, st: &mut Store, state: &mut State) -> Vec<(u64, Box<Block>)> {
-        self.epoch += 1;
+        *self.epoch.get_mut() += 1;
         self.flushed_data = false;
         self.seq += 1;
         state.commit_seq = self.seq;
@@ -499,11 +610,6 @@ impl Delta {
 }
 
 impl Inner {
-    /// Whether a change of cost `c` fits in the current delta.
-    pub(super) fn fits(&self, c: Cost) -> std::result::Result<(), Short> {
-        self.delta.fits(&self.st, c, 1)
-    }
-
     /// Worst-case new blocks of one directory-index insert: a split at every level plus
     /// a new root.
     pub(super) fn dir_cost(d: &Inode) -> u64 {
@@ -522,8 +628,8 @@ impl Inner {
     pub(super) fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
         self.list_held()?;
         let before = self.delta.seq;
-        let r = self.delta.prepare_commit(&mut self.st, &mut self.state, journal);
-        if let Some(log) = &mut self.commit_stamps {
+        let r = self.delta.prepare_commit(&mut self.st, &mut self.life.get_mut().state, journal);
+        if let Some(log) = self.commit_stamps.get_mut() {
             log.extend((before + 1..=self.delta.seq).map(|seq| (seq, stamp)));
         }
         r
@@ -541,6 +647,7 @@ mod tests {
     use super::*;
     use crate::disk::device::MemDevice;
     use crate::engine::cache::MetaCache;
+    use crate::engine::space::Space;
 
     /// A store over a blank 4096-block memory device (nothing on it is read here).
     fn store() -> Store {
@@ -576,24 +683,24 @@ mod tests {
     fn pages_promise_blocks_and_give_them_back() {
         let mut st = store();
         let opts = OpenOptions::default();
-        let mut d = Delta::new(7, 256, &opts);
+        let d = Delta::new(7, 256, &opts);
         let free = st.space_mut().available(false);
         let (a, b) = (file(33), file(34));
         for p in 0..3 {
-            d.add_page(st.space_mut(), &a, p, page());
+            d.add_page(&st, &a, p, page());
         }
-        d.add_page(st.space_mut(), &b, 9, page());
+        d.add_page(&st, &b, 9, page());
         // Three pages of one file and one of another: a data block each, plus the first
         // page's extent-map change and one block per 64 pages, for each file.
         let meta = Delta::writeback_meta(0, 3, 0) + Delta::writeback_meta(0, 1, 0);
         assert_eq!(st.space_mut().promised(), 4 + meta);
         assert_eq!(free - st.space_mut().available(false), st.space_mut().promised());
         assert_eq!((d.page_count(33), d.pages_in(33, 1, 5), d.page_count(34)), (3, 2, 1));
-        d.drop_pages(st.space_mut(), 33, |p| p >= 1);
+        d.drop_pages(&st, 33, |p| p >= 1);
         assert_eq!(d.page_count(33), 1);
-        d.drop_pages(st.space_mut(), 34, |_| true);
-        assert!(d.pages(34).is_none(), "a file with no dirty page leaves the delta");
-        assert_eq!(d.dirty_pages, 1);
+        d.drop_pages(&st, 34, |_| true);
+        assert!(d.with_pages(34, |p| p.is_none()), "a file with no dirty page leaves the delta");
+        assert_eq!(d.dirty_pages(), 1);
         st.space_mut().clear_promises();
         assert_eq!(st.space_mut().available(false), free);
     }
@@ -602,27 +709,30 @@ mod tests {
     fn runs_of_dirty_pages_are_counted_and_limit_the_delta() {
         let mut st = store();
         let opts = OpenOptions { dirty_limit: 1 << 20, ..OpenOptions::default() };
-        let mut d = Delta::new(0, 1 << 20, &opts);
+        let d = Delta::new(0, 1 << 20, &opts);
         let (a, b) = (file(33), file(34));
         for p in [1, 3, 5] {
-            d.add_page(st.space_mut(), &a, p, page());
+            d.add_page(&st, &a, p, page());
         }
-        assert_eq!(d.dirty_runs, 3);
-        d.add_page(st.space_mut(), &a, 2, page()); // joins 1 and 3
-        d.add_page(st.space_mut(), &a, 6, page()); // extends 5
-        d.add_page(st.space_mut(), &b, 1, page()); // another file: a run of its own
-        assert_eq!(d.dirty_runs, 3);
-        d.drop_pages(st.space_mut(), 33, |p| p == 2); // splits 1..=3 again
-        assert_eq!(d.dirty_runs, 4);
+        assert_eq!(d.dirty_runs(), 3);
+        d.add_page(&st, &a, 2, page()); // joins 1 and 3
+        d.add_page(&st, &a, 6, page()); // extends 5
+        d.add_page(&st, &b, 1, page()); // another file: a run of its own
+        assert_eq!(d.dirty_runs(), 3);
+        d.drop_pages(&st, 33, |p| p == 2); // splits 1..=3 again
+        assert_eq!(d.dirty_runs(), 4);
         d.shift_pages(33, 5, -1); // 5, 6 move onto 4, 5, next to 3
-        assert_eq!(d.dirty_runs, 3);
-        assert_eq!(d.dirty_runs, d.dirty.values().map(runs).sum::<u64>());
+        assert_eq!(d.dirty_runs(), 3);
+        let mut total = 0;
+        let mut d = d;
+        d.files.for_each(|m| total += m.values().map(|f| runs(&f.pages)).sum::<u64>());
+        assert_eq!(d.dirty_runs(), total);
         // Scattered pages up to the run limit: the next page needs a commit first.
         let c = file(35);
         for k in 0..RUN_LIMIT - 3 {
-            d.add_page(st.space_mut(), &c, 2 * k, page());
+            d.add_page(&st, &c, 2 * k, page());
         }
-        assert_eq!(d.dirty_runs, RUN_LIMIT);
+        assert_eq!(d.dirty_runs(), RUN_LIMIT);
         assert!(matches!(d.fits(&st, Cost::new(1, 1, false), 1), Err(Short::Dirty)));
         assert!(
             !matches!(d.fits(&st, Cost::new(1, 0, false), 1), Err(Short::Dirty)),
@@ -635,11 +745,11 @@ mod tests {
     fn fits_tells_a_full_delta_from_a_full_volume() {
         let mut st = store();
         let opts = OpenOptions { dirty_limit: 4, ..OpenOptions::default() };
-        let mut d = Delta::new(0, 256, &opts);
+        let d = Delta::new(0, 256, &opts);
         assert!(d.fits(&st, Cost::new(3, 2, false), 1).is_ok());
         let a = file(33);
         for p in 0..3 {
-            d.add_page(st.space_mut(), &a, p, page());
+            d.add_page(&st, &a, p, page());
         }
         assert!(d.fits(&st, Cost::new(0, 1, false), 1).is_ok());
         assert!(d.fits(&st, Cost::new(0, 2, false), 1) == Err(Short::Dirty), "past the dirty limit: commit first");

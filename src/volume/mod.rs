@@ -10,12 +10,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
 use crate::engine::btree;
+use crate::engine::leaf::Leaf;
 use crate::engine::log::Journal;
 use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
@@ -25,6 +28,7 @@ mod commit;
 mod contention;
 mod data;
 mod delta;
+mod locks;
 pub(crate) mod mark;
 mod mkfs;
 mod namespace;
@@ -37,6 +41,7 @@ mod types;
 use contention::LockCounters;
 pub use contention::LockStats;
 use delta::{Cost, Delta};
+use locks::{InodeLocks, Mode};
 pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
@@ -78,26 +83,38 @@ const WRITEBACK_HEADROOM: usize = 2 + 2 * 8 + 2;
 /// splits at every level, four inode blocks, bitmap and state blocks).
 const OP_LOG_BLOCKS: u64 = 32;
 
-/// The volume's state behind its lock.
+/// The volume's state behind its lock. Front-end operations share the lock (each with
+/// the inode locks of what it touches, see `locks.rs`), so every field they change has a
+/// lock of its own or is atomic; the commit's snapshot holds it exclusively.
 struct Inner {
     st: Store,
     /// The delta being built.
     delta: Delta,
-    /// The state block's contents (counters, orphan list), written with every commit.
-    state: State,
-    /// Open handles by inode (an unlinked inode lives until its last release).
-    open: HashMap<u64, u32>,
+    /// The state block's contents and the inodes' lives (open handles, unlinked inodes
+    /// still held, the orphan list): one leaf lock.
+    life: Leaf<Life>,
     opts: OpenOptions,
     /// Set when a commit failed half way: memory no longer matches any disk state.
-    failed: bool,
+    failed: AtomicBool,
     /// Per directory, the readdir position up to which readahead was issued.
-    readahead: HashMap<u64, u64>,
+    readahead: Leaf<HashMap<u64, u64>>,
     /// The mount mark this read-write open holds (ro_compat MOUNT_MARK), kept fresh by
     /// its own thread until the volume is dropped.
     mark: Option<Arc<mark::Holder>>,
     /// Who else may still use an inode that loses its last link (the FUSE kernel's
     /// references): see [`Volume::set_holder`].
     holder: Option<Holder>,
+    /// `(sequence number, linearization stamp)` of every delta sealed, once a test asked
+    /// for them ([`Volume::record_commit_stamps`]).
+    commit_stamps: Mutex<Option<Vec<(u64, u64)>>>,
+}
+
+/// What lives behind `Inner::life`.
+struct Life {
+    /// The state block's contents (counters, orphan list), written with every commit.
+    state: State,
+    /// Open handles by inode (an unlinked inode lives until its last release).
+    open: HashMap<u64, u32>,
     /// Inodes with no link and no open handle that the holder still holds: alive, not yet
     /// on the orphan list (the next commit puts them there), freed by
     /// [`Volume::forgotten`].
@@ -111,9 +128,6 @@ struct Inner {
     /// When each inode still held after losing its last link lost it (held or already on
     /// the orphan list): what `settle_unlinked` waits for.
     unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
-    /// `(sequence number, linearization stamp)` of every delta sealed, once a test asked
-    /// for them ([`Volume::record_commit_stamps`]).
-    commit_stamps: Option<Vec<(u64, u64)>>,
 }
 
 /// See [`Volume::set_holder`].
@@ -121,9 +135,11 @@ pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
 ///
-/// Lock order: `journal`, then `inner`. Front-end operations take only `inner`; a commit
-/// takes `journal` for its whole length and `inner` only to snapshot the delta and to
-/// finish, so the front end goes on with the next delta while the log is written.
+/// Lock order: `journal`, `inner`, `rename`, the inode locks, then leaf locks
+/// (docs/DESIGN.md, "Concurrency"). Front-end operations share `inner` and hold the
+/// inode locks of what they touch; a commit takes `journal` for its whole length and
+/// `inner` exclusively only to snapshot the delta and to finish, so the front end goes
+/// on with the next delta while the log is written.
 pub struct Volume {
     s: Arc<Shared>,
 }
@@ -134,6 +150,12 @@ struct Shared {
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
     inner: RwLock<Inner>,
+    /// The inode locks (see `locks.rs`).
+    locks: InodeLocks,
+    /// Held by a rename between two directories, before its inode locks, as the kernel's
+    /// `s_vfs_rename_mutex`: no directory moves while it checks that a directory does not
+    /// move below itself (walking parents it has not locked).
+    rename: Leaf<()>,
     /// How long the volume lock is waited for and held (issue 14's serial share).
     lock_stats: LockCounters,
     /// Notified when a commit's file data has reached the device (see `wait_landed`).
@@ -181,7 +203,12 @@ impl Inner {
     /// Whether the volume must not change any more: a commit failed half way, or another
     /// host took over its mount mark.
     fn is_failed(&self) -> bool {
-        self.failed || self.mark.as_ref().is_some_and(|m| m.lost())
+        self.failed.load(Ordering::Acquire) || self.mark.as_ref().is_some_and(|m| m.lost())
+    }
+
+    /// Fail the volume: memory no longer matches any disk state.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -199,7 +226,7 @@ impl Inner {
         self.holder.as_ref().is_some_and(|h| h(ino))
     }
 
-    fn dir_inode(&mut self, ino: u64) -> Result<Inode> {
+    fn dir_inode(&self, ino: u64) -> Result<Inode> {
         let i = self.st.inode(ino)?;
         if !i.is_dir() {
             return Err(Error::NotDir);
@@ -250,37 +277,43 @@ impl Volume {
         };
         let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;
+        st.serial().enabled.store(opts.measure_lock, Ordering::Relaxed);
         let read_only = opts.read_only;
         let measure_lock = opts.measure_lock;
         let discard = opts.discard && !read_only;
         let atime = if read_only { AtimePolicy::Never } else { opts.atime };
-        let mut inner = Inner {
+        let serial = st.serial().clone();
+        let inner = Inner {
             st,
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
-            state,
-            open: HashMap::new(),
+            life: Leaf::new(Life {
+                state,
+                open: HashMap::new(),
+                held: Default::default(),
+                listed_held: Default::default(),
+                orphan_prev: Default::default(),
+                unlinked_at: Default::default(),
+            }, serial.clone()),
             opts,
-            failed: false,
-            readahead: HashMap::new(),
+            failed: AtomicBool::new(false),
+            readahead: Leaf::new(HashMap::new(), serial.clone()),
             mark,
             holder: None,
-            held: Default::default(),
-            listed_held: Default::default(),
-            orphan_prev: Default::default(),
-            unlinked_at: Default::default(),
-            commit_stamps: None,
+            commit_stamps: Mutex::new(None),
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
         if need_root {
             inner.dir_inode(root)?;
         }
-        let orphans = inner.state.orphan_head != 0;
+        let orphans = inner.life.lock().state.orphan_head != 0;
         let dev = inner.st.dev().clone();
         let vol = Volume {
             s: Arc::new(Shared {
                 dev,
                 inner: RwLock::new(inner),
+                locks: InodeLocks::new(),
+                rename: Leaf::new((), serial),
                 lock_stats: LockCounters::new(measure_lock),
                 landed: Default::default(),
                 journal: Mutex::new(journal),
@@ -305,8 +338,8 @@ impl Volume {
             // need be (deletions never run out of space).
             let mut guard = 0u64;
             loop {
-                let mut g = vol.charged(|_| Ok(Cost::new(0, 0, true)))?;
-                let ino = g.state.orphan_head;
+                let g = vol.charged(&[], |_| Ok(Cost::new(0, 0, true)))?;
+                let ino = g.life.lock().state.orphan_head;
                 if ino == 0 {
                     break;
                 }
@@ -323,7 +356,7 @@ impl Volume {
 
     /// The superblock.
     pub fn superblock(&self) -> Superblock {
-        self.lock().st.sb.clone()
+        self.s.inner.read().st.sb.clone()
     }
 
     /// Whether the volume was opened read-only.
@@ -333,19 +366,20 @@ impl Volume {
 
     /// The root directory's inode number.
     pub fn root(&self) -> u64 {
-        self.lock().st.sb.root_ino
+        self.s.inner.read().st.sb.root_ino
     }
 
     /// I/O counters of the device.
     pub fn io_stats(&self) -> IoStats {
-        self.lock().st.dev().stats()
+        self.s.dev.stats()
     }
 
     /// Space and inode numbers. Blocks freed by the current delta count as free and
     /// available at once: an operation that needs them commits first. (`sync(1)` never
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
-        let g = self.lock();
+        let g = self.s.inner.read();
+        let inodes = g.life.lock().state.inodes;
         let s = g.st.space();
         let bavail = s.available_after_commit(false);
         let per_block = INODES_PER_BLOCK - 1;
@@ -353,7 +387,7 @@ impl Volume {
             blocks: g.st.sb.layout.block_count,
             bfree: (s.free() + s.deferred()).saturating_sub(s.promised()),
             bavail,
-            files: g.state.inodes + bavail * per_block,
+            files: inodes + bavail * per_block,
             ffree: bavail * per_block,
             bsize: BLOCK_SIZE as u32,
             namelen: NAME_MAX as u32,
@@ -362,15 +396,14 @@ impl Volume {
 
     /// Number of entries in a directory (without . and ..), and its index depth.
     pub fn dir_stats(&self, ino: u64) -> Result<(u64, u16)> {
-        let mut g = self.lock();
-        let d = g.dir_inode(ino)?;
+        let d = self.op(&[(ino, Mode::Read)]).dir_inode(ino)?;
         let di = d.dir()?;
         Ok((di.entries, di.tree.depth))
     }
 
     /// Blocks of a file's extent tree (none while its map is inline; tests and tools).
     pub fn extent_tree_blocks(&self, ino: u64) -> Result<Vec<u64>> {
-        let g = self.lock();
+        let g = self.op(&[(ino, Mode::Read)]);
         let i = g.st.inode(ino)?;
         match i.data {
             InodeData::ExtentTree { tree, .. } => btree::blocks(&mut g.st.tx(), &tree, ino),
@@ -380,7 +413,7 @@ impl Volume {
 
     /// Blocks of a directory's index (for readahead experiments and tests).
     pub fn dir_blocks(&self, ino: u64) -> Result<Vec<u64>> {
-        let mut g = self.lock();
+        let g = self.op(&[(ino, Mode::Read)]);
         let d = g.dir_inode(ino)?;
         let t = d.dir()?.tree;
         let r = btree::blocks(&mut g.st.tx(), &t, ino);
@@ -393,14 +426,14 @@ impl Volume {
         let mut g = self.lock();
         g.check_writable()?;
         let g = &mut *g;
-        let r = f(&mut g.st.tx(), &mut g.state);
+        let r = f(&mut g.st.tx(), &mut g.life.get_mut().state);
         r
     }
 
     /// How many xattr lists were read from xattr blocks so far (the storage reads the
     /// bloom filter exists to avoid).
     pub fn xattr_block_reads(&self) -> u64 {
-        self.lock().st.xattr_block_reads.load(std::sync::atomic::Ordering::Relaxed)
+        self.s.inner.read().st.xattr_block_reads.load(Ordering::Relaxed)
     }
 
     /// Drop clean cached metadata (a cold-cache start without remounting).
@@ -443,6 +476,6 @@ impl Volume {
     /// a frontend that caught a panic inside the volume: memory may be half-changed,
     /// while the disk still holds the last committed delta.
     pub fn poison(&self) {
-        self.lock().failed = true;
+        self.lock().fail();
     }
 }

@@ -12,27 +12,40 @@ use super::*;
 use crate::engine::store::read_inode;
 
 impl Inner {
-    pub(super) fn new_inode(&mut self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
-        let ino = self.st.tx().alloc_inode(parent)?;
+    /// A new inode for a child of `parent` (whose region may move: the caller stores
+    /// `parent`), its record written as its slot is taken.
+    pub(super) fn new_inode(&self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
         let t = now();
-        let mut i = Inode::new(ino, mode);
-        i.uid = uid;
-        i.gid = gid;
-        i.nlink = 1;
-        i.rdev = rdev;
-        i.atime = t;
-        i.mtime = t;
-        i.ctime = t;
-        i.crtime = t;
-        i.generation = self.state.next_generation;
-        self.state.next_generation = self.state.next_generation.wrapping_add(1);
-        self.state.inodes += 1;
-        Ok(i)
+        let generation = {
+            let mut life = self.life.lock();
+            let g = life.state.next_generation;
+            life.state.next_generation = g.wrapping_add(1);
+            life.state.inodes += 1;
+            g
+        };
+        let make = |ino| {
+            let mut i = Inode::new(ino, mode);
+            i.uid = uid;
+            i.gid = gid;
+            i.nlink = 1;
+            i.rdev = rdev;
+            i.atime = t;
+            i.mtime = t;
+            i.ctime = t;
+            i.crtime = t;
+            i.generation = generation;
+            i
+        };
+        let r = self.st.tx().alloc_inode(parent, &make);
+        if r.is_err() {
+            self.life.lock().state.inodes -= 1;
+        }
+        r
     }
 
     /// Common part of every create: check, charge, allocate, link in.
     pub(super) fn create_node(
-        &mut self,
+        &self,
         mut p: Inode,
         name: &[u8],
         mode: u32,
@@ -51,17 +64,11 @@ impl Inner {
         }
         // The inode number is needed for the entry, but the name may exist: take the
         // number, and give it back if the insert refuses.
-        let saved = p;
         let mut i = self.new_inode(&mut p, mode, uid, gid, rdev)?;
-        let r = dir::insert(&mut self.st.tx(), &mut p, name, i.ino, ft);
-        if let Err(e) = r {
-            if saved != p {
-                // The allocation moved the region: record that before the slot is given
-                // back, so the slot's block is known to be in the current region.
-                self.st.put_inode(&p)?;
-            }
+        let inserted = dir::insert(&mut self.st.tx(), &mut p, name, i.ino, ft);
+        if let Err(e) = inserted {
             self.st.tx().free_inode(i.ino)?;
-            self.state.inodes -= 1;
+            self.life.lock().state.inodes -= 1;
             return Err(e);
         }
         if ft == FileType::Directory {
@@ -77,26 +84,32 @@ impl Inner {
         Ok((p, i))
     }
 
-    /// Drop one link of `i`; free it when no link and no open handle remain.
-    pub(super) fn drop_link(&mut self, mut i: Inode) -> Result<()> {
+    /// Drop one link of `i` (locked for writing by the caller); free it when no link and
+    /// no open handle remain.
+    pub(super) fn drop_link(&self, mut i: Inode) -> Result<()> {
         i.nlink = i.nlink.saturating_sub(if i.is_dir() { 2 } else { 1 });
         i.ctime = now();
         if i.nlink > 0 {
             return self.st.put_inode(&i);
         }
-        if self.open.get(&i.ino).copied().unwrap_or(0) > 0 {
-            // Unlinked but open: keep it on the orphan list until the last release.
-            self.push_orphan(&mut i);
-            return self.st.put_inode(&i);
-        }
-        if self.is_held(i.ino) {
-            // Unlinked, not open, but still referenced by the holder (the kernel, which
-            // may still have it open): alive until `forgotten`. Usually that comes before
-            // the next commit and the inode is freed as if now; if not, the commit puts it
-            // on the orphan list, so a crash frees it.
-            self.held.insert(i.ino);
-            self.unlinked_at.insert(i.ino, std::time::Instant::now());
-            return self.st.put_inode(&i);
+        {
+            let mut life = self.life.lock();
+            if life.open.get(&i.ino).copied().unwrap_or(0) > 0 {
+                // Unlinked but open: keep it on the orphan list until the last release.
+                push_orphan(&self.st, &mut life, i.ino)?;
+                drop(life);
+                return self.st.put_inode(&i);
+            }
+            if self.is_held(i.ino) {
+                // Unlinked, not open, but still referenced by the holder (the kernel, which
+                // may still have it open): alive until `forgotten`. Usually that comes
+                // before the next commit and the inode is freed as if now; if not, the
+                // commit puts it on the orphan list, so a crash frees it.
+                life.held.insert(i.ino);
+                life.unlinked_at.insert(i.ino, std::time::Instant::now());
+                drop(life);
+                return self.st.put_inode(&i);
+            }
         }
         self.free_inode(i)
     }
@@ -104,101 +117,106 @@ impl Inner {
     /// Put the held unlinked inodes on the orphan list (before a commit, so every inode
     /// with no link on disk is on it).
     pub(super) fn list_held(&mut self) -> Result<()> {
-        let mut held: Vec<u64> = self.held.drain().collect();
+        let Inner { st, life, .. } = self;
+        let life = life.get_mut();
+        let mut held: Vec<u64> = life.held.drain().collect();
         held.sort_unstable();
         for ino in held {
-            let mut i = self.st.inode(ino)?;
+            let i = st.inode(ino)?;
             if i.nlink == 0 {
-                self.push_orphan(&mut i);
-                self.st.put_inode(&i)?;
-                self.listed_held.insert(ino);
+                push_orphan(st, life, ino)?;
+                life.listed_held.insert(ino);
             }
         }
         Ok(())
     }
 
-    /// Put `i` (written by the caller) at the head of the orphan list.
-    pub(super) fn push_orphan(&mut self, i: &mut Inode) {
-        let head = self.state.orphan_head;
-        i.next_orphan = head;
-        if head != 0 {
-            self.orphan_prev.insert(head, i.ino);
-        }
-        self.orphan_prev.insert(i.ino, 0);
-        self.state.orphan_head = i.ino;
-    }
-
-    pub(super) fn free_inode(&mut self, mut i: Inode) -> Result<()> {
-        self.delta.drop_pages(&mut self.st.space(), i.ino, |_| true);
+    pub(super) fn free_inode(&self, mut i: Inode) -> Result<()> {
+        self.delta.drop_pages(&self.st, i.ino, |_| true);
+        let mut tx = self.st.tx();
         match i.data {
             InodeData::Dir(d) => {
-                dir::destroy(&mut self.st.tx(), &mut i)?;
-                self.st.tx().release_region(&d)?;
+                dir::destroy(&mut tx, &mut i)?;
+                tx.release_region(i.ino, &d)?;
             }
             InodeData::InlineSymlink(_) => {}
-            _ => file::free_all(&mut self.st.tx(), &mut i)?,
+            _ => file::free_all(&mut tx, &mut i)?,
         }
-        xattr::release(&mut self.st.tx(), &mut i)?;
-        self.st.tx().free_inode(i.ino)?;
-        self.state.inodes = self.state.inodes.saturating_sub(1);
+        xattr::release(&mut tx, &mut i)?;
+        tx.free_inode(i.ino)?;
+        drop(tx);
+        let mut life = self.life.lock();
+        life.state.inodes = life.state.inodes.saturating_sub(1);
         Ok(())
     }
 
     /// Free orphan `ino`: off the orphan list, then its inode and blocks.
-    pub(super) fn remove_orphan(&mut self, ino: u64) -> Result<()> {
+    pub(super) fn remove_orphan(&self, ino: u64) -> Result<()> {
         let target = self.unlist_orphan(ino)?;
         self.free_inode(target)
     }
 
     /// Take `ino` off the orphan list; returns its inode, no longer pointing into it.
-    pub(super) fn unlist_orphan(&mut self, ino: u64) -> Result<Inode> {
+    pub(super) fn unlist_orphan(&self, ino: u64) -> Result<Inode> {
+        let mut life = self.life.lock();
         let mut target = self.st.inode(ino)?;
         let next = target.next_orphan;
-        let prev = self.orphan_prev.remove(&ino);
+        let prev = life.orphan_prev.remove(&ino);
         if next != 0 {
             match prev {
-                Some(p) => self.orphan_prev.insert(next, p),
-                None => self.orphan_prev.remove(&next),
+                Some(p) => life.orphan_prev.insert(next, p),
+                None => life.orphan_prev.remove(&next),
             };
         }
-        if self.state.orphan_head == ino {
-            self.state.orphan_head = next;
+        if life.state.orphan_head == ino {
+            life.state.orphan_head = next;
         } else if let Some(p) = prev.filter(|&p| p != 0) {
-            let mut c = self.st.inode(p)?;
-            c.next_orphan = next;
-            self.st.put_inode(&c)?;
+            self.st.tx().set_next_orphan(p, next)?;
         } else {
             // Not known here (listed before this open, e.g. by a crash): walk the list.
-            let mut cur = self.state.orphan_head;
+            let mut cur = life.state.orphan_head;
             let mut guard = 0u64;
             while cur != 0 {
-                let mut c = self.st.inode(cur)?;
+                let c = self.st.inode(cur)?;
                 if c.next_orphan == ino {
-                    c.next_orphan = target.next_orphan;
-                    self.st.put_inode(&c)?;
+                    self.st.tx().set_next_orphan(cur, next)?;
                     break;
                 }
                 cur = c.next_orphan;
                 guard += 1;
-                if guard > self.state.inodes + 1 {
+                if guard > life.state.inodes + 1 {
                     return Err(Error::corrupt("orphan list loops"));
                 }
             }
         }
+        self.st.tx().set_next_orphan(ino, 0)?;
         target.next_orphan = 0;
-        self.st.put_inode(&target)?;
         Ok(target)
     }
 }
 
+/// Put inode `ino` at the head of the orphan list (`life` is the list's lock, held).
+fn push_orphan(st: &Store, life: &mut Life, ino: u64) -> Result<()> {
+    let head = life.state.orphan_head;
+    st.tx().set_next_orphan(ino, head)?;
+    if head != 0 {
+        life.orphan_prev.insert(head, ino);
+    }
+    life.orphan_prev.insert(ino, 0);
+    life.state.orphan_head = ino;
+    Ok(())
+}
+
 impl Inner {
     /// Whether directory `dir` is `ancestor` or lies below it, walking `parent` fields up
-    /// to the root. A chain cannot be longer than the number of inodes: a longer walk is
-    /// a loop in corrupt metadata, reported instead of followed forever.
-    pub(super) fn is_within(&mut self, dir: u64, ancestor: u64) -> Result<bool> {
+    /// to the root (under the rename lock, so no directory on the way moves). A chain
+    /// cannot be longer than the number of inodes: a longer walk is a loop in corrupt
+    /// metadata, reported instead of followed forever.
+    pub(super) fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool> {
         let root = self.st.sb.root_ino;
+        let inodes = self.life.lock().state.inodes;
         let mut cur = dir;
-        for _ in 0..=self.state.inodes + 1 {
+        for _ in 0..=inodes + 1 {
             if cur == ancestor {
                 return Ok(true);
             }
@@ -217,21 +235,29 @@ impl Volume {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        self.reading(|r, seen| {
-            let p = read_inode(r, parent)?;
-            if !p.is_dir() {
-                return Err(Error::NotDir);
-            }
-            let i = match name {
-                b"." => p,
-                b".." => read_inode(r, p.parent)?,
-                _ => {
-                    let f = dir::lookup(r, &p, name)?.ok_or(Error::NotFound)?;
-                    read_inode(r, f.ino)?
+        // The directory is read locked, then the inode the name leads to.
+        let mut want = vec![(parent, Mode::Read)];
+        loop {
+            let mut op = self.op(&want);
+            let found = {
+                let mut tx = op.st.tx();
+                let p = read_inode(&mut tx, parent)?;
+                if !p.is_dir() {
+                    return Err(Error::NotDir);
+                }
+                match name {
+                    b"." => parent,
+                    b".." => p.parent,
+                    _ => dir::lookup(&mut tx, &p, name)?.ok_or(Error::NotFound)?.ino,
                 }
             };
-            attr_of(seen.delta, &i)
-        })
+            if !op.add(found, Mode::Read) {
+                want.push((found, Mode::Read));
+                continue;
+            }
+            let i = op.st.inode(found)?;
+            return attr_of(&op.delta, &i);
+        }
     }
 
     /// Create a regular file, device node, fifo or socket (`mode` includes the type).
@@ -257,7 +283,7 @@ impl Volume {
             return Err(Error::Invalid("make of a symlink".into()));
         }
         // One block more for inherited ACLs (identical lists share it).
-        let (mut g, p) = self.charged_with(|g| {
+        let (g, p) = self.charged_with(&[(parent, Mode::Write)], |g| {
             let p = g.dir_inode(parent)?;
             Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + 1, 0, false), p))
         })?;
@@ -269,7 +295,7 @@ impl Volume {
             g.st.put_inode(&i)?;
         }
         if open {
-            *g.open.entry(i.ino).or_insert(0) += 1;
+            *g.life.lock().open.entry(i.ino).or_insert(0) += 1;
         }
         g.attr(&i)
     }
@@ -282,7 +308,7 @@ impl Volume {
         if type_of(n.mode)? != FileType::RegularFile {
             return Err(Error::Invalid("O_TMPFILE makes regular files only".into()));
         }
-        let (mut g, mut p) = self.charged_with(|g| {
+        let (g, mut p) = self.charged_with(&[(parent, Mode::Write)], |g| {
             let p = g.dir_inode(parent)?;
             Ok((Cost::new(g.inode_cost() + 1, 0, false), p))
         })?;
@@ -291,19 +317,17 @@ impl Volume {
         }
         let (mode, gid) = new_owner(&p, n.mode, n.gid);
         let (mode, acls) = g.inherited(&p, mode, n.umask)?;
-        let saved = p;
         let mut i = g.new_inode(&mut p, mode, n.uid, gid, 0)?;
-        if saved != p {
-            // The allocation moved the directory's inode region.
-            g.st.put_inode(&p)?;
-        }
         i.nlink = 0;
-        g.push_orphan(&mut i);
+        {
+            let mut life = g.life.lock();
+            push_orphan(&g.st, &mut life, i.ino)?;
+            *life.open.entry(i.ino).or_insert(0) += 1;
+        }
         if !acls.is_empty() {
             xattr::store(&mut g.st.tx(), &mut i, &acls)?;
         }
         g.st.put_inode(&i)?;
-        *g.open.entry(i.ino).or_insert(0) += 1;
         g.attr(&i)
     }
 
@@ -329,7 +353,7 @@ impl Volume {
             return Err(Error::NameTooLong);
         }
         let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
-        let (mut g, p) = self.charged_with(|g| {
+        let (g, p) = self.charged_with(&[(parent, Mode::Write)], |g| {
             let p = g.dir_inode(parent)?;
             Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + Delta::writeback_meta(0, pages, 0), pages, false), p))
         })?;
@@ -349,7 +373,7 @@ impl Volume {
 
     /// The target of a symbolic link.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let mut g = self.lock();
+        let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
         let i = g.st.inode(ino)?;
         if i.file_type() != Some(FileType::Symlink) {
             return Err(Error::Invalid("not a symlink".into()));
@@ -357,16 +381,17 @@ impl Volume {
         if let InodeData::InlineSymlink(t) = &i.data {
             return Ok(t[..i.size as usize].to_vec());
         }
-        self.wait_landed(&mut g, ino)?;
-        let g = &mut *g;
-        let r = file::read(&mut g.st.tx(), &i, g.delta.pages(ino), 0, i.size as usize);
+        if g.is_failed() {
+            return Err(Error::Failed);
+        }
+        let r = g.delta.with_pages(ino, |pages| file::read(&mut g.st.tx(), &i, pages, 0, i.size as usize));
         r
     }
 
     /// Add a hard link.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         dir::check_name(newname)?;
-        let (mut g, (mut p, mut i)) = self.charged_with(|g| {
+        let (g, (mut p, mut i)) = self.charged_with(&[(newparent, Mode::Write), (ino, Mode::Write)], |g| {
             let p = g.dir_inode(newparent)?;
             let i = g.st.inode(ino)?;
             Ok((Cost::new(Inner::dir_cost(&p), 0, false), (p, i)))
@@ -381,17 +406,25 @@ impl Volume {
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
-        let held = g.held.contains(&ino);
-        if i.nlink == 0 && !g.open.contains_key(&ino) && !held && !g.is_held(ino) {
-            // Unlinked and unused: it is about to be freed (or already was).
-            return Err(Error::NotFound);
-        }
+        let held = {
+            let life = g.life.lock();
+            let held = life.held.contains(&ino);
+            if i.nlink == 0 && !life.open.contains_key(&ino) && !held && !g.is_held(ino) {
+                // Unlinked and unused: it is about to be freed (or already was).
+                return Err(Error::NotFound);
+            }
+            held
+        };
         dir::insert(&mut g.st.tx(), &mut p, newname, ino, type_of(i.mode)?)?;
-        g.unlinked_at.remove(&ino);
-        g.listed_held.remove(&ino);
-        if held {
-            g.held.remove(&ino);
-        } else if i.nlink == 0 {
+        {
+            let mut life = g.life.lock();
+            life.unlinked_at.remove(&ino);
+            life.listed_held.remove(&ino);
+            if held {
+                life.held.remove(&ino);
+            }
+        }
+        if !held && i.nlink == 0 {
             // An O_TMPFILE file (or one unlinked while open) gets a name: off the orphan
             // list, or a crash would free a linked inode.
             i = g.unlist_orphan(ino)?;
@@ -410,9 +443,17 @@ impl Volume {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut g = self.charged(|_| Ok(Cost::new(0, 0, true)))?;
-        let mut p = g.dir_inode(parent)?;
-        let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
+        // The directory is write locked, then the inode the name leads to.
+        let mut want = vec![(parent, Mode::Write)];
+        let (g, mut p, f) = loop {
+            let mut g = self.charged(&want, |_| Ok(Cost::new(0, 0, true)))?;
+            let p = g.dir_inode(parent)?;
+            let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
+            if g.add(f.ino, Mode::Write) {
+                break (g, p, f);
+            }
+            want.push((f.ino, Mode::Write));
+        };
         let i = g.st.inode(f.ino)?;
         if want_dir {
             if !i.is_dir() {
@@ -464,21 +505,37 @@ impl Volume {
         if flags.exchange && (flags.noreplace || flags.whiteout) {
             return Err(Error::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into()));
         }
-        let (mut g, (mut p, np0)) = self.charged_with(|g| {
-            let p = g.dir_inode(parent)?;
-            let np = g.dir_inode(newparent)?;
-            // A whiteout is a new entry and inode where the old name was.
-            let whiteout = if flags.whiteout { Inner::dir_cost(&p) + g.inode_cost() } else { 0 };
-            Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout, 0, !flags.whiteout), (p, np)))
-        })?;
-        let g = &mut *g;
-        if p.nlink == 0 || np0.nlink == 0 {
-            // A removed directory (still alive for its holder) has no names to move and
-            // takes no new ones.
-            return Err(Error::NotFound);
-        }
-        let src = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
-        let dst = dir::lookup(&mut g.st.tx(), &np0, newname)?;
+        // Between two directories, the rename lock first (see `Shared::rename`); then both
+        // directories, and the inodes the two names lead to.
+        let _moving = (parent != newparent).then(|| self.s.rename.lock());
+        let mut want = vec![(parent, Mode::Write), (newparent, Mode::Write)];
+        let (g, mut p, src, dst) = loop {
+            let (mut g, (p, np0)) = self.charged_with(&want, |g| {
+                let p = g.dir_inode(parent)?;
+                let np = g.dir_inode(newparent)?;
+                // A whiteout is a new entry and inode where the old name was.
+                let whiteout = if flags.whiteout { Inner::dir_cost(&p) + g.inode_cost() } else { 0 };
+                Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout, 0, !flags.whiteout), (p, np)))
+            })?;
+            if p.nlink == 0 || np0.nlink == 0 {
+                // A removed directory (still alive for its holder) has no names to move and
+                // takes no new ones.
+                return Err(Error::NotFound);
+            }
+            let src = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
+            let dst = dir::lookup(&mut g.st.tx(), &np0, newname)?;
+            if !g.add(src.ino, Mode::Write) {
+                want.push((src.ino, Mode::Write));
+                continue;
+            }
+            if let Some(d) = &dst {
+                if !g.add(d.ino, Mode::Write) {
+                    want.push((d.ino, Mode::Write));
+                    continue;
+                }
+            }
+            break (g, p, src, dst);
+        };
         if flags.noreplace && dst.is_some() {
             return Err(Error::Exists);
         }

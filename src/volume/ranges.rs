@@ -44,7 +44,7 @@ impl Volume {
         }
         let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
         let (s, n) = (offset / bs, len / bs);
-        let mut g = self.charged_on(ino, |g| {
+        let g = self.charged_on(ino, &[(ino, Mode::Write)], |g| {
             let i = g.st.inode(ino)?;
             if i.file_type() != Some(FileType::RegularFile) {
                 return Err(if i.is_dir() { Error::IsDir } else { Error::Invalid("not a file".into()) });
@@ -71,14 +71,13 @@ impl Volume {
             }
             Ok(Cost::new(meta, 0, !insert))
         })?;
-        let g = &mut *g;
         let mut i = g.st.inode(ino)?;
         if insert {
             g.delta.shift_pages(ino, s, n as i64);
             file::shift(&mut g.st.tx(), &mut i, s, n as i64)?;
             i.size += len;
         } else {
-            g.delta.drop_pages(&mut g.st.space(), ino, |p| (s..s + n).contains(&p));
+            g.delta.drop_pages(&g.st, ino, |p| (s..s + n).contains(&p));
             file::punch(&mut g.st.tx(), &mut i, s, s + n)?;
             g.delta.shift_pages(ino, s + n, -(n as i64));
             file::shift(&mut g.st.tx(), &mut i, s + n, -(n as i64))?;

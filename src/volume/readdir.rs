@@ -16,10 +16,10 @@ impl Inner {
     /// Directory readahead (seed 004's dirreadahead): from position `next`, read the next
     /// leaves of the index in one sorted sweep, then the inode blocks of their entries in
     /// another; at most `READAHEAD_ENTRIES` entries ahead, and only once per window.
-    pub(super) fn read_ahead(&mut self, d: &Inode, next: u64) -> Result<()> {
+    pub(super) fn read_ahead(&self, d: &Inode, next: u64) -> Result<()> {
         // Keys (positions) say nothing about counts, so the window remembers the key of
         // its middle entry: the next readahead starts when the reader gets there.
-        if self.readahead.get(&d.ino).is_some_and(|&mid| next < mid) {
+        if self.readahead.lock().get(&d.ino).is_some_and(|&mid| next < mid) {
             return Ok(());
         }
         let t = d.dir()?.tree;
@@ -35,10 +35,11 @@ impl Inner {
             inode_blocks.len() < READAHEAD_ENTRIES
         })?;
         self.st.prefetch_inodes(&inode_blocks, READAHEAD_INODE_BLOCKS)?;
-        if self.readahead.len() > 1024 {
-            self.readahead.clear();
+        let mut ahead = self.readahead.lock();
+        if ahead.len() > 1024 {
+            ahead.clear();
         }
-        self.readahead.insert(d.ino, mid);
+        ahead.insert(d.ino, mid);
         Ok(())
     }
 }
@@ -48,7 +49,7 @@ impl Volume {
     /// entry's `next` is the position to continue after it; positions stay valid while
     /// entries come and go.
     pub fn readdir(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let (d, out) = self.reading(|r, _| {
+        let (d, out) = self.reading(&[(ino, Mode::Read)], |r, _| {
             let d = read_dir_inode(r, ino)?;
             let out = list(r, &d, pos, max)?;
             Ok((d, out))
@@ -67,52 +68,43 @@ impl Volume {
     /// attributes (`None`) rather than failing the batch: one bad block costs only its
     /// own entries, which then fail on access, and the rest of the directory lists.
     pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
-        // With the lock shared when the batch is cached and needs no readahead issued
-        // (within a window already read ahead, or readahead off); else exclusively.
-        let shared = self.shared(|view, seen| {
-            let d = read_dir_inode(view, ino)?;
-            let ents = list(view, &d, pos, max)?;
-            if seen.opts.sorted_prefetch {
-                let covered = seen.readahead.get(&ino).is_some_and(|&mid| pos < mid);
-                if (ents.len() == max && !covered) || (ents.len() < max && seen.readahead.contains_key(&ino)) {
-                    view.decline();
-                    return Ok((d, Vec::new()));
+        // The directory is read locked, and so are the inodes of the batch, so that each
+        // entry's attributes are as of one moment with the listing.
+        let mut want = vec![(ino, Mode::Read)];
+        let (d, out) = 'again: loop {
+            let mut g = self.op(&want);
+            let (d, ents) = {
+                let mut tx = g.st.tx();
+                let d = read_dir_inode(&mut tx, ino)?;
+                let ents = list(&mut tx, &d, pos, max)?;
+                (d, ents)
+            };
+            for e in &ents {
+                if !g.add(e.ino, Mode::Read) {
+                    want.extend(ents.iter().map(|e| (e.ino, Mode::Read)));
+                    continue 'again;
                 }
             }
-            Ok((d, with_attrs(view, seen.delta, ino, ents)?))
-        });
-        let (d, out) = match shared {
-            Some(r) => r?,
-            None => self.readdir_plus_exclusive(ino, pos, max)?,
+            if g.opts.sorted_prefetch {
+                if ents.len() == max {
+                    // A directory read in batches: read ahead from this batch on, so the
+                    // batch and the next ones come in one sorted sweep.
+                    g.read_ahead(&d, pos)?;
+                } else {
+                    g.readahead.lock().remove(&ino);
+                }
+                let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
+                // Only a speed-up: a block the sweep cannot read is tried again one by one.
+                if let Err(e) = g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS) {
+                    tracing::debug!("readdirplus sweep of directory {ino}: {e}");
+                }
+            }
+            let out = with_attrs(&mut g.st.tx(), &g.delta, ino, ents)?;
+            break (d, out);
         };
         let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
         self.touch_atime(ino, touch);
         Ok(out)
-    }
-
-    /// [`Volume::readdir_plus`] with the volume lock held exclusively: issues readahead
-    /// and reads what is not cached.
-    fn readdir_plus_exclusive(&self, ino: u64, pos: u64, max: usize) -> Result<(Inode, Listing)> {
-        let mut g = self.lock();
-        let d = g.dir_inode(ino)?;
-        let ents = list(&mut g.st.tx(), &d, pos, max)?;
-        if g.opts.sorted_prefetch {
-            if ents.len() == max {
-                // A directory read in batches: read ahead from this batch on, so the batch
-                // and the next ones come in one sorted sweep.
-                g.read_ahead(&d, pos)?;
-            } else {
-                g.readahead.remove(&ino);
-            }
-            let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
-            // Only a speed-up: a block the sweep cannot read is tried again one by one.
-            if let Err(e) = g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS) {
-                tracing::debug!("readdirplus sweep of directory {ino}: {e}");
-            }
-        }
-        let inner = &mut *g;
-        let out = with_attrs(&mut inner.st.tx(), &inner.delta, ino, ents)?;
-        Ok((d, out))
     }
 }
 

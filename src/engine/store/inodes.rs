@@ -1,6 +1,13 @@
 //! The inode table (seed 002): inode slots in inode blocks, their allocation from a
 //! directory's region, their release, and the lazy-free tree of slots freed without
 //! rewriting their blocks.
+//!
+//! Concurrency: the inode blocks of one directory's region hold that directory's children,
+//! which other operations change at the same time, slot by slot (each slot under its own
+//! inode's lock). What spans a block — its used mask, its lazy-free record, whether it is
+//! empty, the region itself — changes only under the owner directory's region lock
+//! (`Store::region_lock`), taken before the lazy-free tree's lock, the space map's and the
+//! cache's.
 
 use super::*;
 
@@ -27,8 +34,10 @@ impl Tx<'_> {
         Ok(ino_of(b, 1))
     }
 
-    /// Take a free slot in block `b`, if any.
-    fn take_slot(&mut self, b: u64) -> Result<Option<u64>> {
+    /// Take a free slot in block `b`, if any, and write the new inode `make` gives for
+    /// its number into it in the same step: no one ever sees the slot used and blank.
+    /// The caller holds the block's region lock.
+    fn take_slot(&mut self, b: u64, make: &dyn Fn(u64) -> Inode) -> Result<Option<Inode>> {
         // The block is about to be written anyway: settle its lazy frees into it.
         let lazy = self.lazy_freed(b);
         if lazy != 0 {
@@ -41,43 +50,51 @@ impl Tx<'_> {
         if used == u16::MAX {
             return Ok(None);
         }
+        let s = (!used).trailing_zeros() as usize;
+        let i = make(ino_of(b, s as u64));
         let blk = self.block_mut(b, Some(INODE_MAGIC))?;
-        let s = (!used).trailing_zeros() as u64;
         put_u16(blk, IB_USED, (used | (1 << s)) & !1);
-        Ok(Some(ino_of(b, s)))
+        i.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
+        self.release_block();
+        let st = self.store();
+        st.changed_inodes.shard(i.ino).insert(i.ino);
+        Ok(Some(i))
     }
 
-    /// Allocate an inode number for a new child of `dir` (whose record the caller
-    /// writes back, as its region may change). The slot is marked used; the caller
-    /// writes the inode with `put_inode`.
-    pub fn alloc_inode(&mut self, dir: &mut Inode) -> Result<u64> {
+    /// Allocate an inode for a new child of `dir`: `make` gives its record for the number
+    /// chosen, written into the slot as it is taken. When the directory's region moves,
+    /// `dir` (the caller's copy) is written back at once, under the region lock, so a
+    /// free of one of its children sees the new region.
+    pub fn alloc_inode(&mut self, dir: &mut Inode, make: &dyn Fn(u64) -> Inode) -> Result<Inode> {
         let dir_ino = dir.ino;
         let dir_block = ino_loc(dir_ino).0;
         let st = self.store();
         if !st.reserve_regions {
             // A/B baseline: one shared inode block at a time for the whole volume, filled
             // in creation order whatever the directory (no reservation).
+            let _region = st.region_lock(0);
             let mut shared = st.shared_inode_block.lock();
             if let Some(b) = *shared {
                 if st.is_used(b) {
-                    if let Ok(Some(ino)) = self.take_slot(b) {
-                        return Ok(ino);
+                    if let Ok(Some(i)) = self.take_slot(b, make) {
+                        return Ok(i);
                     }
                 }
             }
             let (b, _) = self.space().alloc(0, 1, 1).ok_or(Error::NoSpace)?;
             self.init_inode_block(b, 0);
             *shared = Some(b);
-            return self.take_slot(b)?.ok_or_else(|| Error::corrupt("a fresh inode block has no free slot"));
+            return self.take_slot(b, make)?.ok_or_else(|| Error::corrupt("a fresh inode block has no free slot"));
         }
+        let _region = st.region_lock(dir_ino);
         let region_blocks = st.sb.region_blocks as u32;
         let d = dir.dir_mut()?;
         // Blocks already initialised in the current region, newest first (the oldest
         // are the likeliest to be full).
         for k in (0..d.region_used).rev() {
             let b = d.region_start + k as u64;
-            if let Some(ino) = self.take_slot(b)? {
-                return Ok(ino);
+            if let Some(i) = self.take_slot(b, make)? {
+                return Ok(i);
             }
         }
         if d.region_used == d.region_len {
@@ -98,7 +115,9 @@ impl Tx<'_> {
         let b = d.region_start + d.region_used as u64;
         d.region_used += 1;
         self.init_inode_block(b, dir_ino);
-        self.take_slot(b)?.ok_or_else(|| Error::corrupt("a fresh inode block has no free slot"))
+        // The region grew (or moved): stored now, under the region lock.
+        self.put_inode(dir)?;
+        self.take_slot(b, make)?.ok_or_else(|| Error::corrupt("a fresh inode block has no free slot"))
     }
 
     /// Free an inode slot. An inode block left empty is freed unless it belongs to its
@@ -111,6 +130,10 @@ impl Tx<'_> {
     /// when it is reused, instead of at every commit (docs/DESIGN.md, "Lazy inode frees").
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
         let (b, s) = self.store().check_ino(ino)?;
+        // The owner never changes while the block is in use.
+        let owner = get_u64(self.block(b, Some(INODE_MAGIC))?, IB_OWNER);
+        let st = self.store();
+        let _region = st.region_lock(if st.reserve_regions { owner } else { 0 });
         let lazy = self.lazy_freed(b) | (1 << s);
         let (used, owner) = {
             let blk = self.block(b, Some(INODE_MAGIC))?;
@@ -210,7 +233,9 @@ impl Tx<'_> {
 
     /// A directory is going away: give back the blank tail of its region and any empty
     /// initialised blocks in it.
-    pub fn release_region(&mut self, d: &DirInfo) -> Result<()> {
+    pub fn release_region(&mut self, dir: u64, d: &DirInfo) -> Result<()> {
+        let st = self.store();
+        let _region = st.region_lock(dir);
         let tail = d.region_start + d.region_used as u64;
         if d.region_len > d.region_used {
             // Blank blocks were never written in any committed state... but they may

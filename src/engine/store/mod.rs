@@ -9,13 +9,14 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::cache::{MetaCache, Windows};
+use crate::engine::leaf::{Leaf, LeafGuard, Serial};
 use crate::engine::log::Journal;
+use crate::engine::leaf::Sharded;
 use crate::engine::space::{Bitmap, Space};
 use crate::error::{Error, Result};
 
@@ -32,7 +33,7 @@ pub use tx::{read_inode, MetaRead, Tx};
 pub struct Store {
     dev: Arc<dyn BlockDevice>,
     cache: MetaCache,
-    space: Mutex<Space>,
+    space: Leaf<Space>,
     /// The space map's words, read without its lock.
     bitmap: Arc<Bitmap>,
     pub sb: Superblock,
@@ -40,11 +41,11 @@ pub struct Store {
     pub reserve_regions: bool,
     /// Recently stored shareable xattr blocks by content hash (a hint, checked on use).
     /// Its lock also makes finding, sharing and releasing a shared xattr block one step.
-    pub xattr_shared: Mutex<BlockHints>,
+    pub xattr_shared: Leaf<BlockHints>,
     /// Xattr lists read from xattr blocks (not inline): what the bloom filter saves.
     pub xattr_block_reads: AtomicU64,
     /// Without reservation: the inode block new inodes currently go to.
-    shared_inode_block: Mutex<Option<u64>>,
+    shared_inode_block: Leaf<Option<u64>>,
     /// Inodes stored (`put_inode`) since the last snapshot: every change to a file or
     /// directory stores its inode (times, size, links), so an inode not here has nothing
     /// in the delta being built (an fsync of it need not commit).
@@ -55,43 +56,31 @@ pub struct Store {
     /// The lazy-free tree's root (inode block → slots freed but still marked used there),
     /// when the volume has the LAZY_INODE_FREE feature; the state block carries it. Held
     /// while the tree changes.
-    lazy: Mutex<Option<TreeRoot>>,
+    lazy: Leaf<Option<TreeRoot>>,
     /// The lazy-free tree's records, in memory: an inode read checks here instead of in
     /// the tree (a tree lookup doubled the cost of a cached getattr). Kept equal to the
     /// tree by every change to it.
     lazy_masks: Sharded<rustc_hash::FxHashMap<u64, u16>>,
     /// Running share of live inode slots in the windows read lately: windows pay only
     /// when most of what they bring in is live (a directory thinned to 1% is not).
-    density: Mutex<Density>,
+    density: Leaf<Density>,
+    /// Time spent on the volume-wide leaf locks (these and the volume's own).
+    serial: Arc<Serial>,
+    /// Region locks, striped by directory: taking a slot from a directory's inode blocks,
+    /// freeing one, and moving the directory's region happen under its owner's stripe,
+    /// so a block is never freed as empty while a slot in it is being taken, nor judged
+    /// outside its region while the region moves (see `inodes.rs`).
+    regions: Box<[parking_lot::Mutex<()>]>,
 }
+
+/// Stripes of the region locks.
+const REGION_STRIPES: usize = 64;
 
 /// How dense in live inodes the inode windows read lately were.
 struct Density {
     share: f64,
     /// Prefetch sweeps so far (block mode samples windows again now and then).
     sweeps: u64,
-}
-
-/// A map split into shards by key, each behind its own lock: for the small per-block and
-/// per-inode sets every operation touches, so two threads seldom meet on one lock.
-struct Sharded<T> {
-    shards: Box<[Mutex<T>]>,
-}
-
-impl<T: Default> Sharded<T> {
-    fn new() -> Sharded<T> {
-        Sharded { shards: (0..16).map(|_| Mutex::new(T::default())).collect() }
-    }
-
-    fn shard(&self, key: u64) -> parking_lot::MutexGuard<'_, T> {
-        self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize].lock()
-    }
-
-    fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
-        for s in self.shards.iter_mut() {
-            f(s.get_mut());
-        }
-    }
 }
 
 /// The engine of an opened volume: its log (recovered), the store (cache and free
@@ -321,21 +310,24 @@ impl Store {
         sb: Superblock,
         reserve_regions: bool,
     ) -> Store {
+        let serial = Arc::new(Serial::default());
         Store {
             dev,
             cache,
             bitmap: space.bitmap(),
-            space: Mutex::new(space),
+            space: Leaf::new(space, serial.clone()),
             sb,
             reserve_regions,
-            xattr_shared: Mutex::new(BlockHints::new(XATTR_SHARE_HINTS)),
+            xattr_shared: Leaf::new(BlockHints::new(XATTR_SHARE_HINTS), serial.clone()),
             xattr_block_reads: Default::default(),
-            shared_inode_block: Mutex::new(None),
+            shared_inode_block: Leaf::new(None, serial.clone()),
             changed_inodes: Sharded::new(),
             inode_readahead: false,
-            lazy: Mutex::new(None),
+            lazy: Leaf::new(None, serial.clone()),
             lazy_masks: Sharded::new(),
-            density: Mutex::new(Density { share: 1.0, sweeps: 0 }),
+            density: Leaf::new(Density { share: 1.0, sweeps: 0 }, serial.clone()),
+            serial,
+            regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
         }
     }
 
@@ -354,13 +346,18 @@ impl Store {
 
     /// The free-space map and the budget, locked (a leaf lock: take nothing while
     /// holding it, and never hold it across device I/O).
-    pub fn space(&self) -> MutexGuard<'_, Space> {
+    pub fn space(&self) -> LeafGuard<'_, Space> {
         self.space.lock()
     }
 
     /// [`Store::space`], for a holder of the whole store.
     pub fn space_mut(&mut self) -> &mut Space {
         self.space.get_mut()
+    }
+
+    /// The measure of the volume-wide leaf locks (shared with the volume's own).
+    pub fn serial(&self) -> &Arc<Serial> {
+        &self.serial
     }
 
     /// Whether block `b` is in use, without the space map's lock.
@@ -424,6 +421,11 @@ impl Store {
     /// A delta committed synchronously (mid write-back): its frees are released.
     pub fn forget_freed(&self) {
         self.cache.forget_freed();
+    }
+
+    /// The region lock of directory `owner` (see `regions`).
+    fn region_lock(&self, owner: u64) -> parking_lot::MutexGuard<'_, ()> {
+        self.regions[(owner.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % REGION_STRIPES].lock()
     }
 
     fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {

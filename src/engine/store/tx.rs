@@ -96,7 +96,7 @@ impl<'a> Tx<'a> {
     }
 
     /// The free-space map and budget, locked (see [`Store::space`]).
-    pub fn space(&mut self) -> MutexGuard<'a, Space> {
+    pub fn space(&mut self) -> LeafGuard<'a, Space> {
         self.release_block();
         self.st.space.lock()
     }
@@ -223,13 +223,28 @@ impl<'a> Tx<'a> {
         read_inode(self, ino)
     }
 
-    /// Write an inode back into its block.
+    /// Write an inode back into its block. Its orphan-list link is kept as it is in the
+    /// block: another operation may have changed it meanwhile (taking the inode before
+    /// this one off the list), and only [`Tx::set_next_orphan`] changes it.
     pub fn put_inode(&mut self, inode: &Inode) -> Result<()> {
         let (b, s) = self.st.check_ino(inode.ino)?;
         let blk = self.block_mut(b, Some(INODE_MAGIC))?;
-        inode.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
+        let slot = &mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE];
+        let link = get_u64(slot, INODE_NEXT_ORPHAN);
+        inode.encode(slot);
+        put_u64(slot, INODE_NEXT_ORPHAN, link);
         self.release_block();
         self.st.changed_inodes.shard(inode.ino).insert(inode.ino);
+        Ok(())
+    }
+
+    /// Set inode `ino`'s orphan-list link (the caller holds the orphan list's lock).
+    pub fn set_next_orphan(&mut self, ino: u64, next: u64) -> Result<()> {
+        let (b, s) = self.st.check_ino(ino)?;
+        let blk = self.block_mut(b, Some(INODE_MAGIC))?;
+        put_u64(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE], INODE_NEXT_ORPHAN, next);
+        self.release_block();
+        self.st.changed_inodes.shard(ino).insert(ino);
         Ok(())
     }
 }

@@ -1,0 +1,116 @@
+//! Leaf locks: the small locks at the bottom of the lock order, taken with nothing else
+//! taken inside them (docs/DESIGN.md, "Concurrency"). Two kinds:
+//!
+//! - [`Sharded`]: a table split into shards by key, each behind its own lock, for the
+//!   per-block and per-inode tables every operation touches, so two threads seldom meet.
+//! - [`Leaf`]: one volume-wide lock (the space map, the inodes' lives, the lazy-free
+//!   tree), measured: with [`Serial::enabled`] on, the time spent waiting for it and
+//!   holding it is summed, the serial part of an operation that bounds how far it scales
+//!   across cores (issue 14's Amdahl projection, `examples/engine_bench.rs`).
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
+
+/// Shards of a [`Sharded`] table.
+const SHARDS: usize = 16;
+
+/// `T` (a map or set keyed by `u64`) in [`SHARDS`] shards.
+pub struct Sharded<T> {
+    shards: Box<[Mutex<T>]>,
+}
+
+impl<T: Default> Default for Sharded<T> {
+    fn default() -> Self {
+        Sharded { shards: (0..SHARDS).map(|_| Mutex::new(T::default())).collect() }
+    }
+}
+
+impl<T: Default> Sharded<T> {
+    pub fn new() -> Sharded<T> {
+        Sharded::default()
+    }
+
+    /// The shard of `key`, locked.
+    pub fn shard(&self, key: u64) -> MutexGuard<'_, T> {
+        self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS].lock()
+    }
+
+    /// Every shard, for a holder of the whole table.
+    pub fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
+        for s in self.shards.iter_mut() {
+            f(s.get_mut());
+        }
+    }
+}
+
+/// Time spent on the volume-wide leaf locks of one volume (all zero unless enabled).
+#[derive(Default)]
+pub struct Serial {
+    /// Measure (a switch for benchmarks: reading the clock twice per lock costs).
+    pub enabled: AtomicBool,
+    pub acquisitions: AtomicU64,
+    pub waited_ns: AtomicU64,
+    pub held_ns: AtomicU64,
+}
+
+/// A volume-wide leaf lock, measured (see the module doc).
+pub struct Leaf<T> {
+    m: Mutex<T>,
+    serial: Arc<Serial>,
+}
+
+/// A held [`Leaf`].
+pub struct LeafGuard<'a, T> {
+    g: MutexGuard<'a, T>,
+    since: Option<Instant>,
+    serial: &'a Serial,
+}
+
+impl<T> Leaf<T> {
+    pub fn new(value: T, serial: Arc<Serial>) -> Leaf<T> {
+        Leaf { m: Mutex::new(value), serial }
+    }
+
+    pub fn lock(&self) -> LeafGuard<'_, T> {
+        let s = &*self.serial;
+        if !s.enabled.load(Ordering::Relaxed) {
+            return LeafGuard { g: self.m.lock(), since: None, serial: s };
+        }
+        let t = Instant::now();
+        let g = self.m.lock();
+        let since = Instant::now();
+        s.acquisitions.fetch_add(1, Ordering::Relaxed);
+        s.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
+        LeafGuard { g, since: Some(since), serial: s }
+    }
+
+    /// The value, for a holder of the whole lock's owner.
+    pub fn get_mut(&mut self) -> &mut T {
+        self.m.get_mut()
+    }
+}
+
+impl<T> Deref for LeafGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.g
+    }
+}
+
+impl<T> DerefMut for LeafGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.g
+    }
+}
+
+impl<T> Drop for LeafGuard<'_, T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.since {
+            self.serial.held_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}

@@ -421,6 +421,7 @@ fn open_options(small: bool) -> OpenOptions {
         dirty_limit: if small { 64 } else { d.dirty_limit },
         cache_blocks: if small { 64 } else { d.cache_blocks },
         flush_from: if small { d.flush_from } else { 16 },
+        linearization_stamps: true,
         ..d
     }
 }

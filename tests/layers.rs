@@ -25,10 +25,11 @@ fn rank(module: &[&str]) -> Option<(u32, u32)> {
         "engine" => (
             2,
             match second {
-                "cache" | "leaf" => 0,
-                "log" | "space" | "btree" => 1,
-                "store" => 2,
-                _ => 3,
+                "leaf" => 0,
+                "cache" => 1,
+                "log" | "space" | "btree" => 2,
+                "store" => 3,
+                _ => 4,
             },
         ),
         "fs" => (

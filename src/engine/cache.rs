@@ -27,6 +27,7 @@ use rustc_hash::FxHashMap;
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
+use crate::engine::leaf::Padded;
 use crate::error::{Error, Result};
 
 /// Largest number of blocks one coalesced read fetches.
@@ -95,7 +96,7 @@ struct Shard {
 
 /// Cached metadata blocks.
 pub struct MetaCache {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[Padded<RwLock<Shard>>]>,
     /// Dirty blocks over all shards.
     dirty_count: AtomicUsize,
     /// Clean blocks each shard keeps before eviction starts.
@@ -111,10 +112,17 @@ pub struct Windows {
     pub limit: usize,
 }
 
-/// The shard of block `b`: a multiplicative hash, so a directory's neighbouring blocks
-/// spread over the shards.
+/// Blocks in a row that share a shard.
+const SHARD_RUN: u32 = 6;
+
+/// The shard of block `b`: runs of 64 neighbouring blocks share one, runs spread by a
+/// hash. A directory's inode region and index blocks lie close together, so an operation
+/// works mostly in one or two shards and threads in different directories mostly in
+/// different ones: a shard's lock word then stays in one CPU's cache instead of moving
+/// between CPUs at every block (spreading single blocks made two threads creating in
+/// directories of their own 1.2–1.7× one instead of 1.6–2×).
 fn shard_of(b: u64) -> usize {
-    (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+    ((b >> SHARD_RUN).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
 }
 
 fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
@@ -187,7 +195,7 @@ impl Shard {
 impl MetaCache {
     pub fn new(capacity: usize) -> MetaCache {
         MetaCache {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| Padded(RwLock::new(Shard::default()))).collect(),
             dirty_count: AtomicUsize::new(0),
             shard_capacity: capacity.max(64).div_ceil(SHARDS),
         }
@@ -325,7 +333,7 @@ impl MetaCache {
     /// The delta being built goes in flight: its tombstones go with it.
     pub fn freed_to_flight(&mut self) {
         for s in self.shards.iter_mut() {
-            for f in s.get_mut().freed.values_mut() {
+            for f in s.0.get_mut().freed.values_mut() {
                 *f = Freed::InFlight;
             }
         }
@@ -494,7 +502,7 @@ impl MetaCache {
     pub fn take_dirty(&mut self) -> Vec<(u64, Box<Block>)> {
         let mut out = Vec::with_capacity(self.dirty_count());
         for s in self.shards.iter_mut() {
-            let s = s.get_mut();
+            let s = s.0.get_mut();
             for b in std::mem::take(&mut s.dirty_list) {
                 if let Some(c) = s.blocks.get_mut(&b) {
                     if c.dirty {
@@ -524,7 +532,7 @@ impl MetaCache {
     /// Forget every block (e.g. after a failed commit, to reload the committed state).
     pub fn clear(&mut self) {
         for s in self.shards.iter_mut() {
-            let s = s.get_mut();
+            let s = s.0.get_mut();
             s.blocks.clear();
             s.dirty_list.clear();
             s.dirty = 0;

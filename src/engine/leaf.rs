@@ -18,31 +18,29 @@ use parking_lot::{Mutex, MutexGuard};
 /// Shards of a [`Sharded`] table.
 const SHARDS: usize = 16;
 
-/// `T` (a map or set keyed by `u64`) in [`SHARDS`] shards.
+/// `T` (a map or set keyed by `u64`) in [`SHARDS`] shards. Keys that differ only in
+/// their low `run` bits share a shard (neighbouring blocks, or inodes of one directory's
+/// region), so one thread's work stays in few shards (see the cache's `shard_of`).
 pub struct Sharded<T> {
-    shards: Box<[Mutex<T>]>,
-}
-
-impl<T: Default> Default for Sharded<T> {
-    fn default() -> Self {
-        Sharded { shards: (0..SHARDS).map(|_| Mutex::new(T::default())).collect() }
-    }
+    shards: Box<[Padded<Mutex<T>>]>,
+    run: u32,
 }
 
 impl<T: Default> Sharded<T> {
-    pub fn new() -> Sharded<T> {
-        Sharded::default()
+    /// A table whose keys share a shard in runs of `2^run`.
+    pub fn new(run: u32) -> Sharded<T> {
+        Sharded { shards: (0..SHARDS).map(|_| Padded(Mutex::new(T::default()))).collect(), run }
     }
 
     /// The shard of `key`, locked.
     pub fn shard(&self, key: u64) -> MutexGuard<'_, T> {
-        self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS].lock()
+        self.shards[((key >> self.run).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS].lock()
     }
 
     /// Every shard, for a holder of the whole table.
     pub fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
         for s in self.shards.iter_mut() {
-            f(s.get_mut());
+            f(s.0.get_mut());
         }
     }
 }
@@ -57,9 +55,9 @@ pub struct Serial {
     pub held_ns: AtomicU64,
 }
 
-/// A volume-wide leaf lock, measured (see the module doc).
+/// A volume-wide leaf lock, measured (see the module doc); alone on its cache lines.
 pub struct Leaf<T> {
-    m: Mutex<T>,
+    m: Padded<Mutex<T>>,
     serial: Arc<Serial>,
 }
 
@@ -72,7 +70,7 @@ pub struct LeafGuard<'a, T> {
 
 impl<T> Leaf<T> {
     pub fn new(value: T, serial: Arc<Serial>) -> Leaf<T> {
-        Leaf { m: Mutex::new(value), serial }
+        Leaf { m: Padded(Mutex::new(value)), serial }
     }
 
     pub fn lock(&self) -> LeafGuard<'_, T> {
@@ -90,7 +88,7 @@ impl<T> Leaf<T> {
 
     /// The value, for a holder of the whole lock's owner.
     pub fn get_mut(&mut self) -> &mut T {
-        self.m.get_mut()
+        self.m.0.get_mut()
     }
 }
 
@@ -112,5 +110,59 @@ impl<T> Drop for LeafGuard<'_, T> {
         if let Some(t) = self.since {
             self.serial.held_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
+    }
+}
+
+/// Slots of [`SlotCounter`]s: threads spread over them in the order they first use one.
+pub const SLOTS: usize = 16;
+
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static SLOT: usize = (NEXT_SLOT.fetch_add(1, Ordering::Relaxed) as usize) % SLOTS;
+}
+
+/// This thread's slot (see [`SlotCounter`]).
+pub fn slot() -> usize {
+    SLOT.with(|s| *s)
+}
+
+/// A value alone on its cache line(s): what one thread writes often must not share a line
+/// with what others read or write, or the line moves between CPUs at every write.
+#[repr(align(128))]
+#[derive(Default)]
+pub struct Padded<T>(pub T);
+
+impl<T> Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// A counter split into per-thread slots, each on its own cache line: adding touches only
+/// the adding thread's line, reading sums them all (for counters read far less often than
+/// changed: an inode count read at a commit, the log room of operations in flight).
+pub struct SlotCounter {
+    slots: Box<[Padded<std::sync::atomic::AtomicI64>]>,
+}
+
+impl SlotCounter {
+    /// A counter starting at `start`.
+    pub fn new(start: i64) -> SlotCounter {
+        let c = SlotCounter { slots: (0..SLOTS).map(|_| Padded::default()).collect() };
+        c.slots[0].store(start, Ordering::Relaxed);
+        c
+    }
+
+    pub fn add(&self, n: i64) {
+        // SeqCst: a thread that adds, then sums, must see every add that came before the
+        // other threads' sums saw its own (operations checking the room they share).
+        self.slots[slot()].fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// The sum over the slots (exact when nothing changes meanwhile).
+    pub fn sum(&self) -> i64 {
+        self.slots.iter().map(|s| s.load(Ordering::SeqCst)).sum()
     }
 }

@@ -1,8 +1,8 @@
 //! The storage engine: the verified metadata cache, the log (deltas' commit and
 //! recovery), free space, the store that bundles them, and the one B+tree.
 //!
-//! Order inside the layer, bottom up: `cache` and `leaf` (the small locks at the bottom
-//! of the lock order); then `log`, `space` and `btree`, which do not use each other (the
+//! Order inside the layer, bottom up: `leaf` (the small locks at the bottom of the lock
+//! order); `cache`; then `log`, `space` and `btree`, which do not use each other (the
 //! tree is generic over `btree::NodeStore`); then `store`, which bundles them and is the
 //! tree's node store. tests/layers.rs checks it.
 

@@ -68,6 +68,9 @@ pub struct Space {
     deferred_bitmap: BTreeSet<u64>,
     /// Bitmap blocks (by index) whose words changed since the last write-out.
     dirty: BTreeSet<u64>,
+    /// `dirty.len() + deferred_bitmap.len()`, readable without the space map's lock (what
+    /// an operation checks the log's room with).
+    pending: Arc<AtomicU64>,
     /// Data blocks charged to the current delta but not yet allocated (delayed
     /// allocation: one per dirty page).
     promised: u64,
@@ -97,6 +100,7 @@ impl Space {
             held_blocks: 0,
             deferred_bitmap: BTreeSet::new(),
             dirty: (0..layout.bitmap_count()).collect(),
+            pending: Arc::new(AtomicU64::new(layout.bitmap_count())),
             promised: 0,
             promised_meta: 0,
             reserve: Self::reserve_for(layout.block_count),
@@ -144,6 +148,7 @@ impl Space {
     pub fn load(dev: &dyn BlockDevice, cache: &MetaCache, layout: Layout) -> Result<Space> {
         let mut s = Space::fresh(layout);
         s.dirty.clear();
+        s.count_pending();
         for i in 0..layout.bitmap_count() {
             let b = cache.get(dev, layout.bitmap_block(i), Some(BITMAP_MAGIC))?;
             let base = i as usize * WORDS_PER_BLOCK;
@@ -169,6 +174,16 @@ impl Space {
         (0..self.words.len()).map(|i| self.words.word(i).count_zeros() as u64).sum()
     }
 
+    /// Set `pending` from the sets it counts.
+    fn count_pending(&self) {
+        self.pending.store((self.dirty.len() + self.deferred_bitmap.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// The count of bitmap blocks the delta will write, readable without this map's lock.
+    pub fn pending_count(&self) -> Arc<AtomicU64> {
+        self.pending.clone()
+    }
+
     /// The bitmap's words, for lock-free `is_used` questions.
     pub fn bitmap(&self) -> Arc<Bitmap> {
         self.words.clone()
@@ -184,6 +199,7 @@ impl Space {
         self.or_bit(b);
         if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
             note_dirtied();
+            self.pending.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -192,6 +208,7 @@ impl Space {
         self.words.put(i, self.words.word(i) & !(1 << (b % 64)));
         if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
             note_dirtied();
+            self.pending.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -372,6 +389,7 @@ impl Space {
             for i in start / BITS_PER_BITMAP_BLOCK..=(start + len - 1) / BITS_PER_BITMAP_BLOCK {
                 if self.deferred_bitmap.insert(i) {
                     note_dirtied();
+                    self.pending.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -396,6 +414,7 @@ impl Space {
         }
         self.deferred_blocks = 0;
         self.deferred_bitmap.clear();
+        self.count_pending();
     }
 
     /// For a commit whose I/O runs while the next delta goes on: show the delta's frees
@@ -412,6 +431,7 @@ impl Space {
         }
         self.deferred_blocks = 0;
         self.deferred_bitmap.clear();
+        self.count_pending();
         held
     }
 
@@ -440,7 +460,9 @@ impl Space {
 
     /// Copy changed words into their bitmap blocks in the cache.
     pub fn write_out(&mut self, cache: &MetaCache) {
-        for i in std::mem::take(&mut self.dirty) {
+        let dirty = std::mem::take(&mut self.dirty);
+        self.count_pending();
+        for i in dirty {
             let blockno = self.layout.bitmap_block(i);
             let mut b = cache.fresh(blockno);
             put_u32(&mut b[..], 0, BITMAP_MAGIC);

@@ -392,8 +392,7 @@ impl Volume {
             let mut op = self.op(want);
             op.check_writable()?;
             let (c, read) = cost(&op)?;
-            let fit = op.delta.fits(&op.st, c, 1).and_then(|()| op.delta.reserve(&op.st, c));
-            match fit {
+            match op.delta.reserve(&op.st, c, 1) {
                 Ok(()) => {
                     op.charged(c);
                     return Ok((op, read));
@@ -425,7 +424,7 @@ impl Volume {
                     let pages = self.s.in_flight_pages.load(Ordering::Acquire);
                     let runs = self.s.in_flight_runs.load(Ordering::Acquire);
                     if op.delta.room_beside(c, pages, runs) {
-                        if op.delta.reserve(&op.st, c).is_ok() {
+                        if op.delta.reserve(&op.st, c, 2).is_ok() {
                             self.s.ask_background();
                             op.charged(c);
                             return Ok((op, read));

@@ -72,14 +72,16 @@ impl LockStats {
 pub(super) struct LockCounters {
     /// Whether to time at all (`OpenOptions::measure_lock`).
     pub(super) enabled: bool,
+    /// Whether to take linearization stamps (`OpenOptions::linearization_stamps`).
+    stamping: bool,
     acquisitions: AtomicU64,
     waited_ns: AtomicU64,
     held_ns: AtomicU64,
     shared_acquisitions: AtomicU64,
     shared_waited_ns: AtomicU64,
     shared_held_ns: AtomicU64,
-    /// The last linearization stamp handed out (0: none yet).
-    stamps: AtomicU64,
+    /// The last linearization stamp handed out (0: none yet), alone on its line.
+    stamps: crate::engine::leaf::Padded<AtomicU64>,
     /// The most log blocks (dirty metadata and bitmap blocks) one charged operation added
     /// to its delta: `OP_LOG_BLOCKS` is kept free for any one operation, so this must not
     /// pass it (a test hook: [`Volume::op_log_blocks`]).
@@ -112,14 +114,17 @@ pub(super) struct Held<'a> {
 }
 
 impl LockCounters {
-    pub(super) fn new(enabled: bool) -> LockCounters {
-        LockCounters { enabled, ..Default::default() }
+    pub(super) fn new(enabled: bool, stamping: bool) -> LockCounters {
+        LockCounters { enabled, stamping, ..Default::default() }
     }
 
     /// The next linearization stamp, for a caller that holds the volume lock; it also
     /// becomes the calling thread's last stamp. Relaxed is enough: the lock orders the
     /// holders, and the counter's own modification order follows it.
     fn next_stamp(&self) -> u64 {
+        if !self.stamping {
+            return 0;
+        }
         let s = self.stamps.fetch_add(1, Ordering::Relaxed) + 1;
         set_stamp(s);
         s
@@ -213,8 +218,12 @@ impl Drop for Op<'_> {
             self.guard.delta.release(&self.guard.st, c);
         }
         if let Some(at) = self.dirtied_at {
+            // Written only when it grows: a line every operation wrote would move
+            // between CPUs at every operation.
             let added = crate::engine::cache::dirtied_here() - at;
-            self.counters.op_log_max.fetch_max(added, Ordering::Relaxed);
+            if added > self.counters.op_log_max.load(Ordering::Relaxed) {
+                self.counters.op_log_max.fetch_max(added, Ordering::Relaxed);
+            }
         }
         if let Some(since) = self.since {
             self.counters.shared_held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);

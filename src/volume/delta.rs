@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::engine::leaf::Sharded;
+use crate::engine::leaf::{Sharded, SlotCounter};
 
 use super::*;
 
@@ -89,7 +89,7 @@ pub(super) struct Delta {
     log_capacity: u64,
     /// Log blocks set aside for the operations now running (`OP_LOG_BLOCKS` each): they
     /// may all add to the delta before it commits.
-    log_reserved: AtomicU64,
+    log_reserved: SlotCounter,
     /// Sequence number of the last delta handed to the log.
     seq: u64,
     /// Counts the events that may rewrite a block on the device (write-backs and commit
@@ -165,12 +165,12 @@ fn runs(pages: &Pages) -> u64 {
 impl Delta {
     pub(super) fn new(seq: u64, log_capacity: u64, opts: &OpenOptions) -> Delta {
         Delta {
-            files: Sharded::new(),
+            files: Sharded::new(10),
             dirty_pages: AtomicU64::new(0),
             dirty_limit: opts.dirty_limit,
             dirty_runs: AtomicU64::new(0),
             log_capacity,
-            log_reserved: AtomicU64::new(0),
+            log_reserved: SlotCounter::new(0),
             seq,
             epoch: AtomicU64::new(0),
             accounting: opts.space_accounting,
@@ -415,7 +415,9 @@ impl Delta {
             n
         };
         self.dirty_pages.fetch_sub(n, Ordering::Relaxed);
-        st.space().settle_pages(n);
+        if n > 0 {
+            st.space().settle_pages(n);
+        }
     }
 
     /// Move the dirty pages of `ino` at or after page `from` by `delta` pages (collapse
@@ -445,7 +447,7 @@ impl Delta {
     /// limit, and the space budget. Checks only; [`Delta::reserve`] takes the room.
     pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
         let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
-        if used + self.log_reserved.load(Ordering::Acquire) + OP_LOG_BLOCKS > self.log_capacity {
+        if used + self.log_reserved() + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
         }
         // Only changes that dirty pages are held back by the dirty-data limits (a delta
@@ -463,21 +465,36 @@ impl Delta {
         Ok(())
     }
 
-    /// Take what an operation of cost `c` may need, as [`Delta::fits`] saw it fit: its
-    /// log room and its worst case of blocks, both given back by [`Delta::release`] when
-    /// it ends. `Err` if others took it first (the caller looks again).
-    pub(super) fn reserve(&self, st: &Store, c: Cost) -> std::result::Result<(), Short> {
+    /// Reserve what an operation of cost `c` may need, if it fits (as [`Delta::fits`]
+    /// checks, with the dirty limits times `dirty_factor`): its log room and its worst
+    /// case of blocks, both given back by [`Delta::release`] when it ends. Taking the
+    /// room and checking it are one step, so operations running at once cannot all take
+    /// the last of it; a change that needs no block takes no lock.
+    pub(super) fn reserve(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
+        self.log_reserved.add(OP_LOG_BLOCKS as i64);
+        let others = self.log_reserved().saturating_sub(OP_LOG_BLOCKS);
+        let r = self.reserve_room(st, c, dirty_factor, others);
+        if r.is_err() {
+            self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
+        }
+        r
+    }
+
+    fn reserve_room(&self, st: &Store, c: Cost, dirty_factor: u64, others: u64) -> std::result::Result<(), Short> {
         let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
-        let before = self.log_reserved.fetch_add(OP_LOG_BLOCKS, Ordering::AcqRel);
-        if used + before + OP_LOG_BLOCKS > self.log_capacity {
-            self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
+        if used + others + OP_LOG_BLOCKS > self.log_capacity {
             return Err(Short::Delta);
         }
-        if self.accounting {
+        let pages = self.dirty_pages();
+        if c.pages > 0
+            && ((pages > 0 && pages + c.pages > self.dirty_limit * dirty_factor)
+                || self.dirty_runs() >= RUN_LIMIT * dirty_factor)
+        {
+            return Err(Short::Dirty);
+        }
+        if self.accounting && c.meta + c.pages > 0 {
             let mut space = st.space();
             if space.available(c.deletion) < c.meta + c.pages {
-                drop(space);
-                self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
                 return Err(Short::Space);
             }
             space.reserve_op(c.meta + c.pages);
@@ -487,15 +504,15 @@ impl Delta {
 
     /// An operation that reserved for cost `c` has ended.
     pub(super) fn release(&self, st: &Store, c: Cost) {
-        self.log_reserved.fetch_sub(OP_LOG_BLOCKS, Ordering::AcqRel);
-        if self.accounting {
+        self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
+        if self.accounting && c.meta + c.pages > 0 {
             st.space().release_op(c.meta + c.pages);
         }
     }
 
     /// Log room reserved by operations now running.
     pub(super) fn log_reserved(&self) -> u64 {
-        self.log_reserved.load(Ordering::Acquire)
+        self.log_reserved.sum().max(0) as u64
     }
 
     /// Whether a change of cost `c` fits in twice the dirty-data limits, counting the
@@ -627,6 +644,7 @@ impl Inner {
     /// every delta it seals when [`Volume::record_commit_stamps`] asked for it.
     pub(super) fn prepare_commit(&mut self, journal: &mut Journal, stamp: u64) -> Result<Option<Flight>> {
         self.list_held()?;
+        self.sync_counters();
         let before = self.delta.seq;
         let r = self.delta.prepare_commit(&mut self.st, &mut self.life.get_mut().state, journal);
         if let Some(log) = self.commit_stamps.get_mut() {

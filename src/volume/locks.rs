@@ -12,8 +12,12 @@
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Stripes in the table: enough that unrelated inodes seldom share one.
-const STRIPES: usize = 4096;
+use crate::engine::leaf::Padded;
+
+/// Stripes in the table: enough that unrelated inodes seldom share one. Each is alone on
+/// its cache lines, or two threads locking neighbouring stripes would move one line back
+/// and forth between their CPUs.
+const STRIPES: usize = 1024;
 
 /// How an inode is locked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,7 +30,7 @@ pub(super) enum Mode {
 
 /// The table of inode locks.
 pub(super) struct InodeLocks {
-    stripes: Box<[RwLock<()>]>,
+    stripes: Box<[Padded<RwLock<()>>]>,
 }
 
 enum Guard<'a> {
@@ -55,7 +59,7 @@ fn stripe(ino: u64) -> usize {
 
 impl InodeLocks {
     pub(super) fn new() -> InodeLocks {
-        InodeLocks { stripes: (0..STRIPES).map(|_| RwLock::new(())).collect() }
+        InodeLocks { stripes: (0..STRIPES).map(|_| Padded(RwLock::new(()))).collect() }
     }
 
     /// Lock every inode of `want` (a stripe wanted both ways is written), waiting as

@@ -18,7 +18,7 @@ use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::leaf::Leaf;
+use crate::engine::leaf::{Leaf, Padded, SlotCounter, SLOTS};
 use crate::engine::log::Journal;
 use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
@@ -93,6 +93,11 @@ struct Inner {
     /// The state block's contents and the inodes' lives (open handles, unlinked inodes
     /// still held, the orphan list): one leaf lock.
     life: Leaf<Life>,
+    /// The state block's inode count and next generation number, kept here (every create
+    /// and free changes them, from any thread) and copied into `life.state` at each
+    /// commit: the count in per-thread slots, the numbers handed out in batches.
+    inodes: SlotCounter,
+    generations: Generations,
     opts: OpenOptions,
     /// Set when a commit failed half way: memory no longer matches any disk state.
     failed: AtomicBool,
@@ -130,6 +135,44 @@ struct Life {
     unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
 }
 
+/// Inode generation numbers, handed out by each thread slot from batches of its own, so
+/// creates in different threads do not all write one counter.
+struct Generations {
+    /// The first number no batch has taken (what the state block records).
+    next: std::sync::atomic::AtomicU32,
+    /// Per slot, the numbers left in its batch: `(next, end)`.
+    batches: Box<[Padded<parking_lot::Mutex<(u32, u32)>>]>,
+}
+
+/// Generation numbers a slot takes at once.
+const GENERATION_BATCH: u32 = 256;
+
+impl Generations {
+    fn new(next: u32) -> Generations {
+        Generations {
+            next: std::sync::atomic::AtomicU32::new(next),
+            batches: (0..SLOTS).map(|_| Padded(parking_lot::Mutex::new((0, 0)))).collect(),
+        }
+    }
+
+    /// A generation number for a new inode.
+    fn take(&self) -> u32 {
+        let mut b = self.batches[crate::engine::leaf::slot()].lock();
+        if b.0 == b.1 {
+            let start = self.next.fetch_add(GENERATION_BATCH, Ordering::Relaxed);
+            *b = (start, start.wrapping_add(GENERATION_BATCH));
+        }
+        let g = b.0;
+        b.0 = b.0.wrapping_add(1);
+        g
+    }
+
+    /// What the state block records: past every number handed out.
+    fn next(&self) -> u32 {
+        self.next.load(Ordering::Relaxed)
+    }
+}
+
 /// See [`Volume::set_holder`].
 pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
@@ -149,7 +192,8 @@ pub struct Volume {
 struct Shared {
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
-    inner: RwLock<Inner>,
+    /// Alone on its cache lines: every operation writes its lock word.
+    inner: Padded<RwLock<Inner>>,
     /// The inode locks (see `locks.rs`).
     locks: InodeLocks,
     /// Held by a rename between two directories, before its inode locks, as the kernel's
@@ -204,6 +248,14 @@ impl Inner {
     /// host took over its mount mark.
     fn is_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire) || self.mark.as_ref().is_some_and(|m| m.lost())
+    }
+
+    /// Copy the counters kept as atomics into the state block's contents (at a commit's
+    /// snapshot, with the volume lock held exclusively).
+    fn sync_counters(&mut self) {
+        let state = &mut self.life.get_mut().state;
+        state.inodes = self.inodes.sum().max(0) as u64;
+        state.next_generation = self.generations.next();
     }
 
     /// Fail the volume: memory no longer matches any disk state.
@@ -280,12 +332,15 @@ impl Volume {
         st.serial().enabled.store(opts.measure_lock, Ordering::Relaxed);
         let read_only = opts.read_only;
         let measure_lock = opts.measure_lock;
+        let stamping = opts.linearization_stamps;
         let discard = opts.discard && !read_only;
         let atime = if read_only { AtimePolicy::Never } else { opts.atime };
         let serial = st.serial().clone();
         let inner = Inner {
             st,
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
+            inodes: SlotCounter::new(state.inodes as i64),
+            generations: Generations::new(state.next_generation),
             life: Leaf::new(Life {
                 state,
                 open: HashMap::new(),
@@ -311,10 +366,10 @@ impl Volume {
         let vol = Volume {
             s: Arc::new(Shared {
                 dev,
-                inner: RwLock::new(inner),
+                inner: Padded(RwLock::new(inner)),
                 locks: InodeLocks::new(),
                 rename: Leaf::new((), serial),
-                lock_stats: LockCounters::new(measure_lock),
+                lock_stats: LockCounters::new(measure_lock, stamping),
                 landed: Default::default(),
                 journal: Mutex::new(journal),
                 background: Mutex::new(Background::default()),
@@ -379,7 +434,7 @@ impl Volume {
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
         let g = self.s.inner.read();
-        let inodes = g.life.lock().state.inodes;
+        let inodes = g.inodes.sum().max(0) as u64;
         let s = g.st.space();
         let bavail = s.available_after_commit(false);
         let per_block = INODES_PER_BLOCK - 1;
@@ -426,7 +481,12 @@ impl Volume {
         let mut g = self.lock();
         g.check_writable()?;
         let g = &mut *g;
+        g.sync_counters();
         let r = f(&mut g.st.tx(), &mut g.life.get_mut().state);
+        let state = &g.life.get_mut().state;
+        let (inodes, generation) = (state.inodes, state.next_generation);
+        g.inodes = SlotCounter::new(inodes as i64);
+        g.generations = Generations::new(generation);
         r
     }
 

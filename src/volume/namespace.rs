@@ -16,13 +16,8 @@ impl Inner {
     /// `parent`), its record written as its slot is taken.
     pub(super) fn new_inode(&self, parent: &mut Inode, mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
         let t = now();
-        let generation = {
-            let mut life = self.life.lock();
-            let g = life.state.next_generation;
-            life.state.next_generation = g.wrapping_add(1);
-            life.state.inodes += 1;
-            g
-        };
+        let generation = self.generations.take();
+        self.inodes.add(1);
         let make = |ino| {
             let mut i = Inode::new(ino, mode);
             i.uid = uid;
@@ -38,7 +33,7 @@ impl Inner {
         };
         let r = self.st.tx().alloc_inode(parent, &make);
         if r.is_err() {
-            self.life.lock().state.inodes -= 1;
+            self.inodes.add(-1);
         }
         r
     }
@@ -68,7 +63,7 @@ impl Inner {
         let inserted = dir::insert(&mut self.st.tx(), &mut p, name, i.ino, ft);
         if let Err(e) = inserted {
             self.st.tx().free_inode(i.ino)?;
-            self.life.lock().state.inodes -= 1;
+            self.inodes.add(-1);
             return Err(e);
         }
         if ft == FileType::Directory {
@@ -145,8 +140,7 @@ impl Inner {
         xattr::release(&mut tx, &mut i)?;
         tx.free_inode(i.ino)?;
         drop(tx);
-        let mut life = self.life.lock();
-        life.state.inodes = life.state.inodes.saturating_sub(1);
+        self.inodes.add(-1);
         Ok(())
     }
 
@@ -184,7 +178,7 @@ impl Inner {
                 }
                 cur = c.next_orphan;
                 guard += 1;
-                if guard > life.state.inodes + 1 {
+                if guard > self.inodes.sum().max(0) as u64 + 1 {
                     return Err(Error::corrupt("orphan list loops"));
                 }
             }
@@ -214,7 +208,7 @@ impl Inner {
     /// metadata, reported instead of followed forever.
     pub(super) fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool> {
         let root = self.st.sb.root_ino;
-        let inodes = self.life.lock().state.inodes;
+        let inodes = self.inodes.sum().max(0) as u64;
         let mut cur = dir;
         for _ in 0..=inodes + 1 {
             if cur == ancestor {

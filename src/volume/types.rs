@@ -148,6 +148,11 @@ pub struct OpenOptions {
     /// MOUNT_MARK), in milliseconds; 5000 by default. Another host's open waits about
     /// twice this long before it takes over a mark that stopped changing.
     pub mark_interval_ms: u32,
+    /// Test hook: take a linearization stamp in every operation ([`Volume::last_stamp`](
+    /// crate::Volume::last_stamp)). Off by default: the stamps come from one counter all
+    /// threads write, whose cache line then moves between CPUs at every operation.
+    #[doc(hidden)]
+    pub linearization_stamps: bool,
 }
 
 /// When an access updates an inode's atime. The FUSE client leaves atime to the daemon
@@ -190,6 +195,7 @@ impl Default for OpenOptions {
             discard: false,
             atime: AtimePolicy::Relative,
             mark_interval_ms: 5000,
+            linearization_stamps: false,
         }
     }
 }

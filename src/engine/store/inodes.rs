@@ -150,8 +150,10 @@ impl Tx<'_> {
         // Recording the slot may allocate a tree node: only while space is plentiful
         // (the reserve belongs to deletions and commits), and never when the block is
         // written in this delta anyway.
-        let roomy = self.space().available(false) > LAZY_FREE_MIN_AVAILABLE;
-        if self.store().lazy_frees().is_some() && roomy && !self.is_dirty(b) {
+        if self.store().has_lazy_frees()
+            && !self.is_dirty(b)
+            && self.space().available(false) > LAZY_FREE_MIN_AVAILABLE
+        {
             match self.set_lazy_freed(b, lazy) {
                 Err(Error::NoSpace) => {}
                 r => return r,

@@ -36,6 +36,8 @@ pub struct Store {
     space: Leaf<Space>,
     /// The space map's words, read without its lock.
     bitmap: Arc<Bitmap>,
+    /// The space map's count of bitmap blocks the delta will write, read without its lock.
+    pending_bitmap: Arc<std::sync::atomic::AtomicU64>,
     pub sb: Superblock,
     /// Use directory inode reservation (A/B switch; on by default).
     pub reserve_regions: bool,
@@ -57,6 +59,8 @@ pub struct Store {
     /// when the volume has the LAZY_INODE_FREE feature; the state block carries it. Held
     /// while the tree changes.
     lazy: Leaf<Option<TreeRoot>>,
+    /// The volume has a lazy-free tree (`lazy` is `Some`), known without its lock.
+    lazy_enabled: bool,
     /// The lazy-free tree's records, in memory: an inode read checks here instead of in
     /// the tree (a tree lookup doubled the cost of a cached getattr). Kept equal to the
     /// tree by every change to it.
@@ -205,6 +209,7 @@ pub fn open_lenient(
     }
     let mut store = Store::new(dev, cache, space, sb, reserve_regions);
     *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
+    store.lazy_enabled = lazy;
     store.load_lazy_masks();
     Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damaged, state_damaged, damage })
 }
@@ -315,16 +320,19 @@ impl Store {
             dev,
             cache,
             bitmap: space.bitmap(),
+            pending_bitmap: space.pending_count(),
             space: Leaf::new(space, serial.clone()),
             sb,
             reserve_regions,
             xattr_shared: Leaf::new(BlockHints::new(XATTR_SHARE_HINTS), serial.clone()),
             xattr_block_reads: Default::default(),
             shared_inode_block: Leaf::new(None, serial.clone()),
-            changed_inodes: Sharded::new(),
+            // Inodes in runs of 1,024: 64 inode blocks, a directory's region or more.
+            changed_inodes: Sharded::new(10),
             inode_readahead: false,
             lazy: Leaf::new(None, serial.clone()),
-            lazy_masks: Sharded::new(),
+            lazy_enabled: false,
+            lazy_masks: Sharded::new(6),
             density: Leaf::new(Density { share: 1.0, sweeps: 0 }, serial.clone()),
             serial,
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
@@ -382,7 +390,7 @@ impl Store {
 
     /// Bitmap blocks the delta will write (see [`Space::pending_bitmap_blocks`]).
     pub fn pending_bitmap_blocks(&self) -> usize {
-        self.space().pending_bitmap_blocks()
+        self.pending_bitmap.load(std::sync::atomic::Ordering::Relaxed) as usize
     }
 
     /// Seal the delta's metadata: the changed bitmap words go into their blocks, and the
@@ -479,6 +487,11 @@ impl Store {
             g.share = (g.share + d) / 2.0;
         }
         Ok(())
+    }
+
+    /// Whether the volume records inode frees in a lazy-free tree.
+    pub fn has_lazy_frees(&self) -> bool {
+        self.lazy_enabled
     }
 
     /// The lazy-free tree's root, when the volume has one (the state block's copy).

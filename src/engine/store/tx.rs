@@ -265,10 +265,16 @@ impl MetaRead for Tx<'_> {
                 Some(r) => r?,
             }
         } else {
-            if st.inode_readahead && !st.cache.contains(b) && !st.cache.is_freed(b) {
-                st.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
+            match st.cache.peek(b, Some(INODE_MAGIC)) {
+                Some(r) => r?,
+                None => {
+                    // A miss: read the block's window of inode blocks with it.
+                    if st.inode_readahead {
+                        st.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
+                    }
+                    st.cache.get_live(&*st.dev, b, Some(INODE_MAGIC))?
+                }
             }
-            st.cache.get_live(&*st.dev, b, Some(INODE_MAGIC))?
         };
         Ok(r.map(|r| self.hold(r)))
     }

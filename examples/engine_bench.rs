@@ -193,7 +193,9 @@ fn scaling_run(n: u64, threads: usize, shared: bool, file: Option<&str>, measure
     let vol = Volume::open(dev.clone(), OpenOptions { measure_lock: measure, ..Default::default() }).expect("open");
     let root = vol.root();
     let dirs: Vec<u64> = (0..threads)
-        .map(|t| if shared && t > 0 { 0 } else { vol.mkdir(root, format!("d{t}").as_bytes(), 0o755, 0, 0).unwrap().ino })
+        .map(
+            |t| if shared && t > 0 { 0 } else { vol.mkdir(root, format!("d{t}").as_bytes(), 0o755, 0, 0).unwrap().ino },
+        )
         .collect();
     let dir_of = |t: usize| if shared { dirs[0] } else { dirs[t] };
     let name = |t: usize, i: u64| format!("t{t}-file-{i:08}").into_bytes();
@@ -266,7 +268,17 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>, which: &[bool]) {
     );
     println!(
         "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "dirs", "threads", "phase", "ops/s", "speedup", "excl %", "leaf %", "waited %", "shared %", "Amdahl 16", "Amdahl 64"
+        "dirs",
+        "threads",
+        "phase",
+        "ops/s",
+        "speedup",
+        "excl %",
+        "leaf %",
+        "waited %",
+        "shared %",
+        "Amdahl 16",
+        "Amdahl 64"
     );
     let labels = ["create", "lookup", "unlink"];
     let mut best = vec![[0f64; 3]; max_threads + 1];
@@ -294,9 +306,9 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>, which: &[bool]) {
         let mut serial: Vec<f64> = Vec::new();
         let mut best = vec![[0f64; 3]; max_threads + 1];
         for _ in 0..RUNS {
-            for threads in 1..=max_threads {
+            for (threads, b) in best.iter_mut().enumerate().skip(1) {
                 for (k, (ops, _)) in scaling_run(n, threads, shared, file, false).into_iter().enumerate() {
-                    best[threads][k] = best[threads][k].max(ops);
+                    b[k] = b[k].max(ops);
                 }
             }
         }

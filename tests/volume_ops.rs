@@ -364,8 +364,8 @@ fn access_decisions() {
     close_and_check(dev, vol);
 }
 
-/// The volume's locks are measured: every operation shares the volume lock, a create takes
-/// leaf locks (the space map, the inodes' lives), a commit takes the volume lock
+/// The volume's locks are measured: every operation shares the volume lock, creates take
+/// leaf locks (the space map, to refill their lease of blocks), a commit takes the volume lock
 /// exclusively, and the times are counted (the serial share engine_bench --threads
 /// reports).
 #[test]
@@ -381,7 +381,7 @@ fn lock_use_is_counted() {
     let d = vol.lock_stats().since(before);
     assert!(d.shared_acquisitions >= 100, "{d:?}");
     assert!(d.shared_held > std::time::Duration::ZERO, "{d:?}");
-    assert!(d.leaf_acquisitions >= 200 && d.leaf_held > std::time::Duration::ZERO, "{d:?}");
+    assert!(d.leaf_acquisitions > 0 && d.leaf_held > std::time::Duration::ZERO, "{d:?}");
     assert_eq!(d.acquisitions, 0, "creates do not take the volume lock exclusively: {d:?}");
     let before = vol.lock_stats();
     vol.sync().unwrap();

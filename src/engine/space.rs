@@ -20,6 +20,22 @@ use crate::error::{Error, Result};
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
 
+thread_local! {
+    /// Blocks of the budget this thread has used up (see [`consumed_here`]).
+    static CONSUMED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Blocks of the budget this thread has used up so far: blocks it allocated, and data and
+/// metadata blocks it promised. The difference across one operation is what that
+/// operation took of what it reserved (see `Store::release_blocks`).
+pub fn consumed_here() -> u64 {
+    CONSUMED.with(|c| c.get())
+}
+
+fn consume(n: u64) {
+    CONSUMED.with(|c| c.set(c.get() + n));
+}
+
 /// The bitmap's words (1 = in use), shared: the space map changes them under its owner's
 /// lock, and anyone may ask whether a block is in use without that lock (an inode read
 /// does, to tell a stale inode number). Blocks past the end read as used.
@@ -79,9 +95,11 @@ pub struct Space {
     promised_meta: u64,
     /// Kept free for deletions and commit-time metadata.
     reserve: u64,
-    /// Blocks charged by front-end operations now running, each its worst case: settled
-    /// (released) when the operation ends, by then its real allocations count instead.
-    /// What keeps two operations running at once from both taking the last blocks.
+    /// Blocks of the budget handed out to the per-thread leases (`Store::reserve_blocks`):
+    /// what front-end operations now running reserved (each its worst case, settled when
+    /// it ends, by then its real allocations count instead), and what the leases hold for
+    /// the next ones. What keeps two operations running at once from both taking the last
+    /// blocks.
     reserved: u64,
     /// Next-fit cursor for allocations without a better goal.
     cursor: u64,
@@ -247,6 +265,7 @@ impl Space {
     pub fn promise(&mut self, pages: u64, meta: u64) {
         self.promised += pages;
         self.promised_meta += meta;
+        consume(pages + meta);
     }
 
     /// `pages` promised data blocks were allocated by write-back, or their pages dropped.
@@ -278,19 +297,20 @@ impl Space {
         self.free.saturating_sub(self.promised + self.promised_meta + self.reserved).saturating_sub(r)
     }
 
-    /// An operation about to run takes `n` blocks of the budget for itself (its worst
-    /// case; the caller checked `available` under the same lock).
-    pub fn reserve_op(&mut self, n: u64) {
+    /// Hand `n` blocks of the budget out to a lease (the caller checked `available`
+    /// under the same lock).
+    pub fn lease(&mut self, n: u64) {
         self.reserved += n;
     }
 
-    /// An operation that reserved `n` blocks has ended: what it allocated is counted by
-    /// the map now, what it did not use is free again.
-    pub fn release_op(&mut self, n: u64) {
+    /// Take `n` blocks back from the leases: an operation that reserved them has ended
+    /// (what it allocated is counted by the map now, what it did not use is free again),
+    /// or a lease gives back what it held.
+    pub fn unlease(&mut self, n: u64) {
         self.reserved = self.reserved.saturating_sub(n);
     }
 
-    /// Blocks reserved by operations now running.
+    /// Blocks handed out to the leases (reserved by running operations, or held).
     pub fn reserved(&self) -> u64 {
         self.reserved
     }
@@ -365,6 +385,7 @@ impl Space {
                 }
                 self.free -= run;
                 self.cursor = b + run;
+                consume(run);
                 return Some((b, run));
             }
             scanned += run.max(1);

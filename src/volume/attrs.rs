@@ -320,11 +320,11 @@ mod tests {
             let value = format!("{i:0>100}");
             vol.setxattr(f, b"user.v", value.as_bytes(), XattrMode::Any).unwrap();
         }
-        assert_eq!(vol.s.inner.read().st.xattr_shared.lock().len(), XATTR_SHARE_HINTS, "bounded");
+        assert_eq!(vol.s.inner.read_inner().st.xattr_shared.lock().len(), XATTR_SHARE_HINTS, "bounded");
         for i in 0..n {
             vol.unlink(root, format!("f{i}").as_bytes()).unwrap();
         }
-        assert!(vol.s.inner.read().st.xattr_shared.lock().is_empty(), "freed blocks' hints are gone");
+        assert!(vol.s.inner.read_inner().st.xattr_shared.lock().is_empty(), "freed blocks' hints are gone");
         vol.close().unwrap();
         let r = crate::fsck::check(dev, false, &mut |_| {}).unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);

@@ -52,7 +52,7 @@ impl Volume {
             self.s.background_cv.wait(&mut b);
         }
         drop(b);
-        if self.s.inner.read().failed.load(Ordering::Acquire) {
+        if self.s.inner.read_inner().failed.load(Ordering::Acquire) {
             return Err(Error::Failed);
         }
         Ok(())
@@ -187,7 +187,7 @@ impl Shared {
             return Ok(false);
         }
         let wrote = file::write_runs(&*self.dev, data, DATA_PIECE, |_, _| {});
-        let g = self.inner.read();
+        let g = self.inner.read_inner();
         self.data_done(&g, wrote.is_ok());
         wrote?;
         Ok(g.delta.wants_more_flushing(&g.st))
@@ -278,13 +278,13 @@ impl Shared {
             let home = std::cell::Cell::new(false);
             let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, || {
                 home.set(true);
-                self.data_done(&self.inner.read(), true);
+                self.data_done(&self.inner.read_inner(), true);
             });
             drop(logged);
             drop(data);
             if !home.get() {
                 // As a failed data write: no reader waits for data that will not come.
-                self.data_done(&self.inner.read(), false);
+                self.data_done(&self.inner.read_inner(), false);
             }
             return self.committed(flight, r);
         }
@@ -299,7 +299,7 @@ impl Shared {
         });
         self.in_flight_pages.store(0, Ordering::Release);
         self.in_flight_runs.store(0, Ordering::Release);
-        self.data_done(&self.inner.read(), wrote.is_ok());
+        self.data_done(&self.inner.read_inner(), wrote.is_ok());
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks);
         self.committed(flight, r)
@@ -338,7 +338,7 @@ impl Volume {
                 return Ok(op);
             }
             op.wait(&self.s.landed, None);
-            if self.s.inner.read().is_failed() {
+            if self.s.inner.read_inner().is_failed() {
                 return Err(Error::Failed);
             }
         }
@@ -442,7 +442,7 @@ impl Volume {
                     let flushes = op.delta.flushes();
                     op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
                     let stuck = {
-                        let g = self.s.inner.read();
+                        let g = self.s.inner.read_inner();
                         g.delta.flushes() == flushes && g.delta.fits(&g.st, c, 1).is_err()
                     };
                     if stuck {
@@ -479,7 +479,7 @@ impl Volume {
     /// [`Volume::record_commit_stamps`], in order.
     #[doc(hidden)]
     pub fn commit_stamps(&self) -> Vec<(u64, u64)> {
-        let g = self.s.inner.read();
+        let g = self.s.inner.read_inner();
         let stamps = g.commit_stamps.lock().clone().unwrap_or_default();
         stamps
     }
@@ -488,7 +488,7 @@ impl Volume {
     /// [`OpenOptions::flush_from`]).
     #[doc(hidden)]
     pub fn flushes(&self) -> u64 {
-        self.s.inner.read().delta.flushes()
+        self.s.inner.read_inner().delta.flushes()
     }
 
     /// Test hook: wait (up to `within`) until the flusher has nothing left to do, so a
@@ -515,7 +515,7 @@ impl Volume {
     pub fn fsync(&self, ino: u64) -> Result<()> {
         {
             let _journal = self.s.journal.lock();
-            let g = self.s.inner.read();
+            let g = self.s.inner.read_inner();
             if g.is_failed() {
                 return Err(Error::Failed);
             }

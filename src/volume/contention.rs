@@ -16,7 +16,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
+use crossbeam_utils::sync::{ShardedLockReadGuard, ShardedLockWriteGuard};
+use parking_lot::{Condvar, Mutex};
 
 use super::delta::Cost;
 use super::locks::{Locked, Mode};
@@ -105,7 +106,7 @@ pub(super) fn current_stamp() -> u64 {
 
 /// The volume lock, held exclusively; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
-    guard: RwLockWriteGuard<'a, Inner>,
+    guard: ShardedLockWriteGuard<'a, Inner>,
     /// The linearization stamp of this hold.
     stamp: u64,
     /// When the lock was taken, if it is being measured.
@@ -163,7 +164,7 @@ impl Drop for Held<'_> {
 /// inode locks of what it reads or changes, its linearization stamp (taken while it holds
 /// them all), and what it charged against the delta, given back when it ends.
 pub(super) struct Op<'a> {
-    guard: RwLockReadGuard<'a, Inner>,
+    guard: ShardedLockReadGuard<'a, Inner>,
     locks: Locked<'a>,
     stamp: u64,
     /// The cost reserved for it (see `Delta::reserve`), released at the end.
@@ -171,6 +172,8 @@ pub(super) struct Op<'a> {
     /// Log blocks this thread had dirtied when the operation was charged (the
     /// per-operation measure behind [`Volume::op_log_blocks`]).
     dirtied_at: Option<u64>,
+    /// Blocks of the budget this thread had used up when the operation was charged.
+    consumed_at: u64,
     /// When the lock was taken, if it is being measured.
     since: Option<Instant>,
     counters: &'a LockCounters,
@@ -201,6 +204,7 @@ impl Op<'_> {
     pub(super) fn charged(&mut self, c: Cost) {
         self.cost = Some(c);
         self.dirtied_at = Some(crate::engine::cache::dirtied_here());
+        self.consumed_at = crate::engine::space::consumed_here();
     }
 
     /// Let go of everything and wait until `signal` is notified (or for at most
@@ -215,7 +219,8 @@ impl Op<'_> {
 impl Drop for Op<'_> {
     fn drop(&mut self) {
         if let Some(c) = self.cost.take() {
-            self.guard.delta.release(&self.guard.st, c);
+            let used = crate::engine::space::consumed_here() - self.consumed_at;
+            self.guard.delta.release(&self.guard.st, c, used);
         }
         if let Some(at) = self.dirtied_at {
             // Written only when it grows: a line every operation wrote would move
@@ -243,7 +248,7 @@ impl Volume {
     pub(super) fn op(&self, want: &[(u64, Mode)]) -> Op<'_> {
         let c = &self.s.lock_stats;
         let t = c.enabled.then(Instant::now);
-        let guard = self.s.inner.read();
+        let guard = self.s.inner.read_inner();
         let locks = self.s.locks.lock(want);
         let since = t.map(|t| {
             let now = Instant::now();
@@ -251,14 +256,14 @@ impl Volume {
             c.shared_waited_ns.fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
             now
         });
-        Op { guard, locks, stamp: c.next_stamp(), cost: None, dirtied_at: None, since, counters: c }
+        Op { guard, locks, stamp: c.next_stamp(), cost: None, dirtied_at: None, consumed_at: 0, since, counters: c }
     }
 
     /// How the volume lock has been used since the volume was opened (all zero unless
     /// opened with `OpenOptions::measure_lock`).
     pub fn lock_stats(&self) -> LockStats {
         let c = &self.s.lock_stats;
-        let leaf = self.s.inner.read().st.serial().clone();
+        let leaf = self.s.inner.read_inner().st.serial().clone();
         LockStats {
             acquisitions: c.acquisitions.load(Ordering::Relaxed),
             waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
@@ -298,11 +303,11 @@ impl Shared {
     pub(super) fn lock(&self) -> Held<'_> {
         let c = &self.lock_stats;
         if !c.enabled {
-            let guard = self.inner.write();
+            let guard = self.inner.write_inner();
             return Held { guard, stamp: c.next_stamp(), since: None, counters: c };
         }
         let t = Instant::now();
-        let guard = self.inner.write();
+        let guard = self.inner.write_inner();
         let since = Instant::now();
         c.acquisitions.fetch_add(1, Ordering::Relaxed);
         c.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
@@ -322,7 +327,11 @@ impl Volume {
     /// not wait for each other, only for writers of what they read. `f` must not change
     /// anything but what it returns. A block the cache lacks is read from the device
     /// meanwhile (a commit waits for that read before it seals its delta).
-    pub(super) fn reading<T>(&self, want: &[(u64, Mode)], f: impl FnOnce(&mut dyn MetaRead, &Seen) -> Result<T>) -> Result<T> {
+    pub(super) fn reading<T>(
+        &self,
+        want: &[(u64, Mode)],
+        f: impl FnOnce(&mut dyn MetaRead, &Seen) -> Result<T>,
+    ) -> Result<T> {
         let op = self.op(want);
         let r = f(&mut op.st.tx(), &op.seen());
         r

@@ -241,7 +241,7 @@ impl Volume {
         let deadline = std::time::Instant::now() + within;
         loop {
             {
-                let g = self.s.inner.read();
+                let g = self.s.inner.read_inner();
                 let mut life = g.life.lock();
                 let now = std::time::Instant::now();
                 life.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
@@ -256,7 +256,7 @@ impl Volume {
     /// The holder no longer uses `ino`: free it if it has no link and no open handle.
     pub fn forgotten(&self, ino: u64) -> Result<()> {
         {
-            let g = self.s.inner.read();
+            let g = self.s.inner.read_inner();
             let kept = {
                 let life = g.life.lock();
                 life.held.contains(&ino) || life.listed_held.contains(&ino)
@@ -348,7 +348,7 @@ impl Volume {
         let planned_at = contention::current_stamp();
         plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
         // Whether a write-back or commit ran meanwhile.
-        let unchanged = self.s.inner.read().delta.epoch() == epoch;
+        let unchanged = self.s.inner.read_inner().delta.epoch() == epoch;
         let n = if unchanged {
             // What was read is the state the plan saw.
             contention::set_stamp(planned_at);
@@ -378,14 +378,16 @@ impl Volume {
         // result) does not move the caller's linearization stamp.
         let stamp = contention::current_stamp();
         // No blocks needed: the inode block is rewritten in place.
-        let r = self.charged_with(&[(ino, Mode::Write)], |g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(|(g, mut i)| {
-            let t = now();
-            if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
-                i.atime = t;
-                g.st.put_inode(&i)?;
-            }
-            Ok(())
-        });
+        let r = self.charged_with(&[(ino, Mode::Write)], |g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(
+            |(g, mut i)| {
+                let t = now();
+                if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
+                    i.atime = t;
+                    g.st.put_inode(&i)?;
+                }
+                Ok(())
+            },
+        );
         if let Err(e) = r {
             tracing::debug!("atime of inode {ino} not updated: {e}");
         }

@@ -459,7 +459,7 @@ impl Delta {
         {
             return Err(Short::Dirty);
         }
-        if self.accounting && st.space().available(c.deletion) < c.meta + c.pages {
+        if self.accounting && st.space().available(c.deletion) + st.leased_idle() < c.meta + c.pages {
             return Err(Short::Space);
         }
         Ok(())
@@ -492,21 +492,18 @@ impl Delta {
         {
             return Err(Short::Dirty);
         }
-        if self.accounting && c.meta + c.pages > 0 {
-            let mut space = st.space();
-            if space.available(c.deletion) < c.meta + c.pages {
-                return Err(Short::Space);
-            }
-            space.reserve_op(c.meta + c.pages);
+        if self.accounting && !st.reserve_blocks(c.meta + c.pages, c.deletion) {
+            return Err(Short::Space);
         }
         Ok(())
     }
 
-    /// An operation that reserved for cost `c` has ended.
-    pub(super) fn release(&self, st: &Store, c: Cost) {
+    /// An operation that reserved for cost `c` has ended, having used `used` blocks of the
+    /// budget.
+    pub(super) fn release(&self, st: &Store, c: Cost, used: u64) {
         self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
-        if self.accounting && c.meta + c.pages > 0 {
-            st.space().release_op(c.meta + c.pages);
+        if self.accounting {
+            st.release_blocks(c.meta + c.pages, used);
         }
     }
 

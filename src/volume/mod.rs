@@ -12,7 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use parking_lot::{Condvar, Mutex};
 
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
@@ -140,9 +141,12 @@ struct Life {
 struct Generations {
     /// The first number no batch has taken (what the state block records).
     next: std::sync::atomic::AtomicU32,
-    /// Per slot, the numbers left in its batch: `(next, end)`.
-    batches: Box<[Padded<parking_lot::Mutex<(u32, u32)>>]>,
+    /// Per slot, the numbers left in its batch.
+    batches: Box<[Padded<parking_lot::Mutex<Batch>>]>,
 }
+
+/// Generation numbers `next..end` a slot may still hand out.
+type Batch = (u32, u32);
 
 /// Generation numbers a slot takes at once.
 const GENERATION_BATCH: u32 = 256;
@@ -173,6 +177,21 @@ impl Generations {
     }
 }
 
+/// The volume lock (see `Shared::inner`).
+struct VolumeLock(ShardedLock<Inner>);
+
+impl VolumeLock {
+    /// Share it (a panic that poisoned it left `failed` set or the state as it was).
+    fn read_inner(&self) -> ShardedLockReadGuard<'_, Inner> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Take it alone.
+    fn write_inner(&self) -> ShardedLockWriteGuard<'_, Inner> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// See [`Volume::set_holder`].
 pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
@@ -192,8 +211,9 @@ pub struct Volume {
 struct Shared {
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
-    /// Alone on its cache lines: every operation writes its lock word.
-    inner: Padded<RwLock<Inner>>,
+    /// Every operation shares it, the commit's snapshot takes it alone: sharded by thread,
+    /// so that readers on different CPUs write different cache lines.
+    inner: VolumeLock,
     /// The inode locks (see `locks.rs`).
     locks: InodeLocks,
     /// Held by a rename between two directories, before its inode locks, as the kernel's
@@ -341,14 +361,17 @@ impl Volume {
             delta: Delta::new(journal.seq, journal.capacity() as u64, &opts),
             inodes: SlotCounter::new(state.inodes as i64),
             generations: Generations::new(state.next_generation),
-            life: Leaf::new(Life {
-                state,
-                open: HashMap::new(),
-                held: Default::default(),
-                listed_held: Default::default(),
-                orphan_prev: Default::default(),
-                unlinked_at: Default::default(),
-            }, serial.clone()),
+            life: Leaf::new(
+                Life {
+                    state,
+                    open: HashMap::new(),
+                    held: Default::default(),
+                    listed_held: Default::default(),
+                    orphan_prev: Default::default(),
+                    unlinked_at: Default::default(),
+                },
+                serial.clone(),
+            ),
             opts,
             failed: AtomicBool::new(false),
             readahead: Leaf::new(HashMap::new(), serial.clone()),
@@ -366,7 +389,7 @@ impl Volume {
         let vol = Volume {
             s: Arc::new(Shared {
                 dev,
-                inner: Padded(RwLock::new(inner)),
+                inner: VolumeLock(ShardedLock::new(inner)),
                 locks: InodeLocks::new(),
                 rename: Leaf::new((), serial),
                 lock_stats: LockCounters::new(measure_lock, stamping),
@@ -411,7 +434,7 @@ impl Volume {
 
     /// The superblock.
     pub fn superblock(&self) -> Superblock {
-        self.s.inner.read().st.sb.clone()
+        self.s.inner.read_inner().st.sb.clone()
     }
 
     /// Whether the volume was opened read-only.
@@ -421,7 +444,7 @@ impl Volume {
 
     /// The root directory's inode number.
     pub fn root(&self) -> u64 {
-        self.s.inner.read().st.sb.root_ino
+        self.s.inner.read_inner().st.sb.root_ino
     }
 
     /// I/O counters of the device.
@@ -433,10 +456,11 @@ impl Volume {
     /// available at once: an operation that needs them commits first. (`sync(1)` never
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
-        let g = self.s.inner.read();
+        let g = self.s.inner.read_inner();
         let inodes = g.inodes.sum().max(0) as u64;
         let s = g.st.space();
-        let bavail = s.available_after_commit(false);
+        // What the leases hold for operations to come is free.
+        let bavail = s.available_after_commit(false) + g.st.leased_idle();
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,
@@ -493,7 +517,7 @@ impl Volume {
     /// How many xattr lists were read from xattr blocks so far (the storage reads the
     /// bloom filter exists to avoid).
     pub fn xattr_block_reads(&self) -> u64 {
-        self.s.inner.read().st.xattr_block_reads.load(Ordering::Relaxed)
+        self.s.inner.read_inner().st.xattr_block_reads.load(Ordering::Relaxed)
     }
 
     /// Drop clean cached metadata (a cold-cache start without remounting).

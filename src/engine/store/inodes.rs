@@ -150,9 +150,7 @@ impl Tx<'_> {
         // Recording the slot may allocate a tree node: only while space is plentiful
         // (the reserve belongs to deletions and commits), and never when the block is
         // written in this delta anyway.
-        if self.store().has_lazy_frees()
-            && !self.is_dirty(b)
-            && self.space().available(false) > LAZY_FREE_MIN_AVAILABLE
+        if self.store().has_lazy_frees() && !self.is_dirty(b) && self.space().available(false) > LAZY_FREE_MIN_AVAILABLE
         {
             match self.set_lazy_freed(b, lazy) {
                 Err(Error::NoSpace) => {}

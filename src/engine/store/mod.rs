@@ -6,17 +6,16 @@
 //! its children take slots from that region in creation order, and when it is full the
 //! next region (twice as large, up to 64 blocks) is allocated close by.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::cache::{MetaCache, Windows};
-use crate::engine::leaf::{Leaf, LeafGuard, Serial};
-use crate::engine::log::Journal;
 use crate::engine::leaf::Sharded;
+use crate::engine::leaf::{slot, Leaf, LeafGuard, Padded, Serial, SLOTS};
+use crate::engine::log::Journal;
 use crate::engine::space::{Bitmap, Space};
 use crate::error::{Error, Result};
 
@@ -75,6 +74,31 @@ pub struct Store {
     /// so a block is never freed as empty while a slot in it is being taken, nor judged
     /// outside its region while the region moves (see `inodes.rs`).
     regions: Box<[parking_lot::Mutex<()>]>,
+    /// Per thread slot, blocks of the budget taken from the space map ahead of need
+    /// (Tux3's per-CPU balance): an operation reserves its worst case from its slot's
+    /// lease with one atomic subtraction and gives it back there when it ends; the space
+    /// map is locked only to refill a lease, or, when the volume runs short, to take every
+    /// lease back, so nothing stays stranded in another slot and ENOSPC stays exact.
+    leases: Box<[Padded<Lease>]>,
+}
+
+/// One slot's lease (see `Store::leases`).
+#[derive(Default)]
+struct Lease {
+    /// Blocks held for the next reservations.
+    idle: AtomicU64,
+    /// Blocks reservations from this lease used up (allocated or promised): counted in the
+    /// map already, and still in what it handed out, until the lease next goes to the map.
+    spent: AtomicU64,
+}
+
+/// Most blocks one lease takes at a time (fewer on a small volume, see `lease_size`).
+const LEASE: u64 = 64;
+
+/// Blocks a lease takes beyond what its operation needs, with `available` blocks left: at
+/// most a 1,024th of them, so that all the leases together hold little of a small volume.
+fn lease_size(available: u64) -> u64 {
+    (available / 1024).min(LEASE)
 }
 
 /// Stripes of the region locks.
@@ -336,6 +360,7 @@ impl Store {
             density: Leaf::new(Density { share: 1.0, sweeps: 0 }, serial.clone()),
             serial,
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
+            leases: (0..SLOTS).map(|_| Padded::default()).collect(),
         }
     }
 
@@ -361,6 +386,73 @@ impl Store {
     /// [`Store::space`], for a holder of the whole store.
     pub fn space_mut(&mut self) -> &mut Space {
         self.space.get_mut()
+    }
+
+    /// Reserve `n` blocks of the budget for an operation about to run (its worst case; a
+    /// `deletion` may use the reserve): from this thread's lease when it holds enough,
+    /// else refilling the lease from the space map, else, short of space, after taking
+    /// every lease back. `false` when the volume cannot take `n` blocks now.
+    pub fn reserve_blocks(&self, n: u64, deletion: bool) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let lease = &self.leases[slot()];
+        let mut cur = lease.idle.load(Ordering::Acquire);
+        while cur >= n {
+            match lease.idle.compare_exchange_weak(cur, cur - n, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+        let mut space = self.space();
+        space.unlease(lease.spent.swap(0, Ordering::AcqRel));
+        // Leases hold blocks beyond the reserve only: a deletion's refill must not hand
+        // the reserve to the operations after it.
+        let more = lease_size(space.available(false));
+        if more > 0 && space.available(false) >= n + more {
+            space.lease(n + more);
+            lease.idle.fetch_add(more, Ordering::AcqRel);
+            return true;
+        }
+        // Short of space: what the leases hold counts again, and exactly `n` is taken.
+        self.reclaim_leases(&mut space);
+        if space.available(deletion) >= n {
+            space.lease(n);
+            return true;
+        }
+        false
+    }
+
+    /// An operation that reserved `n` blocks has ended, having used `used` of them
+    /// (allocated or promised, see `space::consumed_here`): the rest goes back to this
+    /// thread's lease (and what the lease holds past twice its size back to the map).
+    pub fn release_blocks(&self, n: u64, used: u64) {
+        if n == 0 {
+            return;
+        }
+        let used = used.min(n);
+        let lease = &self.leases[slot()];
+        if used > 0 {
+            lease.spent.fetch_add(used, Ordering::AcqRel);
+        }
+        let held = lease.idle.fetch_add(n - used, Ordering::AcqRel) + n - used;
+        if held > 2 * LEASE {
+            let mut space = self.space();
+            space.unlease(lease.idle.swap(0, Ordering::AcqRel) + lease.spent.swap(0, Ordering::AcqRel));
+        }
+    }
+
+    /// Take back what every lease holds or spent (with the space map locked).
+    fn reclaim_leases(&self, space: &mut Space) {
+        for l in self.leases.iter() {
+            space.unlease(l.idle.swap(0, Ordering::AcqRel) + l.spent.swap(0, Ordering::AcqRel));
+        }
+    }
+
+    /// Blocks the leases hold for operations to come, or spent and not yet given back:
+    /// counted twice in the map's `available` (`statfs` adds them back).
+    pub fn leased_idle(&self) -> u64 {
+        self.leases.iter().map(|l| l.idle.load(Ordering::Acquire) + l.spent.load(Ordering::Acquire)).sum()
     }
 
     /// The measure of the volume-wide leaf locks (shared with the volume's own).

@@ -55,6 +55,27 @@ pub struct Serial {
     pub held_ns: AtomicU64,
 }
 
+thread_local! {
+    /// Cache blocks this thread's store handles hold (see `store::Tx`).
+    static GUARDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A store handle of this thread took a cache block.
+pub fn guard_taken() {
+    GUARDS.with(|g| g.set(g.get() + 1));
+}
+
+/// A store handle of this thread let a cache block go.
+pub fn guard_dropped() {
+    GUARDS.with(|g| g.set(g.get() - 1));
+}
+
+/// Cache blocks this thread's store handles hold: must be none whenever the thread takes
+/// a lock above the cache's (debug builds check, at every [`Leaf`] and region lock).
+pub fn guards_held() -> usize {
+    GUARDS.with(|g| g.get())
+}
+
 /// A volume-wide leaf lock, measured (see the module doc); alone on its cache lines.
 pub struct Leaf<T> {
     m: Padded<Mutex<T>>,
@@ -74,6 +95,7 @@ impl<T> Leaf<T> {
     }
 
     pub fn lock(&self) -> LeafGuard<'_, T> {
+        debug_assert_eq!(guards_held(), 0, "a leaf lock taken while a cache block is held");
         let s = &*self.serial;
         if !s.enabled.load(Ordering::Relaxed) {
             return LeafGuard { g: self.m.lock(), since: None, serial: s };

@@ -212,6 +212,7 @@ pub fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
     inode.xattr_block = 0;
     // Reference counts change with the sharing hints locked, so a block another inode is
     // about to share is not freed under it.
+    st.let_go();
     let mut hints = st.store().xattr_shared.lock();
     let blk = st.block_mut(head, Some(XATTR_MAGIC))?;
     let refs = get_u32(blk, 16);
@@ -228,6 +229,7 @@ pub fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
 
 /// Point the inode at an existing block holding exactly `bytes`, if one is known.
 fn share(st: &mut Tx, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool> {
+    st.let_go();
     let mut hints = st.store().xattr_shared.lock();
     let Some(b) = hints.get(hash) else { return Ok(false) };
     // The index is only a hint: the block may have changed or gone since.
@@ -278,6 +280,7 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         put_u32(blk, 16, 1);
         put_u32(blk, 20, bytes.len() as u32);
         blk[HEAD..HEAD + bytes.len()].copy_from_slice(&bytes);
+        st.let_go();
         st.store().xattr_shared.lock().insert(hash, b);
         inode.xattr_block = b;
         inode.blocks += 1;

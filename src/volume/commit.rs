@@ -411,12 +411,10 @@ impl Volume {
                 Err(Short::Space) if commits > 0 && op.st.space().deferred() == 0 => return Err(Error::NoSpace),
                 Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
                 // Other threads may fill the delta again between our commit and our retry:
-                // only a delta left empty, with no other operation running, proves the
-                // operation can never fit. (Each retry follows a commit of their changes,
-                // so they make progress.)
-                Err(Short::Delta) if commits >= 3 && op.delta.is_empty(&op.st) && op.delta.log_reserved() == 0 => {
-                    return Err(Error::corrupt("an operation does not fit in an empty delta"))
-                }
+                // only a delta that was empty, with no other operation running, when the
+                // charge was tried proves the operation can never fit. (Each retry follows
+                // a commit of their changes, so they make progress.)
+                Err(Short::Never) => return Err(Error::corrupt("an operation does not fit in an empty delta")),
                 // Dirty data past the limit while a commit is writing: take up to twice
                 // the limit rather than wait for that commit, and have the next one
                 // start as soon as it ends.

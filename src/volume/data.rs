@@ -185,7 +185,8 @@ fn plan_read_of(
         // A short target lives in the inode: there are no blocks to read.
         return Ok(Planned::Done(t[offset as usize..offset as usize + len].to_vec(), touch));
     }
-    let plan = delta.with_pages(ino, |pages| file::plan_read(r, &i, pages, offset, len))?;
+    let dirty = delta.with_pages(ino, |pages| file::dirty_in(pages, offset, len));
+    let plan = file::plan_read(r, &i, dirty, offset, len)?;
     Ok(Planned::Read { plan, epoch: delta.epoch(), touch })
 }
 
@@ -360,7 +361,8 @@ impl Volume {
             }
             let i = g.st.inode(ino)?;
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
-            let bytes = g.delta.with_pages(ino, |pages| file::read(&mut g.st.tx(), &i, pages, offset, len))?;
+            let dirty = g.delta.with_pages(ino, |pages| file::dirty_in(pages, offset, len));
+            let bytes = file::read(&mut g.st.tx(), &i, dirty, offset, len)?;
             sink.buf(bytes.len()).copy_from_slice(&bytes);
             bytes.len()
         };

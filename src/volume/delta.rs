@@ -61,6 +61,8 @@ pub(super) enum Short {
     Dirty,
     /// Not enough space, perhaps until the delta's frees are released.
     Space,
+    /// Not even an empty delta with no other operation beside it has room for it.
+    Never,
 }
 
 /// The delta being built: the dirty file pages it carries (delayed allocation), its
@@ -321,8 +323,9 @@ impl Delta {
         self.any_in_flight.store(false, Ordering::Release);
     }
 
-    /// Run `f` over a file's dirty pages, if it has any (with its table shard locked:
-    /// `f` takes nothing else but cache blocks).
+    /// Run `f` over a file's dirty pages, if it has any, with its table shard locked: `f`
+    /// takes no lock (the table's shards are leaves; a cache block is below them only for a
+    /// `Tx`, which may hold one while it looks a file up here).
     pub(super) fn with_pages<R>(&self, ino: u64, f: impl FnOnce(Option<&Pages>) -> R) -> R {
         let m = self.files.shard(ino);
         f(m.get(&ino).map(|d| &d.pages).filter(|p| !p.is_empty()))
@@ -483,7 +486,7 @@ impl Delta {
     fn reserve_room(&self, st: &Store, c: Cost, dirty_factor: u64, others: u64) -> std::result::Result<(), Short> {
         let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
         if used + others + OP_LOG_BLOCKS > self.log_capacity {
-            return Err(Short::Delta);
+            return Err(if used + others == 0 { Short::Never } else { Short::Delta });
         }
         let pages = self.dirty_pages();
         if c.pages > 0

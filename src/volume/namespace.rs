@@ -378,7 +378,8 @@ impl Volume {
         if g.is_failed() {
             return Err(Error::Failed);
         }
-        let r = g.delta.with_pages(ino, |pages| file::read(&mut g.st.tx(), &i, pages, 0, i.size as usize));
+        let dirty = g.delta.with_pages(ino, |pages| file::dirty_in(pages, 0, i.size as usize));
+        let r = file::read(&mut g.st.tx(), &i, dirty, 0, i.size as usize);
         r
     }
 

@@ -66,6 +66,7 @@ impl Tx<'_> {
     /// `dir` (the caller's copy) is written back at once, under the region lock, so a
     /// free of one of its children sees the new region.
     pub fn alloc_inode(&mut self, dir: &mut Inode, make: &dyn Fn(u64) -> Inode) -> Result<Inode> {
+        self.release_block();
         let dir_ino = dir.ino;
         let dir_block = ino_loc(dir_ino).0;
         let st = self.store();
@@ -132,6 +133,7 @@ impl Tx<'_> {
         let (b, s) = self.store().check_ino(ino)?;
         // The owner never changes while the block is in use.
         let owner = get_u64(self.block(b, Some(INODE_MAGIC))?, IB_OWNER);
+        self.release_block();
         let st = self.store();
         let _region = st.region_lock(if st.reserve_regions { owner } else { 0 });
         let lazy = self.lazy_freed(b) | (1 << s);
@@ -234,6 +236,7 @@ impl Tx<'_> {
     /// A directory is going away: give back the blank tail of its region and any empty
     /// initialised blocks in it.
     pub fn release_region(&mut self, dir: u64, d: &DirInfo) -> Result<()> {
+        self.release_block();
         let st = self.store();
         let _region = st.region_lock(dir);
         let tail = d.region_start + d.region_used as u64;

@@ -525,6 +525,7 @@ impl Store {
 
     /// The region lock of directory `owner` (see `regions`).
     fn region_lock(&self, owner: u64) -> parking_lot::MutexGuard<'_, ()> {
+        debug_assert_eq!(crate::engine::leaf::guards_held(), 0, "a region lock taken while a cache block is held");
         self.regions[(owner.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % REGION_STRIPES].lock()
     }
 

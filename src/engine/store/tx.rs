@@ -7,17 +7,10 @@
 //! the shard locks stay leaves of the lock order. The borrow checker does the rest: the
 //! `&Block` a call returns borrows the `Tx`, so it is dead before the next call.
 
-use std::cell::Cell;
-
 use super::*;
 use crate::engine::btree::{NodeRead, NodeStore, BTREE_MAGIC};
 use crate::engine::cache::{BlockMut, BlockRef};
-
-thread_local! {
-    /// Block guards this thread's handles hold: every way into the cache that does not
-    /// go through the handle holding one would risk taking a shard lock twice.
-    static GUARDS: Cell<usize> = const { Cell::new(0) };
-}
+use crate::engine::leaf::{guard_dropped, guard_taken, guards_held};
 
 /// Reading metadata: through a [`Tx`] of the store, which reads what the cache lacks, or
 /// a view ([`Store::view`]), which sees only what is cached.
@@ -34,6 +27,9 @@ pub trait MetaRead: NodeRead {
     fn missed(&self) -> bool {
         false
     }
+    /// Let go of the cache block held, if any: what the caller read it for is done, and
+    /// it may take other locks now (nothing above the cache's is taken while one is held).
+    fn let_go(&mut self) {}
 }
 
 /// One operation's access to the store (see the module doc).
@@ -67,25 +63,27 @@ impl<'a> Tx<'a> {
     /// anything else.
     pub(super) fn release_block(&mut self) {
         if self.cur.take().is_some() || self.cur_mut.take().is_some() {
-            GUARDS.with(|g| g.set(g.get() - 1));
+            guard_dropped();
         }
-        debug_assert_eq!(GUARDS.with(|g| g.get()), 0, "another handle of this thread holds a block");
+        debug_assert_eq!(guards_held(), 0, "another handle of this thread holds a block");
     }
 
-    /// Let go of the block held without the check (a handle going away takes nothing).
-    fn let_go(&mut self) {
+    /// Let go of the block held, if any, without the check: the caller is done with
+    /// it and may take other locks now (nothing above the cache's is taken while a block
+    /// is held).
+    pub fn let_go(&mut self) {
         if self.cur.take().is_some() || self.cur_mut.take().is_some() {
-            GUARDS.with(|g| g.set(g.get() - 1));
+            guard_dropped();
         }
     }
 
     fn hold(&mut self, r: BlockRef<'a>) -> &Block {
-        GUARDS.with(|g| g.set(g.get() + 1));
+        guard_taken();
         self.cur.insert(r)
     }
 
     fn hold_mut(&mut self, w: BlockMut<'a>) -> &mut Block {
-        GUARDS.with(|g| g.set(g.get() + 1));
+        guard_taken();
         self.cur_mut.insert(w)
     }
 
@@ -281,6 +279,9 @@ impl MetaRead for Tx<'_> {
     fn missed(&self) -> bool {
         self.missed
     }
+    fn let_go(&mut self) {
+        Tx::let_go(self);
+    }
 }
 
 impl NodeRead for Tx<'_> {
@@ -320,7 +321,10 @@ pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
         return Err(Error::NotFound);
     }
     let i = Inode::decode(ino, &blk[s * INODE_SIZE..(s + 1) * INODE_SIZE])?
-        .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")))?;
+        .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked used but blank")));
+    // The caller goes on with the decoded inode (and often to other locks).
+    r.let_go();
+    let i = i?;
     if lazy & (1 << s) != 0 {
         return Err(Error::NotFound);
     }

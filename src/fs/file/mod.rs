@@ -23,7 +23,7 @@ mod writeback;
 // The page pool, for the submodules (`super::pages`, as this module used it).
 use super::pages;
 
-pub use read::{plan_read, read, read_page, ReadPlan};
+pub use read::{dirty_in, plan_read, read, read_page, ReadPlan};
 pub use writeback::{write_runs, writeback, DataWrite};
 
 /// Dirty pages of one file, by page index.

@@ -19,15 +19,30 @@ pub struct ReadPlan {
     dirty: Vec<(u64, Box<Block>)>,
 }
 
-/// Plan reading `len` bytes at `offset` (already clipped to the file size).
+/// The dirty pages of `pages` that a read of `len` bytes at `offset` covers, copied (what
+/// [`plan_read`] lays over the device's data): taken with the dirty pages' lock held,
+/// which the plan's extent-map reads then need not hold.
+pub fn dirty_in(pages: Option<&Pages>, offset: u64, len: usize) -> Vec<(u64, Box<Block>)> {
+    match pages {
+        Some(d) if len > 0 => {
+            let first = offset / BLOCK_SIZE as u64;
+            let last = (offset + len as u64 - 1) / BLOCK_SIZE as u64;
+            d.range(first..=last).map(|(p, b)| (*p, b.clone())).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Plan reading `len` bytes at `offset` (already clipped to the file size), with `dirty`
+/// (from [`dirty_in`]) over what the device holds.
 pub fn plan_read(
     st: &mut (impl MetaRead + ?Sized),
     inode: &Inode,
-    dirty: Option<&Pages>,
+    dirty: Vec<(u64, Box<Block>)>,
     offset: u64,
     len: usize,
 ) -> Result<ReadPlan> {
-    let mut plan = ReadPlan { offset, len, runs: Vec::new(), dirty: Vec::new() };
+    let mut plan = ReadPlan { offset, len, runs: Vec::new(), dirty };
     if len == 0 {
         return Ok(plan);
     }
@@ -39,9 +54,6 @@ pub fn plan_read(
             let t = e.end().min(last + 1);
             plan.runs.push((s, e.phys + (s - e.logical), t - s));
         }
-    }
-    if let Some(d) = dirty {
-        plan.dirty = d.range(first..=last).map(|(p, b)| (*p, b.clone())).collect();
     }
     Ok(plan)
 }
@@ -110,8 +122,9 @@ impl ReadPlan {
     }
 }
 
-/// Read `len` bytes at `offset` (already clipped to the file size), dirty pages first.
-pub fn read(st: &mut Tx, inode: &Inode, dirty: Option<&Pages>, offset: u64, len: usize) -> Result<Vec<u8>> {
+/// Read `len` bytes at `offset` (already clipped to the file size), `dirty` (from
+/// [`dirty_in`]) over what the device holds.
+pub fn read(st: &mut Tx, inode: &Inode, dirty: Vec<(u64, Box<Block>)>, offset: u64, len: usize) -> Result<Vec<u8>> {
     plan_read(st, inode, dirty, offset, len)?.execute(&**st.store().dev())
 }
 

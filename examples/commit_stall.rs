@@ -25,7 +25,7 @@ fn main() {
         None => Arc::new(MemDevice::new(blocks)),
     };
     mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
-    let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
+    let vol = Volume::open(dev.clone(), OpenOptions { measure_lock: true, ..OpenOptions::default() }).expect("open");
     let root = vol.root();
     let big = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
     let small = vol.mkdir(root, b"small", 0o755, 0, 0).unwrap().ino;
@@ -59,6 +59,7 @@ fn main() {
         }
     });
     let wall = t0.elapsed();
+    let l = vol.lock_stats();
     vol.close().expect("close");
     let r = dxfs::fsck::check(dev, false, &mut |_| {}).expect("fsck");
     assert!(r.errors.is_empty(), "fsck: {:#?}", r.errors);
@@ -77,6 +78,11 @@ fn main() {
         q(0.99),
         q(0.999),
         lat.last().unwrap()
+    );
+    println!(
+        "volume lock held alone {} times, longest {:?} (a commit's snapshot or a flush's write-back); \
+         longest wait of an operation to share it {:?}, longest operation {:?}",
+        l.acquisitions, l.held_longest, l.shared_waited_longest, l.shared_held_longest
     );
     // The writer fills the delta: it waits for the snapshot of a background commit (and
     // for the previous commit when it is still running), not for each commit's I/O.

@@ -16,8 +16,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::sync::{ShardedLockReadGuard, ShardedLockWriteGuard};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use super::delta::Cost;
 use super::locks::{Locked, Mode};
@@ -38,6 +37,13 @@ pub struct LockStats {
     pub waited: Duration,
     /// Time it was held exclusively, summed.
     pub held: Duration,
+    /// The longest it was held exclusively at once (what every operation may have to
+    /// wait behind: a commit's snapshot at worst).
+    pub held_longest: Duration,
+    /// The longest an operation waited to share it (and for its inode locks).
+    pub shared_waited_longest: Duration,
+    /// The longest an operation held it shared.
+    pub shared_held_longest: Duration,
     /// Operations run (each shares the volume lock with the others).
     pub shared_acquisitions: u64,
     /// Time operations spent waiting to share it (for a snapshot to finish), summed.
@@ -59,6 +65,9 @@ impl LockStats {
             acquisitions: self.acquisitions - earlier.acquisitions,
             waited: self.waited.saturating_sub(earlier.waited),
             held: self.held.saturating_sub(earlier.held),
+            held_longest: self.held_longest,
+            shared_waited_longest: self.shared_waited_longest,
+            shared_held_longest: self.shared_held_longest,
             shared_acquisitions: self.shared_acquisitions - earlier.shared_acquisitions,
             shared_waited: self.shared_waited.saturating_sub(earlier.shared_waited),
             shared_held: self.shared_held.saturating_sub(earlier.shared_held),
@@ -78,6 +87,9 @@ pub(super) struct LockCounters {
     acquisitions: AtomicU64,
     waited_ns: AtomicU64,
     held_ns: AtomicU64,
+    held_max_ns: AtomicU64,
+    shared_waited_max_ns: AtomicU64,
+    shared_held_max_ns: AtomicU64,
     shared_acquisitions: AtomicU64,
     shared_waited_ns: AtomicU64,
     shared_held_ns: AtomicU64,
@@ -106,7 +118,7 @@ pub(super) fn current_stamp() -> u64 {
 
 /// The volume lock, held exclusively; the hold time is recorded when it drops.
 pub(super) struct Held<'a> {
-    guard: ShardedLockWriteGuard<'a, Inner>,
+    guard: RwLockWriteGuard<'a, Inner>,
     /// The linearization stamp of this hold.
     stamp: u64,
     /// When the lock was taken, if it is being measured.
@@ -155,7 +167,9 @@ impl Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(since) = self.since {
-            self.counters.held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let ns = since.elapsed().as_nanos() as u64;
+            self.counters.held_ns.fetch_add(ns, Ordering::Relaxed);
+            self.counters.held_max_ns.fetch_max(ns, Ordering::Relaxed);
         }
     }
 }
@@ -164,7 +178,7 @@ impl Drop for Held<'_> {
 /// inode locks of what it reads or changes, its linearization stamp (taken while it holds
 /// them all), and what it charged against the delta, given back when it ends.
 pub(super) struct Op<'a> {
-    guard: ShardedLockReadGuard<'a, Inner>,
+    guard: RwLockReadGuard<'a, Inner>,
     locks: Locked<'a>,
     stamp: u64,
     /// The cost reserved for it (see `Delta::reserve`), released at the end.
@@ -231,7 +245,9 @@ impl Drop for Op<'_> {
             }
         }
         if let Some(since) = self.since {
-            self.counters.shared_held_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let ns = since.elapsed().as_nanos() as u64;
+            self.counters.shared_held_ns.fetch_add(ns, Ordering::Relaxed);
+            self.counters.shared_held_max_ns.fetch_max(ns, Ordering::Relaxed);
         }
     }
 }
@@ -253,7 +269,9 @@ impl Volume {
         let since = t.map(|t| {
             let now = Instant::now();
             c.shared_acquisitions.fetch_add(1, Ordering::Relaxed);
-            c.shared_waited_ns.fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+            let ns = (now - t).as_nanos() as u64;
+            c.shared_waited_ns.fetch_add(ns, Ordering::Relaxed);
+            c.shared_waited_max_ns.fetch_max(ns, Ordering::Relaxed);
             now
         });
         Op { guard, locks, stamp: c.next_stamp(), cost: None, dirtied_at: None, consumed_at: 0, since, counters: c }
@@ -268,6 +286,9 @@ impl Volume {
             acquisitions: c.acquisitions.load(Ordering::Relaxed),
             waited: Duration::from_nanos(c.waited_ns.load(Ordering::Relaxed)),
             held: Duration::from_nanos(c.held_ns.load(Ordering::Relaxed)),
+            held_longest: Duration::from_nanos(c.held_max_ns.load(Ordering::Relaxed)),
+            shared_waited_longest: Duration::from_nanos(c.shared_waited_max_ns.load(Ordering::Relaxed)),
+            shared_held_longest: Duration::from_nanos(c.shared_held_max_ns.load(Ordering::Relaxed)),
             shared_acquisitions: c.shared_acquisitions.load(Ordering::Relaxed),
             shared_waited: Duration::from_nanos(c.shared_waited_ns.load(Ordering::Relaxed)),
             shared_held: Duration::from_nanos(c.shared_held_ns.load(Ordering::Relaxed)),

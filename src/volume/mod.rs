@@ -12,8 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
@@ -178,17 +177,22 @@ impl Generations {
 }
 
 /// The volume lock (see `Shared::inner`).
-struct VolumeLock(ShardedLock<Inner>);
+///
+/// A task-fair reader-writer lock, alone on its cache lines. (A lock sharded by thread,
+/// `crossbeam_utils`' `ShardedLock`, was tried: no clear gain in two threads' scaling on
+/// this host, and a commit taking its eight shards one after another behind operations
+/// left creates waiting 120–180 ms, docs/BENCHMARKS.md.)
+struct VolumeLock(Padded<RwLock<Inner>>);
 
 impl VolumeLock {
-    /// Share it (a panic that poisoned it left `failed` set or the state as it was).
-    fn read_inner(&self) -> ShardedLockReadGuard<'_, Inner> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+    /// Share it.
+    fn read_inner(&self) -> RwLockReadGuard<'_, Inner> {
+        self.0.read()
     }
 
     /// Take it alone.
-    fn write_inner(&self) -> ShardedLockWriteGuard<'_, Inner> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
+    fn write_inner(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.0.write()
     }
 }
 
@@ -211,8 +215,7 @@ pub struct Volume {
 struct Shared {
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
-    /// Every operation shares it, the commit's snapshot takes it alone: sharded by thread,
-    /// so that readers on different CPUs write different cache lines.
+    /// Every operation shares it, the commit's snapshot takes it alone.
     inner: VolumeLock,
     /// The inode locks (see `locks.rs`).
     locks: InodeLocks,
@@ -389,7 +392,7 @@ impl Volume {
         let vol = Volume {
             s: Arc::new(Shared {
                 dev,
-                inner: VolumeLock(ShardedLock::new(inner)),
+                inner: VolumeLock(Padded(RwLock::new(inner))),
                 locks: InodeLocks::new(),
                 rename: Leaf::new((), serial),
                 lock_stats: LockCounters::new(measure_lock, stamping),

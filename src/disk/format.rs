@@ -890,10 +890,11 @@ impl Inode {
     }
 }
 
-/// Inode block header (slot 0): owner directory and the bitmap of used slots.
 /// Offset of `next_orphan` in an inode record: the orphan list's link, which only the
 /// orphan list's code writes (`Tx::set_next_orphan`; `Tx::put_inode` keeps it).
 pub const INODE_NEXT_ORPHAN: usize = 104;
+
+/// Inode block header (slot 0): owner directory and the bitmap of used slots.
 pub const IB_OWNER: usize = 16;
 pub const IB_USED: usize = 24;
 

@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
-use crate::engine::leaf::Padded;
+use crate::engine::leaf::{shard_index, Padded};
 use crate::error::{Error, Result};
 
 /// Largest number of blocks one coalesced read fetches.
@@ -69,6 +69,18 @@ struct Cached {
     /// Part of a committed delta whose home write may not have happened yet: the device
     /// copy is stale, so the block must stay in memory until `landed`.
     in_flight: bool,
+}
+
+impl Cached {
+    /// `data`, clean: its device copy is current.
+    fn clean(data: Box<Block>) -> Cached {
+        Cached { data, dirty: false, in_flight: false }
+    }
+
+    /// A zeroed, clean block.
+    fn blank() -> Cached {
+        Cached::clean(Box::new([0u8; BLOCK_SIZE]))
+    }
 }
 
 /// Which delta freed a tombstoned block.
@@ -122,7 +134,7 @@ const SHARD_RUN: u32 = 6;
 /// between CPUs at every block (spreading single blocks made two threads creating in
 /// directories of their own 1.2–1.7× one instead of 1.6–2×).
 fn shard_of(b: u64) -> usize {
-    ((b >> SHARD_RUN).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+    shard_index(b >> SHARD_RUN, SHARDS)
 }
 
 fn check_magic(b: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
@@ -161,7 +173,7 @@ impl Shard {
         if self.blocks.len() >= keep {
             self.evict(keep);
         }
-        self.blocks.insert(b, Cached { data, dirty: false, in_flight: false });
+        self.blocks.insert(b, Cached::clean(data));
     }
 
     /// Make block `b` (cached) dirty in the current delta.
@@ -239,8 +251,8 @@ impl MetaCache {
     }
 
     /// A block if it is cached (with its magic checked when `want` is given); never
-    /// reads. `Some(Ok(None))` for a tombstoned block. What readers that must not wait
-    /// for the device read through ([`crate::engine::store::Tx::view`]).
+    /// reads. `Some(Ok(None))` for a tombstoned block. (An inode read looks here first:
+    /// on a miss it reads the block's whole window.)
     pub fn peek(&self, blockno: u64, want: Option<u32>) -> Option<Result<Option<BlockRef<'_>>>> {
         let s = self.shard(blockno).read();
         if s.freed.contains_key(&blockno) {
@@ -276,18 +288,9 @@ impl MetaCache {
         let count = &self.dirty_count;
         RwLockWriteGuard::map(self.shard(blockno).write(), |s| {
             s.freed.remove(&blockno);
-            let c = s.blocks.entry(blockno).or_insert_with(|| Cached {
-                data: Box::new([0u8; BLOCK_SIZE]),
-                dirty: false,
-                in_flight: false,
-            });
-            if !c.dirty {
-                c.dirty = true;
-                s.dirty += 1;
-                s.dirty_list.push(blockno);
-                count.fetch_add(1, Ordering::Relaxed);
-                note_dirtied();
-            }
+            s.blocks.entry(blockno).or_insert_with(Cached::blank);
+            s.mark_dirty(blockno, count);
+            let c = s.blocks.entry(blockno).or_insert_with(Cached::blank);
             c.data.fill(0);
             &mut *c.data
         })

@@ -1,5 +1,6 @@
-//! Leaf locks: the small locks at the bottom of the lock order, taken with nothing else
-//! taken inside them (docs/DESIGN.md, "Concurrency"). Two kinds:
+//! Leaf locks: the small locks at the bottom of the lock order, held for a few steps and
+//! nested only among themselves, in the order docs/DESIGN.md gives ("Concurrency"). Two
+//! kinds:
 //!
 //! - [`Sharded`]: a table split into shards by key, each behind its own lock, for the
 //!   per-block and per-inode tables every operation touches, so two threads seldom meet.
@@ -18,6 +19,12 @@ use parking_lot::{Mutex, MutexGuard};
 /// Shards of a [`Sharded`] table.
 const SHARDS: usize = 16;
 
+/// Which of `n` shards (or stripes) `key` belongs to: a multiplicative hash, so keys
+/// that come in runs (block and inode numbers) spread evenly.
+pub fn shard_index(key: u64, n: usize) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n
+}
+
 /// `T` (a map or set keyed by `u64`) in [`SHARDS`] shards. Keys that differ only in
 /// their low `run` bits share a shard (neighbouring blocks, or inodes of one directory's
 /// region), so one thread's work stays in few shards (see the cache's `shard_of`).
@@ -34,7 +41,7 @@ impl<T: Default> Sharded<T> {
 
     /// The shard of `key`, locked.
     pub fn shard(&self, key: u64) -> MutexGuard<'_, T> {
-        self.shards[((key >> self.run).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SHARDS].lock()
+        self.shards[shard_index(key >> self.run, SHARDS)].lock()
     }
 
     /// Every shard, for a holder of the whole table.

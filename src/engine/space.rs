@@ -36,6 +36,15 @@ fn consume(n: u64) {
     CONSUMED.with(|c| c.set(c.get() + n));
 }
 
+/// Add bitmap block `i` to `set` (the changed blocks, or those deferred frees will
+/// change): a block new to it is one more the delta will log.
+fn add_pending(set: &mut BTreeSet<u64>, pending: &AtomicU64, i: u64) {
+    if set.insert(i) {
+        note_dirtied();
+        pending.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The bitmap's words (1 = in use), shared: the space map changes them under its owner's
 /// lock, and anyone may ask whether a block is in use without that lock (an inode read
 /// does, to tell a stale inode number). Blocks past the end read as used.
@@ -215,19 +224,13 @@ impl Space {
 
     fn set(&mut self, b: u64) {
         self.or_bit(b);
-        if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
-            note_dirtied();
-            self.pending.fetch_add(1, Ordering::Relaxed);
-        }
+        add_pending(&mut self.dirty, &self.pending, b / BITS_PER_BITMAP_BLOCK);
     }
 
     fn clear(&mut self, b: u64) {
         let i = (b / 64) as usize;
         self.words.put(i, self.words.word(i) & !(1 << (b % 64)));
-        if self.dirty.insert(b / BITS_PER_BITMAP_BLOCK) {
-            note_dirtied();
-            self.pending.fetch_add(1, Ordering::Relaxed);
-        }
+        add_pending(&mut self.dirty, &self.pending, b / BITS_PER_BITMAP_BLOCK);
     }
 
     /// Whether block `b` is in use (blocks past the end count as used).
@@ -408,10 +411,7 @@ impl Space {
             self.deferred.push((start, len));
             self.deferred_blocks += len;
             for i in start / BITS_PER_BITMAP_BLOCK..=(start + len - 1) / BITS_PER_BITMAP_BLOCK {
-                if self.deferred_bitmap.insert(i) {
-                    note_dirtied();
-                    self.pending.fetch_add(1, Ordering::Relaxed);
-                }
+                add_pending(&mut self.deferred_bitmap, &self.pending, i);
             }
         }
     }

@@ -140,12 +140,8 @@ fn load_bytes(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<u8
     if inode.xattr_block == 0 {
         return Ok(inode.xattr_inline[..inode.xattr_inline_len as usize].to_vec());
     }
-    let r = load_from_blocks(st, inode);
-    // A read that missed the cache view is done again and counted then.
-    if !st.missed() {
-        st.store().xattr_block_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    r
+    st.store().xattr_block_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    load_from_blocks(st, inode)
 }
 
 /// The encoded bytes of a list kept in an xattr block (and its continuations).

@@ -270,7 +270,7 @@ impl Inspector {
                 _ => ("data", None, Vec::new()),
             }
         };
-        Ok(BlockInfo { block: n, kind, checksum_ok, in_use: self.st.space().is_used(n), fields })
+        Ok(BlockInfo { block: n, kind, checksum_ok, in_use: self.st.is_used(n), fields })
     }
 
     /// A directory's entries, "." and ".." first, then in index order.

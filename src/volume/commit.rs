@@ -10,11 +10,11 @@ use crate::fs::file;
 
 use super::contention::Op;
 use super::delta::{Cost, Flight, Short};
+use super::*;
 
 /// How many times an operation short of space waits for the operations beside it to give
 /// back what they reserved (20 µs each) before it commits or fails.
 const SETTLE_WAITS: u32 = 500;
-use super::*;
 
 impl Volume {
     /// Commit the current delta and wait until it is durable.
@@ -410,10 +410,10 @@ impl Volume {
                 }
                 Err(Short::Space) if commits > 0 && op.st.space().deferred() == 0 => return Err(Error::NoSpace),
                 Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
-                // Other threads may fill the delta again between our commit and our retry:
-                // only a delta that was empty, with no other operation running, when the
-                // charge was tried proves the operation can never fit. (Each retry follows
-                // a commit of their changes, so they make progress.)
+                // Other threads may fill the delta again between our commit and our retry,
+                // so a full delta proves nothing: only a log smaller than one operation's
+                // room does. (Each retry follows a commit of their changes, so they make
+                // progress.)
                 Err(Short::Never) => return Err(Error::corrupt("an operation does not fit in an empty delta")),
                 // Dirty data past the limit while a commit is writing: take up to twice
                 // the limit rather than wait for that commit, and have the next one

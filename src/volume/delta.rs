@@ -61,7 +61,8 @@ pub(super) enum Short {
     Dirty,
     /// Not enough space, perhaps until the delta's frees are released.
     Space,
-    /// Not even an empty delta with no other operation beside it has room for it.
+    /// Not even an empty delta with no other operation beside it has room for it: the
+    /// log is smaller than one operation's room.
     Never,
 }
 
@@ -449,23 +450,9 @@ impl Delta {
     /// already running: room in the log for this one and each of them, the dirty-data
     /// limit, and the space budget. Checks only; [`Delta::reserve`] takes the room.
     pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
-        if used + self.log_reserved() + OP_LOG_BLOCKS > self.log_capacity {
-            return Err(Short::Delta);
-        }
-        // Only changes that dirty pages are held back by the dirty-data limits (a delta
-        // may be past them while a commit is writing: see `charged_with`).
-        let pages = self.dirty_pages();
-        if c.pages > 0
-            && ((pages > 0 && pages + c.pages > self.dirty_limit * dirty_factor)
-                || self.dirty_runs() >= RUN_LIMIT * dirty_factor)
-        {
-            return Err(Short::Dirty);
-        }
-        if self.accounting && st.space().available(c.deletion) + st.leased_idle() < c.meta + c.pages {
-            return Err(Short::Space);
-        }
-        Ok(())
+        self.check(st, c, dirty_factor, self.log_reserved(), |n, deletion| {
+            st.space().available(deletion) + st.leased_idle() >= n
+        })
     }
 
     /// Reserve what an operation of cost `c` may need, if it fits (as [`Delta::fits`]
@@ -476,18 +463,30 @@ impl Delta {
     pub(super) fn reserve(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
         self.log_reserved.add(OP_LOG_BLOCKS as i64);
         let others = self.log_reserved().saturating_sub(OP_LOG_BLOCKS);
-        let r = self.reserve_room(st, c, dirty_factor, others);
+        let r = self.check(st, c, dirty_factor, others, |n, deletion| st.reserve_blocks(n, deletion));
         if r.is_err() {
             self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
         }
         r
     }
 
-    fn reserve_room(&self, st: &Store, c: Cost, dirty_factor: u64, others: u64) -> std::result::Result<(), Short> {
+    /// The checks of [`Delta::fits`] and [`Delta::reserve`]: log room beside `others`
+    /// blocks of it held by running operations, the dirty limits times `dirty_factor`,
+    /// then `blocks(n, deletion)` for the worst case of blocks.
+    fn check(
+        &self,
+        st: &Store,
+        c: Cost,
+        dirty_factor: u64,
+        others: u64,
+        blocks: impl FnOnce(u64, bool) -> bool,
+    ) -> std::result::Result<(), Short> {
         let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
         if used + others + OP_LOG_BLOCKS > self.log_capacity {
-            return Err(if used + others == 0 { Short::Never } else { Short::Delta });
+            return Err(if OP_LOG_BLOCKS > self.log_capacity { Short::Never } else { Short::Delta });
         }
+        // Only changes that dirty pages are held back by the dirty-data limits (a delta
+        // may be past them while a commit is writing: see `charged_with`).
         let pages = self.dirty_pages();
         if c.pages > 0
             && ((pages > 0 && pages + c.pages > self.dirty_limit * dirty_factor)
@@ -495,7 +494,7 @@ impl Delta {
         {
             return Err(Short::Dirty);
         }
-        if self.accounting && !st.reserve_blocks(c.meta + c.pages, c.deletion) {
+        if self.accounting && !blocks(c.meta + c.pages, c.deletion) {
             return Err(Short::Space);
         }
         Ok(())

@@ -12,7 +12,7 @@
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::engine::leaf::Padded;
+use crate::engine::leaf::{shard_index, Padded};
 
 /// Stripes in the table: enough that unrelated inodes seldom share one. Each is alone on
 /// its cache lines, or two threads locking neighbouring stripes would move one line back
@@ -102,7 +102,7 @@ impl<S: Stripe> InodeLocks<S> {
     }
 
     fn stripe(&self, ino: u64) -> usize {
-        (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.stripes.len()
+        shard_index(ino, self.stripes.len())
     }
 
     /// Lock every inode of `want` (a stripe wanted both ways is written), waiting as

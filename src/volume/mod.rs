@@ -273,12 +273,18 @@ impl Inner {
         self.failed.load(Ordering::Acquire) || self.mark.as_ref().is_some_and(|m| m.lost())
     }
 
+    /// Inodes in use (exact when no create or free runs meanwhile).
+    fn inode_count(&self) -> u64 {
+        self.inodes.sum().max(0) as u64
+    }
+
     /// Copy the counters kept as atomics into the state block's contents (at a commit's
     /// snapshot, with the volume lock held exclusively).
     fn sync_counters(&mut self) {
+        let (inodes, next_generation) = (self.inode_count(), self.generations.next());
         let state = &mut self.life.get_mut().state;
-        state.inodes = self.inodes.sum().max(0) as u64;
-        state.next_generation = self.generations.next();
+        state.inodes = inodes;
+        state.next_generation = next_generation;
     }
 
     /// Fail the volume: memory no longer matches any disk state.
@@ -460,7 +466,7 @@ impl Volume {
     /// reaches a FUSE daemon, so `df` right after `rm` must be true without a commit.)
     pub fn statfs(&self) -> StatFs {
         let g = self.s.inner.read_inner();
-        let inodes = g.inodes.sum().max(0) as u64;
+        let inodes = g.inode_count();
         let s = g.st.space();
         // What the leases hold for operations to come is free.
         let bavail = s.available_after_commit(false) + g.st.leased_idle();

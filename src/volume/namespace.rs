@@ -178,7 +178,7 @@ impl Inner {
                 }
                 cur = c.next_orphan;
                 guard += 1;
-                if guard > self.inodes.sum().max(0) as u64 + 1 {
+                if guard > self.inode_count() + 1 {
                     return Err(Error::corrupt("orphan list loops"));
                 }
             }
@@ -208,7 +208,7 @@ impl Inner {
     /// metadata, reported instead of followed forever.
     pub(super) fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool> {
         let root = self.st.sb.root_ino;
-        let inodes = self.inodes.sum().max(0) as u64;
+        let inodes = self.inode_count();
         let mut cur = dir;
         for _ in 0..=inodes + 1 {
             if cur == ancestor {

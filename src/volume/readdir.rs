@@ -134,8 +134,6 @@ fn with_attrs(r: &mut (impl MetaRead + ?Sized), delta: &Delta, ino: u64, ents: V
     for e in ents {
         let a = match read_inode(r, e.ino).and_then(|i| attr_of(delta, &i)) {
             Ok(a) => Some(a),
-            // Not the block's fault: the view lacks it, and the batch is done again.
-            Err(err) if r.missed() => return Err(err),
             Err(err @ (Error::Corrupt(_) | Error::Io(_))) => {
                 tracing::error!("directory {ino}: entry {:?}: {err}", String::from_utf8_lossy(&e.name));
                 None

@@ -80,8 +80,8 @@ pub const BTREE_MAGIC: u32 = 0x4E54_5844;
 /// Largest value a record may hold, in bytes.
 pub const MAX_VALUE: usize = 1024;
 
-/// Where the tree reads its nodes: the block cache (through the store, or a view of it
-/// that only sees cached blocks), or a test double.
+/// Where the tree reads its nodes: the block cache (through a store handle), or a test
+/// double.
 pub trait NodeRead {
     /// A verified node block (the store checks crc/magic on load).
     fn node(&mut self, block: u64) -> Result<&Block>;

@@ -13,15 +13,16 @@ use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::cache::{MetaCache, Windows};
-use crate::engine::leaf::Sharded;
-use crate::engine::leaf::{slot, Leaf, LeafGuard, Padded, Serial, SLOTS};
+use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, Padded, Serial, Sharded, SLOTS};
 use crate::engine::log::Journal;
 use crate::engine::space::{Bitmap, Space};
 use crate::error::{Error, Result};
 
+mod hints;
 mod inodes;
 mod tx;
 
+pub use hints::{BlockHints, XATTR_SHARE_HINTS};
 pub use tx::{read_inode, MetaRead, Tx};
 
 /// Device + cache + space: everything below the inode layer, shared by every thread of
@@ -36,7 +37,7 @@ pub struct Store {
     /// The space map's words, read without its lock.
     bitmap: Arc<Bitmap>,
     /// The space map's count of bitmap blocks the delta will write, read without its lock.
-    pending_bitmap: Arc<std::sync::atomic::AtomicU64>,
+    pending_bitmap: Arc<AtomicU64>,
     pub sb: Superblock,
     /// Use directory inode reservation (A/B switch; on by default).
     pub reserve_regions: bool,
@@ -246,80 +247,6 @@ fn context(what: &str, e: Error) -> Error {
     }
 }
 
-/// Xattr blocks remembered for sharing: enough for the distinct lists of a working set
-/// (ACL-heavy trees have a handful), few enough that the index stays small.
-pub const XATTR_SHARE_HINTS: usize = 4096;
-
-/// A bounded map of hints from a content hash to the block holding that content, kept
-/// both ways so a freed block's hint goes in O(1). Hints are checked on use, so one that
-/// is evicted (oldest first) or stale costs only a missed chance to share.
-pub struct BlockHints {
-    by_hash: rustc_hash::FxHashMap<u64, u64>,
-    by_block: rustc_hash::FxHashMap<u64, u64>,
-    /// Hashes in insertion order, for eviction; may hold hashes already gone.
-    order: std::collections::VecDeque<u64>,
-    cap: usize,
-}
-
-impl BlockHints {
-    pub fn new(cap: usize) -> BlockHints {
-        BlockHints {
-            by_hash: Default::default(),
-            by_block: Default::default(),
-            order: Default::default(),
-            cap: cap.max(1),
-        }
-    }
-
-    /// The block last recorded for `hash`.
-    pub fn get(&self, hash: u64) -> Option<u64> {
-        self.by_hash.get(&hash).copied()
-    }
-
-    /// Number of hints held (at most the capacity).
-    pub fn len(&self) -> usize {
-        self.by_hash.len()
-    }
-
-    /// Whether no hint is held.
-    pub fn is_empty(&self) -> bool {
-        self.by_hash.is_empty()
-    }
-
-    /// Remember that `block` holds the content of `hash`, evicting the oldest hint past
-    /// the capacity.
-    pub fn insert(&mut self, hash: u64, block: u64) {
-        self.forget_hash(hash);
-        self.forget_block(block);
-        self.by_hash.insert(hash, block);
-        self.by_block.insert(block, hash);
-        self.order.push_back(hash);
-        while self.by_hash.len() > self.cap {
-            match self.order.pop_front() {
-                Some(h) => self.forget_hash(h),
-                None => break,
-            }
-        }
-        if self.order.len() > 2 * self.cap {
-            // Drop the queue's entries for hints already gone (amortised O(1)).
-            let live = &self.by_hash;
-            self.order.retain(|h| live.contains_key(h));
-        }
-    }
-
-    pub fn forget_hash(&mut self, hash: u64) {
-        if let Some(b) = self.by_hash.remove(&hash) {
-            self.by_block.remove(&b);
-        }
-    }
-
-    pub fn forget_block(&mut self, block: u64) {
-        if let Some(h) = self.by_block.remove(&block) {
-            self.by_hash.remove(&h);
-        }
-    }
-}
-
 /// Free blocks (beyond the reserve) below which inode frees are written into their
 /// blocks rather than recorded in the lazy-free tree, which may need a new node.
 const LAZY_FREE_MIN_AVAILABLE: u64 = 64;
@@ -366,15 +293,7 @@ impl Store {
 
     /// A handle for one operation: reads and changes blocks, allocates and frees.
     pub fn tx(&self) -> Tx<'_> {
-        Tx::new(self, false)
-    }
-
-    /// A handle that sees only what the cache holds and never reads the device: a block
-    /// it lacks is *missed* ([`Tx::missed`]), and whatever the work computed must be thrown
-    /// away and the work done again through [`Store::tx`]. What readers that must not
-    /// wait for the device use.
-    pub fn view(&self) -> Tx<'_> {
-        Tx::new(self, true)
+        Tx::new(self)
     }
 
     /// The free-space map and the budget, locked (a leaf lock: take nothing while
@@ -482,7 +401,7 @@ impl Store {
 
     /// Bitmap blocks the delta will write (see [`Space::pending_bitmap_blocks`]).
     pub fn pending_bitmap_blocks(&self) -> usize {
-        self.pending_bitmap.load(std::sync::atomic::Ordering::Relaxed) as usize
+        self.pending_bitmap.load(Ordering::Relaxed) as usize
     }
 
     /// Seal the delta's metadata: the changed bitmap words go into their blocks, and the
@@ -526,7 +445,7 @@ impl Store {
     /// The region lock of directory `owner` (see `regions`).
     fn region_lock(&self, owner: u64) -> parking_lot::MutexGuard<'_, ()> {
         debug_assert_eq!(crate::engine::leaf::guards_held(), 0, "a region lock taken while a cache block is held");
-        self.regions[(owner.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % REGION_STRIPES].lock()
+        self.regions[shard_index(owner, REGION_STRIPES)].lock()
     }
 
     fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {
@@ -616,27 +535,5 @@ impl Store {
         for (b, m) in found {
             self.lazy_masks.shard(b).insert(b, m);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_hints_are_bounded_and_found_both_ways() {
-        let mut h = BlockHints::new(100);
-        for i in 0..10_000u64 {
-            h.insert(i * 7, 1_000_000 + i);
-        }
-        assert_eq!(h.len(), 100, "bounded");
-        assert!(h.order.len() <= 200, "the eviction queue stays bounded too");
-        assert_eq!(h.get(9_999 * 7), Some(1_000_000 + 9_999), "the newest is kept");
-        assert_eq!(h.get(0), None, "the oldest went");
-        h.forget_block(1_000_000 + 9_999);
-        assert_eq!(h.get(9_999 * 7), None, "forgotten by block");
-        h.insert(5, 42);
-        h.insert(6, 42);
-        assert_eq!((h.get(5), h.get(6)), (None, Some(42)), "a block holds one content");
     }
 }

@@ -12,8 +12,8 @@ use crate::engine::btree::{NodeRead, NodeStore, BTREE_MAGIC};
 use crate::engine::cache::{BlockMut, BlockRef};
 use crate::engine::leaf::{guard_dropped, guard_taken, guards_held};
 
-/// Reading metadata: through a [`Tx`] of the store, which reads what the cache lacks, or
-/// a view ([`Store::view`]), which sees only what is cached.
+/// Reading metadata: what code that only reads (lookups, listings, file and xattr reads)
+/// asks of a [`Tx`].
 pub trait MetaRead: NodeRead {
     /// The store: superblock, space map, lazy-free records.
     fn store(&self) -> &Store;
@@ -22,11 +22,6 @@ pub trait MetaRead: NodeRead {
     /// Inode block `b`, or `None` if it was freed by a delta that is not yet durable (a
     /// stale inode number); read ahead in windows by the store's policy.
     fn inode_block(&mut self, b: u64) -> Result<Option<&Block>>;
-    /// Whether a block was not there to read (a view): the error that came of it is not
-    /// the block's fault, and the work will be done again.
-    fn missed(&self) -> bool {
-        false
-    }
     /// Let go of the cache block held, if any: what the caller read it for is done, and
     /// it may take other locks now (nothing above the cache's is taken while one is held).
     fn let_go(&mut self) {}
@@ -39,10 +34,6 @@ pub struct Tx<'a> {
     cur: Option<BlockRef<'a>>,
     /// The block this handle holds for changing, if any.
     cur_mut: Option<BlockMut<'a>>,
-    /// Sees only cached blocks and never reads the device.
-    view: bool,
-    /// A view lacked a block.
-    missed: bool,
     /// Blocks allocated less blocks freed through this handle: what `usage_mark` and
     /// `account` measure an owner's growth by.
     net: i64,
@@ -55,8 +46,8 @@ impl Drop for Tx<'_> {
 }
 
 impl<'a> Tx<'a> {
-    pub(super) fn new(st: &'a Store, view: bool) -> Tx<'a> {
-        Tx { st, cur: None, cur_mut: None, view, missed: false, net: 0 }
+    pub(super) fn new(st: &'a Store) -> Tx<'a> {
+        Tx { st, cur: None, cur_mut: None, net: 0 }
     }
 
     /// Let go of the block held, if any: done first by every call, before it takes
@@ -99,42 +90,17 @@ impl<'a> Tx<'a> {
         self.st.space.lock()
     }
 
-    /// Whether a view lacked a block (see [`Store::view`]).
-    pub fn missed(&self) -> bool {
-        self.missed
-    }
-
-    /// Give up, as after a miss: the work needs more than a view can see.
-    pub fn decline(&mut self) {
-        self.missed = true;
-    }
-
-    fn would_block(&mut self) -> Error {
-        self.missed = true;
-        Error::Io(std::io::ErrorKind::WouldBlock.into())
-    }
-
     /// A verified metadata block, read (and verified) on a miss.
     pub fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
         self.release_block();
         let st = self.st;
-        let r = if self.view {
-            match st.cache.peek(b, want) {
-                None => return Err(self.would_block()),
-                Some(r) => r?.ok_or(Error::NotFound)?,
-            }
-        } else {
-            st.cache.get(&*st.dev, b, want)?
-        };
+        let r = st.cache.get(&*st.dev, b, want)?;
         Ok(self.hold(r))
     }
 
     /// A metadata block to change: it joins the delta's dirty set.
     pub fn block_mut(&mut self, b: u64, want: Option<u32>) -> Result<&mut Block> {
         self.release_block();
-        if self.view {
-            return Err(Error::ReadOnly);
-        }
         let st = self.st;
         let w = st.cache.get_mut(&*st.dev, b, want)?;
         Ok(self.hold_mut(w))
@@ -257,27 +223,17 @@ impl MetaRead for Tx<'_> {
     fn inode_block(&mut self, b: u64) -> Result<Option<&Block>> {
         self.release_block();
         let st = self.st;
-        let r = if self.view {
-            match st.cache.peek(b, Some(INODE_MAGIC)) {
-                None => return Err(self.would_block()),
-                Some(r) => r?,
-            }
-        } else {
-            match st.cache.peek(b, Some(INODE_MAGIC)) {
-                Some(r) => r?,
-                None => {
-                    // A miss: read the block's window of inode blocks with it.
-                    if st.inode_readahead {
-                        st.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
-                    }
-                    st.cache.get_live(&*st.dev, b, Some(INODE_MAGIC))?
+        let r = match st.cache.peek(b, Some(INODE_MAGIC)) {
+            Some(r) => r?,
+            None => {
+                // A miss: read the block's window of inode blocks with it.
+                if st.inode_readahead {
+                    st.prefetch_inodes(&[b], INODE_WINDOW as usize)?;
                 }
+                st.cache.get_live(&*st.dev, b, Some(INODE_MAGIC))?
             }
         };
         Ok(r.map(|r| self.hold(r)))
-    }
-    fn missed(&self) -> bool {
-        self.missed
     }
     fn let_go(&mut self) {
         Tx::let_go(self);

@@ -121,10 +121,7 @@ pub fn writeback(
                 },
             };
             let want = pages.len() as u64;
-            let got = match st.alloc(goal, want, want.min(POOL_MIN)) {
-                Some(g) => Some(g),
-                None => st.alloc(goal, n, 1),
-            };
+            let got = st.alloc(goal, want, want.min(POOL_MIN)).or_else(|| st.alloc(goal, n, 1));
             let Some(got) = got else { break Err(Error::NoSpace) };
             pool = Some(got);
         }

@@ -288,18 +288,20 @@ impl Volume {
                 }
                 return Ok(());
             }
-            life.unlinked_at.remove(&ino);
             life.listed_held.remove(&ino);
             life.held.remove(&ino)
         };
-        if was_held {
-            let i = g.st.inode(ino)?;
-            return g.free_inode(i);
-        }
-        if g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
-            g.remove_orphan(ino)?;
-        }
-        Ok(())
+        let r = if was_held {
+            g.st.inode(ino).and_then(|i| g.free_inode(i))
+        } else if g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
+            g.remove_orphan(ino)
+        } else {
+            Ok(())
+        };
+        // Only now are its blocks free: a `statfs` waiting for this inode to go
+        // (`settle_unlinked`, in another thread) must not look at the space before.
+        g.life.lock().unlinked_at.remove(&ino);
+        r
     }
 
     /// Read up to `size` bytes at `offset`. The device reads run without the volume

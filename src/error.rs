@@ -50,6 +50,11 @@ pub enum Error {
     /// half way, or a panic in the volume): memory may no longer match any state on disk,
     /// which still holds the last committed delta. Reported as EIO; remount to recover.
     Failed,
+    /// Internal: a metadata block an operation needs is not cached, and the operation
+    /// puts the device read off until it has let go of its locks, then starts again
+    /// (`engine::deferred`). Never returned by the library; EIO if it ever were.
+    #[doc(hidden)]
+    Missed,
 }
 
 impl Error {
@@ -82,7 +87,7 @@ impl Error {
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::AccessDenied => libc::EACCES,
             Error::Busy(_) => libc::EBUSY,
-            Error::Failed => libc::EIO,
+            Error::Failed | Error::Missed => libc::EIO,
         }
     }
 
@@ -116,6 +121,7 @@ impl fmt::Display for Error {
             Error::AccessDenied => f.write_str("permission denied"),
             Error::Busy(m) => write!(f, "volume busy: {m}"),
             Error::Failed => f.write_str("the volume failed earlier and accepts no more changes; remount to recover"),
+            Error::Missed => f.write_str("a metadata block was not cached (internal: the operation starts again)"),
         }
     }
 }

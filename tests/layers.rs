@@ -25,7 +25,7 @@ fn rank(module: &[&str]) -> Option<(u32, u32)> {
         "engine" => (
             2,
             match second {
-                "leaf" => 0,
+                "leaf" | "deferred" => 0,
                 "cache" => 1,
                 "log" | "space" | "btree" => 2,
                 "store" => 3,

@@ -20,13 +20,14 @@
 //! ([`MetaCache::get_live`]) instead of being cached again.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
+use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, Padded};
 use crate::error::{Error, Result};
 
@@ -113,6 +114,84 @@ pub struct MetaCache {
     dirty_count: AtomicUsize,
     /// Clean blocks each shard keeps before eviction starts.
     shard_capacity: usize,
+    /// Per shard, bumped whenever device copies of its blocks may have changed under the
+    /// cache (a delta landed home, frees became real, the cache was reset): a block read
+    /// with no lock held is kept only if its shard's did not move meanwhile (see
+    /// [`MetaCache::fill`]).
+    gens: Box<[AtomicU64]>,
+    /// Blocks read from the device while the reading thread held an operation's locks
+    /// (see [`deferred::in_op`]): what a commit may have had to wait for.
+    reads_under_locks: AtomicU64,
+}
+
+/// Device reads the cache planned ([`MetaCache::plan_blocks`],
+/// [`MetaCache::plan_windows`]): runs of blocks, each with what to keep of it.
+#[derive(Default)]
+pub struct Reads {
+    runs: Vec<Run>,
+    /// [`MetaCache::gens`] when planned (empty: not checked).
+    gens: Vec<u64>,
+}
+
+struct Run {
+    start: u64,
+    len: u64,
+    keep: Keep,
+}
+
+/// What of a run to keep.
+enum Keep {
+    /// These blocks (a run bridges small gaps of blocks nobody asked for).
+    Listed(Vec<u64>),
+    /// Every block carrying this magic (an inode window).
+    Magic(u32),
+}
+
+/// [`Reads`] done: each run with its bytes.
+pub struct Filled {
+    runs: Vec<(Run, Vec<u8>)>,
+    gens: Vec<u64>,
+}
+
+impl Reads {
+    /// Whether there is nothing to read.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Blocks the runs cover.
+    pub fn blocks(&self) -> u64 {
+        self.runs.iter().map(|r| r.len).sum()
+    }
+
+    /// Add `other`'s runs (planned no earlier than these: the older generations stand).
+    pub fn append(&mut self, other: Reads) {
+        if self.gens.is_empty() {
+            self.gens = other.gens;
+        }
+        self.runs.extend(other.runs);
+    }
+
+    /// Read the runs, up to `BATCH_BYTES` at a time handed to the device together
+    /// (concurrently where it can). Takes no lock.
+    pub fn read(self, dev: &dyn BlockDevice) -> Result<Filled> {
+        let mut out = Vec::with_capacity(self.runs.len());
+        let mut runs = self.runs.into_iter().peekable();
+        while runs.peek().is_some() {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while let Some(r) = runs.next_if(|_| batch.is_empty() || bytes < BATCH_BYTES) {
+                bytes += r.len as usize * BLOCK_SIZE;
+                batch.push(r);
+            }
+            let mut bufs: Vec<Vec<u8>> = batch.iter().map(|r| vec![0u8; r.len as usize * BLOCK_SIZE]).collect();
+            let mut reqs: Vec<(u64, &mut [u8])> =
+                batch.iter().zip(bufs.iter_mut()).map(|(r, b)| (r.start, &mut b[..])).collect();
+            dev.read_many(&mut reqs)?;
+            out.extend(batch.into_iter().zip(bufs));
+        }
+        Ok(Filled { runs: out, gens: self.gens })
+    }
 }
 
 /// How [`MetaCache::prefetch_windows`] reads: aligned windows of `blocks` blocks, keeping
@@ -210,6 +289,8 @@ impl MetaCache {
             shards: (0..SHARDS).map(|_| Padded(RwLock::new(Shard::default()))).collect(),
             dirty_count: AtomicUsize::new(0),
             shard_capacity: capacity.max(64).div_ceil(SHARDS),
+            gens: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            reads_under_locks: AtomicU64::new(0),
         }
     }
 
@@ -237,6 +318,10 @@ impl MetaCache {
                 return Ok(Some(r));
             }
         }
+        if deferred::deferring() {
+            return Err(deferred::missed(blockno));
+        }
+        self.count_read(1);
         let data = read_verified(dev, blockno)?;
         let mut s = self.shard(blockno).write();
         if s.freed.contains_key(&blockno) {
@@ -267,6 +352,10 @@ impl MetaCache {
         let mut s = self.shard(blockno).write();
         if !s.blocks.contains_key(&blockno) {
             drop(s);
+            if deferred::deferring() {
+                return Err(deferred::missed(blockno));
+            }
+            self.count_read(1);
             let data = read_verified(dev, blockno)?;
             s = self.shard(blockno).write();
             if s.freed.contains_key(&blockno) {
@@ -301,6 +390,7 @@ impl MetaCache {
     pub fn pin(&self, blockno: u64, img: Box<Block>) -> Result<()> {
         verify(&img, blockno, None)?;
         let mut s = self.shard(blockno).write();
+        self.bump_gen(shard_of(blockno));
         if !s.blocks.get(&blockno).is_some_and(|c| c.dirty) {
             s.dirty += 1;
             s.dirty_list.push(blockno);
@@ -344,16 +434,24 @@ impl MetaCache {
 
     /// The delta in flight is durable: its freed blocks are free, tombstones gone.
     pub fn flight_landed(&self) {
-        for s in self.shards.iter() {
-            s.write().freed.retain(|_, f| *f != Freed::InFlight);
+        for (k, s) in self.shards.iter().enumerate() {
+            let mut s = s.write();
+            if s.freed.values().any(|f| *f == Freed::InFlight) {
+                self.bump_gen(k);
+                s.freed.retain(|_, f| *f != Freed::InFlight);
+            }
         }
     }
 
     /// The delta being built was committed with its frees released at once (mid
     /// write-back): its tombstones go.
     pub fn forget_freed(&self) {
-        for s in self.shards.iter() {
-            s.write().freed.retain(|_, f| *f != Freed::Current);
+        for (k, s) in self.shards.iter().enumerate() {
+            let mut s = s.write();
+            if s.freed.values().any(|f| *f == Freed::Current) {
+                self.bump_gen(k);
+                s.freed.retain(|_, f| *f != Freed::Current);
+            }
         }
     }
 
@@ -373,25 +471,68 @@ impl MetaCache {
         s.blocks.contains_key(&blockno) || s.freed.contains_key(&blockno)
     }
 
-    /// Cache a block read by a prefetch, unless it is known already.
-    fn insert_read(&self, blockno: u64, data: Box<Block>) {
-        let mut s = self.shard(blockno).write();
-        if !s.freed.contains_key(&blockno) {
-            s.insert_clean(blockno, data, self.shard_capacity);
+    /// Count `n` blocks read from the device, if under an operation's locks.
+    fn count_read(&self, n: u64) {
+        if deferred::in_op() {
+            self.reads_under_locks.fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// Blocks read from the device under an operation's locks so far.
+    pub fn reads_under_locks(&self) -> u64 {
+        self.reads_under_locks.load(Ordering::Relaxed)
+    }
+
+    /// Do `reads` (see [`Reads::read`]), counted if under an operation's locks.
+    pub fn read(&self, reads: Reads, dev: &dyn BlockDevice) -> Result<Filled> {
+        self.count_read(reads.blocks());
+        reads.read(dev)
+    }
+
+    /// Device copies of shard `k`'s blocks may change now (see the field `gens`): done
+    /// with the shard write-locked, before the change is visible.
+    fn bump_gen(&self, k: usize) {
+        self.gens[k].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Device copies of any block may have changed (the cache is reset).
+    fn bump_all_gens(&self) {
+        for k in 0..SHARDS {
+            self.bump_gen(k);
+        }
+    }
+
+    /// Where device copies stand now, per shard (see [`MetaCache::fill`]).
+    fn gens_now(&self) -> Vec<u64> {
+        self.gens.iter().map(|g| g.load(Ordering::SeqCst)).collect()
     }
 
     /// Read the blocks that are not yet cached in ascending order, coalescing runs of
     /// adjacent blocks into single requests (the sorted sweep of readdirplus and readahead).
     /// Blocks that fail verification are skipped here and reported by the later `get`.
+    /// In a [`deferred::defer_misses`] scope the sweep is only noted, for after.
     pub fn prefetch(&self, dev: &dyn BlockDevice, wanted: &[u64]) -> Result<()> {
-        let mut want: Vec<u64> = wanted.iter().copied().filter(|b| *b < dev.block_count() && !self.known(*b)).collect();
+        if deferred::deferring() {
+            let want: Vec<u64> = wanted.iter().copied().filter(|b| !self.known(*b)).collect();
+            if !want.is_empty() {
+                deferred::want(Wanted::Blocks(want));
+            }
+            return Ok(());
+        }
+        let reads = self.plan_blocks(dev.block_count(), wanted);
+        self.fill(self.read(reads, dev)?, false, |_| true, |_| 0);
+        Ok(())
+    }
+
+    /// Plan [`MetaCache::prefetch`]'s reads: the uncached ones of `wanted` (below
+    /// `block_count`), in runs that end at a gap wider than `MAX_GAP` blocks, since
+    /// reading a few blocks that are not wanted (or already cached) costs less than
+    /// another request.
+    pub fn plan_blocks(&self, block_count: u64, wanted: &[u64]) -> Reads {
+        let mut want: Vec<u64> = wanted.iter().copied().filter(|b| *b < block_count && !self.known(*b)).collect();
         want.sort_unstable();
         want.dedup();
-        // Runs (first index, end index into `want`): a run ends at a gap wider than
-        // MAX_GAP blocks, since reading a few blocks that are not wanted (or already
-        // cached) costs less than another request.
-        let mut runs = Vec::new();
+        let mut reads = Reads { runs: Vec::new(), gens: self.gens_now() };
         let mut i = 0;
         while i < want.len() {
             let start = want[i];
@@ -399,40 +540,11 @@ impl MetaCache {
             while j < want.len() && want[j] - want[j - 1] <= MAX_GAP && want[j] - start < MAX_BATCH as u64 {
                 j += 1;
             }
-            runs.push((i, j));
+            let len = want[j - 1] - start + 1;
+            reads.runs.push(Run { start, len, keep: Keep::Listed(want[i..j].to_vec()) });
             i = j;
         }
-        // Up to BATCH_BYTES of runs go to the device at once (concurrently where it can).
-        let mut r = 0;
-        while r < runs.len() {
-            let mut end = r;
-            let mut bytes = 0;
-            while end < runs.len() && (end == r || bytes < BATCH_BYTES) {
-                let (a, b) = runs[end];
-                bytes += (want[b - 1] - want[a] + 1) as usize * BLOCK_SIZE;
-                end += 1;
-            }
-            let mut bufs: Vec<Vec<u8>> = runs[r..end]
-                .iter()
-                .map(|&(a, b)| vec![0u8; (want[b - 1] - want[a] + 1) as usize * BLOCK_SIZE])
-                .collect();
-            let mut reqs: Vec<(u64, &mut [u8])> =
-                runs[r..end].iter().zip(bufs.iter_mut()).map(|(&(a, _), buf)| (want[a], &mut buf[..])).collect();
-            dev.read_many(&mut reqs)?;
-            for (&(a, b), buf) in runs[r..end].iter().zip(&bufs) {
-                let start = want[a];
-                for &blockno in &want[a..b] {
-                    let k = (blockno - start) as usize;
-                    let mut blk = Box::new([0u8; BLOCK_SIZE]);
-                    blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
-                    if verify(&blk, blockno, None).is_ok() {
-                        self.insert_read(blockno, blk);
-                    }
-                }
-            }
-            r = end;
-        }
-        Ok(())
+        reads
     }
 
     /// Inode-block readahead (ext4 reads 32 inode-table blocks at a time): for each
@@ -456,43 +568,70 @@ impl MetaCache {
         allocated: impl Fn(u64) -> bool,
         live: impl Fn(&Block) -> u32,
     ) -> Result<(u64, u64)> {
+        let reads = self.plan_windows(dev.block_count(), wanted, w);
+        let read = reads.blocks();
+        Ok((read, self.fill(self.read(reads, dev)?, false, allocated, live)))
+    }
+
+    /// Plan [`MetaCache::prefetch_windows`]'s reads.
+    pub fn plan_windows(&self, block_count: u64, wanted: &[u64], w: Windows) -> Reads {
         let Windows { blocks: window, magic, limit } = w;
         let window = window.clamp(1, MAX_BATCH as u64);
-        let mut starts: Vec<u64> = wanted
-            .iter()
-            .copied()
-            .filter(|b| *b < dev.block_count() && !self.known(*b))
-            .map(|b| b - b % window)
-            .collect();
+        let mut starts: Vec<u64> =
+            wanted.iter().copied().filter(|b| *b < block_count && !self.known(*b)).map(|b| b - b % window).collect();
         starts.sort_unstable();
         starts.dedup();
         starts.truncate(limit.div_ceil(window as usize).max(1));
-        let (mut read, mut alive) = (0u64, 0u64);
-        let per_batch = (BATCH_BYTES / (BLOCK_SIZE * window as usize)).max(1);
-        for batch in starts.chunks(per_batch) {
-            let mut bufs: Vec<Vec<u8>> =
-                batch.iter().map(|&s| vec![0u8; window.min(dev.block_count() - s) as usize * BLOCK_SIZE]).collect();
-            let mut reqs: Vec<(u64, &mut [u8])> =
-                batch.iter().zip(bufs.iter_mut()).map(|(&s, b)| (s, &mut b[..])).collect();
-            dev.read_many(&mut reqs)?;
-            for (&start, buf) in batch.iter().zip(&bufs) {
-                let n = buf.len() / BLOCK_SIZE;
-                read += n as u64;
-                for k in 0..n {
-                    let b = start + k as u64;
-                    if self.known(b) || !allocated(b) {
-                        continue;
-                    }
-                    let mut blk = Box::new([0u8; BLOCK_SIZE]);
-                    blk.copy_from_slice(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]);
-                    if verify(&blk, b, Some(magic)).is_ok() {
-                        alive += u64::from(live(&blk));
-                        self.insert_read(b, blk);
-                    }
+        let runs = starts
+            .into_iter()
+            .map(|start| Run { start, len: window.min(block_count - start), keep: Keep::Magic(magic) })
+            .collect();
+        Reads { runs, gens: self.gens_now() }
+    }
+
+    /// Cache what `filled` read: the blocks each run keeps that verify, that
+    /// `allocated` allows (windows only) and that are not known already. With `checked`
+    /// (reads done with no lock held), a block is not kept if device copies of its shard
+    /// may have changed since the reads were planned: a block changed, written home and
+    /// evicted meanwhile would come back stale. (One that was not cached at some point in
+    /// between cannot have changed: changes reach the device through the cache, frees
+    /// through its tombstones.) Returns the sum of `live` over the window blocks kept.
+    pub fn fill(
+        &self,
+        filled: Filled,
+        checked: bool,
+        allocated: impl Fn(u64) -> bool,
+        live: impl Fn(&Block) -> u32,
+    ) -> u64 {
+        let mut alive = 0;
+        for (run, buf) in filled.runs {
+            for k in 0..run.len {
+                let b = run.start + k;
+                let want = match &run.keep {
+                    Keep::Listed(l) => l.binary_search(&b).is_ok().then_some(None),
+                    Keep::Magic(m) => (!self.known(b) && allocated(b)).then_some(Some(*m)),
+                };
+                let Some(magic) = want else { continue };
+                let at = k as usize * BLOCK_SIZE;
+                let mut blk = Box::new([0u8; BLOCK_SIZE]);
+                blk.copy_from_slice(&buf[at..at + BLOCK_SIZE]);
+                if verify(&blk, b, magic).is_err() {
+                    continue;
                 }
+                if magic.is_some() {
+                    alive += u64::from(live(&blk));
+                }
+                let k = shard_of(b);
+                let mut s = self.shards[k].write();
+                // Under the shard's lock: `landed` bumps the generation before it lets a
+                // block of this shard be evicted.
+                if s.freed.contains_key(&b) || (checked && self.gens[k].load(Ordering::SeqCst) != filled.gens[k]) {
+                    continue;
+                }
+                s.insert_clean(b, blk, self.shard_capacity);
             }
         }
-        Ok((read, alive))
+        alive
     }
 
     /// Number of dirty blocks in the current delta.
@@ -526,7 +665,10 @@ impl MetaCache {
     /// The blocks of a commit are home on the device: they may be evicted again.
     pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
         for (b, _) in blocks {
-            if let Some(c) = self.shard(*b).write().blocks.get_mut(b) {
+            let k = shard_of(*b);
+            let mut s = self.shards[k].write();
+            if let Some(c) = s.blocks.get_mut(b) {
+                self.bump_gen(k);
                 c.in_flight = false;
             }
         }
@@ -534,6 +676,7 @@ impl MetaCache {
 
     /// Forget every block (e.g. after a failed commit, to reload the committed state).
     pub fn clear(&mut self) {
+        self.bump_all_gens();
         for s in self.shards.iter_mut() {
             let s = s.0.get_mut();
             s.blocks.clear();
@@ -627,5 +770,39 @@ mod tests {
         assert!(c.is_freed(7), "only the current delta's tombstones went");
         c.flight_landed();
         assert!(c.get_live(&dev, 7, None).unwrap().is_some(), "durable: the block is an ordinary one again");
+    }
+
+    #[test]
+    fn a_read_done_unlocked_is_dropped_if_its_block_changed_home_meanwhile() {
+        let dev = MemDevice::new(256);
+        for b in 0..256 {
+            sealed(&dev, b, 1);
+        }
+        let mut c = MetaCache::new(64 * SHARDS);
+        // A reader plans and reads block 9 with nothing held...
+        let stale = c.plan_blocks(dev.block_count(), &[9]).read(&dev).unwrap();
+        // ...while another thread changes it, a commit writes it home, and it is evicted.
+        c.get_mut(&dev, 9, None).unwrap()[100] = 7;
+        let home = c.take_dirty();
+        for (b, blk) in &home {
+            dev.write(*b, &blk[..]).unwrap();
+        }
+        c.landed(&home);
+        c.drop_clean();
+        c.fill(stale, true, |_| true, |_| 0);
+        assert_eq!(c.get(&dev, 9, None).unwrap()[100], 7, "a stale copy was cached");
+        // Unchecked (a read under the operation's locks), or with nothing landed
+        // meanwhile, the read is kept.
+        c.drop_clean();
+        let fresh = c.plan_blocks(dev.block_count(), &[9, 10]).read(&dev).unwrap();
+        c.fill(fresh, true, |_| true, |_| 0);
+        assert!(c.contains(9) && c.contains(10));
+        // In a deferring scope a miss is noted, not read.
+        c.drop_clean();
+        let before = dev.stats().reads;
+        let r = deferred::defer_misses(|| c.get(&dev, 11, None).map(|_| ()));
+        assert!(matches!(r, Err(Error::Missed)));
+        assert_eq!(dev.stats().reads, before, "read under a deferring scope");
+        assert_eq!(deferred::take_wanted(), vec![Wanted::Blocks(vec![11])]);
     }
 }

@@ -140,8 +140,12 @@ fn load_bytes(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<u8
     if inode.xattr_block == 0 {
         return Ok(inode.xattr_inline[..inode.xattr_inline_len as usize].to_vec());
     }
-    st.store().xattr_block_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    load_from_blocks(st, inode)
+    // Counted once read: an attempt that missed the cache runs again (`engine::deferred`).
+    let r = load_from_blocks(st, inode);
+    if !matches!(r, Err(Error::Missed)) {
+        st.store().xattr_block_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    r
 }
 
 /// The encoded bytes of a list kept in an xattr block (and its continuations).

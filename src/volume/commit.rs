@@ -11,6 +11,7 @@ use crate::fs::file;
 use super::contention::Op;
 use super::delta::{Cost, Flight, Short};
 use super::*;
+use crate::engine::deferred;
 
 /// How many times an operation short of space waits for the operations beside it to give
 /// back what they reserved (20 µs each) before it commits or fails.
@@ -386,12 +387,38 @@ impl Volume {
         want: &[(u64, Mode)],
         cost: impl Fn(&Inner) -> Result<(Cost, T)>,
     ) -> Result<(Op<'_>, T)> {
+        // The cost's reads are put off when they miss (`engine::deferred`); commits and
+        // waits here never run twice. Inside a caller's `Volume::unlocked_reads` the
+        // caller reads what was missed; otherwise this does.
+        deferred::read_at_once(|outer| {
+            let r = self.charge(want, cost, outer);
+            if !outer {
+                deferred::rounds_done();
+                deferred::take_wanted();
+            }
+            r
+        })
+    }
+
+    fn charge<T>(
+        &self,
+        want: &[(u64, Mode)],
+        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
+        outer: bool,
+    ) -> Result<(Op<'_>, T)> {
         let mut commits = 0;
         let mut waits = 0;
         loop {
             let mut op = self.op(want);
             op.check_writable()?;
-            let (c, read) = cost(&op)?;
+            let (c, read) = match deferred::defer_misses(|| cost(&op)) {
+                Err(Error::Missed) if !outer => {
+                    drop(op);
+                    self.read_put_off()?;
+                    continue;
+                }
+                r => r?,
+            };
             match op.delta.reserve(&op.st, c, 1) {
                 Ok(()) => {
                     op.charged(c);

@@ -21,8 +21,9 @@ use parking_lot::{Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use super::delta::Cost;
 use super::locks::{Locked, Mode};
 use super::{Delta, Inner, OpenOptions, Shared, Volume};
+use crate::engine::deferred;
 use crate::engine::store::MetaRead;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Totals of the volume's volume-wide locks since the volume was opened: the volume lock
 /// (held exclusively by commits' snapshots, flushes and what must see the volume at rest;
@@ -56,6 +57,20 @@ pub struct LockStats {
     pub leaf_waited: Duration,
     /// Time leaf locks were held, summed.
     pub leaf_held: Duration,
+}
+
+/// Where an operation's metadata reads went, since the volume was opened: a block missing
+/// from the cache is read with nothing held and the operation started again, or, where
+/// it has already changed something (or missed three times), read under its locks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Blocks read from the device while an operation held its locks (a commit about to
+    /// seal its delta waits for such a read).
+    pub under_locks: u64,
+    /// Times an operation let go of its locks to read what it missed, and started again.
+    pub put_off_rounds: u64,
+    /// Blocks those rounds read (with nothing held).
+    pub put_off_blocks: u64,
 }
 
 impl LockStats {
@@ -99,6 +114,10 @@ pub(super) struct LockCounters {
     /// to its delta: `OP_LOG_BLOCKS` is kept free for any one operation, so this must not
     /// pass it (a test hook: [`Volume::op_log_blocks`]).
     op_log_max: AtomicU64,
+    /// Rounds of reads operations put off until they had let go (`engine::deferred`),
+    /// and the blocks those rounds read.
+    put_off_rounds: AtomicU64,
+    put_off_blocks: AtomicU64,
 }
 
 thread_local! {
@@ -232,6 +251,7 @@ impl Op<'_> {
 
 impl Drop for Op<'_> {
     fn drop(&mut self) {
+        deferred::leave_op();
         if let Some(c) = self.cost.take() {
             let used = crate::engine::space::consumed_here() - self.consumed_at;
             self.guard.delta.release(&self.guard.st, c, used);
@@ -266,6 +286,7 @@ impl Volume {
         let t = c.enabled.then(Instant::now);
         let guard = self.s.inner.read_inner();
         let locks = self.s.locks.lock(want);
+        deferred::enter_op();
         let since = t.map(|t| {
             let now = Instant::now();
             c.shared_acquisitions.fetch_add(1, Ordering::Relaxed);
@@ -346,16 +367,81 @@ impl Volume {
     /// Run an operation that only reads the volume, with the inodes `want` locked for
     /// reading (and the volume lock shared): readers of different inodes, or of one, do
     /// not wait for each other, only for writers of what they read. `f` must not change
-    /// anything but what it returns. A block the cache lacks is read from the device
-    /// meanwhile (a commit waits for that read before it seals its delta).
+    /// anything but what it returns: a block the cache lacks is read with nothing held,
+    /// and `f` runs again (see [`Volume::unlocked_reads`]).
     pub(super) fn reading<T>(
         &self,
         want: &[(u64, Mode)],
-        f: impl FnOnce(&mut dyn MetaRead, &Seen) -> Result<T>,
+        f: impl Fn(&mut dyn MetaRead, &Seen) -> Result<T>,
     ) -> Result<T> {
-        let op = self.op(want);
-        let r = f(&mut op.st.tx(), &op.seen());
+        self.unlocked_reads(|| {
+            let op = self.op(want);
+            let r = f(&mut op.st.tx(), &op.seen());
+            r
+        })
+    }
+
+    /// Run `f`, an operation that only reads (or the part of one before it changes
+    /// anything), with its cache misses put off (`engine::deferred`): each time it fails
+    /// with `Missed` it has let go of all it held; what it missed is read, with nothing
+    /// held, and it runs again. Reads it noted but did not wait for (readahead) are done
+    /// after it, also with nothing held.
+    pub(super) fn unlocked_reads<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let r = loop {
+            match deferred::defer_misses(&mut f) {
+                Err(Error::Missed) => {
+                    if let Err(e) = self.read_put_off() {
+                        break Err(e);
+                    }
+                }
+                r => break r,
+            }
+        };
+        deferred::rounds_done();
+        if r.is_ok() {
+            // Only a speed-up: a block it cannot read fails its own later access.
+            if let Err(e) = self.read_wanted() {
+                tracing::debug!("readahead: {e}");
+            }
+        } else {
+            deferred::take_wanted();
+        }
         r
+    }
+
+    /// What this thread's operation missed, read with nothing held before it starts
+    /// again (one round: see `engine::deferred`). The caller has let go of everything.
+    pub(super) fn read_put_off(&self) -> Result<()> {
+        deferred::next_round();
+        self.s.lock_stats.put_off_rounds.fetch_add(1, Ordering::Relaxed);
+        self.read_wanted()
+    }
+
+    /// Read the blocks this thread noted as wanted (the volume lock is shared only to
+    /// plan the reads and to cache what they brought, not during them).
+    fn read_wanted(&self) -> Result<()> {
+        let wanted = deferred::take_wanted();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let reads = self.s.inner.read_inner().st.plan_put_off(&wanted);
+        if reads.is_empty() {
+            return Ok(());
+        }
+        self.s.lock_stats.put_off_blocks.fetch_add(reads.blocks(), Ordering::Relaxed);
+        let filled = reads.read(&*self.s.dev)?;
+        self.s.inner.read_inner().st.fill_put_off(filled);
+        Ok(())
+    }
+
+    /// Where operations' metadata reads went (see [`ReadStats`]).
+    pub fn read_stats(&self) -> ReadStats {
+        let c = &self.s.lock_stats;
+        ReadStats {
+            under_locks: self.s.inner.read_inner().st.reads_under_locks(),
+            put_off_rounds: c.put_off_rounds.load(Ordering::Relaxed),
+            put_off_blocks: c.put_off_blocks.load(Ordering::Relaxed),
+        }
     }
 }
 

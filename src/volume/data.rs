@@ -190,6 +190,10 @@ fn plan_read_of(
     Ok(Planned::Read { plan, epoch: delta.epoch(), touch })
 }
 
+/// Times a read plans and reads with nothing held while write-backs move its file's
+/// extents, before it reads under the file's lock.
+const READ_TRIES: u32 = 3;
+
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
@@ -331,42 +335,48 @@ impl Volume {
     /// [`Volume::read`] into `sink`; returns the number of bytes read.
     fn read_to(&self, ino: u64, offset: u64, size: usize, sink: &mut (impl ReadSink + ?Sized)) -> Result<usize> {
         // Planned with the file read locked, once no commit or flush is writing its data
-        // back; the device reads run with nothing held.
-        let planned = {
-            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
-            if g.is_failed() {
-                return Err(Error::Failed);
-            }
-            let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size)?;
-            planned
-        };
-        let (plan, epoch, touch) = match planned {
-            Planned::Done(bytes, touch) => {
-                sink.buf(bytes.len()).copy_from_slice(&bytes);
+        // back; the device reads run with nothing held. A write-back or commit meanwhile
+        // (the extents may have moved) has it planned again, and, after a few such
+        // races, done under the file's lock.
+        for _ in 0..READ_TRIES {
+            let planned = self.unlocked_reads(|| {
+                let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+                if g.is_failed() {
+                    return Err(Error::Failed);
+                }
+                let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size);
+                planned
+            })?;
+            let (plan, epoch, touch) = match planned {
+                Planned::Done(bytes, touch) => {
+                    sink.buf(bytes.len()).copy_from_slice(&bytes);
+                    self.touch_atime(ino, touch);
+                    return Ok(bytes.len());
+                }
+                Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
+            };
+            let planned_at = contention::current_stamp();
+            plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
+            // Whether a write-back or commit ran meanwhile.
+            if self.s.inner.read_inner().delta.epoch() == epoch {
+                // What was read is the state the plan saw.
+                contention::set_stamp(planned_at);
                 self.touch_atime(ino, touch);
-                return Ok(bytes.len());
+                return Ok(plan.len());
             }
-            Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
-        };
-        let planned_at = contention::current_stamp();
-        plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
-        // Whether a write-back or commit ran meanwhile.
-        let unchanged = self.s.inner.read_inner().delta.epoch() == epoch;
-        let n = if unchanged {
-            // What was read is the state the plan saw.
-            contention::set_stamp(planned_at);
-            plan.len()
-        } else {
+        }
+        let (n, touch) = {
             let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
             if g.is_failed() {
                 return Err(Error::Failed);
             }
             let i = g.st.inode(ino)?;
+            let touch = self.s.atime.wants_update(i.atime, i.mtime, i.ctime, now());
             let len = (size as u64).min(i.size.saturating_sub(offset)) as usize;
             let dirty = g.delta.with_pages(ino, |pages| file::dirty_in(pages, offset, len));
             let bytes = file::read(&mut g.st.tx(), &i, dirty, offset, len)?;
             sink.buf(bytes.len()).copy_from_slice(&bytes);
-            bytes.len()
+            (bytes.len(), touch)
         };
         self.touch_atime(ino, touch);
         Ok(n)

@@ -39,7 +39,7 @@ mod trim;
 mod types;
 
 use contention::LockCounters;
-pub use contention::LockStats;
+pub use contention::{LockStats, ReadStats};
 use delta::{Cost, Delta};
 use locks::{InodeLocks, Mode};
 pub use mark::status as mount_mark_status;

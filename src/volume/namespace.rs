@@ -231,7 +231,7 @@ impl Volume {
         }
         // The directory is read locked, then the inode the name leads to.
         let mut want = vec![(parent, Mode::Read)];
-        loop {
+        self.unlocked_reads(|| loop {
             let mut op = self.op(&want);
             let found = {
                 let mut tx = op.st.tx();
@@ -251,7 +251,7 @@ impl Volume {
             }
             let i = op.st.inode(found)?;
             return attr_of(&op.delta, &i);
-        }
+        })
     }
 
     /// Create a regular file, device node, fifo or socket (`mode` includes the type).
@@ -367,20 +367,24 @@ impl Volume {
 
     /// The target of a symbolic link.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
-        let i = g.st.inode(ino)?;
-        if i.file_type() != Some(FileType::Symlink) {
-            return Err(Error::Invalid("not a symlink".into()));
-        }
-        if let InodeData::InlineSymlink(t) = &i.data {
-            return Ok(t[..i.size as usize].to_vec());
-        }
-        if g.is_failed() {
-            return Err(Error::Failed);
-        }
-        let dirty = g.delta.with_pages(ino, |pages| file::dirty_in(pages, 0, i.size as usize));
-        let r = file::read(&mut g.st.tx(), &i, dirty, 0, i.size as usize);
-        r
+        // A target kept in a data block is read with the link locked (a short one lives
+        // in the inode).
+        self.unlocked_reads(|| {
+            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+            let i = g.st.inode(ino)?;
+            if i.file_type() != Some(FileType::Symlink) {
+                return Err(Error::Invalid("not a symlink".into()));
+            }
+            if let InodeData::InlineSymlink(t) = &i.data {
+                return Ok(t[..i.size as usize].to_vec());
+            }
+            if g.is_failed() {
+                return Err(Error::Failed);
+            }
+            let dirty = g.delta.with_pages(ino, |pages| file::dirty_in(pages, 0, i.size as usize));
+            let r = file::read(&mut g.st.tx(), &i, dirty, 0, i.size as usize);
+            r
+        })
     }
 
     /// Add a hard link.
@@ -440,16 +444,16 @@ impl Volume {
         }
         // The directory is write locked, then the inode the name leads to.
         let mut want = vec![(parent, Mode::Write)];
-        let (g, mut p, f) = loop {
+        let (g, mut p, f, i) = self.unlocked_reads(|| loop {
             let mut g = self.charged(&want, |_| Ok(Cost::new(0, 0, true)))?;
             let p = g.dir_inode(parent)?;
             let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
             if g.add(f.ino, Mode::Write) {
-                break (g, p, f);
+                let i = g.st.inode(f.ino)?;
+                break Ok((g, p, f, i));
             }
             want.push((f.ino, Mode::Write));
-        };
-        let i = g.st.inode(f.ino)?;
+        })?;
         if want_dir {
             if !i.is_dir() {
                 return Err(Error::NotDir);

@@ -71,7 +71,8 @@ impl Volume {
         // The directory is read locked, and so are the inodes of the batch, so that each
         // entry's attributes are as of one moment with the listing.
         let mut want = vec![(ino, Mode::Read)];
-        let (d, out) = 'again: loop {
+        // Misses are read with nothing held, the readahead's after the reply's batch.
+        let (d, out) = self.unlocked_reads(|| 'again: loop {
             let mut g = self.op(&want);
             let (d, ents) = {
                 let mut tx = g.st.tx();
@@ -100,8 +101,8 @@ impl Volume {
                 }
             }
             let out = with_attrs(&mut g.st.tx(), &g.delta, ino, ents)?;
-            break (d, out);
-        };
+            break Ok((d, out));
+        })?;
         let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
         self.touch_atime(ino, touch);
         Ok(out)

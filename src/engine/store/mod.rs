@@ -12,7 +12,8 @@ use std::sync::Arc;
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
-use crate::engine::cache::{MetaCache, Windows};
+use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
+use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, Padded, Serial, Sharded, SLOTS};
 use crate::engine::log::Journal;
 use crate::engine::space::{Bitmap, Space};
@@ -476,6 +477,20 @@ impl Store {
     /// live inodes; else block by block in one sorted, coalesced sweep, trying windows
     /// again every 16th sweep in case the density came back.
     pub fn prefetch_inodes(&self, blocks: &[u64], limit: usize) -> Result<()> {
+        if deferred::deferring() {
+            deferred::want(Wanted::Inodes(blocks.to_vec(), limit));
+            return Ok(());
+        }
+        let (reads, windows) = self.plan_inodes(blocks, limit);
+        let read = reads.blocks();
+        let filled = self.cache.read(reads, &*self.dev)?;
+        self.fill_inodes(filled, windows.then_some(read));
+        Ok(())
+    }
+
+    /// Plan the reads of [`Store::prefetch_inodes`]: windows while they pay, else the
+    /// blocks alone (see there); whether they are windows.
+    fn plan_inodes(&self, blocks: &[u64], limit: usize) -> (Reads, bool) {
         let mut limit = limit;
         {
             let mut d = self.density.lock();
@@ -483,22 +498,54 @@ impl Store {
             if d.share < WINDOW_MIN_DENSITY {
                 if d.sweeps % 16 != 0 {
                     drop(d);
-                    return self.cache.prefetch(&*self.dev, blocks);
+                    return (self.cache.plan_blocks(self.dev.block_count(), blocks), false);
                 }
                 // A sample: a few windows are enough to see whether density came back.
                 limit = limit.min(4 * INODE_WINDOW as usize);
             }
         }
+        let w = Windows { blocks: INODE_WINDOW, magic: INODE_MAGIC, limit };
+        (self.cache.plan_windows(self.dev.block_count(), blocks, w), true)
+    }
+
+    /// Cache what the reads of [`Store::plan_inodes`] brought, and learn from windows
+    /// (`windows`: the blocks they read) how dense inode blocks are.
+    fn fill_inodes(&self, filled: Filled, windows: Option<u64>) {
         let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
         let allocated = |b: u64| self.is_used(b);
-        let w = Windows { blocks: INODE_WINDOW, magic: INODE_MAGIC, limit };
-        let (read, alive) = self.cache.prefetch_windows(&*self.dev, blocks, w, allocated, live)?;
-        if read > 0 {
+        let alive = self.cache.fill(filled, false, allocated, live);
+        if let Some(read) = windows.filter(|&r| r > 0) {
             let d = alive as f64 / (read * (INODES_PER_BLOCK - 1)) as f64;
             let mut g = self.density.lock();
             g.share = (g.share + d) / 2.0;
         }
-        Ok(())
+    }
+
+    /// Plan the reads an operation put off ([`deferred::Wanted`]); done with
+    /// [`Reads::read`] while nothing is held, then cached by [`Store::fill_put_off`].
+    pub fn plan_put_off(&self, wanted: &[Wanted]) -> Reads {
+        let mut reads = Reads::default();
+        for w in wanted {
+            reads.append(match w {
+                Wanted::Blocks(b) => self.cache.plan_blocks(self.dev.block_count(), b),
+                Wanted::Inodes(b, limit) if self.inode_readahead => self.plan_inodes(b, *limit).0,
+                Wanted::Inodes(b, _) => self.cache.plan_blocks(self.dev.block_count(), b),
+            });
+        }
+        reads
+    }
+
+    /// Blocks read from the device under an operation's locks so far (see
+    /// [`MetaCache::reads_under_locks`]).
+    pub fn reads_under_locks(&self) -> u64 {
+        self.cache.reads_under_locks()
+    }
+
+    /// Cache what the put-off reads brought, unless device copies may have changed since
+    /// they were planned (see [`MetaCache::fill`]).
+    pub fn fill_put_off(&self, filled: Filled) {
+        let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
+        self.cache.fill(filled, true, |b| self.is_used(b), live);
     }
 
     /// Whether the volume records inode frees in a lazy-free tree.

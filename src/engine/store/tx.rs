@@ -10,6 +10,7 @@
 use super::*;
 use crate::engine::btree::{NodeRead, NodeStore, BTREE_MAGIC};
 use crate::engine::cache::{BlockMut, BlockRef};
+use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{guard_dropped, guard_taken, guards_held};
 
 /// Reading metadata: what code that only reads (lookups, listings, file and xattr reads)
@@ -100,6 +101,7 @@ impl<'a> Tx<'a> {
 
     /// A metadata block to change: it joins the delta's dirty set.
     pub fn block_mut(&mut self, b: u64, want: Option<u32>) -> Result<&mut Block> {
+        deferred::check_change();
         self.release_block();
         let st = self.st;
         let w = st.cache.get_mut(&*st.dev, b, want)?;
@@ -108,6 +110,7 @@ impl<'a> Tx<'a> {
 
     /// A zeroed dirty block for new contents, without reading the device.
     pub fn fresh_block(&mut self, b: u64) -> &mut Block {
+        deferred::check_change();
         self.release_block();
         let w = self.st.cache.fresh(b);
         self.hold_mut(w)
@@ -134,6 +137,7 @@ impl<'a> Tx<'a> {
     /// Allocate a run of between `min` and `want` blocks near `goal` (see
     /// [`Space::alloc`]), counted as this operation's.
     pub fn alloc(&mut self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+        deferred::check_change();
         let got = self.space().alloc(goal, want, min);
         if let Some((_, n)) = got {
             self.net += n as i64;
@@ -159,6 +163,7 @@ impl<'a> Tx<'a> {
 
     /// Free a run of blocks at the end of the delta (see [`Space::free_deferred`]).
     pub fn free_deferred(&mut self, start: u64, len: u64) {
+        deferred::check_change();
         self.space().free_deferred(start, len);
         self.net -= len as i64;
     }
@@ -166,6 +171,7 @@ impl<'a> Tx<'a> {
     /// Free a run now: blocks allocated in this same delta, which the committed state
     /// never referenced (see [`Space::free_now`]).
     pub fn free_now(&mut self, start: u64, len: u64) {
+        deferred::check_change();
         self.space().free_now(start, len);
         self.net -= len as i64;
     }
@@ -225,6 +231,12 @@ impl MetaRead for Tx<'_> {
         let st = self.st;
         let r = match st.cache.peek(b, Some(INODE_MAGIC)) {
             Some(r) => r?,
+            None if deferred::deferring() => {
+                // A miss, read once the operation has let go.
+                let w = if st.inode_readahead { INODE_WINDOW as usize } else { 1 };
+                deferred::want(Wanted::Inodes(vec![b], w));
+                return Err(Error::Missed);
+            }
             None => {
                 // A miss: read the block's window of inode blocks with it.
                 if st.inode_readahead {

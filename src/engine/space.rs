@@ -341,30 +341,58 @@ impl Space {
         self.layout
     }
 
-    /// First free block at or after `from` (wrapping once), or None when full.
-    fn next_free(&self, from: u64) -> Option<u64> {
-        let n = self.words.len();
-        let start = (from / 64) as usize;
-        for k in 0..=n {
-            let wi = (start + k) % n;
-            let mut w = self.words.word(wi);
-            if k == 0 {
-                w |= (1u64 << (from % 64)) - 1;
+    /// Start of the first run of at least `min` free blocks that lies wholly in
+    /// `from..end`. Word by word: a word all free or all used costs one test, a mixed
+    /// one a step per run of equal bits in it (a map fragmented into one-block holes by
+    /// redirect-on-write overwrites made the bit-by-bit scan most of a write-back's CPU).
+    fn find_run(&self, from: u64, end: u64, min: u64) -> Option<u64> {
+        let (mut b, mut start, mut run) = (from, from, 0u64);
+        while b < end {
+            let off = b % 64;
+            let avail = (64 - off).min(end - b);
+            // Bit i of `w` is block b + i (1 = used); bits past `avail` count as used.
+            let mut w = self.words.word((b / 64) as usize) >> off;
+            if avail < 64 {
+                w |= !0u64 << avail;
             }
-            if w != u64::MAX {
-                return Some(wi as u64 * 64 + (!w).trailing_zeros() as u64);
+            let mut i = 0;
+            while i < avail {
+                let free = u64::from((w >> i).trailing_zeros()).min(avail - i);
+                if free > 0 {
+                    if run == 0 {
+                        start = b + i;
+                    }
+                    run += free;
+                    if run >= min {
+                        return Some(start);
+                    }
+                    i += free;
+                }
+                if i < avail {
+                    run = 0;
+                    i += u64::from((w >> i).trailing_ones()).min(avail - i);
+                }
             }
+            b += avail;
         }
         None
     }
 
     /// Length of the free run at `b`, up to `max`.
     fn run_at(&self, b: u64, max: u64) -> u64 {
+        let end = b.saturating_add(max).min(self.layout.block_count);
         let mut n = 0;
-        while n < max && !self.is_used(b + n) {
-            n += 1;
+        while b + n < end {
+            let x = b + n;
+            let w = self.words.word((x / 64) as usize) >> (x % 64);
+            let avail = 64 - x % 64;
+            let free = u64::from(w.trailing_zeros()).min(avail);
+            n += free;
+            if free < avail {
+                break;
+            }
         }
-        n
+        n.min(end - b)
     }
 
     /// Allocate a run of between `min` and `want` blocks, as close after `goal` as
@@ -374,30 +402,21 @@ impl Space {
         if self.free < min {
             return None;
         }
-        let goal = if goal < self.layout.first_free() || goal >= self.layout.block_count { self.cursor } else { goal };
-        let mut at = goal;
-        let mut scanned = 0u64;
-        while scanned <= self.layout.block_count {
-            let b = self.next_free(at)?;
-            let dist = if b >= at { b - at } else { self.layout.block_count - at + b };
-            scanned += dist;
-            let run = self.run_at(b, want);
-            if run >= min {
-                for x in b..b + run {
-                    self.set(x);
-                }
-                self.free -= run;
-                self.cursor = b + run;
-                consume(run);
-                return Some((b, run));
-            }
-            scanned += run.max(1);
-            at = b + run.max(1);
-            if at >= self.layout.block_count {
-                at = self.layout.first_free();
-            }
+        let (first, count) = (self.layout.first_free(), self.layout.block_count);
+        let goal = if goal < first || goal >= count { self.cursor.clamp(first, count - 1) } else { goal };
+        // After the goal, then from the start (a run that began before the goal too).
+        let b = self
+            .find_run(goal, count, min)
+            .or_else(|| self.find_run(first, goal.saturating_add(min).min(count), min))?;
+        let run = self.run_at(b, want);
+        debug_assert!(run >= min);
+        for x in b..b + run {
+            self.set(x);
         }
-        None
+        self.free -= run;
+        self.cursor = b + run;
+        consume(run);
+        Some((b, run))
     }
 
     /// Allocate one block near `goal`.
@@ -558,5 +577,55 @@ mod tests {
         assert_eq!(s.free(), 0);
         assert_eq!(got, 4096 - l.first_free() - 1);
         assert!(s.alloc_one(0).is_none());
+    }
+
+    /// The allocator's answer, the slow way: the first run of at least `min` free blocks
+    /// at or after `goal`, else the first from the start, extended up to `want`.
+    fn naive_alloc(used: &[bool], first: u64, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+        let n = used.len() as u64;
+        let run_at = |b: u64| (b..n).take_while(|&x| !used[x as usize]).count() as u64;
+        let fits = |b: u64| (b == first || used[b as usize - 1] || b == goal) && run_at(b) >= min;
+        let found = (goal..n).filter(|&b| !used[b as usize]).find(|&b| fits(b)).or_else(|| {
+            // From the start: a run that began before the goal counts from its start.
+            (first..goal)
+                .filter(|&b| !used[b as usize])
+                .find(|&b| (b == first || used[b as usize - 1]) && run_at(b) >= min)
+        })?;
+        Some((found, run_at(found).min(want)))
+    }
+
+    #[test]
+    fn alloc_finds_what_a_bit_by_bit_scan_finds() {
+        let l = Layout::for_blocks(20_000).unwrap();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rand = move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for round in 0..40 {
+            let mut s = Space::fresh(l);
+            // Fragment the map: runs of used and free blocks of random lengths, denser
+            // in some rounds (one-block holes, as redirect-on-write leaves).
+            let mut b = l.first_free();
+            while b < l.block_count {
+                let used = rand(if round % 2 == 0 { 3 } else { 200 }) + 1;
+                for x in b..(b + used).min(l.block_count) {
+                    s.set(x);
+                }
+                b += used + rand(if round % 3 == 0 { 2 } else { 40 }) + 1;
+            }
+            s.free = s.count_free();
+            for _ in 0..50 {
+                let used: Vec<bool> = (0..l.block_count).map(|x| s.is_used(x)).collect();
+                let goal = rand(l.block_count);
+                let min = [1, 2, 16, 64, 100][rand(5) as usize];
+                let want = min + rand(300);
+                let g = if goal < l.first_free() { s.cursor.clamp(l.first_free(), l.block_count - 1) } else { goal };
+                let expect = naive_alloc(&used, l.first_free(), g, want, min);
+                assert_eq!(s.alloc(goal, want, min), expect, "round {round}, goal {goal}, want {want}, min {min}");
+            }
+        }
     }
 }

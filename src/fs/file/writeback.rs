@@ -99,6 +99,10 @@ pub fn writeback(
     // overwrites left behind, one small request each.
     let mut pool: Option<(u64, u64)> = None;
     let mut next_goal = None;
+    // Once no free extent of `POOL_MIN` blocks is left, runs take blocks where they fit
+    // without looking again: on a fragmented volume each look scans the whole map, and
+    // random overwrites would pay one such scan per page.
+    let mut pools_left = true;
     let r = loop {
         let Some((&p0, _)) = pages.first_key_value() else { break Ok(()) };
         if st.store().dirty_count() + st.space().dirty_blocks() >= meta_limit {
@@ -121,7 +125,9 @@ pub fn writeback(
                 },
             };
             let want = pages.len() as u64;
-            let got = st.alloc(goal, want, want.min(POOL_MIN)).or_else(|| st.alloc(goal, n, 1));
+            let pooled = if pools_left { st.alloc(goal, want, want.min(POOL_MIN)) } else { None };
+            pools_left &= pooled.is_some();
+            let got = pooled.or_else(|| st.alloc(goal, n, 1));
             let Some(got) = got else { break Err(Error::NoSpace) };
             pool = Some(got);
         }

@@ -162,6 +162,7 @@ impl Shared {
     /// Returns whether the flusher should go on (see `Delta::wants_more_flushing`).
     fn flush_ahead(&self) -> Result<bool> {
         let _journal = self.journal.lock();
+        let _flushing = Flushing::start(&self.flushing);
         let data = {
             let mut g = self.lock();
             if g.is_failed() || g.opts.read_only || !g.delta.wants_more_flushing(&g.st) {
@@ -465,8 +466,12 @@ impl Volume {
                 // commit would. Wait for it, while it makes progress.
                 Err(Short::Dirty) if commits == 0 && op.delta.wants_flush(&op.st) && self.s.ask_flush() => {
                     let flushes = op.delta.flushes();
-                    op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
-                    let stuck = {
+                    let notified = op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
+                    // A flush still writing its data is progress: committing instead
+                    // would make this writer wait for a snapshot of every dirty page,
+                    // hundreds of milliseconds behind a full delta.
+                    let busy = notified || self.s.flushing.load(Ordering::Acquire);
+                    let stuck = !busy && {
                         let g = self.s.inner.read_inner();
                         g.delta.flushes() == flushes && g.delta.fits(&g.st, c, 1).is_err()
                     };
@@ -588,5 +593,21 @@ impl Volume {
         journal.commit(&*dev, &[])?;
         g.delta.checkpointed(journal.seq);
         Ok(())
+    }
+}
+
+/// Marks a flush under way (see `Shared::flushing`) until dropped.
+struct Flushing<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> Flushing<'a> {
+    fn start(flag: &'a std::sync::atomic::AtomicBool) -> Flushing<'a> {
+        flag.store(true, Ordering::Release);
+        Flushing(flag)
+    }
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }

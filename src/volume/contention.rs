@@ -241,11 +241,11 @@ impl Op<'_> {
     }
 
     /// Let go of everything and wait until `signal` is notified (or for at most
-    /// `timeout`): the operation then starts again.
-    pub(super) fn wait(self, signal: &Signal, timeout: Option<Duration>) {
+    /// `timeout`): the operation then starts again. Whether it was notified.
+    pub(super) fn wait(self, signal: &Signal, timeout: Option<Duration>) -> bool {
         let seen = signal.generation();
         drop(self);
-        signal.wait_past(seen, timeout);
+        signal.wait_past(seen, timeout)
     }
 }
 
@@ -466,20 +466,22 @@ impl Signal {
         *self.generation.lock()
     }
 
-    /// Wait until a notification after generation `seen`, or for at most `timeout`.
-    fn wait_past(&self, seen: u64, timeout: Option<Duration>) {
+    /// Wait until a notification after generation `seen`, or for at most `timeout`;
+    /// whether one came.
+    fn wait_past(&self, seen: u64, timeout: Option<Duration>) -> bool {
         let mut g = self.generation.lock();
         let deadline = timeout.map(|t| Instant::now() + t);
         while *g == seen {
             match deadline {
                 Some(d) => {
                     if self.cv.wait_until(&mut g, d).timed_out() {
-                        return;
+                        return *g != seen;
                     }
                 }
                 None => self.cv.wait(&mut g),
             }
         }
+        true
     }
 
     /// Wake every waiter.

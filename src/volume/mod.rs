@@ -236,6 +236,8 @@ struct Shared {
     flusher: Mutex<Flusher>,
     /// Set by a writer that finds the delta wants a flush; the flusher clears it.
     flush_wanted: std::sync::atomic::AtomicBool,
+    /// A flush is writing back or writing its data (the flusher is making progress).
+    flushing: std::sync::atomic::AtomicBool,
     /// Pages of file data a commit has snapshotted and not yet written (and freed).
     in_flight_pages: std::sync::atomic::AtomicU64,
     /// Runs of file data (one device request or more each) a commit has snapshotted and
@@ -408,6 +410,7 @@ impl Volume {
                 background_cv: Condvar::new(),
                 flusher: Mutex::new(Flusher::default()),
                 flush_wanted: Default::default(),
+                flushing: Default::default(),
                 in_flight_pages: Default::default(),
                 in_flight_runs: Default::default(),
                 read_only,

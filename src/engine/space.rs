@@ -36,6 +36,33 @@ fn consume(n: u64) {
     CONSUMED.with(|c| c.set(c.get() + n));
 }
 
+/// Blocks charged to the current delta and not allocated yet: data blocks of dirty pages
+/// (delayed allocation: one per page) and the extent-map blocks their write-back may need.
+/// Atomics, so that a write charges its page without the space map's lock: what a
+/// promise takes was reserved by the operation first (its lease is counted in the map's
+/// `reserved`), so a count read under the lock while a promise lands is at worst
+/// counted twice for a moment, never too little (ENOSPC stays exact).
+#[derive(Default, Debug)]
+pub struct Promises {
+    pages: AtomicU64,
+    meta: AtomicU64,
+}
+
+impl Promises {
+    /// Charge `pages` data blocks (delayed allocation) and `meta` metadata blocks of
+    /// their write-back to the current delta.
+    pub fn promise(&self, pages: u64, meta: u64) {
+        self.pages.fetch_add(pages, Ordering::AcqRel);
+        self.meta.fetch_add(meta, Ordering::AcqRel);
+        consume(pages + meta);
+    }
+}
+
+/// Take `n` from a promise count, stopping at zero.
+fn settle(count: &AtomicU64, n: u64) {
+    let _ = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(n)));
+}
+
 /// Add bitmap block `i` to `set` (the changed blocks, or those deferred frees will
 /// change): a block new to it is one more the delta will log.
 fn add_pending(set: &mut BTreeSet<u64>, pending: &AtomicU64, i: u64) {
@@ -96,12 +123,8 @@ pub struct Space {
     /// `dirty.len() + deferred_bitmap.len()`, readable without the space map's lock (what
     /// an operation checks the log's room with).
     pending: Arc<AtomicU64>,
-    /// Data blocks charged to the current delta but not yet allocated (delayed
-    /// allocation: one per dirty page).
-    promised: u64,
-    /// Metadata blocks the write-back of those pages may need (extent maps), charged to
-    /// the delta until it commits.
-    promised_meta: u64,
+    /// Blocks promised to the current delta, changed without this map's lock.
+    promises: Arc<Promises>,
     /// Kept free for deletions and commit-time metadata.
     reserve: u64,
     /// Blocks of the budget handed out to the per-thread leases (`Store::reserve_blocks`):
@@ -128,8 +151,7 @@ impl Space {
             deferred_bitmap: BTreeSet::new(),
             dirty: (0..layout.bitmap_count()).collect(),
             pending: Arc::new(AtomicU64::new(layout.bitmap_count())),
-            promised: 0,
-            promised_meta: 0,
+            promises: Arc::default(),
             reserve: Self::reserve_for(layout.block_count),
             reserved: 0,
             cursor: layout.first_free(),
@@ -263,41 +285,43 @@ impl Space {
         self.deferred_blocks
     }
 
-    /// Charge `pages` data blocks (delayed allocation) and `meta` metadata blocks of
-    /// their write-back to the current delta.
+    /// See [`Promises::promise`].
     pub fn promise(&mut self, pages: u64, meta: u64) {
-        self.promised += pages;
-        self.promised_meta += meta;
-        consume(pages + meta);
+        self.promises.promise(pages, meta);
+    }
+
+    /// The promises, to charge without this map's lock (every written page makes one).
+    pub fn promises(&self) -> Arc<Promises> {
+        self.promises.clone()
     }
 
     /// `pages` promised data blocks were allocated by write-back, or their pages dropped.
     pub fn settle_pages(&mut self, pages: u64) {
-        self.promised = self.promised.saturating_sub(pages);
+        settle(&self.promises.pages, pages);
     }
 
     /// `meta` promised extent-map blocks are no longer needed (their file's pages were
     /// all written back ahead of the commit).
     pub fn settle_meta(&mut self, meta: u64) {
-        self.promised_meta = self.promised_meta.saturating_sub(meta);
+        settle(&self.promises.meta, meta);
     }
 
     /// The delta is written back: nothing is promised any more.
     pub fn clear_promises(&mut self) {
-        self.promised = 0;
-        self.promised_meta = 0;
+        self.promises.pages.store(0, Ordering::Release);
+        self.promises.meta.store(0, Ordering::Release);
     }
 
     /// Blocks promised to the current delta and not yet allocated.
     pub fn promised(&self) -> u64 {
-        self.promised + self.promised_meta
+        self.promises.pages.load(Ordering::Acquire) + self.promises.meta.load(Ordering::Acquire)
     }
 
     /// What the front end may still charge: free less promised and less what running
     /// operations reserved, less the reserve unless the operation is a deletion.
     pub fn available(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
-        self.free.saturating_sub(self.promised + self.promised_meta + self.reserved).saturating_sub(r)
+        self.free.saturating_sub(self.promised() + self.reserved).saturating_sub(r)
     }
 
     /// Hand `n` blocks of the budget out to a lease (the caller checked `available`
@@ -324,7 +348,7 @@ impl Space {
     pub fn available_after_commit(&self, use_reserve: bool) -> u64 {
         let r = if use_reserve { 0 } else { self.reserve };
         (self.free + self.deferred_blocks + self.held_blocks)
-            .saturating_sub(self.promised + self.promised_meta + self.reserved)
+            .saturating_sub(self.promised() + self.reserved)
             .saturating_sub(r)
     }
 

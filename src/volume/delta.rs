@@ -396,7 +396,7 @@ impl Delta {
             meta
         };
         self.dirty_pages.fetch_add(1, Ordering::Relaxed);
-        st.space().promise(1, meta);
+        st.promise(1, meta);
     }
 
     /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their

@@ -16,7 +16,7 @@ use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
 use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, Padded, Serial, Sharded, SLOTS};
 use crate::engine::log::Journal;
-use crate::engine::space::{Bitmap, Space};
+use crate::engine::space::{Bitmap, Promises, Space};
 use crate::error::{Error, Result};
 
 mod hints;
@@ -39,6 +39,8 @@ pub struct Store {
     bitmap: Arc<Bitmap>,
     /// The space map's count of bitmap blocks the delta will write, read without its lock.
     pending_bitmap: Arc<AtomicU64>,
+    /// The space map's promises, charged without its lock.
+    promises: Arc<Promises>,
     pub sb: Superblock,
     /// Use directory inode reservation (A/B switch; on by default).
     pub reserve_regions: bool,
@@ -273,6 +275,7 @@ impl Store {
             cache,
             bitmap: space.bitmap(),
             pending_bitmap: space.pending_count(),
+            promises: space.promises(),
             space: Leaf::new(space, serial.clone()),
             sb,
             reserve_regions,
@@ -301,6 +304,12 @@ impl Store {
     /// holding it, and never hold it across device I/O).
     pub fn space(&self) -> LeafGuard<'_, Space> {
         self.space.lock()
+    }
+
+    /// Charge a written page's blocks to the delta (see [`Promises`]), without the space
+    /// map's lock: every WRITE makes one.
+    pub fn promise(&self, pages: u64, meta: u64) {
+        self.promises.promise(pages, meta);
     }
 
     /// [`Store::space`], for a holder of the whole store.

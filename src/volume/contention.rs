@@ -398,7 +398,10 @@ impl Volume {
             }
         };
         deferred::rounds_done();
-        if r.is_ok() {
+        // Readahead noted and not waited for is read now, unless `f` handed its hold
+        // back to the caller (taking the volume lock again while holding it could wait
+        // behind a queued commit that waits for us): then it is dropped.
+        if r.is_ok() && !deferred::in_op() {
             // Only a speed-up: a block it cannot read fails its own later access.
             if let Err(e) = self.read_wanted() {
                 tracing::debug!("readahead: {e}");
@@ -420,6 +423,7 @@ impl Volume {
     /// Read the blocks this thread noted as wanted (the volume lock is shared only to
     /// plan the reads and to cache what they brought, not during them).
     fn read_wanted(&self) -> Result<()> {
+        debug_assert!(!deferred::in_op(), "put-off reads done while an operation holds its locks");
         let wanted = deferred::take_wanted();
         if wanted.is_empty() {
             return Ok(());

@@ -115,7 +115,11 @@ fn cold_unlinks_and_creates_read_with_their_locks_let_go() {
     let d = delta(before, vol.read_stats());
     eprintln!("cold unlinks and creates: {d:?}");
     assert!(d.put_off_blocks > 0, "nothing was read with the locks let go: {d:?}");
-    assert!(d.under_locks * 10 <= d.put_off_blocks, "most blocks must be read with the locks let go: {d:?}");
+    // The unlinks read the leaf neighbours their removal may rebalance with before they
+    // change anything (`dir::read_for_remove`); a rebalance that reaches further, which
+    // depends on the volume's hash seed, still reads under its locks (0 or 3 blocks in
+    // 10 runs, against about 140 read with the locks let go).
+    assert!(d.under_locks * 10 <= d.put_off_blocks, "blocks read under an operation's locks: {d:?}");
     for &dir in &dirs {
         for i in 0..FILES {
             let r = vol.lookup(dir, format!("f{i}").as_bytes());

@@ -115,6 +115,14 @@ pub fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType)
     Ok(key)
 }
 
+/// Read, changing nothing, the index blocks removing entry `key` is likely to touch
+/// (see `btree::read_for_remove`): done in the part of an unlink that may run again, so
+/// that a cache miss there is read with the locks let go.
+pub fn read_for_remove(r: &mut (impl MetaRead + ?Sized), dir: &Inode, key: u64) -> Result<()> {
+    let d = dir.dir()?;
+    btree::read_for_remove(r, &d.tree, dir.ino, key)
+}
+
 /// Remove the entry with `key` (found by `lookup`).
 pub fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
     let dir_ino = dir.ino;

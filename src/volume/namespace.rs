@@ -450,6 +450,7 @@ impl Volume {
             let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
             if g.add(f.ino, Mode::Write) {
                 let i = g.st.inode(f.ino)?;
+                dir::read_for_remove(&mut g.st.tx(), &p, f.key)?;
                 break Ok((g, p, f, i));
             }
             want.push((f.ino, Mode::Write));

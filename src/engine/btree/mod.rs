@@ -274,6 +274,32 @@ pub fn insert(
     r
 }
 
+/// Read, changing nothing, the nodes a removal of `key` is likely to touch: the path to
+/// its leaf and the leaf's neighbours under the same parent, which a leaf left with too
+/// few live bytes spreads over or merges with. A caller that puts its cache misses off
+/// (`engine::deferred`) calls this before the removal, so that these blocks are read
+/// with its locks let go instead of under them. (A rebalance that reaches further, or
+/// above the leaves, still reads what it lacks where it stands.)
+pub fn read_for_remove(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<()> {
+    if is_empty(t)? {
+        return Ok(());
+    }
+    let mut path = Vec::with_capacity(usize::from(t.depth));
+    descend(s, t, owner, key, Some(&mut path))?;
+    let Some(&(parent, idx)) = path.last() else { return Ok(()) };
+    let (left, right) = {
+        let b = s.node(parent)?;
+        let h = hdr(b, parent, owner, 1)?;
+        let left = if idx > 0 { Some(child(b, &h, parent, idx - 1)?) } else { None };
+        let right = if idx + 1 < h.n { Some(child(b, &h, parent, idx + 1)?) } else { None };
+        (left, right)
+    };
+    for n in [left, right].into_iter().flatten() {
+        s.node(n)?;
+    }
+    Ok(())
+}
+
 /// Remove a key, returning its value. Merges and collapses as below.
 ///
 /// See the module documentation: underfull nodes merge with a sibling, and a

@@ -243,6 +243,11 @@ pub fn open_lenient(
 }
 
 /// Say which structure a corruption was found in.
+/// Live inodes in inode block `b` (slot 0 is the block's header).
+fn live_inodes(b: &Block) -> u32 {
+    u32::from(get_u16(b, IB_USED) & !1).count_ones()
+}
+
 fn context(what: &str, e: Error) -> Error {
     match e {
         Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
@@ -520,9 +525,7 @@ impl Store {
     /// Cache what the reads of [`Store::plan_inodes`] brought, and learn from windows
     /// (`windows`: the blocks they read) how dense inode blocks are.
     fn fill_inodes(&self, filled: Filled, windows: Option<u64>) {
-        let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
-        let allocated = |b: u64| self.is_used(b);
-        let alive = self.cache.fill(filled, false, allocated, live);
+        let alive = self.cache.fill(filled, false, |b| self.is_used(b), live_inodes);
         if let Some(read) = windows.filter(|&r| r > 0) {
             let d = alive as f64 / (read * (INODES_PER_BLOCK - 1)) as f64;
             let mut g = self.density.lock();
@@ -553,8 +556,7 @@ impl Store {
     /// Cache what the put-off reads brought, unless device copies may have changed since
     /// they were planned (see [`MetaCache::fill`]).
     pub fn fill_put_off(&self, filled: Filled) {
-        let live = |b: &Block| u32::from(get_u16(b, IB_USED) & !1).count_ones();
-        self.cache.fill(filled, true, |b| self.is_used(b), live);
+        self.cache.fill(filled, true, |b| self.is_used(b), live_inodes);
     }
 
     /// Whether the volume records inode frees in a lazy-free tree.

@@ -3,10 +3,11 @@
 
     python3 bench/fio.py [--targets ext4,dxfs,dxfs-wb] [--runtime 8] [--size-mib 1024]
                          [--dxfs-bin target/release/dxfs] [--transport uring]
-                         [--volume-gib 4] [--dxfs-opts flush_from=0] [--jobs 1,6]
+                         [--volume-gib 4] [--dxfs-opts flush_from=0] [--jobs 1,6] [--stats]
+                         [--preallocate]
 
 Each target gets a fresh volume (4 GiB unless --volume-gib says) on a loop device over a
-sparse file in /dev/shm.
+sparse file in /dev/shm (allocated up front with --preallocate).
 Jobs: sequential write and read of SIZE (buffered and O_DIRECT, 1 MiB requests, cold
 read after dropping the page cache), random 4 KiB write and read over 256 MiB (1 job and
 4 jobs), random write with an fsync every 1,000 writes and after every write. Prints
@@ -80,6 +81,10 @@ def main():
     ap.add_argument("--transport", default="uring")
     ap.add_argument("--dxfs-opts", default="", help="extra dxfs mount options, comma-separated (e.g. flush_from=0)")
     ap.add_argument("--jobs", default="", help="comma-separated job numbers (1-based) to run; default all")
+    ap.add_argument("--preallocate", action="store_true",
+                    help="allocate each image's memory up front (no tmpfs page allocation at first writes)")
+    ap.add_argument("--stats", action="store_true",
+                    help="print each dxfs job's requests by kind: count, daemon time mean and total")
     ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
     a = ap.parse_args()
     dxfs = os.path.abspath(a.dxfs_bin)
@@ -93,12 +98,19 @@ def main():
             wb = ["--writeback-cache", "on" if t == "dxfs-wb" else "off"]
             if a.dxfs_opts:
                 wb += ["-o", a.dxfs_opts]
-            with LoopVolume(fs, a.volume_gib, dxfs, a.transport, wb) as tg:
+            with LoopVolume(fs, a.volume_gib, dxfs, a.transport, wb, preallocate=a.preallocate) as tg:
                 res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
+                if a.stats and fs == "dxfs":
+                    ops = tg.stats().get("ops", {})
+                    busiest = sorted(ops.items(), key=lambda kv: -kv[1]["total_us"])[:4]
+                    print(f"{t}: {label}: " + ", ".join(
+                        f"{k} {v['count']:,} × {v['mean_us']:.1f} µs = {v['total_us'] / 1e6:.2f} s" for k, v in busiest),
+                        file=sys.stderr)
             print(f"{t}: {label} done", file=sys.stderr)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"{time.strftime('%Y-%m-%d')}, {platform.release()}, {os.cpu_count()} vCPUs ({cpu}), load average "
-          f"{os.getloadavg()[0]:.2f} at the end; dxfs transport {a.transport}; loop devices over /dev/shm\n")
+          f"{os.getloadavg()[0]:.2f} at the end; dxfs transport {a.transport}; loop devices over /dev/shm"
+          f"{' (preallocated)' if a.preallocate else ''}\n")
     print("| job | target | IOPS | MB/s | × ext4 | clat mean / p99 / p99.9 / max µs | fsync mean / max ms |")
     print("|---|---|---|---|---|---|---|")
     for label, _ in jobs:

@@ -1,12 +1,14 @@
 //! What a commit costs after random 4 KiB overwrites (issue 15), in process.
 //!
 //! cargo run --release --example random_overwrite -- [MiB] [--writes N] [--sync-every K] [--file IMAGE]
+//!     [--flush-from PAGES]
 //!
 //! Writes a MiB-mebibyte file sequentially and commits, then overwrites N random 4 KiB
 //! pages of it, committing every K writes (fio's `--fsync=K`). Prints the time per write
 //! and per commit, the file's extent count at the end, and the blocks written. Every
 //! overwrite goes to a fresh block at its commit (redirect on write), so this measures the
-//! extent-map updates of write-back. fsck runs at the end.
+//! extent-map updates of write-back. `--flush-from 0` turns write-back ahead of the
+//! commit off, so the commits do all of it. fsck runs at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +28,11 @@ fn main() {
         None => Arc::new(MemDevice::new(blocks)),
     };
     mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
-    let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
+    let mut opts = OpenOptions::default();
+    if let Some(n) = opt("--flush-from").and_then(|s| s.parse().ok()) {
+        opts.flush_from = n;
+    }
+    let vol = Volume::open(dev.clone(), opts).expect("open");
     let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
     let chunk = vec![0x11u8; 1 << 20];
     for i in 0..mib {

@@ -275,7 +275,7 @@ impl Shared {
             snapshotted();
             let logged: Vec<(u64, &[u8])> = data
                 .iter()
-                .flat_map(|w| w.pages.values().enumerate().map(move |(i, p)| (w.phys + i as u64, &p[..])))
+                .flat_map(|w| w.pages.iter().enumerate().map(move |(i, p)| (w.phys + i as u64, &p[..])))
                 .collect();
             let home = std::cell::Cell::new(false);
             let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, || {

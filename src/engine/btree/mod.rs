@@ -400,6 +400,98 @@ pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u6
     }
 }
 
+/// Change in place the value of the record with the greatest key <= `key`, in one
+/// descent: `change` is shown that record and the one before it in the same leaf (`None`
+/// when the floor is its leaf's first record) and returns a value of the same length, or
+/// `None` to change nothing. Returns whether the record changed; false also when there
+/// is no floor in the leaf the key leads to (it may lie in the leaf before), so the
+/// caller's general path decides. A same-length value leaves the tree's shape alone.
+pub fn change_floor<V: AsRef<[u8]>>(
+    s: &mut impl NodeStore,
+    t: &TreeRoot,
+    owner: u64,
+    key: u64,
+    change: impl FnOnce((u64, &[u8]), Option<(u64, &[u8])>) -> Result<Option<V>>,
+) -> Result<bool> {
+    if is_empty(t)? {
+        return Ok(false);
+    }
+    let leaf = descend(s, t, owner, key, None)?;
+    let (off, new) = {
+        let b = s.node(leaf)?;
+        let h = hdr(b, leaf, owner, 0)?;
+        let i = match search(b, &h, leaf, key)? {
+            Ok(i) => i,
+            Err(0) => return Ok(false),
+            Err(i) => i - 1,
+        };
+        let floor = record(b, &h, leaf, i)?;
+        let before = match i {
+            0 => None,
+            _ => Some(record(b, &h, leaf, i - 1)?),
+        };
+        let Some(new) = change(floor, before)? else { return Ok(false) };
+        if new.as_ref().len() != floor.1.len() {
+            let n = new.as_ref().len();
+            return Err(Error::Invalid(format!("btree value of {n} bytes in place of {}", floor.1.len())));
+        }
+        (rec_off(b, &h, leaf, i)? + REC_HDR, new)
+    };
+    let new = new.as_ref();
+    s.node_mut(leaf)?[off..off + new.len()].copy_from_slice(new);
+    Ok(true)
+}
+
+/// The record with the greatest key <= key, and the record before it: one descent where
+/// `floor` and a `floor` of the key before would take two (extent maps asking for an
+/// extent and its left neighbour).
+#[allow(clippy::type_complexity)]
+pub fn floor_and_before(
+    s: &mut (impl NodeRead + ?Sized),
+    t: &TreeRoot,
+    owner: u64,
+    key: u64,
+) -> Result<(Option<(u64, Vec<u8>)>, Option<(u64, Vec<u8>)>)> {
+    if is_empty(t)? {
+        return Ok((None, None));
+    }
+    let mut path = Vec::with_capacity(usize::from(t.depth));
+    let mut leaf = descend(s, t, owner, key, Some(&mut path))?;
+    // The records still wanted, nearest first: the floor, then the one before it.
+    let mut found: Vec<(u64, Vec<u8>)> = Vec::with_capacity(2);
+    let mut bound = Some(key);
+    loop {
+        let b = s.node(leaf)?;
+        let h = hdr(b, leaf, owner, 0)?;
+        // Records in this leaf with keys <= bound (all of them once the floor is found).
+        let mut end = match bound {
+            Some(k) => match search(b, &h, leaf, k)? {
+                Ok(i) => i + 1,
+                Err(i) => i,
+            },
+            None => h.n,
+        };
+        while end > 0 && found.len() < 2 {
+            let (k, v) = record(b, &h, leaf, end - 1)?;
+            found.push((k, v.to_vec()));
+            end -= 1;
+        }
+        if found.len() == 2 {
+            break;
+        }
+        if !found.is_empty() {
+            bound = None;
+        }
+        // Separators are only lower bounds: either may sit in an earlier leaf.
+        match step(s, t, owner, &mut path, false)? {
+            Some(prev) => leaf = prev,
+            None => break,
+        }
+    }
+    let mut it = found.into_iter();
+    Ok((it.next(), it.next()))
+}
+
 /// Free every block of the tree and reset it to empty.
 pub fn destroy(s: &mut impl NodeStore, t: &mut TreeRoot, owner: u64) -> Result<()> {
     let all = blocks(s, t, owner)?;
@@ -537,6 +629,8 @@ mod tests {
         Get(u64),
         Scan(u64, usize),
         Floor(u64),
+        FloorAndBefore(u64),
+        ChangeFloor(u64),
     }
 
     fn key() -> impl Strategy<Value = u64> {
@@ -555,6 +649,8 @@ mod tests {
             1 => key().prop_map(Op::Get),
             1 => (key(), 0usize..50).prop_map(|(k, n)| Op::Scan(k, n)),
             1 => key().prop_map(Op::Floor),
+            1 => key().prop_map(Op::FloorAndBefore),
+            1 => key().prop_map(Op::ChangeFloor),
         ]
     }
 
@@ -586,6 +682,36 @@ mod tests {
                     Op::Floor(k) => {
                         let want = model.range(..=k).next_back().map(|(&k, v)| (k, v.clone()));
                         prop_assert_eq!(floor(&mut m, &t, OWNER, k).unwrap(), want);
+                    }
+                    Op::FloorAndBefore(k) => {
+                        let mut below = model.range(..=k).rev().map(|(&k, v)| (k, v.clone()));
+                        let want = (below.next(), below.next());
+                        prop_assert_eq!(floor_and_before(&mut m, &t, OWNER, k).unwrap(), want);
+                    }
+                    Op::ChangeFloor(k) => {
+                        // The floor and the record before it in its leaf, as shown.
+                        let mut shown = None;
+                        let changed = change_floor(&mut m, &t, OWNER, k, |(fk, fv), before| {
+                            shown = Some(((fk, fv.to_vec()), before.map(|(bk, bv)| (bk, bv.to_vec()))));
+                            Ok(Some(vec![salt; fv.len()]))
+                        })
+                        .unwrap();
+                        let mut below = model.range(..=k).rev().map(|(&k, v)| (k, v.clone()));
+                        let (floor, before) = (below.next(), below.next());
+                        match shown {
+                            Some((f, b)) => {
+                                prop_assert!(changed);
+                                prop_assert_eq!(Some(&f), floor.as_ref());
+                                // None only where the floor opens its leaf.
+                                prop_assert!(b.is_none() || b == before);
+                                prop_assert!(t.depth > 1 || b == before);
+                                model.insert(f.0, vec![salt; f.1.len()]);
+                            }
+                            None => {
+                                prop_assert!(!changed);
+                                prop_assert!(floor.is_none() || t.depth > 1);
+                            }
+                        }
                     }
                     Op::Scan(from, n) => {
                         let mut got = Vec::new();

@@ -8,7 +8,7 @@ use crate::disk::format::*;
 use crate::engine::store::Tx;
 use crate::error::{Error, Result};
 
-use super::{extent_before, goal_for, map, unmap, Pages};
+use super::{goal_for, map, unmap, Pages};
 use crate::engine::btree;
 
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
@@ -16,9 +16,9 @@ use crate::engine::btree;
 /// it without the volume lock and before the delta that maps them can commit.
 pub struct DataWrite {
     pub phys: u64,
-    /// The run's dirty pages, by page number (consecutive): split off the file's dirty
-    /// pages whole, so taking a run under the volume lock does not touch each page.
-    pub pages: Pages,
+    /// The run's dirty pages, in order (their page numbers are consecutive): moved out
+    /// of the file's dirty pages, so taking a run copies no data under the volume lock.
+    pub pages: Vec<Box<Block>>,
 }
 
 /// Write runs of file data, those that lie side by side on the device together, in
@@ -46,7 +46,7 @@ pub fn write_runs(
     let mut pages_in = 0u64;
     let mut runs_in = 0u64;
     while let Some(run) = runs.next() {
-        let mut pages = run.pages.values();
+        let mut pages = run.pages.iter();
         let mut at = run.phys;
         loop {
             if n > 0 && (at != start + n as u64 || n == piece) {
@@ -65,7 +65,7 @@ pub fn write_runs(
         }
         runs_in += 1;
         // Written (or copied into the request being filled): the pages can be reused.
-        super::pages::recycle(run.pages.into_values());
+        super::pages::recycle(run.pages);
         // The next run continues this request only if it starts where this one ended.
         if runs.peek().is_none_or(|r| r.phys != at) && n > 0 {
             dev.write_data(start, &buf[..n * BLOCK_SIZE])?;
@@ -135,9 +135,14 @@ pub fn writeback(
         let len = n.min(left);
         pool = (left > len).then_some((phys + len, left - len));
         next_goal = Some(phys + len);
-        // Split the run off whole: what is left starts after it.
-        let rest = pages.split_off(&(p0 + len));
-        let run = std::mem::replace(pages, rest);
+        // Take the run off the front: page by page when short (a split of the map costs
+        // more than a few pops), else split off whole.
+        let run: Vec<Box<Block>> = if len <= 16 {
+            std::iter::from_fn(|| pages.pop_first()).take(len as usize).map(|(_, page)| page).collect()
+        } else {
+            let rest = pages.split_off(&(p0 + len));
+            std::mem::replace(pages, rest).into_values().collect()
+        };
         out.push(DataWrite { phys, pages: run });
         let mut remap = || {
             if len == 1 && remap_one(st, inode, p0, phys)? {
@@ -173,17 +178,39 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
     if (*count as usize) <= INLINE_EXTENTS / 2 + 2 {
         return Ok(false);
     }
-    let Some((k, v)) = btree::floor(st, tree, ino, p)? else { return Ok(false) };
+    // Most often p is an extent of one page of its own, not right after its left
+    // neighbour on the device: only the record's block changes, in one descent.
+    let mut old = None;
+    let changed = btree::change_floor(st, tree, ino, p, |(k, v), before| {
+        let e = Extent::decode_value(k, v)?;
+        if e.logical != p || e.len != 1 || e.unwritten {
+            return Ok(None);
+        }
+        // A left neighbour that would merge with the new block (as below), or none in
+        // this leaf (it may be in the leaf before): the general path.
+        match before.map(|(k, v)| Extent::decode_value(k, v)).transpose()? {
+            Some(l) if !(l.end() == p && l.phys + l.len == phys && !l.unwritten && l.len + 1 < 1 << 31) => {}
+            _ => return Ok(None),
+        }
+        old = Some(e.phys);
+        Ok(Some(Extent { phys, ..e }.encode_value()))
+    })?;
+    if let (true, Some(old)) = (changed, old) {
+        st.free_deferred(old, 1);
+        return Ok(true);
+    }
+    // Otherwise: the extent holding p and the one before it, in one descent.
+    let (Some((k, v)), before) = btree::floor_and_before(st, tree, ino, p)? else { return Ok(false) };
     let e = Extent::decode_value(k, &v)?;
     if e.end() <= p || e.unwritten {
         return Ok(false);
     }
     // The page just before, when this one starts the extent: the new block may follow
     // its block on the device (write-back's goal is right after it), and then they merge.
-    let left = match e.logical == p {
-        true => extent_before(st, inode, p)?
+    let left = match (e.logical == p, before) {
+        (true, Some((k, v))) => Some(Extent::decode_value(k, &v)?)
             .filter(|l| l.end() == p && l.phys + l.len == phys && !l.unwritten && l.len + 1 < 1 << 31),
-        false => None,
+        _ => None,
     };
     let InodeData::ExtentTree { tree, count } = &mut inode.data else { return Ok(false) };
     let put = |st: &mut Tx, tree: &mut TreeRoot, x: Extent, replace: bool| {
@@ -219,10 +246,10 @@ mod tests {
     use super::*;
     use crate::disk::device::{BlockDevice, MemDevice};
 
-    /// A run of `n` pages from logical page `lp`, at block `phys`, page k filled with
+    /// A run of `n` pages at block `phys`, page k filled with
     /// byte `tag + k`.
-    fn run(phys: u64, lp: u64, n: u64, tag: u8) -> DataWrite {
-        let pages = (0..n).map(|k| (lp + k, Box::new([tag.wrapping_add(k as u8); BLOCK_SIZE]))).collect();
+    fn run(phys: u64, n: u64, tag: u8) -> DataWrite {
+        let pages = (0..n).map(|k| Box::new([tag.wrapping_add(k as u8); BLOCK_SIZE])).collect();
         DataWrite { phys, pages }
     }
 
@@ -232,7 +259,7 @@ mod tests {
     fn write_runs_joins_neighbours_and_splits_pieces() {
         let dev = MemDevice::new(64);
         // 10..12 and 12..13 touch, 20..25 stands alone, 25..26 touches it.
-        let runs = vec![run(10, 0, 2, 1), run(12, 7, 1, 50), run(20, 3, 5, 100), run(25, 40, 1, 200)];
+        let runs = vec![run(10, 2, 1), run(12, 1, 50), run(20, 5, 100), run(25, 1, 200)];
         let (mut pages, mut done) = (0, 0);
         let mut calls = 0;
         write_runs(&dev, runs, 4, |p, r| {

@@ -375,29 +375,7 @@ pub fn leaves_from(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, k
 
 /// The record with the greatest key <= key (for extent maps).
 pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
-    if is_empty(t)? {
-        return Ok(None);
-    }
-    let mut path = Vec::with_capacity(usize::from(t.depth));
-    let mut leaf = descend(s, t, owner, key, Some(&mut path))?;
-    loop {
-        let b = s.node(leaf)?;
-        let h = hdr(b, leaf, owner, 0)?;
-        // Number of records in this leaf with keys <= key.
-        let end = match search(b, &h, leaf, key)? {
-            Ok(i) => i + 1,
-            Err(i) => i,
-        };
-        if end > 0 {
-            let (k, v) = record(b, &h, leaf, end - 1)?;
-            return Ok(Some((k, v.to_vec())));
-        }
-        // Separators are only lower bounds: the floor may sit in the previous leaf.
-        match step(s, t, owner, &mut path, false)? {
-            Some(prev) => leaf = prev,
-            None => return Ok(None),
-        }
-    }
+    Ok(floors(s, t, owner, key, 1)?.pop())
 }
 
 /// Change in place the value of the record with the greatest key <= `key`, in one
@@ -452,44 +430,47 @@ pub fn floor_and_before(
     owner: u64,
     key: u64,
 ) -> Result<(Option<(u64, Vec<u8>)>, Option<(u64, Vec<u8>)>)> {
+    let mut it = floors(s, t, owner, key, 2)?.into_iter();
+    Ok((it.next(), it.next()))
+}
+
+/// Up to `n` records with keys <= key, nearest first, from one descent (and a step back
+/// to earlier leaves where the leaf the key leads to holds fewer).
+fn floors(
+    s: &mut (impl NodeRead + ?Sized),
+    t: &TreeRoot,
+    owner: u64,
+    key: u64,
+    n: usize,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let mut found = Vec::with_capacity(n);
     if is_empty(t)? {
-        return Ok((None, None));
+        return Ok(found);
     }
     let mut path = Vec::with_capacity(usize::from(t.depth));
     let mut leaf = descend(s, t, owner, key, Some(&mut path))?;
-    // The records still wanted, nearest first: the floor, then the one before it.
-    let mut found: Vec<(u64, Vec<u8>)> = Vec::with_capacity(2);
-    let mut bound = Some(key);
     loop {
         let b = s.node(leaf)?;
         let h = hdr(b, leaf, owner, 0)?;
-        // Records in this leaf with keys <= bound (all of them once the floor is found).
-        let mut end = match bound {
-            Some(k) => match search(b, &h, leaf, k)? {
-                Ok(i) => i + 1,
-                Err(i) => i,
-            },
-            None => h.n,
+        // Records in this leaf with keys <= key (in an earlier leaf, all of them).
+        let mut end = match search(b, &h, leaf, key)? {
+            Ok(i) => i + 1,
+            Err(i) => i,
         };
-        while end > 0 && found.len() < 2 {
+        while end > 0 && found.len() < n {
             let (k, v) = record(b, &h, leaf, end - 1)?;
             found.push((k, v.to_vec()));
             end -= 1;
         }
-        if found.len() == 2 {
-            break;
+        if found.len() == n {
+            return Ok(found);
         }
-        if !found.is_empty() {
-            bound = None;
-        }
-        // Separators are only lower bounds: either may sit in an earlier leaf.
+        // Separators are only lower bounds: the floor may sit in the previous leaf.
         match step(s, t, owner, &mut path, false)? {
             Some(prev) => leaf = prev,
-            None => break,
+            None => return Ok(found),
         }
     }
-    let mut it = found.into_iter();
-    Ok((it.next(), it.next()))
 }
 
 /// Free every block of the tree and reset it to empty.

@@ -39,7 +39,10 @@ impl Volume {
                 let _ = t.join();
             }
             let s = self.s.clone();
-            match std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || s.serve_background()) {
+            match std::thread::Builder::new().name("dxfs-commit".into()).spawn(move || {
+                unpin();
+                s.serve_background()
+            }) {
                 Ok(t) => b.thread = Some(t),
                 Err(_) => {
                     b.requested -= 1;
@@ -116,7 +119,10 @@ impl Shared {
             let _ = t.join();
         }
         let s = self.clone();
-        match std::thread::Builder::new().name("dxfs-flush".into()).spawn(move || s.serve_flush()) {
+        match std::thread::Builder::new().name("dxfs-flush".into()).spawn(move || {
+            unpin();
+            s.serve_flush()
+        }) {
             Ok(t) => {
                 f.thread = Some(t);
                 f.running = true;
@@ -609,5 +615,45 @@ impl<'a> Flushing<'a> {
 impl Drop for Flushing<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Let the calling thread run on every CPU the process may use. A thread inherits the
+/// CPUs of the thread that started it, and the flusher and the background committer are
+/// started by whichever thread asked first: under FUSE over io_uring, a queue thread
+/// pinned to the CPU of the process whose requests it answers. Pinned there too, they
+/// took turns with that thread and that process while the other CPUs idled.
+fn unpin() {
+    use nix::sched::{sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+    let process = Pid::from_raw(std::process::id() as i32);
+    if let Ok(set) = sched_getaffinity(process) {
+        let _ = sched_setaffinity(Pid::from_raw(0), &set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+
+    /// A thread pinned to one CPU (as a queue thread is) gets back every CPU the process
+    /// may use.
+    #[test]
+    fn unpin_gives_back_the_process_cpus() {
+        let process = sched_getaffinity(Pid::from_raw(std::process::id() as i32)).unwrap();
+        let first = (0..CpuSet::count()).find(|&c| process.is_set(c).unwrap_or(false)).unwrap();
+        std::thread::spawn(move || {
+            let mut one = CpuSet::new();
+            one.set(first).unwrap();
+            sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+            super::unpin();
+            let now = sched_getaffinity(Pid::from_raw(0)).unwrap();
+            for c in 0..CpuSet::count() {
+                assert_eq!(now.is_set(c).unwrap(), process.is_set(c).unwrap(), "CPU {c}");
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

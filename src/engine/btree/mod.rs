@@ -373,8 +373,11 @@ pub fn leaves_from(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, k
     Ok(out)
 }
 
+/// A record read out of the tree: its key and a copy of its value.
+pub type Record = (u64, Vec<u8>);
+
 /// The record with the greatest key <= key (for extent maps).
-pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Record>> {
     Ok(floors(s, t, owner, key, 1)?.pop())
 }
 
@@ -423,26 +426,19 @@ pub fn change_floor<V: AsRef<[u8]>>(
 /// The record with the greatest key <= key, and the record before it: one descent where
 /// `floor` and a `floor` of the key before would take two (extent maps asking for an
 /// extent and its left neighbour).
-#[allow(clippy::type_complexity)]
 pub fn floor_and_before(
     s: &mut (impl NodeRead + ?Sized),
     t: &TreeRoot,
     owner: u64,
     key: u64,
-) -> Result<(Option<(u64, Vec<u8>)>, Option<(u64, Vec<u8>)>)> {
+) -> Result<(Option<Record>, Option<Record>)> {
     let mut it = floors(s, t, owner, key, 2)?.into_iter();
     Ok((it.next(), it.next()))
 }
 
 /// Up to `n` records with keys <= key, nearest first, from one descent (and a step back
 /// to earlier leaves where the leaf the key leads to holds fewer).
-fn floors(
-    s: &mut (impl NodeRead + ?Sized),
-    t: &TreeRoot,
-    owner: u64,
-    key: u64,
-    n: usize,
-) -> Result<Vec<(u64, Vec<u8>)>> {
+fn floors(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64, n: usize) -> Result<Vec<Record>> {
     let mut found = Vec::with_capacity(n);
     if is_empty(t)? {
         return Ok(found);

@@ -246,8 +246,7 @@ mod tests {
     use super::*;
     use crate::disk::device::{BlockDevice, MemDevice};
 
-    /// A run of `n` pages at block `phys`, page k filled with
-    /// byte `tag + k`.
+    /// A run of `n` pages at block `phys`, page k filled with byte `tag + k`.
     fn run(phys: u64, n: u64, tag: u8) -> DataWrite {
         let pages = (0..n).map(|k| Box::new([tag.wrapping_add(k as u8); BLOCK_SIZE])).collect();
         DataWrite { phys, pages }

@@ -485,19 +485,22 @@ mod tests {
     use super::*;
     use crate::disk::device::MemDevice;
 
-    fn sealed(dev: &MemDevice, b: u64, m: u32) {
-        let mut blk = [0u8; BLOCK_SIZE];
-        put_u32(&mut blk, 0, m);
-        seal(&mut blk, b);
-        dev.write(b, &blk).unwrap();
+    /// A device of `n` blocks whose first `sealed` blocks hold valid metadata with magic
+    /// `m` (the rest are zeros, which fail verification).
+    fn device(n: u64, sealed: u64, m: u32) -> MemDevice {
+        let dev = MemDevice::new(n);
+        for b in 0..sealed {
+            let mut blk = [0u8; BLOCK_SIZE];
+            put_u32(&mut blk, 0, m);
+            seal(&mut blk, b);
+            dev.write(b, &blk).unwrap();
+        }
+        dev
     }
 
     #[test]
     fn verifies_dirty_tracks_and_evicts_only_clean() {
-        let dev = MemDevice::new(4096);
-        for b in 0..4000 {
-            sealed(&dev, b, 0xABCD);
-        }
+        let dev = device(4096, 4000, 0xABCD);
         let mut c = MetaCache::new(640);
         assert!(c.get(&dev, 3, Some(0xABCD)).is_ok());
         assert!(c.get(&dev, 3, Some(0x1111)).is_err(), "wrong magic must be refused");
@@ -518,10 +521,7 @@ mod tests {
 
     #[test]
     fn prefetch_coalesces_adjacent_blocks() {
-        let dev = MemDevice::new(64);
-        for b in 0..64 {
-            sealed(&dev, b, 1);
-        }
+        let dev = device(64, 64, 1);
         let c = MetaCache::new(1000);
         let before = dev.stats().reads;
         c.prefetch(&dev, &[12, 10, 11, 30, 31, 50]).unwrap();
@@ -533,10 +533,7 @@ mod tests {
 
     #[test]
     fn freed_blocks_read_as_gone_until_durable() {
-        let dev = MemDevice::new(64);
-        for b in 0..64 {
-            sealed(&dev, b, 1);
-        }
+        let dev = device(64, 64, 1);
         let mut c = MetaCache::new(1000);
         drop(c.get(&dev, 7, None).unwrap());
         c.free(7);
@@ -553,10 +550,7 @@ mod tests {
 
     #[test]
     fn a_read_done_unlocked_is_dropped_if_its_block_changed_home_meanwhile() {
-        let dev = MemDevice::new(256);
-        for b in 0..256 {
-            sealed(&dev, b, 1);
-        }
+        let dev = device(256, 256, 1);
         let mut c = MetaCache::new(64 * SHARDS);
         // A reader plans and reads block 9 with nothing held...
         let stale = c.plan_blocks(dev.block_count(), &[9]).read(&dev).unwrap();

@@ -623,7 +623,7 @@ impl Drop for Flushing<'_> {
 /// started by whichever thread asked first: under FUSE over io_uring, a queue thread
 /// pinned to the CPU of the process whose requests it answers. Pinned there too, they
 /// took turns with that thread and that process while the other CPUs idled.
-fn unpin() {
+pub(super) fn unpin() {
     use nix::sched::{sched_getaffinity, sched_setaffinity};
     use nix::unistd::Pid;
     let process = Pid::from_raw(std::process::id() as i32);

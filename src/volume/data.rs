@@ -356,12 +356,21 @@ impl Volume {
                 Planned::Read { plan, epoch, touch } => (plan, epoch, touch),
             };
             let planned_at = contention::current_stamp();
-            plan.execute_into(&*self.s.dev, sink.buf(plan.len()))?;
+            let piece = self.s.ahead.take(ino, offset, plan.len(), epoch);
+            let ahead = &self.s.ahead;
+            plan.execute_with(&*self.s.dev, sink.buf(plan.len()), &mut |block, dst| {
+                let hit = piece.as_ref().is_some_and(|p| p.fill(block, dst));
+                if hit {
+                    ahead.hit();
+                }
+                hit
+            })?;
             // Whether a write-back or commit ran meanwhile.
             if self.s.inner.read_inner().delta.epoch() == epoch {
                 // What was read is the state the plan saw.
                 contention::set_stamp(planned_at);
                 self.touch_atime(ino, touch);
+                self.read_ahead(ino, offset, plan.len());
                 return Ok(plan.len());
             }
         }
@@ -380,6 +389,34 @@ impl Volume {
         };
         self.touch_atime(ino, touch);
         Ok(n)
+    }
+
+    /// After a read of `len` bytes at `offset` of `ino`: if it continues a sequential
+    /// reader's stream, plan the next piece and have it read ahead (`ahead.rs`).
+    fn read_ahead(&self, ino: u64, offset: u64, len: usize) {
+        let Some((next, len)) = self.s.ahead.note(ino, offset, len) else { return };
+        let planned = self.unlocked_reads(|| {
+            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+            if g.is_failed() {
+                return Err(Error::Failed);
+            }
+            let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, next, len);
+            planned
+        });
+        if let Ok(Planned::Read { plan, epoch, .. }) = planned {
+            self.s.ahead.start(ino, next, epoch, plan.runs().to_vec());
+        }
+    }
+
+    /// Device runs served from data read ahead (`ahead.rs`) since the volume was opened.
+    pub fn read_ahead_hits(&self) -> u64 {
+        self.s.ahead.hits()
+    }
+
+    /// Wait until the data being read ahead has been read (for tests that change a file
+    /// behind a piece read ahead).
+    pub fn settle_read_ahead(&self) {
+        self.s.ahead.settle()
     }
 
     /// Record an access to `ino` if the atime policy asked for it (`wanted`): a read

@@ -23,6 +23,7 @@ use crate::engine::log::Journal;
 use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
 
+mod ahead;
 mod attrs;
 mod commit;
 mod contention;
@@ -215,6 +216,8 @@ pub struct Volume {
 struct Shared {
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
+    /// File data read ahead for sequential readers (`ahead.rs`).
+    ahead: ahead::ReadAhead,
     /// Every operation shares it, the commit's snapshot takes it alone.
     inner: VolumeLock,
     /// The inode locks (see `locks.rs`).
@@ -399,6 +402,7 @@ impl Volume {
         let dev = inner.st.dev().clone();
         let vol = Volume {
             s: Arc::new(Shared {
+                ahead: ahead::ReadAhead::new(dev.clone()),
                 dev,
                 inner: VolumeLock(Padded(RwLock::new(inner))),
                 locks: InodeLocks::new(),

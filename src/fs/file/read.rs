@@ -76,6 +76,22 @@ impl ReadPlan {
     /// `O_DIRECT` wants (an [`AlignedBuf`] and a page-aligned offset); others go through a
     /// bounce buffer.
     pub fn execute_into(&self, dev: &dyn crate::disk::device::BlockDevice, out: &mut [u8]) -> Result<()> {
+        self.execute_with(dev, out, &mut |_, _| false)
+    }
+
+    /// The device runs the plan reads: (first page, block, pages).
+    pub fn runs(&self) -> &[(u64, u64, u64)] {
+        &self.runs
+    }
+
+    /// [`ReadPlan::execute_into`], where `ahead(block, dst)` may fill whole blocks from
+    /// `block` on from data read earlier (read-ahead) instead of the device: true if it did.
+    pub fn execute_with(
+        &self,
+        dev: &dyn crate::disk::device::BlockDevice,
+        out: &mut [u8],
+        ahead: &mut dyn FnMut(u64, &mut [u8]) -> bool,
+    ) -> Result<()> {
         let (offset, len) = (self.offset, self.len);
         assert_eq!(out.len(), len, "a plan fills exactly its length");
         // Copy page `p`'s bytes (given as a full block) into the output.
@@ -100,6 +116,9 @@ impl ReadPlan {
             if offset % bs == 0 && (first + n) * bs <= offset + len as u64 {
                 let at = (first * bs - offset) as usize;
                 let dst = &mut out[at..at + n as usize * BLOCK_SIZE];
+                if ahead(phys, dst) {
+                    continue;
+                }
                 if dst.as_ptr().align_offset(BLOCK_SIZE) == 0 {
                     dev.read_data(phys, dst)?;
                     continue;
@@ -108,7 +127,9 @@ impl ReadPlan {
             let most = self.runs.iter().map(|r| r.2 as usize).max().unwrap_or(0);
             let whole = whole.get_or_insert_with(|| AlignedBuf::new(most * BLOCK_SIZE));
             let buf = &mut whole[..n as usize * BLOCK_SIZE];
-            dev.read_data(phys, buf)?;
+            if !ahead(phys, buf) {
+                dev.read_data(phys, buf)?;
+            }
             for p in first..first + n {
                 let k = (p - first) as usize * BLOCK_SIZE;
                 place(out, p, &buf[k..k + BLOCK_SIZE]);

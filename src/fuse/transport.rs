@@ -382,7 +382,7 @@ impl Blockers {
 
 /// Serve one registered io_uring queue until the connection ends (every entry given
 /// back by the kernel: `Ok`). Requests the handler says may block are answered by the
-/// queue's [`Blockers`]; their replies come back through a channel and an eventfd the
+/// queue's blockers (kept threads); their replies come back through a channel and an eventfd the
 /// ring polls, and this thread commits them (only it may submit to the ring).
 pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
     use nix::sys::eventfd::{EfdFlags, EventFd};

@@ -149,3 +149,58 @@ fn a_block_used_again_after_read_ahead_is_read_anew() {
     assert!(got == model[2 * PIECE..3 * PIECE], "the piece read ahead before the overwrites was used");
     close_and_check(dev, vol);
 }
+
+/// A sequential reader beside a writer that overwrites whole pages and commits: every
+/// page read is one the writer wrote at that place (each carries its page number and a
+/// version), never another page's block or a mix, and no page goes back to an older
+/// version than the reader saw before.
+#[test]
+fn a_reader_beside_a_writer_and_its_commits_reads_only_whole_current_pages() {
+    const PAGES: u64 = (FILE / 4096) as u64;
+    let page = |p: u64, version: u64| -> Vec<u8> {
+        let mut b = Vec::with_capacity(4096);
+        while b.len() < 4096 {
+            b.extend_from_slice(&p.to_le_bytes());
+            b.extend_from_slice(&version.to_le_bytes());
+        }
+        b
+    };
+    let (dev, vol) = mem_volume(16384);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    for p in 0..PAGES {
+        vol.write(f, p * 4096, &page(p, 0)).unwrap();
+    }
+    vol.sync().unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+            for version in 1..=3000u64 {
+                let p = rng.below(PAGES);
+                vol.write(f, p * 4096, &page(p, version)).unwrap();
+                if version % 50 == 0 {
+                    vol.sync().unwrap();
+                }
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let mut seen = vec![0u64; PAGES as usize];
+        let mut passes = 0;
+        while !done.load(std::sync::atomic::Ordering::Acquire) || passes < 2 {
+            for piece in 0..(FILE / PIECE) as u64 {
+                let got = vol.read(f, piece * PIECE as u64, PIECE).unwrap();
+                assert_eq!(got.len(), PIECE);
+                for (k, b) in got.chunks(4096).enumerate() {
+                    let p = piece * (PIECE / 4096) as u64 + k as u64;
+                    let version = u64::from_le_bytes(b[8..16].try_into().unwrap());
+                    assert!(b == page(p, version), "page {p}: not a whole page written there");
+                    assert!(version >= seen[p as usize], "page {p} went back from {} to {version}", seen[p as usize]);
+                    seen[p as usize] = version;
+                }
+            }
+            passes += 1;
+        }
+    });
+    assert!(vol.read_ahead_hits() > 0);
+    close_and_check(dev, vol);
+}

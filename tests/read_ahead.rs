@@ -204,3 +204,24 @@ fn a_reader_beside_a_writer_and_its_commits_reads_only_whole_current_pages() {
     assert!(vol.read_ahead_hits() > 0);
     close_and_check(dev, vol);
 }
+
+/// `OpenOptions::data_readahead` off (`-o nodata_readahead`): the same sequential reads,
+/// the same bytes, nothing read ahead.
+#[test]
+fn read_ahead_off_reads_nothing_ahead() {
+    use dxfs::block::MemDevice;
+    use std::sync::Arc;
+    let dev = Arc::new(MemDevice::new(8192));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    let opts = dxfs::OpenOptions { data_readahead: false, ..Default::default() };
+    let vol = dxfs::Volume::open(dev.clone(), opts).unwrap();
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data: Vec<u8> = (0..8 * PIECE).map(|i| (i % 233) as u8).collect();
+    vol.write(f, 0, &data).unwrap();
+    vol.sync().unwrap();
+    for k in 0..8 {
+        assert_eq!(vol.read(f, (k * PIECE) as u64, PIECE).unwrap(), &data[k * PIECE..(k + 1) * PIECE]);
+    }
+    assert_eq!(vol.read_ahead_hits(), 0);
+    close_and_check(dev, vol);
+}

@@ -29,6 +29,7 @@ pub struct MountArgs {
     /// commit=S (seconds between periodic commits, default 5), lock_wait=S (how long to wait
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
     /// readdirplus=auto|always|never, discard (trim blocks as deltas free them),
+    /// nodata_readahead (read nothing ahead for sequential readers of file data),
     /// the kernel flags dev|nodev, suid|nosuid (default nodev,nosuid), exec|noexec,
     /// relatime|strictatime|noatime (when reads update atime; default relatime), nodiratime,
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such
@@ -136,6 +137,8 @@ fn mount_option(
         // A/B switches of the seed features, for measurements on the same volume.
         "noreserve" => v.reserve_regions = false,
         "noprefetch" => v.sorted_prefetch = false,
+        "nodata_readahead" => v.data_readahead = false,
+        "data_readahead" => v.data_readahead = true,
         "noxattrfilter" => v.use_xattr_filter = false,
         "noaccounting" => v.space_accounting = false,
         // Write dirty pages back ahead of the commit past this many (0: only commits do).

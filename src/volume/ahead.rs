@@ -86,6 +86,8 @@ type Worker = (mpsc::Sender<Arc<Piece>>, JoinHandle<()>);
 
 /// The read-ahead of one volume: the streams it follows and its reading thread.
 pub(super) struct ReadAhead {
+    /// Off: nothing is read ahead (`OpenOptions::data_readahead`).
+    on: bool,
     dev: Arc<dyn BlockDevice>,
     streams: Mutex<Vec<Stream>>,
     worker: Mutex<Option<Worker>>,
@@ -94,8 +96,8 @@ pub(super) struct ReadAhead {
 }
 
 impl ReadAhead {
-    pub(super) fn new(dev: Arc<dyn BlockDevice>) -> ReadAhead {
-        ReadAhead { dev, streams: Mutex::new(Vec::new()), worker: Mutex::new(None), hits: AtomicU64::new(0) }
+    pub(super) fn new(dev: Arc<dyn BlockDevice>, on: bool) -> ReadAhead {
+        ReadAhead { on, dev, streams: Mutex::new(Vec::new()), worker: Mutex::new(None), hits: AtomicU64::new(0) }
     }
 
     /// The piece read ahead for a read of `ino` at `offset` planned in `epoch`, if any
@@ -131,7 +133,7 @@ impl ReadAhead {
     /// read ahead (offset and length) when the file is being read sequentially and
     /// nothing is read ahead for it yet.
     pub(super) fn note(&self, ino: u64, offset: u64, len: usize) -> Option<(u64, usize)> {
-        if len < AHEAD_MIN {
+        if len < AHEAD_MIN || !self.on {
             // Not part of a stream worth following; no lock taken for small reads.
             return None;
         }

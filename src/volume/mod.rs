@@ -369,6 +369,7 @@ impl Volume {
         let stamping = opts.linearization_stamps;
         let discard = opts.discard && !read_only;
         let atime = if read_only { AtimePolicy::Never } else { opts.atime };
+        let data_readahead = opts.data_readahead;
         let serial = st.serial().clone();
         let inner = Inner {
             st,
@@ -402,7 +403,7 @@ impl Volume {
         let dev = inner.st.dev().clone();
         let vol = Volume {
             s: Arc::new(Shared {
-                ahead: ahead::ReadAhead::new(dev.clone()),
+                ahead: ahead::ReadAhead::new(dev.clone(), data_readahead),
                 dev,
                 inner: VolumeLock(Padded(RwLock::new(inner))),
                 locks: InodeLocks::new(),

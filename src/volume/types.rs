@@ -126,6 +126,9 @@ pub struct OpenOptions {
     /// readdirplus reads a batch's inode blocks in one sorted sweep, and reads ahead
     /// the next leaves and their inodes of a directory read in order (A/B switch).
     pub sorted_prefetch: bool,
+    /// Read the next piece of a file read sequentially ahead of its reader, on a thread
+    /// of the volume (`-o nodata_readahead` turns it off; see `volume/ahead.rs`).
+    pub data_readahead: bool,
     /// Check each operation's worst-case cost against free space before accepting it
     /// (A/B switch, for measuring what the check costs: without it a full volume fails
     /// in the commit instead of with ENOSPC up front, so keep it on for real use).
@@ -189,6 +192,7 @@ impl Default for OpenOptions {
             reserve_regions: true,
             use_xattr_filter: true,
             sorted_prefetch: true,
+            data_readahead: true,
             space_accounting: true,
             measure_lock: false,
             allow_rollback: false,

@@ -677,7 +677,7 @@ impl Server {
             Request::Setxattr { flags, name, value } => self.setxattr(op, h, ino, flags, name, value),
             Request::Getxattr { size, name } => {
                 if ino == self.root && name == STATS_XATTR.as_bytes() {
-                    let transport = self.transport.get().map_or("", |t| t.as_str());
+                    let transport = self.transport_name();
                     return xattr_reply(size, self.stats.json(transport).as_bytes());
                 }
                 match self.call(op, |v| v.getxattr(ino, name)) {
@@ -742,6 +742,21 @@ impl Handler for Server {
     /// An fsync commits the volume and waits for the device.
     fn blocks(&self, req: &Request<'_>) -> bool {
         matches!(req, Request::Fsync { .. })
+    }
+}
+
+impl Server {
+    /// Which transport serves the mount. It is set once the serving threads have started,
+    /// which can be just after they served the first requests: a stats request that early
+    /// waits for it (a second at most) rather than say nothing.
+    fn transport_name(&self) -> &str {
+        for _ in 0..1000 {
+            if let Some(t) = self.transport.get() {
+                return t;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        ""
     }
 }
 

@@ -395,6 +395,9 @@ impl Volume {
     /// reader's stream, plan the next piece and have it read ahead (`ahead.rs`).
     fn read_ahead(&self, ino: u64, offset: u64, len: usize) {
         let Some((next, len)) = self.s.ahead.note(ino, offset, len) else { return };
+        // Planning takes the file's lock again: that must not move the caller's
+        // linearization stamp (the read happened where it was planned).
+        let stamp = contention::current_stamp();
         let planned = self.unlocked_reads(|| {
             let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
             if g.is_failed() {
@@ -403,6 +406,7 @@ impl Volume {
             let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, next, len);
             planned
         });
+        contention::set_stamp(stamp);
         if let Ok(Planned::Read { plan, epoch, .. }) = planned {
             self.s.ahead.start(ino, next, epoch, plan.runs().to_vec());
         }

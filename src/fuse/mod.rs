@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+mod blockers;
 mod devfd;
 mod dirty_bound;
 mod fusermount;

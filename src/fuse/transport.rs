@@ -20,6 +20,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::str::FromStr;
 
+use super::blockers::Blockers;
 use super::uring::Queue;
 use super::wire::{self, init, split_classic, InHeader, InitIn, InitOut, Request};
 
@@ -325,61 +326,6 @@ struct Deferred {
     payload: Vec<u8>,
 }
 
-/// The threads of one queue that answer the requests its handler says may block
-/// (FSYNC), so the queue thread goes on serving the others meanwhile. They are kept once
-/// started and wait for the next one: a thread started and ended per fsync cost more than
-/// the commit of a one-page fsync itself. A new one starts only when every kept one is
-/// busy, so no blocking request waits behind another.
-#[derive(Default)]
-struct Blockers {
-    state: parking_lot::Mutex<BlockersState>,
-    wake: parking_lot::Condvar,
-}
-
-#[derive(Default)]
-struct BlockersState {
-    work: std::collections::VecDeque<Deferred>,
-    /// Threads waiting for work.
-    idle: usize,
-    /// The queue is ending: threads leave once the work is done.
-    stop: bool,
-}
-
-impl Blockers {
-    /// Queue `d`; true when no kept thread is free for it, so the caller starts one.
-    fn push(&self, d: Deferred) -> bool {
-        let mut s = self.state.lock();
-        s.work.push_back(d);
-        if s.idle >= s.work.len() {
-            self.wake.notify_one();
-            false
-        } else {
-            true
-        }
-    }
-
-    /// The next request to answer, waiting for one; None once the queue ends.
-    fn next(&self) -> Option<Deferred> {
-        let mut s = self.state.lock();
-        loop {
-            if let Some(d) = s.work.pop_front() {
-                return Some(d);
-            }
-            if s.stop {
-                return None;
-            }
-            s.idle += 1;
-            self.wake.wait(&mut s);
-            s.idle -= 1;
-        }
-    }
-
-    fn stop(&self) {
-        self.state.lock().stop = true;
-        self.wake.notify_all();
-    }
-}
-
 /// Serve one registered io_uring queue until the connection ends (every entry given
 /// back by the kernel: `Ok`). Requests the handler says may block are answered by the
 /// queue's blockers (kept threads); their replies come back through a channel and an eventfd the
@@ -392,7 +338,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
     let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
     q.watch(wake.as_fd().as_raw_fd())?;
     let (done_tx, done_rx) = mpsc::channel::<(usize, u64, Reply)>();
-    let blockers = Blockers::default();
+    let blockers = Blockers::<Deferred>::default();
     std::thread::scope(|scope| {
         let served = serve_ring(q, handler, &wake, &done_rx, &blockers, || {
             // A blocker answers until the queue ends (the request that started it is queued).
@@ -410,13 +356,13 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
     })
 }
 
-/// The loop of [`serve_queue`]: `start_blocker` starts one more [`Blockers`] thread.
+/// The loop of [`serve_queue`]: `start_blocker` starts one more blocker thread.
 fn serve_ring(
     q: &mut Queue,
     handler: &dyn Handler,
     wake: &nix::sys::eventfd::EventFd,
     done_rx: &std::sync::mpsc::Receiver<(usize, u64, Reply)>,
-    blockers: &Blockers,
+    blockers: &Blockers<Deferred>,
     mut start_blocker: impl FnMut(),
 ) -> io::Result<()> {
     loop {
@@ -628,50 +574,5 @@ mod tests {
         assert_eq!(parse_possible_cpus("0"), Some(1));
         assert_eq!(parse_possible_cpus("0-3,8-11"), Some(12));
         assert_eq!(parse_possible_cpus(""), None);
-    }
-
-    /// A blocking request starts a thread only when no kept one is free; a kept one gets
-    /// the next request, in order; every thread leaves at the queue's end.
-    #[test]
-    fn blockers_are_kept_and_started_only_when_all_are_busy() {
-        let d =
-            |ent| Deferred { ent, commit_id: 0, header: InHeader::default(), op_in: Vec::new(), payload: Vec::new() };
-        let b = Blockers::default();
-        // Stops the pool however the test ends, so a failed assertion cannot leave the
-        // thread waiting and the scope with it.
-        struct StopOnDrop<'a>(&'a Blockers);
-        impl Drop for StopOnDrop<'_> {
-            fn drop(&mut self) {
-                self.0.stop();
-            }
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::scope(|s| {
-            let _stop = StopOnDrop(&b);
-            // The thread reports each request and holds it (stays busy) until let go.
-            let (go, gate) = std::sync::mpsc::channel::<()>();
-            assert!(b.push(d(1)), "no thread yet: start one");
-            let (b, tx) = (&b, &tx);
-            s.spawn(move || {
-                while let Some(x) = b.next() {
-                    tx.send(x.ent).unwrap();
-                    if gate.recv().is_err() {
-                        return;
-                    }
-                }
-            });
-            assert_eq!(rx.recv().unwrap(), 1);
-            assert!(b.push(d(2)), "the one thread is busy: start another");
-            go.send(()).unwrap();
-            assert_eq!(rx.recv().unwrap(), 2, "a kept thread takes the next request");
-            go.send(()).unwrap();
-            while b.state.lock().idle == 0 {
-                std::thread::yield_now();
-            }
-            assert!(!b.push(d(3)), "a free thread takes it");
-            assert_eq!(rx.recv().unwrap(), 3);
-            go.send(()).unwrap();
-        });
-        assert_eq!(b.next().map(|x| x.ent), None, "a stopped pool hands out nothing");
     }
 }

@@ -76,8 +76,6 @@ struct Stream {
     ino: u64,
     /// Where the last read ended.
     next: u64,
-    /// Whether the last read followed the one before it.
-    sequential: bool,
     piece: Option<Arc<Piece>>,
 }
 
@@ -143,13 +141,13 @@ impl ReadAhead {
             if streams.len() == STREAMS {
                 streams.remove(0);
             }
-            streams.push(Stream { ino, next, sequential: false, piece: None });
+            streams.push(Stream { ino, next, piece: None });
             return None;
         };
         let s = &mut streams[i];
-        s.sequential = s.next == offset;
+        let sequential = s.next == offset;
         s.next = next;
-        if !s.sequential || s.piece.as_ref().is_some_and(|p| p.offset >= next) {
+        if !sequential || s.piece.as_ref().is_some_and(|p| p.offset >= next) {
             return None;
         }
         Some((next, len.min(AHEAD_MAX)))

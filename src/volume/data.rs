@@ -339,14 +339,7 @@ impl Volume {
         // (the extents may have moved) has it planned again, and, after a few such
         // races, done under the file's lock.
         for _ in 0..READ_TRIES {
-            let planned = self.unlocked_reads(|| {
-                let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
-                if g.is_failed() {
-                    return Err(Error::Failed);
-                }
-                let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size);
-                planned
-            })?;
+            let planned = self.plan_read(ino, offset, size)?;
             let (plan, epoch, touch) = match planned {
                 Planned::Done(bytes, touch) => {
                     sink.buf(bytes.len()).copy_from_slice(&bytes);
@@ -391,6 +384,19 @@ impl Volume {
         Ok(n)
     }
 
+    /// Plan a read of `ino` with the file read locked, once no commit or flush is writing
+    /// its data back, its metadata read with nothing held (`unlocked_reads`).
+    fn plan_read(&self, ino: u64, offset: u64, size: usize) -> Result<Planned> {
+        self.unlocked_reads(|| {
+            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+            if g.is_failed() {
+                return Err(Error::Failed);
+            }
+            let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, offset, size);
+            planned
+        })
+    }
+
     /// After a read of `len` bytes at `offset` of `ino`: if it continues a sequential
     /// reader's stream, plan the next piece and have it read ahead (`ahead.rs`).
     fn read_ahead(&self, ino: u64, offset: u64, len: usize) {
@@ -398,14 +404,7 @@ impl Volume {
         // Planning takes the file's lock again: that must not move the caller's
         // linearization stamp (the read happened where it was planned).
         let stamp = contention::current_stamp();
-        let planned = self.unlocked_reads(|| {
-            let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
-            if g.is_failed() {
-                return Err(Error::Failed);
-            }
-            let planned = plan_read_of(&mut g.st.tx(), &g.delta, &self.s.atime, ino, next, len);
-            planned
-        });
+        let planned = self.plan_read(ino, next, len);
         contention::set_stamp(stamp);
         if let Ok(Planned::Read { plan, epoch, .. }) = planned {
             self.s.ahead.start(ino, next, epoch, plan.runs().to_vec());

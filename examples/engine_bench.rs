@@ -267,7 +267,7 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>, which: &[bool]) {
         file.unwrap_or("memory")
     );
     println!(
-        "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "{:<8} {:>7} {:<7} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  largest leaf locks",
         "dirs",
         "threads",
         "phase",
@@ -331,8 +331,19 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>, which: &[bool]) {
                     serial.push(held + leaf);
                 }
                 let amdahl = |cores: f64| 1.0 / (serial[k] + (1.0 - serial[k]) / cores);
+                // Which leaf locks the leaf share goes to (the two largest).
+                let mut by: Vec<(f64, &str)> = l
+                    .leaf_held_by
+                    .iter()
+                    .zip(dxfs::LEAF_LOCK_NAMES)
+                    .map(|(d, name)| (d.as_secs_f64() / busy, name))
+                    .filter(|(share, _)| *share > 0.0)
+                    .collect();
+                by.sort_by(|a, b| b.0.total_cmp(&a.0));
+                let largest: Vec<String> =
+                    by.iter().take(2).map(|(s, name)| format!("{name} {:.2}%", 100.0 * s)).collect();
                 println!(
-                    "{:<8} {:>7} {:<7} {:>11.0} {:>7.2}x {:>8.1}% {:>8.1}% {:>8.1}% {:>8.1}% {:>9.1}x {:>9.1}x",
+                    "{:<8} {:>7} {:<7} {:>11.0} {:>7.2}x {:>8.1}% {:>8.1}% {:>8.1}% {:>8.1}% {:>9.1}x {:>9.1}x  {}",
                     if shared { "shared" } else { "private" },
                     threads,
                     labels[k],
@@ -343,7 +354,8 @@ fn scaling(n: u64, max_threads: usize, file: Option<&str>, which: &[bool]) {
                     100.0 * waited,
                     100.0 * shared_held,
                     amdahl(16.0),
-                    amdahl(64.0)
+                    amdahl(64.0),
+                    largest.join(", ")
                 );
             }
         }

@@ -52,6 +52,36 @@ impl<T: Default> Sharded<T> {
     }
 }
 
+/// The volume-wide leaf locks, each measured on its own as well (which one an operation's
+/// serial time goes to is what to make finer next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafKind {
+    /// The space map.
+    Space,
+    /// The inodes' lives (open handles, unlinked inodes still held, the orphan list).
+    Life,
+    /// The lazy-free tree.
+    LazyFree,
+    /// The xattr sharing hints.
+    XattrHints,
+    /// The inode block shared by directories without reservation.
+    SharedInodeBlock,
+    /// The inode table's density estimate.
+    Density,
+    /// Directory readahead.
+    Readahead,
+    /// The cross-directory rename mutex.
+    Rename,
+}
+
+/// How many [`LeafKind`]s there are.
+pub const LEAF_KINDS: usize = 8;
+
+/// The names of the volume-wide leaf locks, in the order of `LeafKind` (the index of a lock
+/// in `LockStats::leaf_held_by`).
+pub const LEAF_NAMES: [&str; LEAF_KINDS] =
+    ["space map", "lives", "lazy-free tree", "xattr hints", "shared inode block", "density", "readahead", "rename"];
+
 /// Time spent on the volume-wide leaf locks of one volume (all zero unless enabled).
 #[derive(Default)]
 pub struct Serial {
@@ -60,6 +90,10 @@ pub struct Serial {
     pub acquisitions: AtomicU64,
     pub waited_ns: AtomicU64,
     pub held_ns: AtomicU64,
+    /// `held_ns` split by lock ([`LeafKind`] as index).
+    pub held_ns_by: [AtomicU64; LEAF_KINDS],
+    /// `acquisitions` split by lock.
+    pub acquisitions_by: [AtomicU64; LEAF_KINDS],
 }
 
 thread_local! {
@@ -86,6 +120,7 @@ pub fn guards_held() -> usize {
 /// A volume-wide leaf lock, measured (see the module doc); alone on its cache lines.
 pub struct Leaf<T> {
     m: Padded<Mutex<T>>,
+    kind: LeafKind,
     serial: Arc<Serial>,
 }
 
@@ -93,26 +128,28 @@ pub struct Leaf<T> {
 pub struct LeafGuard<'a, T> {
     g: MutexGuard<'a, T>,
     since: Option<Instant>,
+    kind: LeafKind,
     serial: &'a Serial,
 }
 
 impl<T> Leaf<T> {
-    pub fn new(value: T, serial: Arc<Serial>) -> Leaf<T> {
-        Leaf { m: Padded(Mutex::new(value)), serial }
+    pub fn new(kind: LeafKind, value: T, serial: Arc<Serial>) -> Leaf<T> {
+        Leaf { m: Padded(Mutex::new(value)), kind, serial }
     }
 
     pub fn lock(&self) -> LeafGuard<'_, T> {
         debug_assert_eq!(guards_held(), 0, "a leaf lock taken while a cache block is held");
         let s = &*self.serial;
         if !s.enabled.load(Ordering::Relaxed) {
-            return LeafGuard { g: self.m.lock(), since: None, serial: s };
+            return LeafGuard { g: self.m.lock(), since: None, kind: self.kind, serial: s };
         }
         let t = Instant::now();
         let g = self.m.lock();
         let since = Instant::now();
         s.acquisitions.fetch_add(1, Ordering::Relaxed);
+        s.acquisitions_by[self.kind as usize].fetch_add(1, Ordering::Relaxed);
         s.waited_ns.fetch_add((since - t).as_nanos() as u64, Ordering::Relaxed);
-        LeafGuard { g, since: Some(since), serial: s }
+        LeafGuard { g, since: Some(since), kind: self.kind, serial: s }
     }
 
     /// The value, for a holder of the whole lock's owner.
@@ -137,7 +174,9 @@ impl<T> DerefMut for LeafGuard<'_, T> {
 impl<T> Drop for LeafGuard<'_, T> {
     fn drop(&mut self) {
         if let Some(t) = self.since {
-            self.serial.held_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let ns = t.elapsed().as_nanos() as u64;
+            self.serial.held_ns.fetch_add(ns, Ordering::Relaxed);
+            self.serial.held_ns_by[self.kind as usize].fetch_add(ns, Ordering::Relaxed);
         }
     }
 }
@@ -193,5 +232,33 @@ impl SlotCounter {
     /// The sum over the slots (exact when nothing changes meanwhile).
     pub fn sum(&self) -> i64 {
         self.slots.iter().map(|s| s.load(Ordering::SeqCst)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_lock_counts_its_time_under_its_own_name() {
+        let serial = Arc::new(Serial::default());
+        serial.enabled.store(true, Ordering::Relaxed);
+        let lives = Leaf::new(LeafKind::Life, 0u32, serial.clone());
+        let space = Leaf::new(LeafKind::Space, 0u32, serial.clone());
+        {
+            let mut g = lives.lock();
+            *g += 1;
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        drop(space.lock());
+        let by = |k: LeafKind| serial.held_ns_by[k as usize].load(Ordering::Relaxed);
+        assert!(by(LeafKind::Life) >= 2_000_000, "held {} ns", by(LeafKind::Life));
+        assert!(by(LeafKind::Space) < by(LeafKind::Life));
+        assert_eq!(serial.acquisitions_by[LeafKind::Life as usize].load(Ordering::Relaxed), 1);
+        assert_eq!(serial.acquisitions_by[LeafKind::Space as usize].load(Ordering::Relaxed), 1);
+        let total: u64 = serial.held_ns_by.iter().map(|n| n.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, serial.held_ns.load(Ordering::Relaxed));
+        assert_eq!(LEAF_NAMES[LeafKind::Life as usize], "lives");
+        assert_eq!(LEAF_NAMES[LeafKind::Rename as usize], "rename");
     }
 }

@@ -22,6 +22,8 @@ use super::delta::Cost;
 use super::locks::{Locked, Mode};
 use super::{Delta, Inner, OpenOptions, Shared, Volume};
 use crate::engine::deferred;
+use crate::engine::leaf::LEAF_KINDS;
+pub use crate::engine::leaf::LEAF_NAMES as LEAF_LOCK_NAMES;
 use crate::engine::store::MetaRead;
 use crate::error::{Error, Result};
 
@@ -57,6 +59,8 @@ pub struct LockStats {
     pub leaf_waited: Duration,
     /// Time leaf locks were held, summed.
     pub leaf_held: Duration,
+    /// `leaf_held` split by lock, in the order of [`LEAF_LOCK_NAMES`].
+    pub leaf_held_by: [Duration; LEAF_KINDS],
 }
 
 /// Where an operation's metadata reads went, since the volume was opened: a block missing
@@ -89,6 +93,7 @@ impl LockStats {
             leaf_acquisitions: self.leaf_acquisitions - earlier.leaf_acquisitions,
             leaf_waited: self.leaf_waited.saturating_sub(earlier.leaf_waited),
             leaf_held: self.leaf_held.saturating_sub(earlier.leaf_held),
+            leaf_held_by: std::array::from_fn(|k| self.leaf_held_by[k].saturating_sub(earlier.leaf_held_by[k])),
         }
     }
 }
@@ -316,6 +321,7 @@ impl Volume {
             leaf_acquisitions: leaf.acquisitions.load(Ordering::Relaxed),
             leaf_waited: Duration::from_nanos(leaf.waited_ns.load(Ordering::Relaxed)),
             leaf_held: Duration::from_nanos(leaf.held_ns.load(Ordering::Relaxed)),
+            leaf_held_by: std::array::from_fn(|k| Duration::from_nanos(leaf.held_ns_by[k].load(Ordering::Relaxed))),
         }
     }
 

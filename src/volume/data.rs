@@ -199,7 +199,7 @@ impl Volume {
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
         let g = self.op(&[(ino, Mode::Read)]);
         let i = g.st.inode(ino)?;
-        *g.life.lock().open.entry(ino).or_insert(0) += 1;
+        g.note_open(ino);
         g.attr(&i)
     }
 
@@ -208,8 +208,8 @@ impl Volume {
         {
             let g = self.op(&[(ino, Mode::Write)]);
             {
-                let mut life = g.life.lock();
-                let n = match life.open.get_mut(&ino) {
+                let mut open = g.open.shard(ino);
+                let n = match open.get_mut(&ino) {
                     Some(n) => {
                         *n -= 1;
                         *n
@@ -219,7 +219,7 @@ impl Volume {
                 if n > 0 {
                     return Ok(());
                 }
-                life.open.remove(&ino);
+                open.remove(&ino);
             }
             if g.opts.read_only || g.is_failed() || !g.st.inode(ino).is_ok_and(|i| i.nlink == 0) {
                 return Ok(());
@@ -279,11 +279,11 @@ impl Volume {
     /// use the reserve).
     fn free_if_unused(&self, ino: u64) -> Result<()> {
         let g = self.charged(&[(ino, Mode::Write)], |_| Ok(Cost::new(0, 0, true)))?;
+        if g.is_open(ino) {
+            return Ok(());
+        }
         let was_held = {
             let mut life = g.life.lock();
-            if life.open.contains_key(&ino) {
-                return Ok(());
-            }
             if g.is_held(ino) {
                 // Released while the holder still uses it: `forgotten` frees it (it is on
                 // the orphan list already, as every unlinked open inode is).

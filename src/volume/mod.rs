@@ -18,7 +18,7 @@ use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
 use crate::engine::btree;
-use crate::engine::leaf::{Leaf, Padded, SlotCounter, SLOTS};
+use crate::engine::leaf::{Leaf, LeafKind, Padded, Sharded, SlotCounter, SLOTS};
 use crate::engine::log::Journal;
 use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
@@ -40,7 +40,7 @@ mod trim;
 mod types;
 
 use contention::LockCounters;
-pub use contention::{LockStats, ReadStats};
+pub use contention::{LockStats, ReadStats, LEAF_LOCK_NAMES};
 use delta::{Cost, Delta};
 use locks::{InodeLocks, Mode};
 pub use mark::status as mount_mark_status;
@@ -91,9 +91,15 @@ struct Inner {
     st: Store,
     /// The delta being built.
     delta: Delta,
-    /// The state block's contents and the inodes' lives (open handles, unlinked inodes
-    /// still held, the orphan list): one leaf lock.
+    /// The state block's contents and the inodes' lives (unlinked inodes still held, the
+    /// orphan list): one leaf lock.
     life: Leaf<Life>,
+    /// Open handles by inode (an unlinked inode lives until its last release), in shards:
+    /// opens and releases of different files take no volume-wide lock. A count changes
+    /// only under its inode's lock (read: opens may run side by side; write: release),
+    /// and what is decided from it (free the inode, or keep it on the orphan list) is
+    /// decided under the inode's write lock, which keeps every open out meanwhile.
+    open: Sharded<rustc_hash::FxHashMap<u64, u32>>,
     /// The state block's inode count and next generation number, kept here (every create
     /// and free changes them, from any thread) and copied into `life.state` at each
     /// commit: the count in per-thread slots, the numbers handed out in batches.
@@ -119,8 +125,6 @@ struct Inner {
 struct Life {
     /// The state block's contents (counters, orphan list), written with every commit.
     state: State,
-    /// Open handles by inode (an unlinked inode lives until its last release).
-    open: HashMap<u64, u32>,
     /// Inodes with no link and no open handle that the holder still holds: alive, not yet
     /// on the orphan list (the next commit puts them there), freed by
     /// [`Volume::forgotten`].
@@ -308,6 +312,16 @@ impl Inner {
     }
 
     /// Whether something besides open handles still uses `ino` (the holder says so).
+    /// Whether `ino` has an open handle.
+    fn is_open(&self, ino: u64) -> bool {
+        self.open.shard(ino).contains_key(&ino)
+    }
+
+    /// Count one more open handle of `ino`.
+    fn note_open(&self, ino: u64) {
+        *self.open.shard(ino).entry(ino).or_insert(0) += 1;
+    }
+
     fn is_held(&self, ino: u64) -> bool {
         self.holder.as_ref().is_some_and(|h| h(ino))
     }
@@ -377,9 +391,9 @@ impl Volume {
             inodes: SlotCounter::new(state.inodes as i64),
             generations: Generations::new(state.next_generation),
             life: Leaf::new(
+                LeafKind::Life,
                 Life {
                     state,
-                    open: HashMap::new(),
                     held: Default::default(),
                     listed_held: Default::default(),
                     orphan_prev: Default::default(),
@@ -389,7 +403,9 @@ impl Volume {
             ),
             opts,
             failed: AtomicBool::new(false),
-            readahead: Leaf::new(HashMap::new(), serial.clone()),
+            readahead: Leaf::new(LeafKind::Readahead, HashMap::new(), serial.clone()),
+            // Inodes in runs of 1,024, as the store's table of changed inodes.
+            open: Sharded::new(10),
             mark,
             holder: None,
             commit_stamps: Mutex::new(None),
@@ -407,7 +423,7 @@ impl Volume {
                 dev,
                 inner: VolumeLock(Padded(RwLock::new(inner))),
                 locks: InodeLocks::new(),
-                rename: Leaf::new((), serial),
+                rename: Leaf::new(LeafKind::Rename, (), serial),
                 lock_stats: LockCounters::new(measure_lock, stamping),
                 landed: Default::default(),
                 journal: Mutex::new(journal),

@@ -87,9 +87,15 @@ impl Inner {
         if i.nlink > 0 {
             return self.st.put_inode(&i);
         }
+        let open = self.is_open(i.ino);
+        if !open && !self.is_held(i.ino) {
+            // The common case, freed at once with no volume-wide lock: under the inode's
+            // write lock (and its parent's) no open or holder's reference can come.
+            return self.free_inode(i);
+        }
         {
             let mut life = self.life.lock();
-            if life.open.get(&i.ino).copied().unwrap_or(0) > 0 {
+            if open {
                 // Unlinked but open: keep it on the orphan list until the last release.
                 push_orphan(&self.st, &mut life, i.ino)?;
                 drop(life);
@@ -289,7 +295,7 @@ impl Volume {
             g.st.put_inode(&i)?;
         }
         if open {
-            *g.life.lock().open.entry(i.ino).or_insert(0) += 1;
+            g.note_open(i.ino);
         }
         g.attr(&i)
     }
@@ -316,8 +322,8 @@ impl Volume {
         {
             let mut life = g.life.lock();
             push_orphan(&g.st, &mut life, i.ino)?;
-            *life.open.entry(i.ino).or_insert(0) += 1;
         }
+        g.note_open(i.ino);
         if !acls.is_empty() {
             xattr::store(&mut g.st.tx(), &mut i, &acls)?;
         }
@@ -405,10 +411,11 @@ impl Volume {
         if i.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        let open = g.is_open(ino);
         let held = {
             let life = g.life.lock();
             let held = life.held.contains(&ino);
-            if i.nlink == 0 && !life.open.contains_key(&ino) && !held && !g.is_held(ino) {
+            if i.nlink == 0 && !open && !held && !g.is_held(ino) {
                 // Unlinked and unused: it is about to be freed (or already was).
                 return Err(Error::NotFound);
             }

@@ -14,7 +14,7 @@ use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
 use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
 use crate::engine::deferred::{self, Wanted};
-use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, Padded, Serial, Sharded, SLOTS};
+use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, LeafKind, Padded, Serial, Sharded, SLOTS};
 use crate::engine::log::Journal;
 use crate::engine::space::{Bitmap, Promises, Space};
 use crate::error::{Error, Result};
@@ -281,19 +281,19 @@ impl Store {
             bitmap: space.bitmap(),
             pending_bitmap: space.pending_count(),
             promises: space.promises(),
-            space: Leaf::new(space, serial.clone()),
+            space: Leaf::new(LeafKind::Space, space, serial.clone()),
             sb,
             reserve_regions,
-            xattr_shared: Leaf::new(BlockHints::new(XATTR_SHARE_HINTS), serial.clone()),
+            xattr_shared: Leaf::new(LeafKind::XattrHints, BlockHints::new(XATTR_SHARE_HINTS), serial.clone()),
             xattr_block_reads: Default::default(),
-            shared_inode_block: Leaf::new(None, serial.clone()),
+            shared_inode_block: Leaf::new(LeafKind::SharedInodeBlock, None, serial.clone()),
             // Inodes in runs of 1,024: 64 inode blocks, a directory's region or more.
             changed_inodes: Sharded::new(10),
             inode_readahead: false,
-            lazy: Leaf::new(None, serial.clone()),
+            lazy: Leaf::new(LeafKind::LazyFree, None, serial.clone()),
             lazy_enabled: false,
             lazy_masks: Sharded::new(6),
-            density: Leaf::new(Density { share: 1.0, sweeps: 0 }, serial.clone()),
+            density: Leaf::new(LeafKind::Density, Density { share: 1.0, sweeps: 0 }, serial.clone()),
             serial,
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
             leases: (0..SLOTS).map(|_| Padded::default()).collect(),

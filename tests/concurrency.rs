@@ -263,3 +263,139 @@ fn a_full_delta_commits_in_the_background() {
     assert_eq!(vol.read(f, 0, 100 * 4096).unwrap(), (0..100).flat_map(page).collect::<Vec<u8>>());
     close_and_check(mem, vol);
 }
+
+/// Opens, writes through open handles, releases, creates and unlinks of a few shared
+/// names, from four threads while a fifth commits. An unlinked file stays writable while
+/// a handle is open and is freed by its last release: afterwards exactly the names left
+/// hold inodes (none leaked on the orphan list, none freed twice), and fsck is clean.
+#[test]
+fn opens_releases_and_unlinks_of_shared_names_race_cleanly() {
+    race_opens_and_unlinks(false);
+}
+
+/// The same with a holder, as the FUSE frontend: every lookup and create gives "the
+/// kernel" a reference, dropped later (`Volume::forgotten`); an unlinked inode still
+/// referenced lives until its last reference and handle are gone.
+#[test]
+fn opens_unlinks_and_forgets_of_held_inodes_race_cleanly() {
+    race_opens_and_unlinks(true);
+}
+
+fn race_opens_and_unlinks(with_holder: bool) {
+    use std::collections::HashMap;
+    let (dev, vol) = mem_volume(32_768);
+    // The kernel's references: inode → count.
+    let refs: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    if with_holder {
+        let r = refs.clone();
+        vol.set_holder(Arc::new(move |ino| r.lock().unwrap().get(&ino).is_some_and(|&n| n > 0)));
+    }
+    let vol = Arc::new(vol);
+    let d = vol.mkdir(vol.root(), b"shared", 0o755, 0, 0).unwrap().ino;
+    let used = |vol: &Volume| {
+        let s = vol.statfs();
+        s.files - s.ffree
+    };
+    let before = used(&vol);
+    let new_file = dxfs::NewNode { mode: libc::S_IFREG | 0o644, uid: 0, gid: 0, rdev: 0, umask: 0 };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let syncer = {
+        let (vol, stop) = (vol.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                vol.sync().unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (vol, refs) = (vol.clone(), refs.clone());
+            std::thread::spawn(move || {
+                // A reference is taken after the volume answered, as the frontend does.
+                let take = |held: &mut Vec<u64>, ino: u64| {
+                    if with_holder {
+                        *refs.lock().unwrap().entry(ino).or_insert(0) += 1;
+                        held.push(ino);
+                    }
+                };
+                let forget = |ino: u64| {
+                    let left = {
+                        let mut r = refs.lock().unwrap();
+                        let n = r.get_mut(&ino).unwrap();
+                        *n -= 1;
+                        *n
+                    };
+                    if left == 0 {
+                        vol.forgotten(ino).unwrap();
+                    }
+                };
+                let mut held: Vec<u64> = Vec::new();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut handles: Vec<u64> = Vec::new();
+                for _ in 0..1500 {
+                    let r = next();
+                    let name = format!("n{}", r % 8);
+                    match (r >> 8) % 6 {
+                        0 => match vol.make_open(d, name.as_bytes(), new_file) {
+                            Ok(a) => {
+                                handles.push(a.ino);
+                                take(&mut held, a.ino);
+                            }
+                            Err(dxfs::Error::Exists) => {}
+                            Err(e) => panic!("create {name}: {e}"),
+                        },
+                        1 => {
+                            // Another thread may unlink (and free) it between the two.
+                            if let Ok(a) = vol.lookup(d, name.as_bytes()) {
+                                take(&mut held, a.ino);
+                                if vol.open_file(a.ino).is_ok() {
+                                    handles.push(a.ino);
+                                }
+                            }
+                        }
+                        2 => match vol.unlink(d, name.as_bytes()) {
+                            Ok(()) | Err(dxfs::Error::NotFound) => {}
+                            Err(e) => panic!("unlink {name}: {e}"),
+                        },
+                        3 if !handles.is_empty() => {
+                            // Open, linked or not: the data must go in and read back (each
+                            // thread writes its own four bytes: others may hold it too).
+                            let ino = handles[(r >> 16) as usize % handles.len()];
+                            let data = (r as u32).to_le_bytes();
+                            vol.write(ino, t * 4, &data).unwrap();
+                            assert_eq!(vol.read(ino, t * 4, 4).unwrap(), data);
+                        }
+                        4 if !handles.is_empty() => {
+                            let ino = handles.swap_remove((r >> 16) as usize % handles.len());
+                            vol.release(ino).unwrap();
+                        }
+                        5 if !held.is_empty() => forget(held.swap_remove((r >> 16) as usize % held.len())),
+                        _ => {}
+                    }
+                }
+                for ino in handles {
+                    vol.release(ino).unwrap();
+                }
+                for ino in held {
+                    forget(ino);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    syncer.join().unwrap();
+    let left = vol.readdir(d, 0, 100).unwrap().into_iter().filter(|e| !e.name.starts_with(b".")).count() as u64;
+    assert_eq!(used(&vol), before + left, "inodes in use: those of the {left} names left, no more");
+    let vol = Arc::into_inner(vol).unwrap();
+    close_and_check(dev, vol);
+}

@@ -225,3 +225,26 @@ fn read_ahead_off_reads_nothing_ahead() {
     assert_eq!(vol.read_ahead_hits(), 0);
     close_and_check(dev, vol);
 }
+
+/// Reads for the kernel's page cache (`kernel_reads_ahead`: the kernel reads ahead for
+/// them itself) are not followed; `O_DIRECT` readers' are. Same bytes either way.
+#[test]
+fn reads_the_kernel_reads_ahead_for_are_not_followed() {
+    let (dev, vol) = mem_volume(8192);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data: Vec<u8> = (0..8 * PIECE).map(|i| (i % 239) as u8).collect();
+    vol.write(f, 0, &data).unwrap();
+    vol.sync().unwrap();
+    let mut out = vec![0u8; PIECE];
+    for k in 0..8 {
+        assert_eq!(vol.read_into(f, (k * PIECE) as u64, &mut out, true).unwrap(), PIECE);
+        assert_eq!(out, &data[k * PIECE..(k + 1) * PIECE]);
+    }
+    assert_eq!(vol.read_ahead_hits(), 0, "a page-cache reader was read ahead for");
+    for k in 0..8 {
+        let b = vol.read_aligned(f, (k * PIECE) as u64, PIECE, false).unwrap();
+        assert_eq!(&b[..], &data[k * PIECE..(k + 1) * PIECE]);
+    }
+    assert!(vol.read_ahead_hits() > 0, "an O_DIRECT reader was not read ahead for");
+    close_and_check(dev, vol);
+}

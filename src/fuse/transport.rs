@@ -389,14 +389,16 @@ fn serve_ring(
         let read = match q.request(c.ent) {
             Ok(inc) if inc.header.opcode == wire::opcode::READ => {
                 match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
-                    Ok(Request::Read { fh, offset, size }) => Some((inc.header, inc.commit_id, fh, offset, size)),
+                    Ok(Request::Read { fh, offset, size, flags }) => {
+                        Some((inc.header, inc.commit_id, fh, offset, size, flags))
+                    }
                     _ => None,
                 }
             }
             _ => None,
         };
-        if let Some((header, commit_id, fh, offset, size)) = read {
-            let req = Request::Read { fh, offset, size };
+        if let Some((header, commit_id, fh, offset, size, flags)) = read {
+            let req = Request::Read { fh, offset, size, flags };
             let out = q.payload_mut(c.ent);
             let n = (size as usize).min(out.len());
             if let Some(r) = handler.read_into(&header, &req, &mut out[..n]) {

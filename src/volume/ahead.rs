@@ -31,15 +31,36 @@ const AHEAD_MAX: usize = 4 << 20;
 /// Files followed at once (the oldest is forgotten first).
 const STREAMS: usize = 8;
 
+/// Buffers of used pieces kept for the next ones: a fresh one costs zeroing and page
+/// faults, as much CPU as the copy out of it (`perf`, 1 MiB sequential reads).
+const KEPT_BUFFERS: usize = 4;
+
+/// Buffers of used pieces, for the next pieces to read into.
+type Pool = Arc<Mutex<Vec<AlignedBuf>>>;
+
 /// Device runs of one piece of a file, read ahead.
 pub(super) struct Piece {
     offset: u64,
     epoch: u64,
     /// (first page, block, pages), as in the plan it was made from.
     runs: Vec<(u64, u64, u64)>,
-    /// The runs' blocks one after another, once read (None if the read failed).
+    /// The runs' blocks one after another, once read (None if the read failed); a kept
+    /// buffer may be longer than the runs.
     data: Mutex<Option<Option<AlignedBuf>>>,
     done: Condvar,
+    /// Where the buffer goes once the piece is used or forgotten.
+    pool: Pool,
+}
+
+impl Drop for Piece {
+    fn drop(&mut self) {
+        if let Some(Some(buf)) = self.data.get_mut().take() {
+            let mut pool = self.pool.lock();
+            if pool.len() < KEPT_BUFFERS {
+                pool.push(buf);
+            }
+        }
+    }
 }
 
 impl Piece {
@@ -91,11 +112,19 @@ pub(super) struct ReadAhead {
     worker: Mutex<Option<Worker>>,
     /// Device runs served from pieces read ahead.
     hits: AtomicU64,
+    pool: Pool,
 }
 
 impl ReadAhead {
     pub(super) fn new(dev: Arc<dyn BlockDevice>, on: bool) -> ReadAhead {
-        ReadAhead { on, dev, streams: Mutex::new(Vec::new()), worker: Mutex::new(None), hits: AtomicU64::new(0) }
+        ReadAhead {
+            on,
+            dev,
+            streams: Mutex::new(Vec::new()),
+            worker: Mutex::new(None),
+            hits: AtomicU64::new(0),
+            pool: Pool::default(),
+        }
     }
 
     /// The piece read ahead for a read of `ino` at `offset` planned in `epoch`, if any
@@ -158,7 +187,14 @@ impl ReadAhead {
         if runs.is_empty() {
             return;
         }
-        let piece = Arc::new(Piece { offset, epoch, runs, data: Mutex::new(None), done: Condvar::new() });
+        let piece = Arc::new(Piece {
+            offset,
+            epoch,
+            runs,
+            data: Mutex::new(None),
+            done: Condvar::new(),
+            pool: self.pool.clone(),
+        });
         {
             let mut streams = self.streams.lock();
             let Some(s) = streams.iter_mut().find(|s| s.ino == ino) else { return };
@@ -168,11 +204,13 @@ impl ReadAhead {
         if w.is_none() {
             let (tx, rx) = mpsc::channel::<Arc<Piece>>();
             let dev = self.dev.clone();
+            let pool = self.pool.clone();
             match std::thread::Builder::new().name("dxfs-ahead".into()).spawn(move || {
                 super::commit::unpin();
                 for p in rx {
                     // A panic must not leave the piece's reader waiting for ever.
-                    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_runs(&*dev, &p.runs)));
+                    let read =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_runs(&*dev, &p.runs, &pool)));
                     let data = read.ok().and_then(|r| r.ok());
                     *p.data.lock() = Some(data);
                     p.done.notify_all();
@@ -210,10 +248,14 @@ impl Drop for ReadAhead {
     }
 }
 
-/// The blocks of `runs`, one run after another.
-fn read_runs(dev: &dyn BlockDevice, runs: &[(u64, u64, u64)]) -> Result<AlignedBuf> {
-    let total: u64 = runs.iter().map(|r| r.2).sum();
-    let mut buf = AlignedBuf::new(total as usize * BLOCK_SIZE);
+/// The blocks of `runs`, one run after another, in a kept buffer if one is long enough.
+fn read_runs(dev: &dyn BlockDevice, runs: &[(u64, u64, u64)], pool: &Pool) -> Result<AlignedBuf> {
+    let total = runs.iter().map(|r| r.2).sum::<u64>() as usize * BLOCK_SIZE;
+    let kept = {
+        let mut pool = pool.lock();
+        pool.iter().position(|b| b.len() >= total).map(|i| pool.swap_remove(i))
+    };
+    let mut buf = kept.unwrap_or_else(|| AlignedBuf::new(total));
     let mut at = 0usize;
     for &(_, phys, n) in runs {
         let len = n as usize * BLOCK_SIZE;

@@ -313,27 +313,38 @@ impl Volume {
     /// plan named and that was freed and reused since), the read is done again under it.
     pub fn read(&self, ino: u64, offset: u64, size: usize) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.read_to(ino, offset, size, &mut out)?;
+        self.read_to(ino, offset, size, &mut out, true)?;
         Ok(out)
     }
 
     /// [`Volume::read`] into a buffer aligned as `O_DIRECT` wants, so that page-aligned
     /// reads go from the device straight into it (the FUSE layer replies from it).
-    pub fn read_aligned(&self, ino: u64, offset: u64, size: usize) -> Result<AlignedBuf> {
+    /// `kernel_reads_ahead`: the caller is the kernel filling its page cache, which reads
+    /// ahead for sequential readers itself; the volume then does not (see `ahead.rs`).
+    pub fn read_aligned(&self, ino: u64, offset: u64, size: usize, kernel_reads_ahead: bool) -> Result<AlignedBuf> {
         let mut out = AlignedBuf::new(0);
-        self.read_to(ino, offset, size, &mut out)?;
+        self.read_to(ino, offset, size, &mut out, !kernel_reads_ahead)?;
         Ok(out)
     }
 
     /// [`Volume::read`] into `out` (up to its length): the number of bytes read. Whole
     /// pages of a page-aligned read go from the device straight into `out` when it is
-    /// page-aligned (the FUSE layer passes its ring buffer).
-    pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
-        self.read_to(ino, offset, out.len(), out)
+    /// page-aligned (the FUSE layer passes its ring buffer). `kernel_reads_ahead` as for
+    /// [`Volume::read_aligned`].
+    pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8], kernel_reads_ahead: bool) -> Result<usize> {
+        self.read_to(ino, offset, out.len(), out, !kernel_reads_ahead)
     }
 
-    /// [`Volume::read`] into `sink`; returns the number of bytes read.
-    fn read_to(&self, ino: u64, offset: u64, size: usize, sink: &mut (impl ReadSink + ?Sized)) -> Result<usize> {
+    /// [`Volume::read`] into `sink`; returns the number of bytes read. `follow`: read
+    /// ahead after it if it continues a sequential stream.
+    fn read_to(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: usize,
+        sink: &mut (impl ReadSink + ?Sized),
+        follow: bool,
+    ) -> Result<usize> {
         // Planned with the file read locked, once no commit or flush is writing its data
         // back; the device reads run with nothing held. A write-back or commit meanwhile
         // (the extents may have moved) has it planned again, and, after a few such
@@ -363,7 +374,9 @@ impl Volume {
                 // What was read is the state the plan saw.
                 contention::set_stamp(planned_at);
                 self.touch_atime(ino, touch);
-                self.read_ahead(ino, offset, plan.len());
+                if follow {
+                    self.read_ahead(ino, offset, plan.len());
+                }
                 return Ok(plan.len());
             }
         }

@@ -163,6 +163,8 @@ pub enum Request<'a> {
         offset: u64,
         /// Bytes wanted.
         size: u32,
+        /// The reader's open flags (`O_DIRECT` set: the kernel reads nothing ahead).
+        flags: u32,
     },
     /// Write `data` at `offset`.
     Write {
@@ -400,7 +402,9 @@ impl<'a> Request<'a> {
             }
             opcode::READ => {
                 need("fuse_read_in", arg, 24)?;
-                Request::Read { fh: u64_at(arg, 0), offset: u64_at(arg, 8), size: u32_at(arg, 16) }
+                // The file's open flags follow (offset 32) from protocol 7.9 on.
+                let flags = if arg.len() >= 36 { u32_at(arg, 32) } else { 0 };
+                Request::Read { fh: u64_at(arg, 0), offset: u64_at(arg, 8), size: u32_at(arg, 16), flags }
             }
             opcode::WRITE => {
                 need("fuse_write_in", arg, 24)?;

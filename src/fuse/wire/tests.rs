@@ -107,7 +107,12 @@ fn write_read_flush_release_getattr() {
 
     let mut r = vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0];
     r.extend_from_slice(&[0; 16]);
-    assert_eq!(Request::parse(15, &r, &[]).unwrap(), Request::Read { fh: 5, offset: 0, size: 4096 });
+    assert_eq!(Request::parse(15, &r, &[]).unwrap(), Request::Read { fh: 5, offset: 0, size: 4096, flags: 0 });
+    // The reader's open flags at offset 32 (O_DIRECT here); a request of the oldest
+    // protocols, without them, reads as flags 0.
+    r[32..36].copy_from_slice(&0o40000u32.to_le_bytes());
+    assert_eq!(Request::parse(15, &r, &[]).unwrap(), Request::Read { fh: 5, offset: 0, size: 4096, flags: 0o40000 });
+    assert_eq!(Request::parse(15, &r[..24], &[]).unwrap(), Request::Read { fh: 5, offset: 0, size: 4096, flags: 0 });
 
     let f = [6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0];
     assert_eq!(Request::parse(25, &f, &[]).unwrap(), Request::Flush { fh: 6, lock_owner: 9 });

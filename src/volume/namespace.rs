@@ -89,8 +89,9 @@ impl Inner {
         }
         let open = self.is_open(i.ino);
         if !open && !self.is_held(i.ino) {
-            // The common case, freed at once with no volume-wide lock: under the inode's
-            // write lock (and its parent's) no open or holder's reference can come.
+            // The common case, freed at once with no volume-wide lock: the inode's write
+            // lock keeps every open out, and the holder's answer is the same one the
+            // lives' lock would have seen (it guards only what is decided when it is held).
             return self.free_inode(i);
         }
         {

@@ -55,6 +55,11 @@ pub enum Error {
     /// (`engine::deferred`). Never returned by the library; EIO if it ever were.
     #[doc(hidden)]
     Missed,
+    /// Internal: an operation asked not to wait (`Volume::try_write`) would have had to
+    /// wait for room in the delta; nothing was changed. Never returned by the library;
+    /// EIO if it ever were.
+    #[doc(hidden)]
+    WouldWait,
 }
 
 impl Error {
@@ -87,7 +92,7 @@ impl Error {
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::AccessDenied => libc::EACCES,
             Error::Busy(_) => libc::EBUSY,
-            Error::Failed | Error::Missed => libc::EIO,
+            Error::Failed | Error::Missed | Error::WouldWait => libc::EIO,
         }
     }
 
@@ -122,6 +127,7 @@ impl fmt::Display for Error {
             Error::Busy(m) => write!(f, "volume busy: {m}"),
             Error::Failed => f.write_str("the volume failed earlier and accepts no more changes; remount to recover"),
             Error::Missed => f.write_str("a metadata block was not cached (internal: the operation starts again)"),
+            Error::WouldWait => f.write_str("the operation would wait for room (internal: it is done elsewhere)"),
         }
     }
 }

@@ -399,3 +399,37 @@ fn race_opens_and_unlinks(with_holder: bool) {
     let vol = Arc::into_inner(vol).unwrap();
     close_and_check(dev, vol);
 }
+
+/// `Volume::try_write` past the dirty limit (no flusher, so only a commit makes room)
+/// does not wait: it answers `None` and changes nothing; `Volume::write` then waits for
+/// the room and writes. The file ends as a model of the writes that were done.
+#[test]
+fn a_write_that_would_wait_for_room_is_not_done() {
+    let dev = Arc::new(MemDevice::new(8192));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions::default()).unwrap();
+    let opts = OpenOptions { dirty_limit: 16, flush_from: 0, ..OpenOptions::default() };
+    let vol = Volume::open(dev.clone(), opts).unwrap();
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let page = |p: u64, v: u8| vec![v ^ p as u8; 4096];
+    let mut model = vec![0u8; 64 * 4096];
+    let mut refused = 0;
+    for p in 0..64u64 {
+        // Scattered pages: each its own run.
+        let at = (p * 37) % 64;
+        let data = page(at, 1);
+        match vol.try_write(f, at * 4096, &data, false).unwrap() {
+            Some(n) => assert_eq!(n, 4096),
+            None => {
+                refused += 1;
+                let before = vol.read(f, at * 4096, 4096).unwrap();
+                let was = &model[(at * 4096) as usize..(at * 4096 + 4096) as usize];
+                assert_eq!(&before[..], &was[..before.len()], "a refused write changed page {at}");
+                assert_eq!(vol.write(f, at * 4096, &data).unwrap(), 4096);
+            }
+        }
+        model[(at * 4096) as usize..(at * 4096 + 4096) as usize].copy_from_slice(&data);
+    }
+    assert!(refused > 0, "64 pages past a 16-page limit and no write was refused");
+    assert_eq!(vol.read(f, 0, 64 * 4096).unwrap(), model);
+    close_and_check(dev, vol);
+}

@@ -2316,3 +2316,38 @@ fn unlinked_open_file_outlives_commits() {
     m.unmount();
     s.fsck();
 }
+
+/// The kernel's write-back of a file larger than the delta's dirty limit, with no
+/// flusher (`-o flush_from=0`): WRITEs past the limit must wait for a commit. Over
+/// io_uring they are handed to the queue's kept threads (counted in `writes_waited`)
+/// while the queue goes on. The file reads back as written, after a remount too.
+#[test]
+fn writes_past_the_dirty_limit_wait_off_the_queue() {
+    require_fuse!();
+    let s = Scratch::new(512);
+    let m = s.mount(&["-o", "flush_from=0"]);
+    let f = s.path("big");
+    let mut w = File::create(&f).unwrap();
+    // 160 MiB: past the 128 MiB dirty limit.
+    for k in 0..160u64 {
+        w.write_all(&pattern(k << 20, 1 << 20)).unwrap();
+    }
+    w.sync_all().unwrap();
+    drop(w);
+    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    if v["transport"].as_str().unwrap_or("").starts_with("io_uring") {
+        assert!(v["writes_waited"].as_u64().unwrap() > 0, "no WRITE waited for room: {v}");
+    }
+    m.unmount();
+    let m = s.mount(&[]);
+    let mut r = File::open(&f).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    for k in 0..160u64 {
+        r.read_exact(&mut buf).unwrap();
+        assert!(buf == pattern(k << 20, 1 << 20), "MiB {k} differs after a remount");
+    }
+    drop(r);
+    m.unmount();
+    s.fsck();
+}

@@ -44,10 +44,11 @@ pub fn run(a: StatsArgs) -> i32 {
         }
     }
     out += &format!(
-        "{} requests in {:.1} s, {} through io_uring; transport: {}\n",
+        "{} requests in {:.1} s, {} through io_uring ({} WRITEs waited for room on kept threads); transport: {}\n",
         v["requests"],
         v["seconds"].as_f64().unwrap_or(0.0),
         v["via_ring"],
+        v["writes_waited"].as_u64().unwrap_or(0),
         v["transport"].as_str().unwrap_or("?")
     );
     emit(&out)

@@ -430,16 +430,30 @@ impl Server {
         NewNode { mode, uid: h.uid, gid: h.gid, rdev, umask }
     }
 
-    fn write(&self, op: u32, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8]) -> Reply {
+    /// A WRITE; with `wait` false, `None` if it would have to wait for room in the delta
+    /// (nothing answered: it is to be served again, waiting).
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        op: u32,
+        h: &InHeader,
+        offset: u64,
+        write_flags: u32,
+        flags: u32,
+        data: &[u8],
+        wait: bool,
+    ) -> Option<Reply> {
         let ino = self.vol_ino(h.nodeid);
         // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
-        let r = if write_flags & wire::WRITE_KILL_SUIDGID != 0 {
-            self.call(op, |v| v.write_unprivileged(ino, offset, data))
-        } else {
-            self.call(op, |v| v.write(ino, offset, data))
+        let unprivileged = write_flags & wire::WRITE_KILL_SUIDGID != 0;
+        let r = match (wait, unprivileged) {
+            (false, _) => self.call(op, |v| v.try_write(ino, offset, data, unprivileged)),
+            (true, true) => self.call(op, |v| v.write_unprivileged(ino, offset, data).map(Some)),
+            (true, false) => self.call(op, |v| v.write(ino, offset, data).map(Some)),
         };
-        match r {
-            Ok(n) => {
+        Some(match r {
+            Ok(None) => return None,
+            Ok(Some(n)) => {
                 self.near_full_check();
                 // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
                 // drop the pages other descriptors cached for the range, so buffered
@@ -455,7 +469,7 @@ impl Server {
                 Reply::Data(out)
             }
             Err(e) => Reply::Error(e),
-        }
+        })
     }
 
     fn readdir(&self, op: u32, ino: u64, offset: u64, size: u32, plus: bool) -> Reply {
@@ -630,7 +644,7 @@ impl Server {
                 }
             }
             Request::Write { offset, write_flags, flags, data, .. } => {
-                self.write(op, h, offset, write_flags, flags, data)
+                self.write(op, h, offset, write_flags, flags, data, true).unwrap_or(Reply::Error(libc::EIO))
             }
             // Writes are never deferred past the volume, so there is nothing to flush.
             // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback
@@ -744,6 +758,23 @@ impl Handler for Server {
     /// An fsync commits the volume and waits for the device.
     fn blocks(&self, req: &Request<'_>) -> bool {
         matches!(req, Request::Fsync { .. })
+    }
+
+    /// A write is tried without waiting for room in the delta: the kernel's write-back
+    /// past the dirty limit waits for flushes (tens to hundreds of milliseconds with
+    /// several writers, docs/BENCHMARKS.md), and every request made on the same CPU
+    /// would wait behind it on the queue thread.
+    fn handle_unless_it_waits(&self, h: &InHeader, req: &Request<'_>) -> Option<Reply> {
+        let Request::Write { offset, write_flags, flags, data, .. } = *req else {
+            return Some(self.handle(h, req, true));
+        };
+        let start = std::time::Instant::now();
+        let Some(reply) = self.write(h.opcode, h, offset, write_flags, flags, data, false) else {
+            self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        drop(self.stats.timer_since(h.opcode, true, start));
+        Some(reply)
     }
 }
 

@@ -78,6 +78,9 @@ pub(super) struct RequestStats {
     counters: [Counter; OPCODES],
     /// Requests that came through io_uring queues (the rest came through /dev/fuse).
     via_ring: AtomicU64,
+    /// WRITEs an io_uring queue handed to its kept threads because they had to wait for
+    /// room in the delta.
+    pub(super) writes_waited: AtomicU64,
     since: Instant,
 }
 
@@ -86,6 +89,7 @@ impl Default for RequestStats {
         RequestStats {
             counters: std::array::from_fn(|_| Counter::default()),
             via_ring: AtomicU64::new(0),
+            writes_waited: AtomicU64::new(0),
             since: Instant::now(),
         }
     }
@@ -109,11 +113,17 @@ impl Drop for Timer<'_> {
 impl RequestStats {
     /// Count a request with opcode `op`, timing it until the returned guard drops.
     pub(super) fn timer(&self, op: u32, via_ring: bool) -> Timer<'_> {
+        self.timer_since(op, via_ring, Instant::now())
+    }
+
+    /// [`RequestStats::timer`] for a request being served since `start` (one whose
+    /// serving may turn out to be done elsewhere, counted only once it is not).
+    pub(super) fn timer_since(&self, op: u32, via_ring: bool, start: Instant) -> Timer<'_> {
         if via_ring {
             self.via_ring.fetch_add(1, Ordering::Relaxed);
         }
         let i = (op as usize).min(OPCODES - 1);
-        Timer { counter: &self.counters[i], start: Instant::now() }
+        Timer { counter: &self.counters[i], start }
     }
 
     /// (opcode name, requests, time spent, longest) of every opcode seen, busiest first.
@@ -135,7 +145,7 @@ impl RequestStats {
     }
 
     /// The counters as one JSON object: `{"transport": T, "seconds": S, "requests": N, "via_ring": R,
-    /// "ops": {"LOOKUP":
+    /// "writes_waited": W, "ops": {"LOOKUP":
     /// {"count": n, "total_us": t, "mean_us": m, "max_us": x}, ...}}`.
     pub(super) fn json(&self, transport: &str) -> String {
         let snap = self.snapshot();
@@ -152,10 +162,11 @@ impl RequestStats {
             })
             .collect();
         format!(
-            "{{\"transport\":\"{}\",\"seconds\":{:.3},\"requests\":{total},\"via_ring\":{},\"ops\":{{{}}}}}",
+            "{{\"transport\":\"{}\",\"seconds\":{:.3},\"requests\":{total},\"via_ring\":{},\"writes_waited\":{},\"ops\":{{{}}}}}",
             transport.replace(['"', '\\'], ""),
             self.since.elapsed().as_secs_f64(),
             self.via_ring.load(Ordering::Relaxed),
+            self.writes_waited.load(Ordering::Relaxed),
             ops.join(",")
         )
     }

@@ -108,6 +108,14 @@ pub trait Handler: Send + Sync {
     fn blocks(&self, _req: &Request<'_>) -> bool {
         false
     }
+
+    /// Answer `req` now unless that would mean a long wait (a write that must wait for
+    /// room); `None`: nothing was answered, and the caller answers it with
+    /// [`Handler::handle`] on a thread of its own, as a request that [`Handler::blocks`].
+    /// Only FUSE over io_uring asks (its queue thread serves a whole CPU).
+    fn handle_unless_it_waits(&self, header: &InHeader, req: &Request<'_>) -> Option<Reply> {
+        Some(self.handle(header, req, true))
+    }
 }
 
 /// A FUSE device as the classic loop uses it: one message per read and per write.
@@ -412,8 +420,17 @@ fn serve_ring(
         }
         let (commit_id, reply) = match q.request(c.ent) {
             Ok(inc) => {
-                let parsed = Request::parse(inc.header.opcode, inc.op_in, inc.payload);
-                if parsed.as_ref().is_ok_and(|r| handler.blocks(r)) {
+                // A request that blocks, or turns out to have to wait, is answered by a
+                // kept thread; the others here, now.
+                let now = match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
+                    Ok(r) if handler.blocks(&r) => None,
+                    Ok(r) => handler.handle_unless_it_waits(&inc.header, &r),
+                    Err(e) => {
+                        tracing::warn!("malformed request (opcode {}): {e}", inc.header.opcode);
+                        Some(Reply::Error(libc::EIO))
+                    }
+                };
+                let Some(reply) = now else {
                     let d = Deferred {
                         ent: c.ent,
                         commit_id: inc.commit_id,
@@ -425,8 +442,8 @@ fn serve_ring(
                         start_blocker();
                     }
                     continue;
-                }
-                (inc.commit_id, dispatch(handler, &inc.header, inc.op_in, inc.payload, true))
+                };
+                (inc.commit_id, reply)
             }
             // Answer what cannot be read with EIO: a request left unanswered would hang
             // its caller, and the entry with it.

@@ -13,6 +13,34 @@ use super::delta::{Cost, Flight, Short};
 use super::*;
 use crate::engine::deferred;
 
+thread_local! {
+    /// Set while a [`Volume::try_write`] runs: a charge that would wait for room in the
+    /// delta (a flush's progress, a commit's snapshot or a landing) fails with
+    /// `Error::WouldWait` instead, before anything is changed.
+    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread's operation must not wait for room (see `NO_WAIT`).
+fn no_wait() -> bool {
+    NO_WAIT.with(|c| c.get())
+}
+
+/// `NO_WAIT` set for this thread until dropped.
+pub(super) struct NoWait(());
+
+impl NoWait {
+    pub(super) fn set() -> NoWait {
+        NO_WAIT.with(|c| c.set(true));
+        NoWait(())
+    }
+}
+
+impl Drop for NoWait {
+    fn drop(&mut self) {
+        NO_WAIT.with(|c| c.set(false));
+    }
+}
+
 /// How many times an operation short of space waits for the operations beside it to give
 /// back what they reserved (20 µs each) before it commits or fails.
 const SETTLE_WAITS: u32 = 500;
@@ -382,6 +410,9 @@ impl Volume {
             if !op.delta.in_flight(ino) {
                 return Ok((op, read));
             }
+            if no_wait() {
+                return Err(Error::WouldWait);
+            }
             // Everything is let go while waiting, so the charge is made again.
             op.wait(&self.s.landed, None);
         }
@@ -439,6 +470,9 @@ impl Volume {
                 // rather than commit or fail (a serial order would have seen it free).
                 Err(Short::Space) if waits < SETTLE_WAITS && op.st.space().reserved() > 0 => {
                     drop(op);
+                    if no_wait() {
+                        return Err(Error::WouldWait);
+                    }
                     waits += 1;
                     std::thread::sleep(std::time::Duration::from_micros(20));
                 }
@@ -463,6 +497,9 @@ impl Volume {
                         }
                         continue;
                     }
+                    if no_wait() {
+                        return Err(Error::WouldWait);
+                    }
                     // Wait for a piece of the commit's data to reach the device (its
                     // pages are then freed), and try again.
                     op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
@@ -471,6 +508,9 @@ impl Volume {
                 // soon as it has written back (at most 32 MiB in 512 runs), sooner than a
                 // commit would. Wait for it, while it makes progress.
                 Err(Short::Dirty) if commits == 0 && op.delta.wants_flush(&op.st) && self.s.ask_flush() => {
+                    if no_wait() {
+                        return Err(Error::WouldWait);
+                    }
                     let flushes = op.delta.flushes();
                     let notified = op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
                     // A flush still writing its data is progress: committing instead
@@ -490,11 +530,17 @@ impl Volume {
                 // budget needs the commit's frees, which come at its end.
                 Err(Short::Delta | Short::Dirty) if commits == 0 => {
                     drop(op);
+                    if no_wait() {
+                        return Err(Error::WouldWait);
+                    }
                     self.commit_soon()?;
                     commits += 1;
                 }
                 Err(_) => {
                     drop(op);
+                    if no_wait() {
+                        return Err(Error::WouldWait);
+                    }
                     self.commit()?;
                     commits += 1;
                 }

@@ -474,6 +474,21 @@ impl Volume {
         self.write_as(ino, offset, data, true)
     }
 
+    /// [`Volume::write`] (`unprivileged`: [`Volume::write_unprivileged`]) unless it would
+    /// have to wait for room in the delta — for a flush or a commit to make it, or for
+    /// the file's data in flight to land — and then `None`: the write is not done (a
+    /// part may have been; the whole write is to be done again, with
+    /// [`Volume::write`]). The FUSE layer answers the kernel's write-back this way on the
+    /// thread that received it, and hands only the writes that must wait to a thread of
+    /// their own, so that the other requests made on that CPU do not wait behind them.
+    pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], unprivileged: bool) -> Result<Option<usize>> {
+        let _no_wait = super::commit::NoWait::set();
+        match self.write_as(ino, offset, data, unprivileged) {
+            Err(Error::WouldWait) => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
     fn write_as(&self, ino: u64, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
         // Large writes go in chunks, each charged on its own; when one fails after others
         // succeeded, the write is short, as POSIX allows.
@@ -503,6 +518,8 @@ impl Volume {
             });
             match r {
                 Ok(n) => done += n,
+                // Not a short write: the whole write is done again by a caller that waits.
+                Err(Error::WouldWait) => return Err(Error::WouldWait),
                 Err(e) if done == 0 => return Err(e),
                 Err(_) => break,
             }

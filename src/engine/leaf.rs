@@ -58,7 +58,7 @@ impl<T: Default> Sharded<T> {
 pub enum LeafKind {
     /// The space map.
     Space,
-    /// The inodes' lives (open handles, unlinked inodes still held, the orphan list).
+    /// The inodes' lives (unlinked inodes still held, the orphan list).
     Life,
     /// The lazy-free tree.
     LazyFree,

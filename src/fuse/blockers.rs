@@ -1,11 +1,12 @@
-//! The threads of an io_uring queue that answer the requests its handler says may block
-//! (FSYNC), kept between requests (`transport::serve_queue` runs them).
+//! The threads of an io_uring queue that answer the requests that may block (FSYNC, and a
+//! WRITE that turned out to have to wait for room), kept between requests
+//! (`transport::serve_queue` runs them).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 
-/// The threads of one queue that answer the requests its handler says may block
-/// (FSYNC), so the queue thread goes on serving the others meanwhile. They are kept once
+/// The threads of one queue that answer the requests that may block (FSYNC, and a WRITE
+/// that must wait for room), so the queue thread goes on serving the others meanwhile. They are kept once
 /// started and wait for the next one: a thread started and ended per fsync cost more than
 /// the commit of a one-page fsync itself. A new one starts only when every kept one is
 /// busy, so no blocking request waits behind another.

@@ -432,18 +432,8 @@ impl Server {
 
     /// A WRITE; with `wait` false, `None` if it would have to wait for room in the delta
     /// (nothing answered: it is to be served again, waiting).
-    #[allow(clippy::too_many_arguments)]
-    fn write(
-        &self,
-        op: u32,
-        h: &InHeader,
-        offset: u64,
-        write_flags: u32,
-        flags: u32,
-        data: &[u8],
-        wait: bool,
-    ) -> Option<Reply> {
-        let ino = self.vol_ino(h.nodeid);
+    fn write(&self, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8], wait: bool) -> Option<Reply> {
+        let (op, ino) = (h.opcode, self.vol_ino(h.nodeid));
         // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
         let unprivileged = write_flags & wire::WRITE_KILL_SUIDGID != 0;
         let r = match (wait, unprivileged) {
@@ -644,7 +634,7 @@ impl Server {
                 }
             }
             Request::Write { offset, write_flags, flags, data, .. } => {
-                self.write(op, h, offset, write_flags, flags, data, true).unwrap_or(Reply::Error(libc::EIO))
+                self.write(h, offset, write_flags, flags, data, true).unwrap_or(Reply::Error(libc::EIO))
             }
             // Writes are never deferred past the volume, so there is nothing to flush.
             // ENOSYS tells the kernel to stop sending FLUSH at all (with the writeback
@@ -769,7 +759,7 @@ impl Handler for Server {
             return Some(self.handle(h, req, true));
         };
         let start = std::time::Instant::now();
-        let Some(reply) = self.write(h.opcode, h, offset, write_flags, flags, data, false) else {
+        let Some(reply) = self.write(h, offset, write_flags, flags, data, false) else {
             self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
             return None;
         };

@@ -20,9 +20,13 @@ thread_local! {
     static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this thread's operation must not wait for room (see `NO_WAIT`).
-fn no_wait() -> bool {
-    NO_WAIT.with(|c| c.get())
+/// Before a wait for room: fails with `Error::WouldWait` when this thread's operation
+/// must not wait (see `NO_WAIT`).
+fn may_wait() -> Result<()> {
+    if NO_WAIT.with(|c| c.get()) {
+        return Err(Error::WouldWait);
+    }
+    Ok(())
 }
 
 /// `NO_WAIT` set for this thread until dropped.
@@ -410,9 +414,7 @@ impl Volume {
             if !op.delta.in_flight(ino) {
                 return Ok((op, read));
             }
-            if no_wait() {
-                return Err(Error::WouldWait);
-            }
+            may_wait()?;
             // Everything is let go while waiting, so the charge is made again.
             op.wait(&self.s.landed, None);
         }
@@ -470,9 +472,7 @@ impl Volume {
                 // rather than commit or fail (a serial order would have seen it free).
                 Err(Short::Space) if waits < SETTLE_WAITS && op.st.space().reserved() > 0 => {
                     drop(op);
-                    if no_wait() {
-                        return Err(Error::WouldWait);
-                    }
+                    may_wait()?;
                     waits += 1;
                     std::thread::sleep(std::time::Duration::from_micros(20));
                 }
@@ -497,9 +497,7 @@ impl Volume {
                         }
                         continue;
                     }
-                    if no_wait() {
-                        return Err(Error::WouldWait);
-                    }
+                    may_wait()?;
                     // Wait for a piece of the commit's data to reach the device (its
                     // pages are then freed), and try again.
                     op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
@@ -508,9 +506,7 @@ impl Volume {
                 // soon as it has written back (at most 32 MiB in 512 runs), sooner than a
                 // commit would. Wait for it, while it makes progress.
                 Err(Short::Dirty) if commits == 0 && op.delta.wants_flush(&op.st) && self.s.ask_flush() => {
-                    if no_wait() {
-                        return Err(Error::WouldWait);
-                    }
+                    may_wait()?;
                     let flushes = op.delta.flushes();
                     let notified = op.wait(&self.s.landed, Some(std::time::Duration::from_millis(10)));
                     // A flush still writing its data is progress: committing instead
@@ -530,17 +526,13 @@ impl Volume {
                 // budget needs the commit's frees, which come at its end.
                 Err(Short::Delta | Short::Dirty) if commits == 0 => {
                     drop(op);
-                    if no_wait() {
-                        return Err(Error::WouldWait);
-                    }
+                    may_wait()?;
                     self.commit_soon()?;
                     commits += 1;
                 }
                 Err(_) => {
                     drop(op);
-                    if no_wait() {
-                        return Err(Error::WouldWait);
-                    }
+                    may_wait()?;
                     self.commit()?;
                     commits += 1;
                 }

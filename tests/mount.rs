@@ -1938,6 +1938,50 @@ fn atime_policies() {
     s.fsck();
 }
 
+/// A file read through a second handle while its writer still holds it open (git's
+/// index-pack reads its pack so) is read from the kernel's page cache, dirty pages and
+/// all: the open that records the access (relatime: the read after a change) moves atime
+/// itself, rather than having the kernel drop the cache, which writes back each dirty
+/// page as a WRITE of its own before the read can start. (A close writes the pages
+/// back first, in large WRITEs.)
+#[test]
+fn reading_a_freshly_written_file_keeps_its_pages() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&[]);
+    let writes = || {
+        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["ops"]["WRITE"]["count"].as_u64().unwrap_or(0)
+    };
+    let pages: Vec<Vec<u8>> = (0..1024u32).map(|i| i.to_le_bytes().repeat(1024)).collect();
+    // Counted around the whole: asking for the counters in between has the kernel write
+    // the dirty pages back.
+    let before = writes();
+    let mut f = File::create(s.path("out")).unwrap();
+    for p in &pages {
+        f.write_all(p).unwrap();
+    }
+    let written = fs::metadata(s.path("out")).unwrap();
+    let mut back = Vec::new();
+    File::open(s.path("out")).unwrap().read_to_end(&mut back).unwrap();
+    assert!(back == pages.concat(), "the file read back differs from what was written");
+    drop(f);
+    let sent = writes() - before;
+    assert!(sent < 64, "writing 1,024 pages and reading them back sent {sent} WRITEs");
+    // The open was the access: atime is now at or past the writes' mtime. (Not the
+    // mtime now: a WRITE the kernel sends later stamps the time it arrives.)
+    let md = fs::metadata(s.path("out")).unwrap();
+    let (a, w) = ((md.atime(), md.atime_nsec()), (written.mtime(), written.mtime_nsec()));
+    assert!(a >= w, "relatime: the read left atime {a:?} before the writes' mtime {w:?}");
+    m.unmount();
+    // And it all reached the volume.
+    let m = s.mount(&[]);
+    assert!(fs::read(s.path("out")).unwrap() == pages.concat(), "after a remount");
+    m.unmount();
+    s.fsck();
+}
+
 /// `-o dev,suid` clear the kernel's nodev/nosuid (the defaults), so device nodes on the
 /// volume can be opened when asked for; `-o noexec` is passed on too.
 #[test]

@@ -61,6 +61,9 @@ pub(super) struct Server {
     /// Requests served, per opcode.
     pub(super) stats: RequestStats,
     invalidate: parking_lot::Mutex<Option<Invalidations>>,
+    /// The connection's device, for notifications sent before a reply (see
+    /// `drop_attrs_now`).
+    notify: std::sync::OnceLock<Arc<std::fs::File>>,
     /// Which transport serves this mount (shown by `dxfs stats`).
     pub(super) transport: std::sync::OnceLock<String>,
     /// With the writeback cache: the most file data the kernel may hold dirty for this
@@ -160,6 +163,7 @@ impl Server {
             zero_message_open: Default::default(),
             stats: RequestStats::default(),
             invalidate: parking_lot::Mutex::new(None),
+            notify: std::sync::OnceLock::new(),
             transport: std::sync::OnceLock::new(),
             bound: std::sync::OnceLock::new(),
             near_full: AtomicBool::new(false),
@@ -223,15 +227,12 @@ impl Server {
         Valid::from(self.opts.attr_timeout)
     }
 
-    /// Open flags and handle of a file open: with the writeback cache the kernel's pages
-    /// are kept unless a read should update atime (it must then reach the volume), and a
-    /// writer near full bypasses the cache; the writer is noted.
-    fn file_open(&self, ino: u64, flags: u32, a: &Attr) -> (u64, u32) {
+    /// Open flags and handle of a file open: the kernel's pages are kept (every change
+    /// goes through this mount), and a writer near full bypasses the cache; the writer
+    /// is noted.
+    fn file_open(&self, ino: u64, flags: u32) -> (u64, u32) {
         let write = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
-        let mut open_flags = fopen::NOFLUSH;
-        if !self.opts.writeback_cache || !self.vol.read_touches_atime(a) {
-            open_flags |= fopen::KEEP_CACHE;
-        }
+        let mut open_flags = fopen::NOFLUSH | fopen::KEEP_CACHE;
         if !write {
             return (COUNTED, open_flags);
         }
@@ -258,8 +259,21 @@ impl Server {
     }
 
     /// Where direct writes send the ranges to drop from the kernel's page cache.
-    pub(super) fn set_invalidations(&self, tx: Invalidations) {
+    pub(super) fn set_invalidations(&self, tx: Invalidations, dev: Arc<std::fs::File>) {
         *self.invalidate.lock() = Some(tx);
+        let _ = self.notify.set(dev);
+    }
+
+    /// Have the kernel drop node `nodeid`'s cached attributes before this request is
+    /// answered. Attributes only: the kernel takes no page lock for that, so the serving
+    /// thread may send it itself (page invalidations go through the invalidator thread).
+    fn drop_attrs_now(&self, nodeid: u64) {
+        use std::io::Write;
+        if let Some(dev) = self.notify.get() {
+            if let Err(e) = (&**dev).write_all(&wire::notify_inval_inode(nodeid, -1, 0)) {
+                tracing::debug!("attribute invalidation of node {nodeid}: {e}");
+            }
+        }
     }
 
     /// The kernel accepted zero-message opens: OPEN and OPENDIR are answered ENOSYS (the
@@ -376,7 +390,7 @@ impl Server {
         match r {
             Ok(a) => {
                 self.lookups.add(a.ino);
-                let (fh, open_flags) = self.file_open(a.ino, flags, &a);
+                let (fh, open_flags) = self.file_open(a.ino, flags);
                 let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
                 self.entry_out(&a).encode(&mut out);
                 OpenOut { fh, open_flags }.encode(&mut out);
@@ -611,7 +625,15 @@ impl Server {
             Request::Open { .. } if self.zero_message_open(false) => Reply::Error(libc::ENOSYS),
             Request::Open { flags } => match self.call(op, |v| v.open_file(ino)) {
                 Ok(a) => {
-                    let (fh, open_flags) = self.file_open(ino, flags, &a);
+                    // Reads served from the page cache never reach the volume, so an
+                    // open for reading is the access atime records (relatime: once
+                    // after each change). Dropping the cache instead made the kernel
+                    // write back every dirty page of the file, one WRITE per page.
+                    let reads = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
+                    if reads && self.vol.read_touches_atime(&a) && self.vol.note_access(ino) {
+                        self.drop_attrs_now(h.nodeid);
+                    }
+                    let (fh, open_flags) = self.file_open(ino, flags);
                     Self::open_reply(fh, open_flags)
                 }
                 Err(e) => Reply::Error(e),

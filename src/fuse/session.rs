@@ -118,7 +118,7 @@ fn wanted_flags(opts: &FuseOptions) -> u64 {
         // their last link instead.
         | init::NO_OPENDIR_SUPPORT;
     // The writeback cache needs OPEN: its reply is where a writer is told to bypass the
-    // cache near full, and where cached pages are dropped when a read must update atime.
+    // cache near full, and an open for reading is where atime moves.
     if !opts.writeback_cache {
         want |= init::NO_OPEN_SUPPORT;
     }
@@ -335,6 +335,7 @@ fn set_readahead(conn: Option<u64>, kb: u32) {
 /// channel's sender, goes away.
 fn start_invalidator(dev: &Arc<File>, server: &Server) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<(u64, i64, i64)>();
+    let dev_for_notes = dev.clone();
     let dev = dev.clone();
     std::thread::Builder::new().name("dxfs-inval".into()).spawn(move || {
         for (ino, offset, len) in rx {
@@ -344,7 +345,7 @@ fn start_invalidator(dev: &Arc<File>, server: &Server) -> io::Result<()> {
             }
         }
     })?;
-    server.set_invalidations(tx);
+    server.set_invalidations(tx, dev_for_notes);
     Ok(())
 }
 

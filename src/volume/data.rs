@@ -435,11 +435,19 @@ impl Volume {
         self.s.ahead.settle()
     }
 
+    /// An access to file `ino` that the caller cannot see the reads of: an open for
+    /// reading through a page cache that serves them (FUSE's). Updates atime now if the
+    /// policy asks, as the first read would; returns whether it moved.
+    pub fn note_access(&self, ino: u64) -> bool {
+        self.touch_atime(ino, true)
+    }
+
     /// Record an access to `ino` if the atime policy asked for it (`wanted`): a read
-    /// succeeds even when this cannot be done (a failed volume, say).
-    pub(super) fn touch_atime(&self, ino: u64, wanted: bool) {
+    /// succeeds even when this cannot be done (a failed volume, say). Returns whether
+    /// atime moved.
+    pub(super) fn touch_atime(&self, ino: u64, wanted: bool) -> bool {
         if !wanted {
-            return;
+            return false;
         }
         // The access belongs where the caller read: the atime update (not part of any
         // result) does not move the caller's linearization stamp.
@@ -448,17 +456,19 @@ impl Volume {
         let r = self.charged_with(&[(ino, Mode::Write)], |g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(
             |(g, mut i)| {
                 let t = now();
-                if self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
-                    i.atime = t;
-                    g.st.put_inode(&i)?;
+                if !self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
+                    return Ok(false);
                 }
-                Ok(())
+                i.atime = t;
+                g.st.put_inode(&i)?;
+                Ok(true)
             },
         );
-        if let Err(e) = r {
-            tracing::debug!("atime of inode {ino} not updated: {e}");
-        }
         contention::set_stamp(stamp);
+        r.unwrap_or_else(|e| {
+            tracing::debug!("atime of inode {ino} not updated: {e}");
+            false
+        })
     }
 
     /// Write `data` at `offset`; returns the bytes written. The file keeps its setuid

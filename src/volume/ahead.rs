@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::disk::codec::BLOCK_SIZE;
-use crate::disk::device::{AlignedBuf, BlockDevice};
+use crate::disk::device::{AlignedBuf, BlockDevice, BufferPool};
 use crate::error::Result;
 
 /// The smallest read that counts towards a sequential stream: shorter ones gain less than
@@ -31,12 +31,11 @@ const AHEAD_MAX: usize = 4 << 20;
 /// Files followed at once (the oldest is forgotten first).
 const STREAMS: usize = 8;
 
-/// Buffers of used pieces kept for the next ones: a fresh one costs zeroing and page
-/// faults, as much CPU as the copy out of it (`perf`, 1 MiB sequential reads).
+/// Buffers of used pieces kept for the next ones (see `BufferPool`).
 const KEPT_BUFFERS: usize = 4;
 
 /// Buffers of used pieces, for the next pieces to read into.
-type Pool = Arc<Mutex<Vec<AlignedBuf>>>;
+type Pool = Arc<BufferPool>;
 
 /// Device runs of one piece of a file, read ahead.
 pub(super) struct Piece {
@@ -55,10 +54,7 @@ pub(super) struct Piece {
 impl Drop for Piece {
     fn drop(&mut self) {
         if let Some(Some(buf)) = self.data.get_mut().take() {
-            let mut pool = self.pool.lock();
-            if pool.len() < KEPT_BUFFERS {
-                pool.push(buf);
-            }
+            self.pool.give(buf);
         }
     }
 }
@@ -123,7 +119,7 @@ impl ReadAhead {
             streams: Mutex::new(Vec::new()),
             worker: Mutex::new(None),
             hits: AtomicU64::new(0),
-            pool: Pool::default(),
+            pool: Arc::new(BufferPool::new(KEPT_BUFFERS)),
         }
     }
 
@@ -248,14 +244,10 @@ impl Drop for ReadAhead {
     }
 }
 
-/// The blocks of `runs`, one run after another, in a kept buffer if one is long enough.
+/// The blocks of `runs`, one run after another, in a kept buffer if one can hold them.
 fn read_runs(dev: &dyn BlockDevice, runs: &[(u64, u64, u64)], pool: &Pool) -> Result<AlignedBuf> {
     let total = runs.iter().map(|r| r.2).sum::<u64>() as usize * BLOCK_SIZE;
-    let kept = {
-        let mut pool = pool.lock();
-        pool.iter().position(|b| b.len() >= total).map(|i| pool.swap_remove(i))
-    };
-    let mut buf = kept.unwrap_or_else(|| AlignedBuf::new(total));
+    let mut buf = pool.take(total);
     let mut at = 0usize;
     for &(_, phys, n) in runs {
         let len = n as usize * BLOCK_SIZE;

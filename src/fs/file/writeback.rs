@@ -3,7 +3,7 @@
 //! handed to the caller to write without the volume lock (`write_runs`).
 
 use crate::disk::codec::*;
-use crate::disk::device::AlignedBuf;
+use crate::disk::device::BufferPool;
 use crate::disk::format::*;
 use crate::engine::store::Tx;
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ pub fn write_runs(
         end = Some(r.phys + r.pages.len() as u64);
         largest = largest.max(group.min(piece));
     }
-    let mut buf = AlignedBuf::new(largest * BLOCK_SIZE);
+    let mut buf = DATA_BUFFERS.take(largest * BLOCK_SIZE);
     let mut runs = runs.into_iter().peekable();
     // The request being filled: its first block and its pages so far.
     let (mut start, mut n) = (0u64, 0usize);
@@ -73,8 +73,14 @@ pub fn write_runs(
             (n, pages_in) = (0, 0);
         }
     }
+    DATA_BUFFERS.give(buf);
     Ok(())
 }
+
+/// Request buffers of `write_runs`, kept between commits and flushes: a commit after
+/// 1,000 scattered writes zeroed a fresh 4 MiB one, about a tenth of its fsync's time.
+/// Only whole pages copied in are ever written out of one.
+static DATA_BUFFERS: BufferPool = BufferPool::new(2);
 
 /// Write back dirty pages: allocate fresh blocks for each run of consecutive pages and
 /// remap; the data itself goes to `out`, for the caller to write before the delta commits.

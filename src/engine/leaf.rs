@@ -44,6 +44,13 @@ impl<T: Default> Sharded<T> {
         self.shards[shard_index(key >> self.run, SHARDS)].lock()
     }
 
+    /// Every shard in turn, each locked while `f` runs (not one moment of the table).
+    pub fn each_locked(&self, mut f: impl FnMut(&mut T)) {
+        for s in self.shards.iter() {
+            f(&mut s.0.lock());
+        }
+    }
+
     /// Every shard, for a holder of the whole table.
     pub fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
         for s in self.shards.iter_mut() {

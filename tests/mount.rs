@@ -1982,6 +1982,48 @@ fn reading_a_freshly_written_file_keeps_its_pages() {
     s.fsck();
 }
 
+/// A READDIRPLUS leaves out the attributes of entries the kernel was just handed and
+/// that nothing has touched since (`git status` stats every path before it lists a
+/// directory), and sends them again for entries changed in between; `stat` shows the
+/// right attributes either way.
+#[test]
+fn readdirplus_leaves_out_what_the_kernel_holds_fresh() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    let bare = || {
+        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["entries_without_attrs"].as_u64().expect("entries_without_attrs")
+    };
+    fs::create_dir(s.path("d")).unwrap();
+    for i in 0..40 {
+        fs::write(s.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    m.unmount();
+    // As git does: stat every path (LOOKUPs, with attributes), then list.
+    let m = s.mount(&[]);
+    for i in 0..40 {
+        assert_eq!(fs::symlink_metadata(s.path(&format!("d/f{i}"))).unwrap().len(), 1);
+    }
+    let before = bare();
+    assert_eq!(fs::read_dir(s.path("d")).unwrap().count(), 40);
+    assert_eq!(bare() - before, 40, "a listing right after the lookups");
+    // Two files change: their attributes come again, the others' not. (A removal
+    // changes the directory, so the kernel lists it again instead of from its cache.)
+    fs::set_permissions(s.path("d/f1"), fs::Permissions::from_mode(0o600)).unwrap();
+    OpenOptions::new().append(true).open(s.path("d/f2")).unwrap().write_all(b"more").unwrap();
+    fs::remove_file(s.path("d/f39")).unwrap();
+    let before = bare();
+    assert_eq!(fs::read_dir(s.path("d")).unwrap().count(), 39);
+    assert_eq!(bare() - before, 37, "a listing after two files changed");
+    assert_eq!(fs::metadata(s.path("d/f1")).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(fs::metadata(s.path("d/f2")).unwrap().len(), 5);
+    assert_eq!(fs::metadata(s.path("d/f3")).unwrap().len(), 1);
+    m.unmount();
+    s.fsck();
+}
+
 /// `-o dev,suid` clear the kernel's nodev/nosuid (the defaults), so device nodes on the
 /// volume can be opened when asked for; `-o noexec` is passed on too.
 #[test]

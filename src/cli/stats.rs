@@ -44,11 +44,12 @@ pub fn run(a: StatsArgs) -> i32 {
         }
     }
     out += &format!(
-        "{} requests in {:.1} s, {} through io_uring ({} WRITEs waited for room on kept threads); transport: {}\n",
+        "{} requests in {:.1} s, {} through io_uring ({} WRITEs waited for room on kept threads); {} READDIRPLUS entries without attributes; transport: {}\n",
         v["requests"],
         v["seconds"].as_f64().unwrap_or(0.0),
         v["via_ring"],
         v["writes_waited"].as_u64().unwrap_or(0),
+        v["entries_without_attrs"].as_u64().unwrap_or(0),
         v["transport"].as_str().unwrap_or("?")
     );
     emit(&out)

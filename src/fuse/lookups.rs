@@ -1,5 +1,7 @@
 //! The kernel's lookup references, counted to show that FORGETs balance them.
 
+use std::time::{Duration, Instant};
+
 use rustc_hash::FxHashMap;
 
 use crate::engine::leaf::Sharded;
@@ -12,23 +14,58 @@ use crate::engine::leaf::Sharded;
 /// Sharded as the volume's open handles are (inodes of one directory region together),
 /// so that lookups on different CPUs do not take turns on one lock: a single one cost
 /// 4% of the daemon's time in a cold `git status` (14,000 LOOKUPs).
-pub(super) struct LookupCounts(Sharded<FxHashMap<u64, u64>>);
+///
+/// Each held inode also remembers until when the attributes the kernel was last handed
+/// with an entry stay valid there, unless a request about the inode since may have made
+/// the kernel drop them (see `Server::touched`): a READDIRPLUS leaves those out.
+pub(super) struct LookupCounts {
+    held: Sharded<FxHashMap<u64, Held>>,
+    /// How long attributes handed out with an entry count as fresh.
+    fresh_for: Duration,
+}
+
+struct Held {
+    refs: u64,
+    fresh_until: Option<Instant>,
+}
 
 impl Default for LookupCounts {
     fn default() -> Self {
-        LookupCounts(Sharded::new(10))
+        LookupCounts::new(Duration::ZERO)
     }
 }
 
 impl LookupCounts {
+    /// Attributes handed out with an entry count as fresh for `fresh_for` (zero: never).
+    pub(super) fn new(fresh_for: Duration) -> LookupCounts {
+        LookupCounts { held: Sharded::new(10), fresh_for }
+    }
+
+    /// One more reference, handed out with the inode's attributes.
     pub(super) fn add(&self, ino: u64) {
-        *self.0.shard(ino).entry(ino).or_insert(0) += 1;
+        let fresh_until = (!self.fresh_for.is_zero()).then(|| Instant::now() + self.fresh_for);
+        let mut m = self.held.shard(ino);
+        let h = m.entry(ino).or_insert(Held { refs: 0, fresh_until: None });
+        h.refs += 1;
+        h.fresh_until = fresh_until;
+    }
+
+    /// A request about `ino` may make the kernel drop its attributes.
+    pub(super) fn touched(&self, ino: u64) {
+        if let Some(h) = self.held.shard(ino).get_mut(&ino) {
+            h.fresh_until = None;
+        }
+    }
+
+    /// Whether the kernel holds `ino` with the attributes it was last handed, still valid.
+    pub(super) fn fresh(&self, ino: u64) -> bool {
+        self.held.shard(ino).get(&ino).and_then(|h| h.fresh_until).is_some_and(|t| Instant::now() < t)
     }
 
     /// Drop `n` references; true when none is left.
     pub(super) fn forget(&self, ino: u64, n: u64) -> bool {
-        let mut m = self.0.shard(ino);
-        match m.get_mut(&ino) {
+        let mut m = self.held.shard(ino);
+        match m.get_mut(&ino).map(|h| &mut h.refs) {
             Some(c) if *c > n => {
                 *c -= n;
                 false
@@ -47,23 +84,23 @@ impl LookupCounts {
 
     /// Whether the kernel holds a reference to `ino`.
     pub(super) fn holds(&self, ino: u64) -> bool {
-        self.0.shard(ino).contains_key(&ino)
+        self.held.shard(ino).contains_key(&ino)
     }
 
     /// Every inode still referenced, forgetting them all (the session is over: the
     /// kernel dropped its references without FORGETs).
     pub(super) fn drain(&self) -> Vec<u64> {
         let mut out = Vec::new();
-        self.0.each_locked(|m| out.extend(m.drain().map(|(ino, _)| ino)));
+        self.held.each_locked(|m| out.extend(m.drain().map(|(ino, _)| ino)));
         out
     }
 
     /// (inodes, references) still held.
     pub(super) fn outstanding(&self) -> (usize, u64) {
         let (mut inodes, mut refs) = (0, 0);
-        self.0.each_locked(|m| {
+        self.held.each_locked(|m| {
             inodes += m.len();
-            refs += m.values().sum::<u64>();
+            refs += m.values().map(|h| h.refs).sum::<u64>();
         });
         (inodes, refs)
     }
@@ -92,5 +129,25 @@ mod tests {
         left.sort_unstable();
         assert_eq!(left, vec![3 << 30, 7 << 40]);
         assert_eq!(l.outstanding(), (0, 0));
+    }
+
+    /// An inode handed out is fresh until its time runs out or a request touches it; a
+    /// table made with no time never calls anything fresh.
+    #[test]
+    fn attributes_handed_out_are_fresh_until_touched_or_old() {
+        let l = LookupCounts::new(Duration::from_millis(200));
+        assert!(!l.fresh(9), "never handed out");
+        l.add(9);
+        assert!(l.fresh(9));
+        l.touched(9);
+        assert!(!l.fresh(9), "touched");
+        l.add(9);
+        assert!(l.fresh(9), "handed out again");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(!l.fresh(9), "too old");
+        assert!(!l.forget(9, 1) && l.forget(9, 1), "two references");
+        let never = LookupCounts::default();
+        never.add(9);
+        assert!(!never.fresh(9));
     }
 }

@@ -152,7 +152,9 @@ fn done(r: Res<()>) -> Reply {
 impl Server {
     pub(super) fn new(vol: Arc<Volume>, opts: FuseOptions) -> Server {
         let root = vol.root();
-        let lookups = Arc::new(LookupCounts::default());
+        // Attributes handed out with an entry are left out of a READDIRPLUS for half
+        // their validity, and only while nothing touched the inode.
+        let lookups = Arc::new(LookupCounts::new(opts.attr_timeout / 2));
         let held = lookups.clone();
         vol.set_holder(Arc::new(move |ino| held.holds(ino)));
         Server {
@@ -209,6 +211,7 @@ impl Server {
             if let Some(tx) = &*self.invalidate.lock() {
                 for ino in writers {
                     // Offset -1: the attributes only, not the cached pages.
+                    self.lookups.touched(ino);
                     let _ = tx.send((self.fuse_ino(ino), -1, 0));
                 }
             }
@@ -269,6 +272,7 @@ impl Server {
     /// thread may send it itself (page invalidations go through the invalidator thread).
     fn drop_attrs_now(&self, nodeid: u64) {
         use std::io::Write;
+        self.lookups.touched(self.vol_ino(nodeid));
         if let Some(dev) = self.notify.get() {
             if let Err(e) = (&**dev).write_all(&wire::notify_inval_inode(nodeid, -1, 0)) {
                 tracing::debug!("attribute invalidation of node {nodeid}: {e}");
@@ -483,7 +487,11 @@ impl Server {
         let batch_len = if plus { READDIRPLUS_BATCH } else { READDIR_BATCH };
         loop {
             let batch: Vec<(crate::DirEntry, Option<Attr>)> = if plus {
-                match self.call(op, |v| v.readdir_plus(ino, pos, batch_len)) {
+                // Entries the kernel holds with valid attributes (looked up moments ago,
+                // as `git status` does before it lists) need none: their inodes are not
+                // read, and the kernel keeps what it has.
+                let fresh = |i: u64| !self.near_full.load(Ordering::Relaxed) && self.lookups.fresh(i);
+                match self.call(op, |v| v.readdir_plus_where(ino, pos, batch_len, &|i| !fresh(i))) {
                     Ok(b) => b,
                     Err(e) => return Reply::Error(e),
                 }
@@ -506,10 +514,16 @@ impl Server {
                             self.lookups.add(e.ino);
                             self.entry_out(a).encode(&mut out);
                         }
-                        // Node 0: no attributes for this entry (the kernel skips it; for
-                        // an inode that cannot be read, any access then asks again and
-                        // fails with EIO). The name still lists, with its inode number.
-                        _ => EntryOut::default().encode(&mut out),
+                        // Node 0: no attributes for this entry (the kernel keeps what it
+                        // holds; for an inode that cannot be read, any access then asks
+                        // again and fails with EIO). The name still lists, with its inode
+                        // number.
+                        _ => {
+                            if !dots {
+                                self.stats.entries_without_attrs.fetch_add(1, Ordering::Relaxed);
+                            }
+                            EntryOut::default().encode(&mut out)
+                        }
                     }
                 }
                 wire::encode_dirent(&mut out, fino, e.next, dtype(e.ft), &e.name);
@@ -757,12 +771,14 @@ impl Server {
 impl Handler for Server {
     fn handle(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Reply {
         let _t = self.stats.timer(h.opcode, via_ring);
+        self.touched(h, req);
         self.serve(h, req)
     }
 
     fn read_into(&self, h: &InHeader, req: &Request<'_>, out: &mut [u8]) -> Option<Res<usize>> {
         let Request::Read { offset, flags, .. } = *req else { return None };
         let _t = self.stats.timer(h.opcode, true);
+        self.touched(h, req);
         let ino = self.vol_ino(h.nodeid);
         Some(self.call(h.opcode, |v| v.read_into(ino, offset, out, kernel_reads_ahead(flags))))
     }
@@ -781,6 +797,7 @@ impl Handler for Server {
             return Some(self.handle(h, req, true));
         };
         let start = std::time::Instant::now();
+        self.touched(h, req);
         let Some(reply) = self.write(h, offset, write_flags, flags, data, false) else {
             self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -791,6 +808,46 @@ impl Handler for Server {
 }
 
 impl Server {
+    /// A request that may make the kernel drop the attributes it holds of the inodes it
+    /// names (a change; a READ or a listing, after which the kernel drops atime): their
+    /// next READDIRPLUS entries carry attributes again (see `readdir`). The inode of a
+    /// name that an unlink or rename replaces is not known here; the kernel asks for it
+    /// with a GETATTR if it needs it, as for any entry left without attributes.
+    fn touched(&self, h: &InHeader, req: &Request<'_>) {
+        let keeps = matches!(
+            req,
+            Request::Lookup { .. }
+                | Request::Forget { .. }
+                | Request::BatchForget { .. }
+                | Request::Getattr { .. }
+                | Request::Getxattr { .. }
+                | Request::Listxattr { .. }
+                | Request::Readlink { .. }
+                | Request::Open { .. }
+                | Request::Opendir { .. }
+                | Request::Release { .. }
+                | Request::Releasedir { .. }
+                | Request::Flush { .. }
+                | Request::Fsync { .. }
+                | Request::Access { .. }
+                | Request::Lseek { .. }
+                | Request::Statfs { .. }
+                | Request::Interrupt { .. }
+                // Not served (ENOSYS), so nothing changed: STATX, the kernel's first stat.
+                | Request::Other { .. }
+        );
+        if keeps {
+            return;
+        }
+        self.lookups.touched(self.vol_ino(h.nodeid));
+        match *req {
+            Request::Rename { newdir, .. } => self.lookups.touched(self.vol_ino(newdir)),
+            Request::Link { oldnodeid, .. } => self.lookups.touched(self.vol_ino(oldnodeid)),
+            Request::CopyFileRange { nodeid_out, .. } => self.lookups.touched(self.vol_ino(nodeid_out)),
+            _ => {}
+        }
+    }
+
     /// Which transport serves the mount. It is set once the serving threads have started,
     /// which can be just after they served the first requests: a stats request that early
     /// waits for it (a second at most) rather than say nothing.

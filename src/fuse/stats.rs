@@ -81,6 +81,8 @@ pub(super) struct RequestStats {
     /// WRITEs an io_uring queue handed to its kept threads because they had to wait for
     /// room in the delta.
     pub(super) writes_waited: AtomicU64,
+    /// READDIRPLUS entries sent without attributes: the kernel held them fresh.
+    pub(super) entries_without_attrs: AtomicU64,
     since: Instant,
 }
 
@@ -90,6 +92,7 @@ impl Default for RequestStats {
             counters: std::array::from_fn(|_| Counter::default()),
             via_ring: AtomicU64::new(0),
             writes_waited: AtomicU64::new(0),
+            entries_without_attrs: AtomicU64::new(0),
             since: Instant::now(),
         }
     }
@@ -145,7 +148,7 @@ impl RequestStats {
     }
 
     /// The counters as one JSON object: `{"transport": T, "seconds": S, "requests": N, "via_ring": R,
-    /// "writes_waited": W, "ops": {"LOOKUP":
+    /// "writes_waited": W, "entries_without_attrs": E, "ops": {"LOOKUP":
     /// {"count": n, "total_us": t, "mean_us": m, "max_us": x}, ...}}`.
     pub(super) fn json(&self, transport: &str) -> String {
         let snap = self.snapshot();
@@ -162,11 +165,12 @@ impl RequestStats {
             })
             .collect();
         format!(
-            "{{\"transport\":\"{}\",\"seconds\":{:.3},\"requests\":{total},\"via_ring\":{},\"writes_waited\":{},\"ops\":{{{}}}}}",
+            "{{\"transport\":\"{}\",\"seconds\":{:.3},\"requests\":{total},\"via_ring\":{},\"writes_waited\":{},\"entries_without_attrs\":{},\"ops\":{{{}}}}}",
             transport.replace(['"', '\\'], ""),
             self.since.elapsed().as_secs_f64(),
             self.via_ring.load(Ordering::Relaxed),
             self.writes_waited.load(Ordering::Relaxed),
+            self.entries_without_attrs.load(Ordering::Relaxed),
             ops.join(",")
         )
     }

@@ -68,6 +68,19 @@ impl Volume {
     /// attributes (`None`) rather than failing the batch: one bad block costs only its
     /// own entries, which then fail on access, and the rest of the directory lists.
     pub fn readdir_plus(&self, ino: u64, pos: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
+        self.readdir_plus_where(ino, pos, max, &|_| true)
+    }
+
+    /// [`Volume::readdir_plus`] with the attributes of only the entries whose inode
+    /// `wanted` names: the others come without them (`None`), and their inodes are
+    /// neither locked nor read (the FUSE layer leaves out inodes the kernel holds fresh).
+    pub fn readdir_plus_where(
+        &self,
+        ino: u64,
+        pos: u64,
+        max: usize,
+        wanted: &dyn Fn(u64) -> bool,
+    ) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         // The directory is read locked, and so are the inodes of the batch, so that each
         // entry's attributes are as of one moment with the listing.
         let mut want = vec![(ino, Mode::Read)];
@@ -80,9 +93,11 @@ impl Volume {
                 let ents = list(&mut tx, &d, pos, max)?;
                 (d, ents)
             };
-            for e in &ents {
+            // Asked once per entry: the answer may change between calls.
+            let with: Vec<bool> = ents.iter().map(|e| wanted(e.ino)).collect();
+            for e in ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| e) {
                 if !g.add(e.ino, Mode::Read) {
-                    want.extend(ents.iter().map(|e| (e.ino, Mode::Read)));
+                    want.extend(ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| (e.ino, Mode::Read)));
                     continue 'again;
                 }
             }
@@ -94,13 +109,14 @@ impl Volume {
                 } else {
                     g.readahead.lock().remove(&ino);
                 }
-                let blocks: Vec<u64> = ents.iter().map(|e| ino_loc(e.ino).0).collect();
+                let blocks: Vec<u64> =
+                    ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| ino_loc(e.ino).0).collect();
                 // Only a speed-up: a block the sweep cannot read is tried again one by one.
                 if let Err(e) = g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS) {
                     tracing::debug!("readdirplus sweep of directory {ino}: {e}");
                 }
             }
-            let out = with_attrs(&mut g.st.tx(), &g.delta, ino, ents)?;
+            let out = with_attrs(&mut g.st.tx(), &g.delta, ino, ents, &with)?;
             break Ok((d, out));
         })?;
         let touch = pos == 0 && self.s.atime.wants_update(d.atime, d.mtime, d.ctime, now());
@@ -128,11 +144,21 @@ fn list(r: &mut (impl MetaRead + ?Sized), d: &Inode, pos: u64, max: usize) -> Re
     Ok(out)
 }
 
-/// Directory `ino`'s entries `ents` with their attributes. An entry whose inode cannot
-/// be read (a damaged block) comes without them.
-fn with_attrs(r: &mut (impl MetaRead + ?Sized), delta: &Delta, ino: u64, ents: Vec<DirEntry>) -> Result<Listing> {
+/// Directory `ino`'s entries `ents` with their attributes where `with` says so. An entry
+/// whose inode cannot be read (a damaged block) comes without them.
+fn with_attrs(
+    r: &mut (impl MetaRead + ?Sized),
+    delta: &Delta,
+    ino: u64,
+    ents: Vec<DirEntry>,
+    with: &[bool],
+) -> Result<Listing> {
     let mut out = Vec::with_capacity(ents.len());
-    for e in ents {
+    for (e, &w) in ents.into_iter().zip(with) {
+        if !w {
+            out.push((e, None));
+            continue;
+        }
         let a = match read_inode(r, e.ino).and_then(|i| attr_of(delta, &i)) {
             Ok(a) => Some(a),
             Err(err @ (Error::Corrupt(_) | Error::Io(_))) => {

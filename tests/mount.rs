@@ -1387,10 +1387,7 @@ fn dxfs_sync_and_df_after_rm() {
 fn transport_is_the_one_asked_for() {
     require_fuse!();
     let s = Scratch::new(32);
-    let stats = |mnt: &Path| -> serde_json::Value {
-        let out = dxfs().arg("stats").arg("--json").arg(mnt).output().unwrap();
-        serde_json::from_slice(&out.stdout).expect("JSON")
-    };
+    let stats = mount_stats;
     let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
     for (opt, env) in
         [("transport=classic", None), ("transport=uring", None), ("", std::env::var("DXFS_TRANSPORT").ok())]
@@ -1445,8 +1442,7 @@ fn uring_failing_half_way_falls_back_to_dev_fuse() {
         let m = s.mount_with_env(&["-v", "-o", "transport=uring"], &[("DXFS_TEST_BREAK_URING_QUEUE", broken)]);
         fs::write(s.path("f"), b"served").unwrap();
         assert_eq!(fs::read(s.path("f")).unwrap(), b"served");
-        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = mount_stats(&s.mnt);
         assert!(v["transport"].as_str().unwrap().starts_with("/dev/fuse"), "queue {broken}: {v}");
         assert_eq!(v["via_ring"].as_u64(), Some(0));
         let log = m.log.clone().unwrap();
@@ -1480,8 +1476,7 @@ fn request_counters_of_a_live_mount() {
     // A missing name is asked once, then cached as a negative entry; creating it through
     // the mount replaces the negative entry.
     let lookups = || {
-        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = mount_stats(&s.mnt);
         v["ops"]["LOOKUP"]["count"].as_u64().unwrap_or(0)
     };
     let before = lookups();
@@ -1527,8 +1522,7 @@ fn fallocate_modes_and_copy_file_range() {
     assert_eq!(n, 100_000);
     drop((src, dst));
     assert!(fs::read(s.path("b")).unwrap() == model[5000..105_000], "copied range");
-    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = mount_stats(&s.mnt);
     assert!(v["ops"]["COPY_FILE_RANGE"]["count"].as_u64().unwrap_or(0) >= 1, "{v}");
     m.unmount();
     s.fsck();
@@ -1590,10 +1584,16 @@ fn privileges_dropped_by_the_daemon() {
     s.fsck();
 }
 
+/// A live mount's request counters (`dxfs stats --json`).
+fn mount_stats(mnt: &Path) -> serde_json::Value {
+    let out = dxfs().arg("stats").arg("--json").arg(mnt).output().unwrap();
+    assert!(out.status.success(), "dxfs stats: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 /// (LOOKUP, GETXATTR) requests served so far by the mount of `s`.
 fn lookups_and_getxattrs(s: &Scratch) -> (u64, u64) {
-    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = mount_stats(&s.mnt);
     let n = |op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
     (n("LOOKUP"), n("GETXATTR"))
 }
@@ -1949,11 +1949,7 @@ fn reading_a_freshly_written_file_keeps_its_pages() {
     require_fuse!();
     let s = Scratch::new(64);
     let m = s.mount(&[]);
-    let writes = || {
-        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        v["ops"]["WRITE"]["count"].as_u64().unwrap_or(0)
-    };
+    let writes = || mount_stats(&s.mnt)["ops"]["WRITE"]["count"].as_u64().unwrap_or(0);
     let pages: Vec<Vec<u8>> = (0..1024u32).map(|i| i.to_le_bytes().repeat(1024)).collect();
     // Counted around the whole: asking for the counters in between has the kernel write
     // the dirty pages back.
@@ -1991,11 +1987,7 @@ fn readdirplus_leaves_out_what_the_kernel_holds_fresh() {
     require_fuse!();
     let s = Scratch::new(32);
     let m = s.mount(&[]);
-    let bare = || {
-        let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        v["entries_without_attrs"].as_u64().expect("entries_without_attrs")
-    };
+    let bare = || mount_stats(&s.mnt)["entries_without_attrs"].as_u64().expect("entries_without_attrs");
     fs::create_dir(s.path("d")).unwrap();
     for i in 0..40 {
         fs::write(s.path(&format!("d/f{i}")), b"x").unwrap();
@@ -2387,8 +2379,7 @@ fn unlinked_open_file_outlives_commits() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(free() >= start - 16, "space not back after close: {} of {start}", free());
-    let v: serde_json::Value =
-        serde_json::from_slice(&dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap().stdout).unwrap();
+    let v = mount_stats(&s.mnt);
     assert!(v["ops"]["OPEN"]["count"].as_u64().unwrap_or(0) <= 1, "opens cost no request: {v}");
 
     fs::write(s.path("g"), pattern(8, 1 << 20)).unwrap();
@@ -2420,8 +2411,7 @@ fn writes_past_the_dirty_limit_wait_off_the_queue() {
     }
     w.sync_all().unwrap();
     drop(w);
-    let out = dxfs().arg("stats").arg("--json").arg(&s.mnt).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = mount_stats(&s.mnt);
     if v["transport"].as_str().unwrap_or("").starts_with("io_uring") {
         assert!(v["writes_waited"].as_u64().unwrap() > 0, "no WRITE waited for room: {v}");
     }

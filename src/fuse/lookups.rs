@@ -1,4 +1,5 @@
-//! The kernel's lookup references, counted to show that FORGETs balance them.
+//! The kernel's lookup references, counted to show that FORGETs balance them, and
+//! whether the attributes it holds of each are fresh (READDIRPLUS leaves those out).
 
 use std::time::{Duration, Instant};
 
@@ -27,12 +28,6 @@ pub(super) struct LookupCounts {
 struct Held {
     refs: u64,
     fresh_until: Option<Instant>,
-}
-
-impl Default for LookupCounts {
-    fn default() -> Self {
-        LookupCounts::new(Duration::ZERO)
-    }
 }
 
 impl LookupCounts {
@@ -114,7 +109,7 @@ mod tests {
     /// counted and drained whole.
     #[test]
     fn references_balance_across_shards() {
-        let l = LookupCounts::default();
+        let l = LookupCounts::new(Duration::ZERO);
         // Inodes far apart land in different shards; two references to the first.
         let inos = [5u64, 5, 1 << 20, 3 << 30, 7 << 40];
         for &i in &inos {
@@ -146,7 +141,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         assert!(!l.fresh(9), "too old");
         assert!(!l.forget(9, 1) && l.forget(9, 1), "two references");
-        let never = LookupCounts::default();
+        let never = LookupCounts::new(Duration::ZERO);
         never.add(9);
         assert!(!never.fresh(9));
     }

@@ -335,17 +335,16 @@ fn set_readahead(conn: Option<u64>, kb: u32) {
 /// channel's sender, goes away.
 fn start_invalidator(dev: &Arc<File>, server: &Server) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<(u64, i64, i64)>();
-    let dev_for_notes = dev.clone();
-    let dev = dev.clone();
+    let thread_dev = dev.clone();
     std::thread::Builder::new().name("dxfs-inval".into()).spawn(move || {
         for (ino, offset, len) in rx {
-            if let Err(e) = (&*dev).write_all(&wire::notify_inval_inode(ino, offset, len)) {
+            if let Err(e) = (&*thread_dev).write_all(&wire::notify_inval_inode(ino, offset, len)) {
                 // ENOENT: the kernel holds no inode for it, so nothing is cached.
                 tracing::debug!("page-cache invalidation of node {ino}: {e}");
             }
         }
     })?;
-    server.set_invalidations(tx, dev_for_notes);
+    server.set_invalidations(tx, dev.clone());
     Ok(())
 }
 

@@ -95,9 +95,10 @@ impl Volume {
             };
             // Asked once per entry: the answer may change between calls.
             let with: Vec<bool> = ents.iter().map(|e| wanted(e.ino)).collect();
-            for e in ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| e) {
-                if !g.add(e.ino, Mode::Read) {
-                    want.extend(ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| (e.ino, Mode::Read)));
+            let inos: Vec<u64> = ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| e.ino).collect();
+            for &i in &inos {
+                if !g.add(i, Mode::Read) {
+                    want.extend(inos.iter().map(|&i| (i, Mode::Read)));
                     continue 'again;
                 }
             }
@@ -109,8 +110,7 @@ impl Volume {
                 } else {
                     g.readahead.lock().remove(&ino);
                 }
-                let blocks: Vec<u64> =
-                    ents.iter().zip(&with).filter(|(_, w)| **w).map(|(e, _)| ino_loc(e.ino).0).collect();
+                let blocks: Vec<u64> = inos.iter().map(|&i| ino_loc(i).0).collect();
                 // Only a speed-up: a block the sweep cannot read is tried again one by one.
                 if let Err(e) = g.st.prefetch_inodes(&blocks, READAHEAD_INODE_BLOCKS) {
                     tracing::debug!("readdirplus sweep of directory {ino}: {e}");

@@ -101,10 +101,13 @@ def main():
             with LoopVolume(fs, a.volume_gib, dxfs, a.transport, wb, preallocate=a.preallocate) as tg:
                 res[(t, label)] = fio(tg.mnt, "j", args, a.size_mib, a.runtime)
                 if a.stats and fs == "dxfs":
-                    ops = tg.stats().get("ops", {})
+                    st = tg.stats()
+                    ops = st.get("ops", {})
+                    print(f"{t}: {label}: " + json.dumps({k: v for k, v in st.items() if k != "ops"}), file=sys.stderr)
                     busiest = sorted(ops.items(), key=lambda kv: -kv[1]["total_us"])[:4]
                     print(f"{t}: {label}: " + ", ".join(
-                        f"{k} {v['count']:,} × {v['mean_us']:.1f} µs = {v['total_us'] / 1e6:.2f} s" for k, v in busiest),
+                        f"{k} {v['count']:,} × {v['mean_us']:.1f} µs = {v['total_us'] / 1e6:.2f} s (longest {v.get('max_us', 0) / 1e3:.1f} ms)"
+                        for k, v in busiest),
                         file=sys.stderr)
             print(f"{t}: {label} done", file=sys.stderr)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")

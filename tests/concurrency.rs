@@ -417,7 +417,7 @@ fn a_write_that_would_wait_for_room_is_not_done() {
         // Scattered pages: each its own run.
         let at = (p * 37) % 64;
         let data = page(at, 1);
-        match vol.try_write(f, at * 4096, &data, false).unwrap() {
+        match vol.try_write(f, at * 4096, &data, dxfs::WriteAs::default()).unwrap() {
             Some(n) => assert_eq!(n, 4096),
             None => {
                 refused += 1;

@@ -1966,16 +1966,52 @@ fn reading_a_freshly_written_file_keeps_its_pages() {
     let sent = writes() - before;
     assert!(sent < 64, "writing 1,024 pages and reading them back sent {sent} WRITEs");
     m.unmount();
-    // The open was the access: the volume's atime is at or past the writes' mtime. (Not
-    // the mtime now: a WRITE the kernel sends later stamps the time it arrives. And
-    // asked of a fresh mount: the kernel's copy can lag, when a SETATTR of the times
-    // answered just before the open's attribute drop lands after it.)
+    // The open was the access: the volume's atime is at or past the writes' mtime. (Asked
+    // of a fresh mount: the kernel's copy can lag, when a SETATTR of the times answered
+    // just before the open's attribute drop lands after it.)
     let m = s.mount(&[]);
     let md = fs::metadata(s.path("out")).unwrap();
     let (a, w) = ((md.atime(), md.atime_nsec()), (written.mtime(), written.mtime_nsec()));
     assert!(a >= w, "relatime: the read left atime {a:?} before the writes' mtime {w:?}");
     // And it all reached the volume.
     assert!(fs::read(s.path("out")).unwrap() == pages.concat(), "after a remount");
+    m.unmount();
+    s.fsck();
+}
+
+/// With the writeback cache the kernel keeps a file's mtime and ctime and sends them
+/// itself (a SETATTR of the times); its write-back of the pages must not stamp the time
+/// it reaches the volume. A write() in the same timestamp tick as the times the kernel
+/// last sent changes no time, so no SETATTR follows that write-back: the volume kept
+/// the WRITE's arrival, later than the mtime everyone had seen, and showed it after a
+/// remount.
+#[test]
+fn write_back_keeps_the_kernels_times() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    let mtime = |md: &fs::Metadata| (md.mtime(), md.mtime_nsec(), md.ctime(), md.ctime_nsec());
+    let mut seen = Vec::new();
+    for k in 0..5 {
+        let p = s.path(&format!("f{k}"));
+        let mut f = File::create(&p).unwrap();
+        f.write_all(b"first").unwrap();
+        // The page and the times reach the volume (WRITE, SETATTR, FSYNC).
+        f.sync_all().unwrap();
+        // Most likely in the same tick: no time changes, and no SETATTR will follow.
+        f.write_all(b" second").unwrap();
+        seen.push(mtime(&fs::metadata(&p).unwrap()));
+        // The close writes the page back, well after the write.
+        std::thread::sleep(Duration::from_millis(30));
+        drop(f);
+    }
+    m.unmount();
+    let m = s.mount(&[]);
+    for (k, want) in seen.iter().enumerate() {
+        let md = fs::metadata(s.path(&format!("f{k}"))).unwrap();
+        assert_eq!(md.len(), 12);
+        assert_eq!(mtime(&md), *want, "f{k}: the volume's times differ from those the kernel showed");
+    }
     m.unmount();
     s.fsck();
 }

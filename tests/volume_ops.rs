@@ -7,7 +7,7 @@ use std::sync::Arc;
 use common::*;
 use dxfs::block::MemDevice;
 use dxfs::{Error, OpenOptions, Volume};
-use dxfs::{RenameFlags, SetAttr, SetTime, XattrMode};
+use dxfs::{RenameFlags, SetAttr, SetTime, WriteAs, XattrMode};
 
 fn reopen(dev: &Arc<MemDevice>, vol: Volume) -> Volume {
     vol.close().unwrap();
@@ -236,6 +236,42 @@ fn setattr_times_modes_owners() {
     assert!(a.mtime.0 > 1_600_000_000);
     let vol = reopen(&dev, vol);
     assert_eq!(vol.getattr(f).unwrap().atime, (1_000_000, 5));
+    close_and_check(dev, vol);
+}
+
+/// A write made as a cache's write-back (`keep_times`) leaves mtime and ctime as they
+/// were, and keeps its data and size; a plain write stamps them; a write-back by a
+/// caller without CAP_FSETID still drops the setuid bit and moves ctime for it.
+#[test]
+fn writes_that_keep_the_times() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o4755, 1, 1).unwrap().ino;
+    let old = SetTime::At((1_000_000, 7));
+    let set_old = || {
+        let s = SetAttr { mtime: Some(old), ctime: Some((1_000_000, 7)), ..Default::default() };
+        vol.setattr(f, &s).unwrap();
+    };
+    set_old();
+    let kept = WriteAs { keep_times: true, ..WriteAs::default() };
+    assert_eq!(vol.write_with(f, 0, b"hello", kept).unwrap(), 5);
+    let a = vol.getattr(f).unwrap();
+    assert_eq!((a.mtime, a.ctime, a.size), ((1_000_000, 7), (1_000_000, 7), 5));
+    assert_eq!(a.mode & 0o7777, 0o4755, "a privileged write keeps the setuid bit");
+    // The privileges a caller without CAP_FSETID drops are a change: ctime moves, mtime not.
+    let unprivileged = WriteAs { unprivileged: true, keep_times: true };
+    assert_eq!(vol.try_write(f, 5, b" world", unprivileged).unwrap(), Some(6));
+    let a = vol.getattr(f).unwrap();
+    assert_eq!(a.mode & 0o7777, 0o755);
+    assert_eq!(a.mtime, (1_000_000, 7));
+    assert!(a.ctime.0 > 1_600_000_000, "ctime {:?} did not move with the dropped bit", a.ctime);
+    // A plain write stamps both.
+    set_old();
+    vol.write(f, 11, b"!").unwrap();
+    let a = vol.getattr(f).unwrap();
+    assert!(a.mtime.0 > 1_600_000_000 && a.ctime.0 > 1_600_000_000, "{:?} {:?}", a.mtime, a.ctime);
+    let vol = reopen(&dev, vol);
+    assert_eq!(vol.read(f, 0, 64).unwrap(), b"hello world!");
     close_and_check(dev, vol);
 }
 

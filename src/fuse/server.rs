@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 // The frontend sees only the library's public API.
-use crate::{Attr, Caller, Error, FileType, NewNode, RenameFlags, Result, SetAttr, SetTime, Time, Volume, XattrMode};
+use crate::{
+    Attr, Caller, Error, FileType, NewNode, RenameFlags, Result, SetAttr, SetTime, Time, Volume, WriteAs, XattrMode,
+};
 
 use super::dirty_bound::DirtyBound;
 use super::lookups::LookupCounts;
@@ -72,6 +74,8 @@ pub(super) struct Server {
     bound: std::sync::OnceLock<Arc<DirtyBound>>,
     /// Free space is within two cushions of the end (see `near_full_check`).
     near_full: AtomicBool,
+    /// The kernel granted the writeback cache: it keeps the times of the files it caches.
+    kernel_keeps_times: AtomicBool,
     /// Files open for writing, with their handle counts.
     writers: parking_lot::Mutex<rustc_hash::FxHashMap<u64, u32>>,
 }
@@ -169,6 +173,7 @@ impl Server {
             transport: std::sync::OnceLock::new(),
             bound: std::sync::OnceLock::new(),
             near_full: AtomicBool::new(false),
+            kernel_keeps_times: AtomicBool::new(false),
             writers: Default::default(),
         }
     }
@@ -286,6 +291,12 @@ impl Server {
     pub(super) fn set_zero_message_open(&self, files: bool, dirs: bool) {
         self.zero_message_open[0].store(files, std::sync::atomic::Ordering::Relaxed);
         self.zero_message_open[1].store(dirs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The kernel granted the writeback cache (INIT): from then on it owns the times of
+    /// the files it caches, and its write-back WRITEs leave them alone.
+    pub(super) fn set_writeback_cache(&self, granted: bool) {
+        self.kernel_keeps_times.store(granted, Ordering::Relaxed);
     }
 
     fn zero_message_open(&self, dir: bool) -> bool {
@@ -452,12 +463,19 @@ impl Server {
     /// (nothing answered: it is to be served again, waiting).
     fn write(&self, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8], wait: bool) -> Option<Reply> {
         let (op, ino) = (h.opcode, self.vol_ino(h.nodeid));
-        // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
-        let unprivileged = write_flags & wire::WRITE_KILL_SUIDGID != 0;
-        let r = match (wait, unprivileged) {
-            (false, _) => self.call(op, |v| v.try_write(ino, offset, data, unprivileged)),
-            (true, true) => self.call(op, |v| v.write_unprivileged(ino, offset, data).map(Some)),
-            (true, false) => self.call(op, |v| v.write(ino, offset, data).map(Some)),
+        let how = WriteAs {
+            // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
+            unprivileged: write_flags & wire::WRITE_KILL_SUIDGID != 0,
+            // With the writeback cache the kernel keeps the times of what it caches and
+            // sends them itself (SETATTR); the write-back reaching us later is no change
+            // of time. (Without it, a shared mmap's write-back is the only news of the
+            // stores, and stamps the time.)
+            keep_times: write_flags & wire::WRITE_CACHE != 0 && self.kernel_keeps_times.load(Ordering::Relaxed),
+        };
+        let r = if wait {
+            self.call(op, |v| v.write_with(ino, offset, data, how).map(Some))
+        } else {
+            self.call(op, |v| v.try_write(ino, offset, data, how))
         };
         Some(match r {
             Ok(None) => return None,

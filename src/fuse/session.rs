@@ -165,6 +165,7 @@ fn handshake(dev: &File, opts: &FuseOptions, server: &Server) -> io::Result<bool
     let mut body = Vec::with_capacity(wire::InitOut::SIZE);
     n.out.encode(&mut body);
     server.set_zero_message_open(n.out.flags & init::NO_OPEN_SUPPORT != 0, n.out.flags & init::NO_OPENDIR_SUPPORT != 0);
+    server.set_writeback_cache(n.out.flags & init::WRITEBACK_CACHE != 0);
     (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
     if opts.transport == TransportChoice::Uring && !n.uring {
         tracing::warn!("-o transport=uring: {}", n.why);

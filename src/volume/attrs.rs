@@ -49,8 +49,9 @@ impl Inner {
     /// CAP_FSETID writes or truncates it, and on any chown of a non-directory: the setuid
     /// bit, the setgid bit if the group may execute (without group execute the bit marks
     /// mandatory locking and stays), and a file capability. Removing an xattr needs no
-    /// new block, like `removexattr`.
-    pub(super) fn drop_privileges(&self, i: &mut Inode) -> Result<()> {
+    /// new block, like `removexattr`. Returns whether anything was dropped.
+    pub(super) fn drop_privileges(&self, i: &mut Inode) -> Result<bool> {
+        let mode = i.mode;
         if i.mode & libc::S_ISUID != 0 {
             i.mode &= !libc::S_ISUID;
         }
@@ -59,14 +60,15 @@ impl Inner {
         }
         let (idx, suffix) = xattr::split_name(b"security.capability")?;
         if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, suffix, self.st.sb.filter_hashes()) {
-            return Ok(());
+            return Ok(i.mode != mode);
         }
         let mut list = xattr::load(&mut self.st.tx(), i)?;
         if let Some(p) = list.iter().position(|x| x.idx == idx && x.name == suffix) {
             list.remove(p);
             xattr::store(&mut self.st.tx(), i, &list)?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(i.mode != mode)
     }
 
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.

@@ -60,8 +60,9 @@ impl Inner {
     }
 
     /// Write into dirty pages (charged by the caller); `i` is the file's inode, decoded
-    /// under the same lock, and is stored with its new size and times.
-    pub(super) fn write(&self, i: &mut Inode, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
+    /// under the same lock, and is stored with its new size and, unless `how` keeps them,
+    /// times.
+    pub(super) fn write(&self, i: &mut Inode, offset: u64, data: &[u8], how: WriteAs) -> Result<usize> {
         let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
@@ -112,13 +113,15 @@ impl Inner {
             };
             self.delta.add_page(&self.st, i, p, page);
         }
-        if drop_privileges {
-            self.drop_privileges(i)?;
-        }
+        let dropped = how.unprivileged && self.drop_privileges(i)?;
         i.size = i.size.max(end);
         let t = now();
-        i.mtime = t;
-        i.ctime = t;
+        if !how.keep_times {
+            i.mtime = t;
+            i.ctime = t;
+        } else if dropped {
+            i.ctime = t;
+        }
         self.st.put_inode(i)?;
         Ok(data.len())
     }
@@ -474,32 +477,33 @@ impl Volume {
     /// Write `data` at `offset`; returns the bytes written. The file keeps its setuid
     /// and setgid bits, as a write by a caller with CAP_FSETID does.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_as(ino, offset, data, false)
+        self.write_with(ino, offset, data, WriteAs::default())
     }
 
     /// [`Volume::write`] by a caller without CAP_FSETID: the setuid bit, the setgid bit
     /// of a group-executable file and a file capability (`security.capability`) are
     /// dropped, as the kernel does for local filesystems.
     pub fn write_unprivileged(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_as(ino, offset, data, true)
+        self.write_with(ino, offset, data, WriteAs { unprivileged: true, ..WriteAs::default() })
     }
 
-    /// [`Volume::write`] (`unprivileged`: [`Volume::write_unprivileged`]) unless it would
-    /// have to wait for room in the delta — for a flush or a commit to make it, or for
-    /// the file's data in flight to land — and then `None`: the write is not done (a
-    /// part may have been; the whole write is to be done again, with
-    /// [`Volume::write`]). The FUSE layer answers the kernel's write-back this way on the
+    /// [`Volume::write_with`] unless it would have to wait for room in the delta — for a
+    /// flush or a commit to make it, or for the file's data in flight to land — and then
+    /// `None`: the write is not done (a part may have been; the whole write is to be done
+    /// again, with [`Volume::write_with`]). The FUSE layer answers the kernel's write-back this way on the
     /// thread that received it, and hands only the writes that must wait to a thread of
     /// their own, so that the other requests made on that CPU do not wait behind them.
-    pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], unprivileged: bool) -> Result<Option<usize>> {
+    pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], how: WriteAs) -> Result<Option<usize>> {
         let _no_wait = super::commit::NoWait::set();
-        match self.write_as(ino, offset, data, unprivileged) {
+        match self.write_with(ino, offset, data, how) {
             Err(Error::WouldWait) => Ok(None),
             r => r.map(Some),
         }
     }
 
-    fn write_as(&self, ino: u64, offset: u64, data: &[u8], drop_privileges: bool) -> Result<usize> {
+    /// [`Volume::write`] made as `how` says: by a caller without CAP_FSETID, or as a
+    /// cache's write-back that leaves the file's times to the cache.
+    pub fn write_with(&self, ino: u64, offset: u64, data: &[u8], how: WriteAs) -> Result<usize> {
         // Large writes go in chunks, each charged on its own; when one fails after others
         // succeeded, the write is short, as POSIX allows.
         let mut done = 0;
@@ -518,7 +522,7 @@ impl Volume {
             let want = [(ino, Mode::Write)];
             let g = if partial { self.charged_on_with(ino, &want, cost) } else { self.charged_with(&want, cost) };
             let r = g.and_then(|(g, mut i)| {
-                let n = g.write(&mut i, off, chunk, drop_privileges)?;
+                let n = g.write(&mut i, off, chunk, how)?;
                 // Past a quarter of the dirty limits, write back in the background.
                 if g.delta.wants_flush(&g.st) {
                     drop(g);
@@ -584,7 +588,7 @@ impl Volume {
             for (s, e) in zero_ranges {
                 if e > s {
                     let zeros = vec![0u8; (e - s) as usize];
-                    g.write(&mut i, s, &zeros, false)?;
+                    g.write(&mut i, s, &zeros, WriteAs::default())?;
                 }
             }
             if first_full < last_full {

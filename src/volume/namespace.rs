@@ -367,7 +367,7 @@ impl Volume {
             i.size = target.len() as u64;
             g.st.put_inode(&i)?;
         } else {
-            g.write(&mut i, 0, target, false)?;
+            g.write(&mut i, 0, target, WriteAs::default())?;
         }
         g.attr(&i)
     }

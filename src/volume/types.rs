@@ -55,6 +55,20 @@ pub struct SetAttr {
     pub drop_privileges: bool,
 }
 
+/// Who makes a write, and whether it changes the file's times
+/// ([`Volume::write_with`](crate::Volume::write_with)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteAs {
+    /// The writer lacks CAP_FSETID: the setuid bit, the setgid bit of a group-executable
+    /// file and the file capability are dropped (see
+    /// [`Volume::write_unprivileged`](crate::Volume::write_unprivileged)).
+    pub unprivileged: bool,
+    /// Leave mtime and ctime as they are: the write is a cache's write-back of data whose
+    /// times the cache keeps and sets itself (the kernel's writeback cache, which sends
+    /// them as a SETATTR). Dropped privileges still move ctime.
+    pub keep_times: bool,
+}
+
 /// What `Volume::make` creates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NewNode {

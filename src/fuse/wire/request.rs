@@ -38,6 +38,8 @@ pub mod fattr {
     pub const KILL_SUIDGID: u32 = 1 << 11;
 }
 
+/// `fuse_write_in.write_flags`: the kernel's write-back of its page cache.
+pub const WRITE_CACHE: u32 = 1 << 0;
 /// `fuse_write_in.write_flags`: the caller lacks CAP_FSETID (HANDLE_KILLPRIV_V2).
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `fuse_fsync_in.fsync_flags`: data only (fdatasync).

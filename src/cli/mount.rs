@@ -30,6 +30,8 @@ pub struct MountArgs {
     /// for the image's previous user, e.g. a daemon still finishing its unmount; default 10),
     /// readdirplus=auto|always|never, discard (trim blocks as deltas free them),
     /// nodata_readahead (read nothing ahead for sequential readers of file data),
+    /// flush_from=N (dirty pages past which data is written back ahead of the commit, at
+    /// most a quarter of the dirty limit; 0: only commits write it back),
     /// the kernel flags dev|nodev, suid|nosuid (default nodev,nosuid), exec|noexec,
     /// relatime|strictatime|noatime (when reads update atime; default relatime), nodiratime,
     /// and the A/B switches noreserve, noprefetch, noxattrfilter, noaccounting (mount(8) options such

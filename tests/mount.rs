@@ -2016,6 +2016,46 @@ fn write_back_keeps_the_kernels_times() {
     s.fsck();
 }
 
+/// Stores through a shared writable mapping move the file's mtime, with the writeback
+/// cache (the kernel sends its own times) and without it (the write-back WRITE is the
+/// only news of the stores, and stamps the time, though it comes from the page cache).
+#[test]
+fn mmap_stores_move_mtime() {
+    require_fuse!();
+    for cache in ["on", "off"] {
+        let s = Scratch::new(32);
+        let m = s.mount(&["--writeback-cache", cache]);
+        let f = OpenOptions::new().read(true).write(true).create_new(true).open(s.path("mapped")).unwrap();
+        f.set_len(8192).unwrap();
+        let old = TimeSpec::new(1_000_000, 0);
+        utimensat(AT_FDCWD, &s.path("mapped"), &old, &old, UtimensatFlags::FollowSymlink).unwrap();
+        // SAFETY: maps the file's 8192 bytes; the mapping is checked, written only within
+        // its bounds, synced and unmapped while the file is still open.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+            std::slice::from_raw_parts_mut(p.cast::<u8>(), 8192)[100..106].copy_from_slice(b"stored");
+            assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+            assert_eq!(libc::munmap(p, 8192), 0);
+        }
+        drop(f);
+        m.unmount();
+        let m = s.mount(&[]);
+        let md = fs::metadata(s.path("mapped")).unwrap();
+        assert_eq!(&fs::read(s.path("mapped")).unwrap()[100..106], b"stored");
+        assert!(md.mtime() > 1_600_000_000, "cache {cache}: the stores left mtime at {}", md.mtime());
+        m.unmount();
+        s.fsck();
+    }
+}
+
 /// A READDIRPLUS leaves out the attributes of entries the kernel was just handed and
 /// that nothing has touched since (`git status` stats every path before it lists a
 /// directory), and sends them again for entries changed in between; `stat` shows the

@@ -442,6 +442,29 @@ fn removexattr(p: &Path, name: &str) -> io::Result<()> {
 }
 
 /// Deterministic content: byte i of a file is a function of i.
+/// Store `bytes` at `at` through a shared writable mapping of the first `len` bytes of
+/// `f` (at least `at + bytes.len()` long), then msync and unmap it: the pages reach the
+/// volume by write-back.
+fn store_through_mapping(f: &File, len: usize, at: usize, bytes: &[u8]) {
+    assert!(at + bytes.len() <= len);
+    // SAFETY: maps `len` bytes of the open file; the mapping is checked, written only
+    // within its bounds (asserted above), synced and unmapped before `f` can be closed.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        std::slice::from_raw_parts_mut(p.cast::<u8>(), len)[at..at + bytes.len()].copy_from_slice(bytes);
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+}
+
 fn pattern(offset: u64, len: usize) -> Vec<u8> {
     (offset..offset + len as u64).map(|i| (i.wrapping_mul(0x9E37_79B9) >> 13) as u8).collect()
 }
@@ -772,22 +795,7 @@ fn persists_across_remount_and_read_only() {
     // A shared writable mapping: its pages reach the volume by write-back.
     let f = OpenOptions::new().read(true).write(true).create_new(true).open(s.path("mapped")).unwrap();
     f.set_len(8192).unwrap();
-    // SAFETY: maps the file's 8192 bytes; the mapping is checked, written only within
-    // its bounds, synced and unmapped while the file is still open.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-        std::slice::from_raw_parts_mut(p.cast::<u8>(), 8192)[4090..4102].copy_from_slice(b"across pages");
-        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-        assert_eq!(libc::munmap(p, 8192), 0);
-    }
+    store_through_mapping(&f, 8192, 4090, b"across pages");
     drop(f);
     m.unmount();
     s.fsck();
@@ -2029,22 +2037,7 @@ fn mmap_stores_move_mtime() {
         f.set_len(8192).unwrap();
         let old = TimeSpec::new(1_000_000, 0);
         utimensat(AT_FDCWD, &s.path("mapped"), &old, &old, UtimensatFlags::FollowSymlink).unwrap();
-        // SAFETY: maps the file's 8192 bytes; the mapping is checked, written only within
-        // its bounds, synced and unmapped while the file is still open.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                8192,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-            std::slice::from_raw_parts_mut(p.cast::<u8>(), 8192)[100..106].copy_from_slice(b"stored");
-            assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-            assert_eq!(libc::munmap(p, 8192), 0);
-        }
+        store_through_mapping(&f, 8192, 100, b"stored");
         drop(f);
         m.unmount();
         let m = s.mount(&[]);

@@ -220,7 +220,8 @@ impl Server {
                     let _ = tx.send((self.fuse_ino(ino), -1, 0));
                 }
             }
-        } else if !near {
+        } else if !near && self.near_full.load(Ordering::Relaxed) {
+            // Written only when it changes: every WRITE comes here, from every CPU.
             self.near_full.store(false, Ordering::SeqCst);
         }
         near

@@ -58,17 +58,16 @@ impl Inner {
         if i.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
             i.mode &= !libc::S_ISGID;
         }
+        let bits = i.mode != mode;
         let (idx, suffix) = xattr::split_name(b"security.capability")?;
         if self.st.sb.xattr_filter() && xattr::ruled_out(i, idx, suffix, self.st.sb.filter_hashes()) {
-            return Ok(i.mode != mode);
+            return Ok(bits);
         }
         let mut list = xattr::load(&mut self.st.tx(), i)?;
-        if let Some(p) = list.iter().position(|x| x.idx == idx && x.name == suffix) {
-            list.remove(p);
-            xattr::store(&mut self.st.tx(), i, &list)?;
-            return Ok(true);
-        }
-        Ok(i.mode != mode)
+        let Some(p) = list.iter().position(|x| x.idx == idx && x.name == suffix) else { return Ok(bits) };
+        list.remove(p);
+        xattr::store(&mut self.st.tx(), i, &list)?;
+        Ok(true)
     }
 
     /// An inode's POSIX ACL of xattr index `idx` (2 access, 3 default), if it has one.

@@ -490,9 +490,10 @@ impl Volume {
     /// [`Volume::write_with`] unless it would have to wait for room in the delta — for a
     /// flush or a commit to make it, or for the file's data in flight to land — and then
     /// `None`: the write is not done (a part may have been; the whole write is to be done
-    /// again, with [`Volume::write_with`]). The FUSE layer answers the kernel's write-back this way on the
-    /// thread that received it, and hands only the writes that must wait to a thread of
-    /// their own, so that the other requests made on that CPU do not wait behind them.
+    /// again, with [`Volume::write_with`]). The FUSE layer answers the kernel's write-back
+    /// this way on the thread that received it, and hands only the writes that must wait
+    /// to a thread of their own, so that the other requests made on that CPU do not wait
+    /// behind them.
     pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], how: WriteAs) -> Result<Option<usize>> {
         let _no_wait = super::commit::NoWait::set();
         match self.write_with(ino, offset, data, how) {

@@ -1164,8 +1164,9 @@ fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
 }
 
 /// Random operations on two files through the mount — pwrite at random offsets and
-/// lengths, truncate down and up, fallocate (extending or not), punch hole, stores through
-/// a shared writable mapping, fsync — compared after each with a model of the bytes, then
+/// lengths, truncate down and up, fallocate (extending or not), punch hole, zero range,
+/// copy_file_range from the other file, stores through a shared writable mapping, fsync
+/// — compared after each with a model of the bytes, then
 /// after a remount; with the writeback cache on (the default) and off. Seeded; DXFS_SEED
 /// reruns one seed.
 #[test]
@@ -1186,7 +1187,9 @@ fn random_file_ops_match_a_model() {
         const MAX: u64 = 3 << 20;
         for step in 0..400 {
             let k = rng.gen_range(0..2);
-            let (f, m_) = (&files[k], &mut model[k]);
+            let (f, other_f) = (&files[k], &files[1 - k]);
+            let (first, second) = model.split_at_mut(1);
+            let (m_, other) = if k == 0 { (&mut first[0], &mut second[0]) } else { (&mut second[0], &mut first[0]) };
             let len = m_.len() as u64;
             let what = rng.gen_range(0..100);
             let ctx = format!("seed {seed}, cache {cache}, step {step}, file {}", names[k]);
@@ -1252,7 +1255,43 @@ fn random_file_ops_match_a_model() {
                     }
                 }
                 85..=89 => f.sync_all().unwrap(),
-                _ => {}
+                90..=94 => {
+                    // Zero a range, within the size or extending it.
+                    let off = rng.gen_range(0..MAX - 70_000);
+                    let n = rng.gen_range(1..70_000);
+                    let keep = rng.gen_bool(0.5);
+                    let mut flags = FallocateFlags::FALLOC_FL_ZERO_RANGE;
+                    if keep {
+                        flags |= FallocateFlags::FALLOC_FL_KEEP_SIZE;
+                    }
+                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+                    let end = (off + n) as usize;
+                    if !keep && m_.len() < end {
+                        m_.resize(end, 0);
+                    }
+                    let zero_to = end.min(m_.len());
+                    if (off as usize) < zero_to {
+                        m_[off as usize..zero_to].fill(0);
+                    }
+                }
+                _ => {
+                    // Copy from the other file (the daemon copies; dirty pages of either
+                    // file in the kernel's cache must be written back first).
+                    let src_len = other.len() as u64;
+                    let from = rng.gen_range(0..=src_len) as usize;
+                    let at_out = rng.gen_range(0..MAX - 100_000) as usize;
+                    let (mut off_in, mut off_out) = (from as i64, at_out as i64);
+                    let n = rng.gen_range(1..100_000);
+                    let done = nix::fcntl::copy_file_range(other_f, Some(&mut off_in), f, Some(&mut off_out), n)
+                        .unwrap_or_else(|e| panic!("copy_file_range: {e} ({ctx})"));
+                    assert!(done <= n && from + done <= other.len(), "copied {done} of {n} ({ctx})");
+                    if done > 0 {
+                        if m_.len() < at_out + done {
+                            m_.resize(at_out + done, 0);
+                        }
+                        m_[at_out..at_out + done].copy_from_slice(&other[from..from + done]);
+                    }
+                }
             }
             // Read back a random range, and the size.
             let len = m_.len() as u64;

@@ -1163,15 +1163,148 @@ fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
     move || fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok())
 }
 
-/// Random operations on two files through the mount — pwrite at random offsets and
-/// lengths, truncate down and up, fallocate (extending or not), punch hole, zero range,
-/// copy_file_range from the other file, stores through a shared writable mapping, fsync
-/// — compared after each with a model of the bytes, then
-/// after a remount; with the writeback cache on (the default) and off. Seeded; DXFS_SEED
-/// reruns one seed.
+/// Files past this size are not written (the random file-operation tests).
+const RANDOM_OPS_MAX: u64 = 3 << 20;
+
+/// One random operation on file `k` of `files` (the other is the source of copies) —
+/// pwrite at a random offset and length, truncate down or up, fallocate (extending or
+/// not), punch hole, zero range, copy_file_range from the other file, stores through a
+/// shared writable mapping, fsync — made on `model` too, then a random range and the size
+/// read back and compared. `ctx` names the run in failure messages.
+fn random_file_op(
+    rng: &mut rand::rngs::StdRng,
+    files: &[File; 2],
+    names: [&str; 2],
+    model: &mut [Vec<u8>; 2],
+    ctx: &str,
+) {
+    use rand::Rng;
+    const MAX: u64 = RANDOM_OPS_MAX;
+    let k = rng.gen_range(0..2);
+    let (f, other_f) = (&files[k], &files[1 - k]);
+    let [first, second] = model;
+    let (m_, other) = if k == 0 { (first, &*second) } else { (second, &*first) };
+    let len = m_.len() as u64;
+    let what = rng.gen_range(0..100);
+    let ctx = format!("{ctx}, file {}", names[k]);
+    match what {
+        0..=44 => {
+            let off = rng.gen_range(0..MAX - 70_000);
+            let n = if rng.gen_bool(0.3) { rng.gen_range(1..10) } else { rng.gen_range(1..70_000) };
+            let data: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            f.write_all_at(&data, off).unwrap();
+            let end = (off + n) as usize;
+            if m_.len() < end {
+                m_.resize(end, 0);
+            }
+            m_[off as usize..end].copy_from_slice(&data);
+        }
+        45..=54 => {
+            let to = if rng.gen_bool(0.5) { rng.gen_range(0..=len) } else { rng.gen_range(0..MAX) };
+            f.set_len(to).unwrap();
+            m_.resize(to as usize, 0);
+        }
+        55..=64 => {
+            let off = rng.gen_range(0..MAX - 70_000);
+            let n = rng.gen_range(1..70_000);
+            let keep = rng.gen_bool(0.5);
+            let flags = if keep { FallocateFlags::FALLOC_FL_KEEP_SIZE } else { FallocateFlags::empty() };
+            nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+            if !keep && m_.len() < (off + n) as usize {
+                m_.resize((off + n) as usize, 0);
+            }
+        }
+        65..=74 if len > 0 => {
+            let off = rng.gen_range(0..len);
+            let n = rng.gen_range(1..=(len - off).min(100_000));
+            let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+            m_[off as usize..(off + n) as usize].fill(0);
+        }
+        75..=84 if len >= 4096 => {
+            // Stores through a shared mapping of the whole file, then msync.
+            let stores: Vec<(usize, u8)> =
+                (0..rng.gen_range(1..50)).map(|_| (rng.gen_range(0..len as usize), rng.gen())).collect();
+            // SAFETY: maps the file's `len` bytes (the file is not truncated while
+            // mapped), stores only within them, syncs and unmaps before going on.
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED, "mmap: {} ({ctx})", io::Error::last_os_error());
+                let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), len as usize);
+                for &(at, b) in &stores {
+                    map[at] = b;
+                }
+                assert_eq!(libc::msync(p, len as usize, libc::MS_SYNC), 0, "{ctx}");
+                assert_eq!(libc::munmap(p, len as usize), 0);
+            }
+            for (at, b) in stores {
+                m_[at] = b;
+            }
+        }
+        85..=89 => f.sync_all().unwrap(),
+        90..=94 => {
+            // Zero a range, within the size or extending it.
+            let off = rng.gen_range(0..MAX - 70_000);
+            let n = rng.gen_range(1..70_000);
+            let keep = rng.gen_bool(0.5);
+            let mut flags = FallocateFlags::FALLOC_FL_ZERO_RANGE;
+            if keep {
+                flags |= FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            }
+            nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
+            let end = (off + n) as usize;
+            if !keep && m_.len() < end {
+                m_.resize(end, 0);
+            }
+            let zero_to = end.min(m_.len());
+            if (off as usize) < zero_to {
+                m_[off as usize..zero_to].fill(0);
+            }
+        }
+        _ => {
+            // Copy from the other file (the daemon copies; dirty pages of either
+            // file in the kernel's cache must be written back first).
+            let src_len = other.len() as u64;
+            let from = rng.gen_range(0..=src_len) as usize;
+            let at_out = rng.gen_range(0..MAX - 100_000) as usize;
+            let (mut off_in, mut off_out) = (from as i64, at_out as i64);
+            let n = rng.gen_range(1..100_000);
+            let done = nix::fcntl::copy_file_range(other_f, Some(&mut off_in), f, Some(&mut off_out), n)
+                .unwrap_or_else(|e| panic!("copy_file_range: {e} ({ctx})"));
+            assert!(done <= n && from + done <= other.len(), "copied {done} of {n} ({ctx})");
+            if done > 0 {
+                if m_.len() < at_out + done {
+                    m_.resize(at_out + done, 0);
+                }
+                m_[at_out..at_out + done].copy_from_slice(&other[from..from + done]);
+            }
+        }
+    }
+    // Read back a random range, and the size.
+    let len = m_.len() as u64;
+    assert_eq!(f.metadata().unwrap().len(), len, "size ({ctx})");
+    if len > 0 {
+        let off = rng.gen_range(0..len);
+        let n = rng.gen_range(1..=(len - off).min(200_000)) as usize;
+        let mut got = vec![0u8; n];
+        f.read_exact_at(&mut got, off).unwrap();
+        assert!(got[..] == m_[off as usize..off as usize + n], "bytes {off}..+{n} ({ctx})");
+    }
+}
+
+/// Random file operations (`random_file_op`) on two files through the mount, compared
+/// with a model of the bytes after each, then after a remount; with the writeback cache
+/// on (the default) and off. Seeded; DXFS_SEED reruns one seed.
 #[test]
 fn random_file_ops_match_a_model() {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     require_fuse!();
     let seed: u64 = std::env::var("DXFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_f11e);
     for cache in ["on", "off"] {
@@ -1179,130 +1312,10 @@ fn random_file_ops_match_a_model() {
         let m = s.mount(&["--writeback-cache", cache]);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (cache == "on") as u64);
         let names = ["a", "b"];
-        let files: Vec<File> = names
-            .iter()
-            .map(|n| OpenOptions::new().read(true).write(true).create_new(true).open(s.path(n)).unwrap())
-            .collect();
-        let mut model: Vec<Vec<u8>> = vec![Vec::new(); 2];
-        const MAX: u64 = 3 << 20;
+        let files = names.map(|n| OpenOptions::new().read(true).write(true).create_new(true).open(s.path(n)).unwrap());
+        let mut model: [Vec<u8>; 2] = Default::default();
         for step in 0..400 {
-            let k = rng.gen_range(0..2);
-            let (f, other_f) = (&files[k], &files[1 - k]);
-            let (first, second) = model.split_at_mut(1);
-            let (m_, other) = if k == 0 { (&mut first[0], &mut second[0]) } else { (&mut second[0], &mut first[0]) };
-            let len = m_.len() as u64;
-            let what = rng.gen_range(0..100);
-            let ctx = format!("seed {seed}, cache {cache}, step {step}, file {}", names[k]);
-            match what {
-                0..=44 => {
-                    let off = rng.gen_range(0..MAX - 70_000);
-                    let n = if rng.gen_bool(0.3) { rng.gen_range(1..10) } else { rng.gen_range(1..70_000) };
-                    let data: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
-                    f.write_all_at(&data, off).unwrap();
-                    let end = (off + n) as usize;
-                    if m_.len() < end {
-                        m_.resize(end, 0);
-                    }
-                    m_[off as usize..end].copy_from_slice(&data);
-                }
-                45..=54 => {
-                    let to = if rng.gen_bool(0.5) { rng.gen_range(0..=len) } else { rng.gen_range(0..MAX) };
-                    f.set_len(to).unwrap();
-                    m_.resize(to as usize, 0);
-                }
-                55..=64 => {
-                    let off = rng.gen_range(0..MAX - 70_000);
-                    let n = rng.gen_range(1..70_000);
-                    let keep = rng.gen_bool(0.5);
-                    let flags = if keep { FallocateFlags::FALLOC_FL_KEEP_SIZE } else { FallocateFlags::empty() };
-                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
-                    if !keep && m_.len() < (off + n) as usize {
-                        m_.resize((off + n) as usize, 0);
-                    }
-                }
-                65..=74 if len > 0 => {
-                    let off = rng.gen_range(0..len);
-                    let n = rng.gen_range(1..=(len - off).min(100_000));
-                    let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
-                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
-                    m_[off as usize..(off + n) as usize].fill(0);
-                }
-                75..=84 if len >= 4096 => {
-                    // Stores through a shared mapping of the whole file, then msync.
-                    let stores: Vec<(usize, u8)> =
-                        (0..rng.gen_range(1..50)).map(|_| (rng.gen_range(0..len as usize), rng.gen())).collect();
-                    // SAFETY: maps the file's `len` bytes (the file is not truncated while
-                    // mapped), stores only within them, syncs and unmaps before going on.
-                    unsafe {
-                        let p = libc::mmap(
-                            std::ptr::null_mut(),
-                            len as usize,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_SHARED,
-                            f.as_raw_fd(),
-                            0,
-                        );
-                        assert_ne!(p, libc::MAP_FAILED, "mmap: {} ({ctx})", io::Error::last_os_error());
-                        let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), len as usize);
-                        for &(at, b) in &stores {
-                            map[at] = b;
-                        }
-                        assert_eq!(libc::msync(p, len as usize, libc::MS_SYNC), 0, "{ctx}");
-                        assert_eq!(libc::munmap(p, len as usize), 0);
-                    }
-                    for (at, b) in stores {
-                        m_[at] = b;
-                    }
-                }
-                85..=89 => f.sync_all().unwrap(),
-                90..=94 => {
-                    // Zero a range, within the size or extending it.
-                    let off = rng.gen_range(0..MAX - 70_000);
-                    let n = rng.gen_range(1..70_000);
-                    let keep = rng.gen_bool(0.5);
-                    let mut flags = FallocateFlags::FALLOC_FL_ZERO_RANGE;
-                    if keep {
-                        flags |= FallocateFlags::FALLOC_FL_KEEP_SIZE;
-                    }
-                    nix::fcntl::fallocate(f, flags, off as i64, n as i64).unwrap();
-                    let end = (off + n) as usize;
-                    if !keep && m_.len() < end {
-                        m_.resize(end, 0);
-                    }
-                    let zero_to = end.min(m_.len());
-                    if (off as usize) < zero_to {
-                        m_[off as usize..zero_to].fill(0);
-                    }
-                }
-                _ => {
-                    // Copy from the other file (the daemon copies; dirty pages of either
-                    // file in the kernel's cache must be written back first).
-                    let src_len = other.len() as u64;
-                    let from = rng.gen_range(0..=src_len) as usize;
-                    let at_out = rng.gen_range(0..MAX - 100_000) as usize;
-                    let (mut off_in, mut off_out) = (from as i64, at_out as i64);
-                    let n = rng.gen_range(1..100_000);
-                    let done = nix::fcntl::copy_file_range(other_f, Some(&mut off_in), f, Some(&mut off_out), n)
-                        .unwrap_or_else(|e| panic!("copy_file_range: {e} ({ctx})"));
-                    assert!(done <= n && from + done <= other.len(), "copied {done} of {n} ({ctx})");
-                    if done > 0 {
-                        if m_.len() < at_out + done {
-                            m_.resize(at_out + done, 0);
-                        }
-                        m_[at_out..at_out + done].copy_from_slice(&other[from..from + done]);
-                    }
-                }
-            }
-            // Read back a random range, and the size.
-            let len = m_.len() as u64;
-            assert_eq!(f.metadata().unwrap().len(), len, "size ({ctx})");
-            if len > 0 {
-                let off = rng.gen_range(0..len);
-                let n = rng.gen_range(1..=(len - off).min(200_000)) as usize;
-                let mut got = vec![0u8; n];
-                f.read_exact_at(&mut got, off).unwrap();
-                assert!(got[..] == m_[off as usize..off as usize + n], "bytes {off}..+{n} ({ctx})");
-            }
+            random_file_op(&mut rng, &files, names, &mut model, &format!("seed {seed}, cache {cache}, step {step}"));
         }
         for f in &files {
             f.sync_all().unwrap();
@@ -1317,6 +1330,57 @@ fn random_file_ops_match_a_model() {
         m.unmount();
         s.fsck();
     }
+}
+
+/// The same random file operations from four threads at once, each on two files of its
+/// own, with write-back ahead of commits from 64 dirty pages and a commit every second:
+/// flushes, commits and the kernel's write-back of one file run while the others are
+/// written, truncated and copied. Every thread's files match its model after each
+/// operation and after a remount. Seeded; DXFS_SEED reruns one seed.
+#[test]
+fn concurrent_random_file_ops_match_their_models() {
+    use rand::SeedableRng;
+    require_fuse!();
+    let seed: u64 = std::env::var("DXFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xc0_f11e);
+    const THREADS: usize = 4;
+    let s = Scratch::new(128);
+    let m = s.mount(&["-o", "flush_from=64,commit=1"]);
+    let names: Vec<[String; 2]> = (0..THREADS).map(|t| [format!("t{t}a"), format!("t{t}b")]).collect();
+    let models: Vec<[Vec<u8>; 2]> = std::thread::scope(|sc| {
+        let workers: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(t, pair)| {
+                let s = &s;
+                sc.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (t as u64) << 32);
+                    let files = [0, 1].map(|i| {
+                        OpenOptions::new().read(true).write(true).create_new(true).open(s.path(&pair[i])).unwrap()
+                    });
+                    let mut model: [Vec<u8>; 2] = Default::default();
+                    for step in 0..600 {
+                        let ctx = format!("seed {seed}, thread {t}, step {step}");
+                        random_file_op(&mut rng, &files, [&pair[0], &pair[1]], &mut model, &ctx);
+                    }
+                    for f in &files {
+                        f.sync_all().unwrap();
+                    }
+                    model
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    m.unmount();
+    s.fsck();
+    let m = s.mount(&[]);
+    for (pair, model) in names.iter().zip(&models) {
+        for (n, want) in pair.iter().zip(model) {
+            assert!(fs::read(s.path(n)).unwrap() == *want, "{n} after a remount (seed {seed})");
+        }
+    }
+    m.unmount();
+    s.fsck();
 }
 
 #[test]

@@ -2055,6 +2055,70 @@ fn atime_policies() {
 /// itself, rather than having the kernel drop the cache, which writes back each dirty
 /// page as a WRITE of its own before the read can start. (A close writes the pages
 /// back first, in large WRITEs.)
+/// `statx` of `p` asking for the birth time too.
+fn statx_of(p: &Path) -> libc::statx {
+    let c = cstr(p);
+    // SAFETY: an all-zero `struct statx` is valid; the kernel fills it.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+    // SAFETY: a NUL-terminated path and a `struct statx` the call may write.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, mask, &mut st) };
+    assert_eq!(r, 0, "statx {}: {}", p.display(), io::Error::last_os_error());
+    st
+}
+
+/// A `statx_timestamp` in nanoseconds since the epoch.
+fn nanos(t: libc::statx_timestamp) -> i128 {
+    i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+}
+
+/// The birth time `statx` gives (the kernel asks STATX for it) is when the inode was
+/// made: later writes and changes of attributes leave it, and so does a remount. A device
+/// node's numbers come back as they went in.
+#[test]
+fn birth_time_through_statx() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i128;
+    // The daemon's clock and this one are the same; the slack covers rounding only.
+    const SLACK: i128 = 2_000_000;
+    let before = now();
+    fs::write(s.path("f"), b"one").unwrap();
+    fs::create_dir(s.path("d")).unwrap();
+    let dev = nix::sys::stat::makedev(4, 5);
+    nix::sys::stat::mknod(&s.path("c"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), dev).unwrap();
+    let after = now();
+    let mut born = Vec::new();
+    for name in ["f", "d", "c"] {
+        let st = statx_of(&s.path(name));
+        assert_ne!(st.stx_mask & libc::STATX_BTIME, 0, "{name}: no birth time (mask {:#x})", st.stx_mask);
+        let b = nanos(st.stx_btime);
+        assert!(before - SLACK <= b && b <= after + SLACK, "{name}: born {b}, made in {before}..{after}");
+        born.push(b);
+    }
+    let c = statx_of(&s.path("c"));
+    assert_eq!((c.stx_rdev_major, c.stx_rdev_minor), (4, 5));
+    std::thread::sleep(Duration::from_millis(20));
+    let mut f = OpenOptions::new().append(true).open(s.path("f")).unwrap();
+    f.write_all(b"two").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::set_permissions(s.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    let st = statx_of(&s.path("f"));
+    assert_eq!(nanos(st.stx_btime), born[0], "a write and a chmod keep the birth time");
+    assert!(nanos(st.stx_mtime) > born[0] && nanos(st.stx_ctime) > born[0], "but move mtime and ctime");
+    assert_eq!(st.stx_size, 6);
+    m.unmount();
+    s.fsck();
+    let m = s.mount(&[]);
+    for (name, b) in ["f", "d", "c"].into_iter().zip(born) {
+        assert_eq!(nanos(statx_of(&s.path(name)).stx_btime), b, "{name} after a remount");
+    }
+    m.unmount();
+    s.fsck();
+}
+
 #[test]
 fn reading_a_freshly_written_file_keeps_its_pages() {
     require_fuse!();

@@ -317,6 +317,7 @@ pub fn op_in_size(opcode: u32) -> usize {
         opcode::FALLOCATE => 32,
         opcode::LSEEK => 24,
         opcode::COPY_FILE_RANGE => 56,
+        opcode::STATX => 24,
         _ => 0,
     }
 }
@@ -526,6 +527,61 @@ impl AttrOut {
         put_u32(out, self.attr_valid.nsecs);
         put_u32(out, 0);
         self.attr.encode(out);
+    }
+}
+
+/// `STATX_BASIC_STATS | STATX_BTIME`: the fields a STATX reply gives.
+pub const STATX_GIVEN: u32 = 0x0fff;
+
+/// `struct fuse_statx_out` (288 bytes): STATX's reply, `struct fuse_statx` inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatxOut {
+    /// How long the attributes may be cached.
+    pub attr_valid: Valid,
+    /// What GETATTR would answer.
+    pub attr: Attr,
+    /// Birth time: seconds (signed, as the kernel reads them) and nanoseconds.
+    pub btime: (u64, u32),
+    /// The device number of a device node, split.
+    pub rdev_major: u32,
+    /// See `rdev_major`.
+    pub rdev_minor: u32,
+}
+
+impl StatxOut {
+    /// Size on the wire.
+    pub const SIZE: usize = 288;
+
+    /// Append the 288 bytes.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        let a = &self.attr;
+        put_u64(out, self.attr_valid.secs);
+        put_u32(out, self.attr_valid.nsecs);
+        put_u32(out, 0); // flags
+        out.resize(start + 32, 0); // spare[2]
+        put_u32(out, STATX_GIVEN);
+        put_u32(out, a.blksize);
+        put_u64(out, 0); // attributes
+        put_u32(out, a.nlink);
+        put_u32(out, a.uid);
+        put_u32(out, a.gid);
+        put_u16(out, a.mode as u16); // type and permission bits fit 16
+        put_u16(out, 0);
+        put_u64(out, a.ino);
+        put_u64(out, a.size);
+        put_u64(out, a.blocks);
+        put_u64(out, 0); // attributes_mask
+                         // struct fuse_sx_time: seconds, nanoseconds, reserved.
+        for (secs, nsecs) in [(a.atime, a.atimensec), self.btime, (a.ctime, a.ctimensec), (a.mtime, a.mtimensec)] {
+            put_u64(out, secs);
+            put_u32(out, nsecs);
+            put_u32(out, 0);
+        }
+        put_u32(out, self.rdev_major);
+        put_u32(out, self.rdev_minor);
+        // dev_major, dev_minor (the kernel gives its own), __spare2[14].
+        out.resize(start + Self::SIZE, 0);
     }
 }
 

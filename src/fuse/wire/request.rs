@@ -78,6 +78,15 @@ pub enum Request<'a> {
         /// File handle.
         fh: u64,
     },
+    /// Attributes with the birth time: a `statx` that asks for more than `stat` gives.
+    Statx {
+        /// `getattr_flags`.
+        flags: u32,
+        /// File handle.
+        fh: u64,
+        /// The `STATX_*` fields asked for (all of them are always given).
+        mask: u32,
+    },
     /// Change attributes.
     Setattr(SetattrIn),
     /// A symlink's target.
@@ -334,6 +343,10 @@ impl<'a> Request<'a> {
             opcode::GETATTR => {
                 need("fuse_getattr_in", arg, 16)?;
                 Request::Getattr { flags: u32_at(arg, 0), fh: u64_at(arg, 8) }
+            }
+            opcode::STATX => {
+                need("fuse_statx_in", arg, 24)?;
+                Request::Statx { flags: u32_at(arg, 0), fh: u64_at(arg, 8), mask: u32_at(arg, 20) }
             }
             opcode::SETATTR => {
                 need("fuse_setattr_in", arg, 88)?;

@@ -120,6 +120,10 @@ fn write_read_flush_release_getattr() {
     assert_eq!(Request::parse(18, &rel, &[]).unwrap(), Request::Release { fh: 6, flags: 2, release_flags: 1 });
     let g = [1, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0];
     assert_eq!(Request::parse(3, &g, &[]).unwrap(), Request::Getattr { flags: GETATTR_FH, fh: 6 });
+    // fuse_statx_in: getattr_flags, reserved, fh, sx_flags, sx_mask (STATX_BTIME).
+    let sx = [&g[..], &[0, 0, 0, 0], &0x800u32.to_le_bytes()].concat();
+    assert_eq!(Request::parse(52, &sx, &[]).unwrap(), Request::Statx { flags: GETATTR_FH, fh: 6, mask: 0x800 });
+    assert!(matches!(Request::parse(52, &g, &[]), Err(WireError::Short { what: "fuse_statx_in", .. })));
 }
 
 #[test]
@@ -225,6 +229,29 @@ fn entry_attr_open_statfs_replies() {
     AttrOut { attr_valid: Valid { secs: 0, nsecs: 0 }, attr }.encode(&mut a);
     assert_eq!(a.len(), 104);
     assert_eq!(&a[16..24], &[2, 0, 0, 0, 0, 0, 0, 0]);
+
+    // struct fuse_statx_out: 32 bytes, then struct fuse_statx.
+    let times = Attr { atime: 10, atimensec: 11, ctime: 30, ctimensec: 31, mtime: 40, mtimensec: 41, ..attr };
+    let mut x = Vec::new();
+    let btime = ((-5i64) as u64, 21);
+    StatxOut { attr_valid: Valid { secs: 7, nsecs: 8 }, attr: times, btime, rdev_major: 4, rdev_minor: 5 }
+        .encode(&mut x);
+    assert_eq!(x.len(), 288);
+    assert_eq!(&x[..12], &[7, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0]); // attr_valid, _nsec
+    let st = &x[32..];
+    assert_eq!(&st[..8], &[0xff, 0x0f, 0, 0, 0, 0x10, 0, 0]); // mask, blksize
+    assert_eq!(&st[16..20], &[1, 0, 0, 0]); // nlink
+    assert_eq!(&st[28..30], &[0xa4, 0x81]); // mode (u16)
+    assert_eq!(&st[32..40], &[2, 0, 0, 0, 0, 0, 0, 0]); // ino
+    assert_eq!(&st[40..48], &[3, 0, 0, 0, 0, 0, 0, 0]); // size
+                                                        // atime, btime, ctime, mtime: 16 bytes each from 64.
+    for (k, (secs, nsecs)) in [(10i64, 11u32), (-5, 21), (30, 31), (40, 41)].into_iter().enumerate() {
+        let t = &st[64 + 16 * k..80 + 16 * k];
+        assert_eq!(&t[..8], &secs.to_le_bytes(), "time {k}");
+        assert_eq!(&t[8..12], &nsecs.to_le_bytes(), "time {k}");
+    }
+    assert_eq!(&st[128..136], &[4, 0, 0, 0, 5, 0, 0, 0]); // rdev_major, rdev_minor
+    assert!(st[136..].iter().all(|&b| b == 0));
 
     let mut o = Vec::new();
     OpenOut { fh: 0x0102, open_flags: 4 }.encode(&mut o);

@@ -393,6 +393,27 @@ impl Server {
         }
     }
 
+    /// GETATTR's answer and the birth time (STATX).
+    fn statx(&self, r: Res<Attr>) -> Reply {
+        match r {
+            Ok(a) => {
+                let mut out = Vec::with_capacity(wire::StatxOut::SIZE);
+                // Device numbers come as MKNOD gave them (the kernel's 32-bit encoding).
+                let rdev = a.rdev as libc::dev_t;
+                wire::StatxOut {
+                    attr_valid: self.attr_valid(a.ino),
+                    attr: fuse_attr(self.fuse_ino(a.ino), &a),
+                    btime: (a.crtime.0 as u64, a.crtime.1),
+                    rdev_major: libc::major(rdev),
+                    rdev_minor: libc::minor(rdev),
+                }
+                .encode(&mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
     /// Open flags for files: no FLUSH on close (flush has nothing to do), and keep the
     /// page cache across opens (every change goes through this mount; see `file_open`).
     fn open_reply(fh: u64, open_flags: u32) -> Reply {
@@ -621,23 +642,7 @@ impl Server {
                 Reply::Error(libc::ENOSPC)
             }
             Request::Getattr { .. } => self.attr(self.call(op, |v| v.getattr(ino))),
-            Request::Statx { .. } => match self.call(op, |v| v.getattr(ino)) {
-                Ok(a) => {
-                    let mut out = Vec::with_capacity(wire::StatxOut::SIZE);
-                    let attr = fuse_attr(self.fuse_ino(a.ino), &a);
-                    let rdev = a.rdev as libc::dev_t;
-                    wire::StatxOut {
-                        attr_valid: self.attr_valid(a.ino),
-                        attr,
-                        btime: (a.crtime.0 as u64, a.crtime.1),
-                        rdev_major: libc::major(rdev),
-                        rdev_minor: libc::minor(rdev),
-                    }
-                    .encode(&mut out);
-                    Reply::Data(out)
-                }
-                Err(e) => Reply::Error(e),
-            },
+            Request::Statx { .. } => self.statx(self.call(op, |v| v.getattr(ino))),
             Request::Setattr(ref s) => self.setattr(op, ino, s),
             Request::Readlink => match self.call(op, |v| v.readlink(ino)) {
                 Ok(t) => Reply::Data(t),

@@ -572,7 +572,8 @@ impl StatxOut {
         put_u64(out, a.size);
         put_u64(out, a.blocks);
         put_u64(out, 0); // attributes_mask
-                         // struct fuse_sx_time: seconds, nanoseconds, reserved.
+
+        // Each a struct fuse_sx_time: seconds, nanoseconds, reserved.
         for (secs, nsecs) in [(a.atime, a.atimensec), self.btime, (a.ctime, a.ctimensec), (a.mtime, a.mtimensec)] {
             put_u64(out, secs);
             put_u32(out, nsecs);

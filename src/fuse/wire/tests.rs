@@ -244,7 +244,8 @@ fn entry_attr_open_statfs_replies() {
     assert_eq!(&st[28..30], &[0xa4, 0x81]); // mode (u16)
     assert_eq!(&st[32..40], &[2, 0, 0, 0, 0, 0, 0, 0]); // ino
     assert_eq!(&st[40..48], &[3, 0, 0, 0, 0, 0, 0, 0]); // size
-                                                        // atime, btime, ctime, mtime: 16 bytes each from 64.
+
+    // atime, btime, ctime, mtime: 16 bytes each from 64.
     for (k, (secs, nsecs)) in [(10i64, 11u32), (-5, 21), (30, 31), (40, 41)].into_iter().enumerate() {
         let t = &st[64 + 16 * k..80 + 16 * k];
         assert_eq!(&t[..8], &secs.to_le_bytes(), "time {k}");

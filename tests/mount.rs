@@ -1163,14 +1163,11 @@ fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
     move || fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok())
 }
 
-/// Files past this size are not written (the random file-operation tests).
-const RANDOM_OPS_MAX: u64 = 3 << 20;
-
-/// One random operation on file `k` of `files` (the other is the source of copies) —
-/// pwrite at a random offset and length, truncate down or up, fallocate (extending or
-/// not), punch hole, zero range, copy_file_range from the other file, stores through a
-/// shared writable mapping, fsync — made on `model` too, then a random range and the size
-/// read back and compared. `ctx` names the run in failure messages.
+/// One random operation on one of `files`, chosen at random (the other is the source of
+/// copies): pwrite at a random offset and length, truncate down or up, fallocate
+/// (extending or not), punch hole, zero range, copy_file_range from the other file,
+/// stores through a shared writable mapping, or fsync; made on `model` too, then a random
+/// range and the size read back and compared. `ctx` names the run in failure messages.
 fn random_file_op(
     rng: &mut rand::rngs::StdRng,
     files: &[File; 2],
@@ -1179,7 +1176,8 @@ fn random_file_op(
     ctx: &str,
 ) {
     use rand::Rng;
-    const MAX: u64 = RANDOM_OPS_MAX;
+    // Files are written below 3 MiB.
+    const MAX: u64 = 3 << 20;
     let k = rng.gen_range(0..2);
     let (f, other_f) = (&files[k], &files[1 - k]);
     let [first, second] = model;

@@ -2480,18 +2480,28 @@ fn aio_pwrite(fd: i32, buf: &Aligned, offset: i64) -> i64 {
 /// An AIO O_DIRECT write is seen by buffered reads of the same range: the kernel drops
 /// the cached pages before a direct write, but a buffered read served while the write is
 /// in flight (another daemon thread) caches the old data again, and the kernel's async
-/// direct-I/O completion does not drop it. The daemon does, after every direct write.
+/// direct-I/O completion does not drop it. The daemon does, after every direct write to
+/// a file whose data the kernel may cache: every round takes a new file, written
+/// buffered (its pages dirty, written back before the direct write) or, in odd rounds,
+/// by direct I/O (its pages cached only by the buffered reads that follow).
 #[test]
 fn aio_direct_write_then_buffered_read() {
     require_fuse!();
     let s = Scratch::new(32);
     let m = s.mount(&["-o", "threads=4"]);
-    let p = s.path("f");
     let mut stale = 0;
     for round in 0..200u32 {
+        let p = s.path(&format!("f{round}"));
         let old = (round % 200) as u8 + 1;
         let new = old.wrapping_add(100);
-        fs::write(&p, vec![old; 8192]).unwrap();
+        if round % 2 == 0 {
+            fs::write(&p, vec![old; 8192]).unwrap();
+        } else {
+            let d = OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&p).unwrap();
+            let page = Aligned([old; 4096]);
+            d.write_all_at(&page.0, 0).unwrap();
+            d.write_all_at(&page.0, 4096).unwrap();
+        }
         let mut buffered = File::open(&p).unwrap();
         let mut got = vec![0u8; 8192];
         buffered.read_exact(&mut got).unwrap();
@@ -2529,6 +2539,35 @@ fn aio_direct_write_then_buffered_read() {
     }
     assert_eq!(stale, 0, "{stale} of 200 rounds read stale data after an AIO O_DIRECT write");
     m.unmount_when_idle();
+    s.fsck();
+}
+
+/// Direct writes to a file whose data the kernel never cached are one request each: no
+/// notification drops the file's attributes, so no write() asks for them (GETATTR) and
+/// for `security.capability` (GETXATTR) again, as each did when every direct write was
+/// followed by one.
+#[test]
+fn direct_writes_to_an_uncached_file_are_one_request_each() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let m = s.mount(&[]);
+    let f = OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(s.path("d")).unwrap();
+    let counts = || {
+        let v = mount_stats(&s.mnt);
+        ["WRITE", "GETATTR", "GETXATTR"].map(|op| v["ops"][op]["count"].as_u64().unwrap_or(0))
+    };
+    let before = counts();
+    for k in 0..64u8 {
+        f.write_all_at(&Aligned([k; 4096]).0, u64::from(k) * 4096).unwrap();
+    }
+    let after = counts();
+    let [writes, getattrs, getxattrs] = [0, 1, 2].map(|i| after[i] - before[i]);
+    assert_eq!(writes, 64);
+    assert!(getattrs + getxattrs < 8, "{getattrs} GETATTRs and {getxattrs} GETXATTRs for 64 direct writes");
+    drop(f);
+    let back = fs::read(s.path("d")).unwrap();
+    assert!((0..64u8).all(|k| back[usize::from(k) * 4096..][..4096].iter().all(|&b| b == k)));
+    m.unmount();
     s.fsck();
 }
 

@@ -18,7 +18,11 @@ use crate::engine::leaf::Sharded;
 ///
 /// Each held inode also remembers until when the attributes the kernel was last handed
 /// with an entry stay valid there, unless a request about the inode since may have made
-/// the kernel drop them (see `Server::touched`): a READDIRPLUS leaves those out.
+/// the kernel drop them (see `Server::touched`): a READDIRPLUS leaves those out. And
+/// whether the kernel may hold some of its data in its page cache: only a READ fills
+/// the page cache, and only a write-back (a WRITE flagged `FUSE_WRITE_CACHE`) leaves a
+/// written page clean there, so an inode the kernel took and never did either with
+/// holds none; the kernel drops it all when it evicts the inode (the last FORGET).
 pub(super) struct LookupCounts {
     held: Sharded<FxHashMap<u64, Held>>,
     /// How long attributes handed out with an entry count as fresh.
@@ -28,6 +32,8 @@ pub(super) struct LookupCounts {
 struct Held {
     refs: u64,
     fresh_until: Option<Instant>,
+    /// The kernel may hold some of the inode's data in its page cache.
+    cached: bool,
 }
 
 impl LookupCounts {
@@ -40,7 +46,7 @@ impl LookupCounts {
     pub(super) fn add(&self, ino: u64) {
         let fresh_until = (!self.fresh_for.is_zero()).then(|| Instant::now() + self.fresh_for);
         let mut m = self.held.shard(ino);
-        let h = m.entry(ino).or_insert(Held { refs: 0, fresh_until: None });
+        let h = m.entry(ino).or_insert(Held { refs: 0, fresh_until: None, cached: false });
         h.refs += 1;
         h.fresh_until = fresh_until;
     }
@@ -55,6 +61,21 @@ impl LookupCounts {
     /// Whether the kernel holds `ino` with the attributes it was last handed, still valid.
     pub(super) fn fresh(&self, ino: u64) -> bool {
         self.held.shard(ino).get(&ino).and_then(|h| h.fresh_until).is_some_and(|t| Instant::now() < t)
+    }
+
+    /// The kernel read some of `ino`'s data, or wrote some back: it may hold some in its
+    /// page cache from now on.
+    pub(super) fn note_cached(&self, ino: u64) {
+        let mut m = self.held.shard(ino);
+        if let Some(h) = m.get_mut(&ino).filter(|h| !h.cached) {
+            h.cached = true;
+        }
+    }
+
+    /// Whether the kernel may hold some of `ino`'s data in its page cache (an inode it
+    /// does not hold, as far as these counts know: it may).
+    pub(super) fn may_cache(&self, ino: u64) -> bool {
+        self.held.shard(ino).get(&ino).is_none_or(|h| h.cached)
     }
 
     /// Drop `n` references; true when none is left.
@@ -124,6 +145,25 @@ mod tests {
         left.sort_unstable();
         assert_eq!(left, vec![3 << 30, 7 << 40]);
         assert_eq!(l.outstanding(), (0, 0));
+    }
+
+    /// The kernel caches none of an inode's data until it reads or writes some back; what
+    /// it cached goes with its last reference, and an inode it does not hold may have any.
+    #[test]
+    fn cached_data_is_noted_until_the_last_forget() {
+        let l = LookupCounts::new(Duration::ZERO);
+        assert!(l.may_cache(4), "not held: unknown");
+        l.add(4);
+        l.add(4);
+        assert!(!l.may_cache(4), "looked up, nothing read");
+        l.note_cached(4);
+        assert!(l.may_cache(4));
+        assert!(!l.forget(4, 1) && l.may_cache(4), "one reference left");
+        assert!(l.forget(4, 1));
+        l.add(4);
+        assert!(!l.may_cache(4), "evicted and looked up again: its pages went with it");
+        l.note_cached(8);
+        assert!(!l.holds(8), "noting an inode not held adds nothing");
     }
 
     /// An inode handed out is fresh until its time runs out or a request touches it; a

@@ -485,6 +485,10 @@ impl Server {
     /// (nothing answered: it is to be served again, waiting).
     fn write(&self, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8], wait: bool) -> Option<Reply> {
         let (op, ino) = (h.opcode, self.vol_ino(h.nodeid));
+        if write_flags & wire::WRITE_CACHE != 0 {
+            // Written back: the page stays in the kernel's cache, clean.
+            self.lookups.note_cached(ino);
+        }
         let how = WriteAs {
             // With HANDLE_KILLPRIV_V2 the kernel says when the writer lacks CAP_FSETID.
             unprivileged: write_flags & wire::WRITE_KILL_SUIDGID != 0,
@@ -507,7 +511,11 @@ impl Server {
                 // drop the pages other descriptors cached for the range, so buffered
                 // reads would see the old data. Drop them, from another thread: the
                 // kernel may wait for a page lock held by a reader this thread serves.
-                if flags & libc::O_DIRECT as u32 != 0 {
+                // Not when the kernel cannot hold any (nothing of the file was read or
+                // written back since it took the inode): the notification also drops
+                // the file's attributes, and the next write() then asks for them and
+                // for `security.capability` again, two more round trips per write.
+                if flags & libc::O_DIRECT as u32 != 0 && self.lookups.may_cache(ino) {
                     if let Some(tx) = &*self.invalidate.lock() {
                         let _ = tx.send((h.nodeid, offset as i64, n as i64));
                     }
@@ -705,6 +713,7 @@ impl Server {
                 self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
             }
             Request::Read { offset, size, flags, .. } => {
+                self.lookups.note_cached(ino);
                 match self.call(op, |v| v.read_aligned(ino, offset, size as usize, kernel_reads_ahead(flags))) {
                     Ok(d) => Reply::Aligned(d),
                     Err(e) => Reply::Error(e),
@@ -821,6 +830,7 @@ impl Handler for Server {
         let _t = self.stats.timer(h.opcode, true);
         self.touched(h, req);
         let ino = self.vol_ino(h.nodeid);
+        self.lookups.note_cached(ino);
         Some(self.call(h.opcode, |v| v.read_into(ino, offset, out, kernel_reads_ahead(flags))))
     }
 

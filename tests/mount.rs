@@ -1164,10 +1164,11 @@ fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
 }
 
 /// One random operation on one of `files`, chosen at random (the other is the source of
-/// copies): pwrite at a random offset and length, truncate down or up, fallocate
-/// (extending or not), punch hole, zero range, copy_file_range from the other file,
-/// stores through a shared writable mapping, or fsync; made on `model` too, then a random
-/// range and the size read back and compared. `ctx` names the run in failure messages.
+/// copies): pwrite at a random offset and length, whole pages written O_DIRECT, truncate
+/// down or up, fallocate (extending or not), punch hole, zero range, copy_file_range from
+/// the other file, stores through a shared writable mapping, or fsync; made on `model`
+/// too, then a random range and the size read back and compared. `ctx` names the run in
+/// failure messages.
 fn random_file_op(
     rng: &mut rand::rngs::StdRng,
     files: &[File; 2],
@@ -1186,7 +1187,7 @@ fn random_file_op(
     let what = rng.gen_range(0..100);
     let ctx = format!("{ctx}, file {}", names[k]);
     match what {
-        0..=44 => {
+        0..=39 => {
             let off = rng.gen_range(0..MAX - 70_000);
             let n = if rng.gen_bool(0.3) { rng.gen_range(1..10) } else { rng.gen_range(1..70_000) };
             let data: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
@@ -1196,6 +1197,25 @@ fn random_file_op(
                 m_.resize(end, 0);
             }
             m_[off as usize..end].copy_from_slice(&data);
+        }
+        40..=44 => {
+            // Whole pages through a second descriptor of the file, opened O_DIRECT.
+            let first = rng.gen_range(0..(MAX - 70_000) / 4096);
+            let d = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                .unwrap();
+            for at in (first..first + rng.gen_range(1..=16)).map(|p| p * 4096) {
+                let mut page = Aligned([0; 4096]);
+                rng.fill(&mut page.0[..]);
+                d.write_all_at(&page.0, at).unwrap_or_else(|e| panic!("O_DIRECT write at {at}: {e} ({ctx})"));
+                let end = at as usize + 4096;
+                if m_.len() < end {
+                    m_.resize(end, 0);
+                }
+                m_[at as usize..end].copy_from_slice(&page.0);
+            }
         }
         45..=54 => {
             let to = if rng.gen_bool(0.5) { rng.gen_range(0..=len) } else { rng.gen_range(0..MAX) };

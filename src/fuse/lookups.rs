@@ -20,9 +20,10 @@ use crate::engine::leaf::Sharded;
 /// with an entry stay valid there, unless a request about the inode since may have made
 /// the kernel drop them (see `Server::touched`): a READDIRPLUS leaves those out. And
 /// whether the kernel may hold some of its data in its page cache: only a READ fills
-/// the page cache, and only a write-back (a WRITE flagged `FUSE_WRITE_CACHE`) leaves a
-/// written page clean there, so an inode the kernel took and never did either with
-/// holds none; the kernel drops it all when it evicts the inode (the last FORGET).
+/// the page cache, and only a WRITE from a descriptor without O_DIRECT (a write-back,
+/// flagged `FUSE_WRITE_CACHE`, or a write through the cache when it is off) leaves a
+/// written page there, so an inode the kernel took and sent neither for holds none; the
+/// kernel drops them all when it evicts the inode (the last FORGET).
 pub(super) struct LookupCounts {
     held: Sharded<FxHashMap<u64, Held>>,
     /// How long attributes handed out with an entry count as fresh.

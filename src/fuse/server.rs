@@ -485,8 +485,9 @@ impl Server {
     /// (nothing answered: it is to be served again, waiting).
     fn write(&self, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8], wait: bool) -> Option<Reply> {
         let (op, ino) = (h.opcode, self.vol_ino(h.nodeid));
-        if write_flags & wire::WRITE_CACHE != 0 {
-            // Written back: the page stays in the kernel's cache, clean.
+        if write_flags & wire::WRITE_CACHE != 0 || flags & libc::O_DIRECT as u32 == 0 {
+            // Written back, or through without the writeback cache: the page stays in the
+            // kernel's cache, clean.
             self.lookups.note_cached(ino);
         }
         let how = WriteAs {

@@ -297,6 +297,47 @@ fn full_volume_fails_cleanly_and_recovers_after_delete() {
     close_and_check(dev, vol);
 }
 
+/// On a full volume the blocks of a file whose last link just went, but which its holder
+/// (the FUSE kernel) still held, come back when the holder lets go moments later (its
+/// FORGET comes right behind the UNLINK): a write short of space waits for that, once,
+/// rather than fail (`rm big; cp x y` on a full mount).
+#[test]
+fn a_write_short_of_space_waits_for_a_file_unlinked_moments_ago() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    let (dev, vol) = mem_volume(4096);
+    let held: Arc<Mutex<HashSet<u64>>> = Arc::default();
+    let h = held.clone();
+    vol.set_holder(Arc::new(move |ino| h.lock().unwrap().contains(&ino)));
+    let root = vol.root();
+    let after = vol.create(root, b"after", 0o644, 0, 0).unwrap().ino;
+    let fill = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
+    let chunk = vec![3u8; 1 << 20];
+    let (_, err) = write_until_error(&vol, fill, 0, &chunk);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    vol.sync().unwrap();
+    held.lock().unwrap().insert(fill);
+    vol.unlink(root, b"fill").unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            held.lock().unwrap().remove(&fill);
+            vol.forgotten(fill).unwrap();
+        });
+        assert_eq!(vol.write(after, 0, &chunk).unwrap(), chunk.len(), "the unlinked file's blocks");
+    });
+    // Held for good (an open file): ENOSPC as before, after one wait.
+    let other = vol.create(root, b"other", 0o644, 0, 0).unwrap().ino;
+    let (_, err) = write_until_error(&vol, other, 0, &chunk);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    held.lock().unwrap().insert(other);
+    vol.unlink(root, b"other").unwrap();
+    assert!(matches!(vol.write(after, 1 << 20, &chunk), Err(Error::NoSpace)));
+    vol.sync().unwrap();
+    assert_eq!(vol.read(after, 0, 1 << 20).unwrap(), chunk);
+    close_and_check(dev, vol);
+}
+
 #[test]
 fn read_only_open_refuses_changes() {
     let (dev, vol) = mem_volume(4096);

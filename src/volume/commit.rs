@@ -49,6 +49,11 @@ impl Drop for NoWait {
 /// back what they reserved (20 µs each) before it commits or fails.
 const SETTLE_WAITS: u32 = 500;
 
+/// How long an operation short of space waits, once, for files unlinked moments before
+/// while their holder still held them (the FUSE kernel's FORGET comes right behind the
+/// UNLINK; `rm big; cp x y` on a full volume must not fail for the race).
+const UNLINK_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Volume {
     /// Commit the current delta and wait until it is durable.
     pub(super) fn commit(&self) -> Result<()> {
@@ -440,6 +445,22 @@ impl Volume {
         })
     }
 
+    /// ENOSPC for the operation `op` — unless files lost their last link moments ago
+    /// while their holder held them: their blocks come back when it lets go, right
+    /// behind the unlink. Then, once per operation (`settled`), everything is let go,
+    /// those are waited for, and the caller tries again.
+    fn out_of_space(&self, op: Op<'_>, settled: &mut bool) -> Result<()> {
+        let recent = !*settled && !op.life.lock().unlinked_at.is_empty();
+        drop(op);
+        if !recent {
+            return Err(Error::NoSpace);
+        }
+        may_wait()?;
+        *settled = true;
+        self.settle_unlinked(UNLINK_SETTLE);
+        Ok(())
+    }
+
     fn charge<T>(
         &self,
         want: &[(u64, Mode)],
@@ -448,6 +469,7 @@ impl Volume {
     ) -> Result<(Op<'_>, T)> {
         let mut commits = 0;
         let mut waits = 0;
+        let mut settled = false;
         loop {
             let mut op = self.op(want);
             op.check_writable()?;
@@ -465,7 +487,7 @@ impl Volume {
                     return Ok((op, read));
                 }
                 Err(Short::Space) if !op.st.space().could_fit_after_commit(c.meta + c.pages, c.deletion) => {
-                    return Err(Error::NoSpace)
+                    self.out_of_space(op, &mut settled)?
                 }
                 // Operations running beside this one reserved their worst cases and give
                 // back what they do not use: when that could make room, wait for them
@@ -476,8 +498,10 @@ impl Volume {
                     waits += 1;
                     std::thread::sleep(std::time::Duration::from_micros(20));
                 }
-                Err(Short::Space) if commits > 0 && op.st.space().deferred() == 0 => return Err(Error::NoSpace),
-                Err(Short::Space) if commits >= 3 => return Err(Error::NoSpace),
+                Err(Short::Space) if commits > 0 && op.st.space().deferred() == 0 => {
+                    self.out_of_space(op, &mut settled)?
+                }
+                Err(Short::Space) if commits >= 3 => self.out_of_space(op, &mut settled)?,
                 // Other threads may fill the delta again between our commit and our retry,
                 // so a full delta proves nothing: only a log smaller than one operation's
                 // room does. (Each retry follows a commit of their changes, so they make

@@ -9,6 +9,15 @@ use dxfs::block::MemDevice;
 use dxfs::{Error, OpenOptions, Volume};
 use dxfs::{RenameFlags, SetAttr, SetTime, WriteAs, XattrMode};
 
+/// A holder for `vol` (as the FUSE kernel's references are) that holds the inodes in the
+/// set it returns.
+fn holder_set(vol: &Volume) -> Arc<std::sync::Mutex<std::collections::HashSet<u64>>> {
+    let held: Arc<std::sync::Mutex<std::collections::HashSet<u64>>> = Arc::default();
+    let h = held.clone();
+    vol.set_holder(Arc::new(move |ino| h.lock().unwrap().contains(&ino)));
+    held
+}
+
 fn reopen(dev: &Arc<MemDevice>, vol: Volume) -> Volume {
     vol.close().unwrap();
     assert_clean(dev.clone());
@@ -303,12 +312,8 @@ fn full_volume_fails_cleanly_and_recovers_after_delete() {
 /// rather than fail (`rm big; cp x y` on a full mount).
 #[test]
 fn a_write_short_of_space_waits_for_a_file_unlinked_moments_ago() {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
     let (dev, vol) = mem_volume(4096);
-    let held: Arc<Mutex<HashSet<u64>>> = Arc::default();
-    let h = held.clone();
-    vol.set_holder(Arc::new(move |ino| h.lock().unwrap().contains(&ino)));
+    let held = holder_set(&vol);
     let root = vol.root();
     let after = vol.create(root, b"after", 0o644, 0, 0).unwrap().ino;
     let fill = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
@@ -790,12 +795,8 @@ fn tmpfile_is_unnamed_until_linked() {
 /// list, so closing the volume (as a crash would) leaves it to the next open to free.
 #[test]
 fn a_holder_keeps_an_unlinked_inode_until_forgotten() {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
     let (dev, vol) = mem_volume(4096);
-    let held: Arc<Mutex<HashSet<u64>>> = Arc::default();
-    let h = held.clone();
-    vol.set_holder(Arc::new(move |ino| h.lock().unwrap().contains(&ino)));
+    let held = holder_set(&vol);
     let root = vol.root();
     let inodes = |vol: &Volume| vol.statfs().files - vol.statfs().ffree;
     let before = inodes(&vol);

@@ -37,12 +37,6 @@ const NEAR_FULL_SLACK: u64 = 4 << 20;
 const READDIR_BATCH: usize = 256;
 /// readdirplus entries are about five times bigger, so fetch fewer to waste less.
 const READDIRPLUS_BATCH: usize = 64;
-/// How long a STATFS waits for the FORGETs of files unlinked just before it (only while
-/// some are outstanding). The kernel sends a FORGET when it evicts the inode, and evicting
-/// one whose dirty pages are being written back waits for that write-back: with the
-/// writeback cache, `rm` of a file just written can take the FORGET tens of
-/// milliseconds (5 ms let `df` right after such an `rm` miss the space now and then).
-const STATFS_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Where a direct write's (node id, offset, length) goes: a thread that tells the kernel to
 /// drop those cached pages (see `write`).
@@ -747,7 +741,7 @@ impl Server {
             // Files the kernel dropped at an unlink are freed by their FORGET, which may
             // still be on its way: wait a moment for it, so `df` right after `rm` is true.
             Request::Statfs => match self.call(op, |v| {
-                v.settle_unlinked(STATFS_SETTLE);
+                v.settle_unlinked();
                 Ok(v.statfs())
             }) {
                 Ok(s) => {

@@ -49,11 +49,6 @@ impl Drop for NoWait {
 /// back what they reserved (20 µs each) before it commits or fails.
 const SETTLE_WAITS: u32 = 500;
 
-/// How long an operation short of space waits, once, for files unlinked moments before
-/// while their holder still held them (the FUSE kernel's FORGET comes right behind the
-/// UNLINK; `rm big; cp x y` on a full volume must not fail for the race).
-const UNLINK_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
-
 impl Volume {
     /// Commit the current delta and wait until it is durable.
     pub(super) fn commit(&self) -> Result<()> {
@@ -457,7 +452,7 @@ impl Volume {
         }
         may_wait()?;
         *settled = true;
-        self.settle_unlinked(UNLINK_SETTLE);
+        self.settle_unlinked();
         Ok(())
     }
 

@@ -197,6 +197,13 @@ fn plan_read_of(
 /// extents, before it reads under the file's lock.
 const READ_TRIES: u32 = 3;
 
+/// How long a wait for files unlinked moments before lasts (`Volume::settle_unlinked`).
+/// The kernel sends a FORGET when it evicts the inode, and evicting one whose dirty pages
+/// are being written back waits for that write-back: with the writeback cache, `rm` of a
+/// file just written can take the FORGET tens of milliseconds (5 ms let `df` right after
+/// such an `rm` miss the space now and then).
+const UNLINK_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
@@ -241,11 +248,13 @@ impl Volume {
         self.lock().holder = Some(holder);
     }
 
-    /// Wait up to `within` for inodes that lost their last link less than `within` ago,
-    /// while their holder still held them, to be forgotten: a FUSE kernel sends the
+    /// Wait up to `UNLINK_SETTLE` (200 ms) for inodes that lost their last link less than that
+    /// ago, while their holder still held them, to be forgotten: a FUSE kernel sends the
     /// FORGET of a file it drops at unlink right after the UNLINK, and `df` right after
-    /// `rm` must count its blocks. One still held after that (open) stays counted as used.
-    pub fn settle_unlinked(&self, within: std::time::Duration) {
+    /// `rm` must count its blocks (so must a write short of space, once). One still
+    /// held after that (open) stays counted as used.
+    pub fn settle_unlinked(&self) {
+        let within = UNLINK_SETTLE;
         let deadline = std::time::Instant::now() + within;
         loop {
             {

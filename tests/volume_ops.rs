@@ -331,15 +331,30 @@ fn a_write_short_of_space_waits_for_a_file_unlinked_moments_ago() {
         });
         assert_eq!(vol.write(after, 0, &chunk).unwrap(), chunk.len(), "the unlinked file's blocks");
     });
+    // Unlinked while open, with the close's RELEASE arriving just behind (it travels on
+    // its own): the same wait.
+    let fill = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
+    let (_, err) = write_until_error(&vol, fill, 1 << 20, &chunk);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    vol.sync().unwrap();
+    vol.open_file(fill).unwrap();
+    vol.unlink(root, b"fill").unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            vol.release(fill).unwrap();
+        });
+        assert_eq!(vol.write(after, 1 << 20, &chunk).unwrap(), chunk.len(), "the file released late");
+    });
     // Held for good (an open file): ENOSPC as before, after one wait.
     let other = vol.create(root, b"other", 0o644, 0, 0).unwrap().ino;
     let (_, err) = write_until_error(&vol, other, 0, &chunk);
     assert!(matches!(err, Error::NoSpace), "{err}");
     held.lock().unwrap().insert(other);
     vol.unlink(root, b"other").unwrap();
-    assert!(matches!(vol.write(after, 1 << 20, &chunk), Err(Error::NoSpace)));
+    assert!(matches!(vol.write(after, 2 << 20, &chunk), Err(Error::NoSpace)));
     vol.sync().unwrap();
-    assert_eq!(vol.read(after, 0, 1 << 20).unwrap(), chunk);
+    assert_eq!(vol.read(after, 0, 2 << 20).unwrap(), [&chunk[..], &chunk[..]].concat());
     close_and_check(dev, vol);
 }
 

@@ -239,11 +239,9 @@ impl Server {
         if !write {
             return (COUNTED, open_flags);
         }
-        if self.cushion() > 0 {
-            *self.writers.lock().entry(ino).or_insert(0) += 1;
-            if self.near_full_check() {
-                open_flags |= fopen::DIRECT_IO;
-            }
+        *self.writers.lock().entry(ino).or_insert(0) += 1;
+        if self.cushion() > 0 && self.near_full_check() {
+            open_flags |= fopen::DIRECT_IO;
         }
         (COUNTED_WRITE, open_flags)
     }
@@ -688,7 +686,11 @@ impl Server {
                     // after each change). Dropping the cache instead made the kernel
                     // write back every dirty page of the file, one WRITE per page.
                     let reads = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
-                    if reads && self.vol.read_touches_atime(&a) && self.vol.note_access(ino) {
+                    // While a writer has it open, the kernel keeps its times (writeback
+                    // cache) and they may be later than the volume's.
+                    let later =
+                        self.kernel_keeps_times.load(Ordering::Relaxed) && self.writers.lock().contains_key(&ino);
+                    if reads && self.vol.read_touches_atime(&a, later) && self.vol.note_access(ino, later) {
                         self.drop_attrs_now(h.nodeid);
                     }
                     let (fh, open_flags) = self.file_open(ino, flags);

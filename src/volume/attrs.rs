@@ -127,10 +127,14 @@ impl Volume {
     }
 
     /// Whether a read of a file with attributes `a` would update its atime now (the
-    /// volume's atime policy): the FUSE layer keeps the kernel's page cache of a file only
-    /// when it would not, so that the read reaches the volume.
-    pub fn read_touches_atime(&self, a: &Attr) -> bool {
-        self.s.atime.wants_update(a.atime, a.mtime, a.ctime, now())
+    /// volume's atime policy). `later_mtime`: the caller may hold a later mtime than the
+    /// volume's — a kernel's writeback cache with the file open for writing keeps the
+    /// times and sends them later, and its clock is coarse (a tick, 4 ms here), so the
+    /// mtime the volume has can be older than the file's creation — and relatime then
+    /// counts the file as changed since its last access.
+    pub fn read_touches_atime(&self, a: &Attr, later_mtime: bool) -> bool {
+        let mtime = if later_mtime { a.mtime.max(a.atime) } else { a.mtime };
+        self.s.atime.wants_update(a.atime, mtime, a.ctime, now())
     }
 
     /// Attributes of an inode.

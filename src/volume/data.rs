@@ -449,15 +449,21 @@ impl Volume {
 
     /// An access to file `ino` that the caller cannot see the reads of: an open for
     /// reading through a page cache that serves them (FUSE's). Updates atime now if the
-    /// policy asks, as the first read would; returns whether it moved.
-    pub fn note_access(&self, ino: u64) -> bool {
-        self.touch_atime(ino, true)
+    /// policy asks, as the first read would; returns whether it moved. `later_mtime`: the
+    /// caller may hold a later mtime than the volume's (see
+    /// [`Volume::read_touches_atime`]).
+    pub fn note_access(&self, ino: u64, later_mtime: bool) -> bool {
+        self.update_atime(ino, true, later_mtime)
     }
 
     /// Record an access to `ino` if the atime policy asked for it (`wanted`): a read
     /// succeeds even when this cannot be done (a failed volume, say). Returns whether
     /// atime moved.
     pub(super) fn touch_atime(&self, ino: u64, wanted: bool) -> bool {
+        self.update_atime(ino, wanted, false)
+    }
+
+    fn update_atime(&self, ino: u64, wanted: bool, later_mtime: bool) -> bool {
         if !wanted {
             return false;
         }
@@ -468,7 +474,8 @@ impl Volume {
         let r = self.charged_with(&[(ino, Mode::Write)], |g| Ok((Cost::new(0, 0, true), g.st.inode(ino)?))).and_then(
             |(g, mut i)| {
                 let t = now();
-                if !self.s.atime.wants_update(i.atime, i.mtime, i.ctime, t) {
+                let mtime = if later_mtime { i.mtime.max(i.atime) } else { i.mtime };
+                if !self.s.atime.wants_update(i.atime, mtime, i.ctime, t) {
                     return Ok(false);
                 }
                 i.atime = t;

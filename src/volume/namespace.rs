@@ -98,7 +98,11 @@ impl Inner {
             let mut life = self.life.lock();
             if open {
                 // Unlinked but open: keep it on the orphan list until the last release.
+                // That release may be on its way (the kernel sends a close's RELEASE on
+                // its own, behind what the process does next: `cat f; rm f`), so it
+                // counts as unlinked moments ago too.
                 push_orphan(&self.st, &mut life, i.ino)?;
+                life.unlinked_at.insert(i.ino, std::time::Instant::now());
                 drop(life);
                 return self.st.put_inode(&i);
             }

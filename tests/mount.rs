@@ -1141,16 +1141,12 @@ fn full_volume_with_writeback_cache() {
     // large bound again once the volume is roomy.
     fs::remove_file(&fill).unwrap();
     fs::remove_file(s.path("tail")).unwrap();
-    // Their space comes back with the RELEASE of the reader's descriptor and the FORGET,
-    // which the kernel sends on their own: roomy once `df` says so (it waits for them).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available() < 12_000 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let bound = dirty_bound(&s.mnt);
     if bound().is_some() {
         // An open for writing looks at the free space (three bounds and the slack: 52
-        // of the 64 MiB, and nearly all of it is free now).
+        // of the 64 MiB, and nearly all of it is free now). The removed files give it
+        // back with the RELEASE of the reader's descriptor and their FORGET, which the
+        // kernel sends on their own: near full, the open waits for them.
         File::create(s.path("again")).unwrap();
         let now = bound().unwrap_or(0);
         assert!(about(now, 16 << 20), "dirty bound once the volume is roomy again: {now}");

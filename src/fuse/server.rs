@@ -240,7 +240,11 @@ impl Server {
             return (COUNTED, open_flags);
         }
         *self.writers.lock().entry(ino).or_insert(0) += 1;
-        if self.cushion() > 0 && self.near_full_check() {
+        // Files removed moments before may be about to give their space back (their
+        // RELEASE and FORGET come on their own): near full, wait for them once before
+        // sending this writer around the cache.
+        let near = self.cushion() > 0 && self.near_full_check();
+        if near && (!self.vol.settle_unlinked() || self.near_full_check()) {
             open_flags |= fopen::DIRECT_IO;
         }
         (COUNTED_WRITE, open_flags)

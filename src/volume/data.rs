@@ -249,13 +249,15 @@ impl Volume {
     }
 
     /// Wait up to `UNLINK_SETTLE` (200 ms) for inodes that lost their last link less than that
-    /// ago, while their holder still held them, to be forgotten: a FUSE kernel sends the
-    /// FORGET of a file it drops at unlink right after the UNLINK, and `df` right after
-    /// `rm` must count its blocks (so must a write short of space, once). One still
-    /// held after that (open) stays counted as used.
-    pub fn settle_unlinked(&self) {
+    /// ago, while their holder held them or they were open, to be let go: a FUSE kernel
+    /// sends the FORGET of a file it drops at unlink right after the UNLINK, and the
+    /// RELEASE of a close in the background, and `df` right after `rm` must count its
+    /// blocks (so must a write short of space, once). One still held or open after that
+    /// stays counted as used. Returns whether there were any to wait for.
+    pub fn settle_unlinked(&self) -> bool {
         let within = UNLINK_SETTLE;
         let deadline = std::time::Instant::now() + within;
+        let mut waited = false;
         loop {
             {
                 let g = self.s.inner.read_inner();
@@ -263,8 +265,9 @@ impl Volume {
                 let now = std::time::Instant::now();
                 life.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
                 if life.unlinked_at.is_empty() || now >= deadline {
-                    return;
+                    return waited;
                 }
+                waited = true;
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
         }

@@ -244,7 +244,7 @@ impl Server {
         // RELEASE and FORGET come on their own): near full, wait for them once before
         // sending this writer around the cache.
         let near = self.cushion() > 0 && self.near_full_check();
-        if near && (!self.vol.settle_unlinked() || self.near_full_check()) {
+        if near && (!self.vol.settle_unlinked(true) || self.near_full_check()) {
             open_flags |= fopen::DIRECT_IO;
         }
         (COUNTED_WRITE, open_flags)
@@ -747,7 +747,7 @@ impl Server {
             // Files the kernel dropped at an unlink are freed by their FORGET, which may
             // still be on its way: wait a moment for it, so `df` right after `rm` is true.
             Request::Statfs => match self.call(op, |v| {
-                v.settle_unlinked();
+                v.settle_unlinked(false);
                 Ok(v.statfs())
             }) {
                 Ok(s) => {

@@ -452,7 +452,7 @@ impl Volume {
         }
         may_wait()?;
         *settled = true;
-        self.settle_unlinked();
+        self.settle_unlinked(true);
         Ok(())
     }
 

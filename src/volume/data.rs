@@ -253,8 +253,11 @@ impl Volume {
     /// sends the FORGET of a file it drops at unlink right after the UNLINK, and the
     /// RELEASE of a close in the background, and `df` right after `rm` must count its
     /// blocks (so must a write short of space, once). One still held or open after that
-    /// stays counted as used. Returns whether there were any to wait for.
-    pub fn settle_unlinked(&self) -> bool {
+    /// stays counted as used. Files open at their unlink only with `open_too`: a file
+    /// removed while in use (a temporary file's usual life) is often kept open for long,
+    /// so only what decides between room and ENOSPC waits for them, not every `statfs`.
+    /// Returns whether there were any to wait for.
+    pub fn settle_unlinked(&self, open_too: bool) -> bool {
         let within = UNLINK_SETTLE;
         let deadline = std::time::Instant::now() + within;
         let mut waited = false;
@@ -263,8 +266,8 @@ impl Volume {
                 let g = self.s.inner.read_inner();
                 let mut life = g.life.lock();
                 let now = std::time::Instant::now();
-                life.unlinked_at.retain(|_, t| now.duration_since(*t) < within);
-                if life.unlinked_at.is_empty() || now >= deadline {
+                life.unlinked_at.retain(|_, (t, _)| now.duration_since(*t) < within);
+                if !life.unlinked_at.values().any(|&(_, open)| open_too || !open) || now >= deadline {
                     return waited;
                 }
                 waited = true;

@@ -135,9 +135,9 @@ struct Life {
     /// The orphan list's links backwards (inode → the one before it, 0 for the head), so
     /// taking an inode off the list reads no other inode.
     orphan_prev: rustc_hash::FxHashMap<u64, u64>,
-    /// When each inode still held after losing its last link lost it (held or already on
-    /// the orphan list): what `settle_unlinked` waits for.
-    unlinked_at: rustc_hash::FxHashMap<u64, std::time::Instant>,
+    /// When each inode still held or open after losing its last link lost it, and
+    /// whether it was open then: what `settle_unlinked` waits for.
+    unlinked_at: rustc_hash::FxHashMap<u64, (std::time::Instant, bool)>,
 }
 
 /// Inode generation numbers, handed out by each thread slot from batches of its own, so

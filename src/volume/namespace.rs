@@ -102,7 +102,7 @@ impl Inner {
                 // its own, behind what the process does next: `cat f; rm f`), so it
                 // counts as unlinked moments ago too.
                 push_orphan(&self.st, &mut life, i.ino)?;
-                life.unlinked_at.insert(i.ino, std::time::Instant::now());
+                life.unlinked_at.insert(i.ino, (std::time::Instant::now(), true));
                 drop(life);
                 return self.st.put_inode(&i);
             }
@@ -112,7 +112,7 @@ impl Inner {
                 // before the next commit and the inode is freed as if now; if not, the
                 // commit puts it on the orphan list, so a crash frees it.
                 life.held.insert(i.ino);
-                life.unlinked_at.insert(i.ino, std::time::Instant::now());
+                life.unlinked_at.insert(i.ino, (std::time::Instant::now(), false));
                 drop(life);
                 return self.st.put_inode(&i);
             }

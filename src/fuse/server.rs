@@ -240,12 +240,17 @@ impl Server {
             return (COUNTED, open_flags);
         }
         *self.writers.lock().entry(ino).or_insert(0) += 1;
-        // Files removed moments before may be about to give their space back (their
-        // RELEASE and FORGET come on their own): near full, wait for them once before
-        // sending this writer around the cache.
-        let near = self.cushion() > 0 && self.near_full_check();
-        if near && (!self.vol.settle_unlinked(true) || self.near_full_check()) {
-            open_flags |= fopen::DIRECT_IO;
+        if let Some(bound) = self.bound.get().filter(|b| b.cushion() > 0) {
+            // Files removed moments before may be about to give their space back (their
+            // RELEASE and FORGET come on their own): when the volume looks near full,
+            // wait for them once before judging, which also lowers the kernel's bound
+            // (and a bound being lowered is not raised again until that is done).
+            if self.available() < 2 * bound.cushion() + NEAR_FULL_SLACK {
+                self.vol.settle_unlinked(true);
+            }
+            if self.near_full_check() {
+                open_flags |= fopen::DIRECT_IO;
+            }
         }
         (COUNTED_WRITE, open_flags)
     }

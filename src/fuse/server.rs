@@ -697,8 +697,9 @@ impl Server {
                     let reads = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
                     // While a writer has it open, the kernel keeps its times (writeback
                     // cache) and they may be later than the volume's.
-                    let later =
-                        self.kernel_keeps_times.load(Ordering::Relaxed) && self.writers.lock().contains_key(&ino);
+                    let later = reads
+                        && self.kernel_keeps_times.load(Ordering::Relaxed)
+                        && self.writers.lock().contains_key(&ino);
                     if reads && self.vol.read_touches_atime(&a, later) && self.vol.note_access(ino, later) {
                         self.drop_attrs_now(h.nodeid);
                     }

@@ -1068,7 +1068,9 @@ fn full_volume() {
     assert!(back.len() as u64 == len && back.starts_with(&chunk), "content of the full file");
     // Deleting works on a full volume and gives the space back: with the kernel's FORGET
     // of the file, which follows the UNLINK on its own and may come late under load
-    // (`df` waits for it; so, once, does a write short of space).
+    // (`df` waits for it; so, once, does a write short of space). The file was created
+    // before the mount's first OPEN (`fs::read`), whose refusal stops the kernel's
+    // RELEASEs: it failed here now and then while CREATE counted a handle.
     fs::remove_file(&fill).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available() < 1024 && Instant::now() < deadline {
@@ -2674,11 +2676,18 @@ fn link_open_file(f: &File, dst: &Path) -> io::Result<()> {
 /// O_TMPFILE through the mount (FUSE_TMPFILE): an unnamed file, named later by linkat;
 /// one opened with O_EXCL cannot be named; one never named is gone at close, and one
 /// open when the daemon is killed is freed at the next mount. fsck is clean throughout.
+/// With the writeback cache (opens are messages) and without (zero-message opens: the
+/// file lives by the kernel's reference).
 #[test]
 fn tmpfile_through_the_mount() {
     require_fuse!();
+    tmpfile_through_a_mount(&[]);
+    tmpfile_through_a_mount(&["--writeback-cache", "off"]);
+}
+
+fn tmpfile_through_a_mount(args: &[&str]) {
     let s = Scratch::new(64);
-    let m = s.mount(&[]);
+    let m = s.mount(args);
     let tmp = |extra: i32| {
         OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE | extra).mode(0o640).open(&s.mnt)
     };
@@ -2701,14 +2710,55 @@ fn tmpfile_through_the_mount() {
     s.fsck();
 
     // Open at a kill -9: an orphan, freed by the next mount.
-    let m = s.mount(&[]);
+    let m = s.mount(args);
     let mut open = tmp(0).unwrap();
     open.write_all(&pattern(3, 200_000)).unwrap();
     open.sync_all().unwrap();
     m.kill9_and(|| drop(open));
-    let m = s.mount(&[]);
+    let m = s.mount(args);
     let names: Vec<_> = fs::read_dir(&s.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    m.unmount();
+    s.fsck();
+}
+
+/// With zero-message opens (writeback cache off) the kernel sends no RELEASE once it has
+/// had an OPEN refused, also for the handles of files it created (CREATE, O_TMPFILE)
+/// before or after: such files live by the kernel's reference, not by a handle count, and
+/// removed (or closed unnamed) they give their space back. Before, each kept its blocks
+/// until unmount — a file open at the mount's first OPEN, and every file created after it
+/// (`full_volume`'s failures in CI).
+#[test]
+fn removed_files_give_their_space_back_with_zero_message_opens() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&["--writeback-cache", "off"]);
+    let free = || nix::sys::statvfs::statvfs(&s.mnt).unwrap().blocks_available();
+    fs::write(s.path("b"), b"b").unwrap();
+    let start = free();
+    // The FORGET that gives the space back may come late under load: up to 10 s.
+    let back = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while free() + 16 < start && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(free() + 16 >= start, "{what}: {} blocks free, {start} before", free());
+    };
+    // Open across the mount's first OPEN (refused: the kernel stops sending OPEN and RELEASE).
+    let mut a = File::create(s.path("a")).unwrap();
+    a.write_all(&pattern(1, 8 << 20)).unwrap();
+    assert_eq!(fs::read(s.path("b")).unwrap(), b"b");
+    drop(a);
+    fs::remove_file(s.path("a")).unwrap();
+    back("a file open at the first OPEN, removed");
+    fs::write(s.path("c"), pattern(2, 8 << 20)).unwrap();
+    fs::remove_file(s.path("c")).unwrap();
+    back("a file created after the first OPEN, removed");
+    let mut t =
+        OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&s.mnt).unwrap();
+    t.write_all(&pattern(3, 8 << 20)).unwrap();
+    drop(t);
+    back("an O_TMPFILE file closed unnamed");
     m.unmount();
     s.fsck();
 }

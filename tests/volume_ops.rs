@@ -765,6 +765,37 @@ fn st_blocks_counts_only_new_blocks() {
     close_and_check(dev, vol);
 }
 
+/// O_TMPFILE for a holder (FUSE with zero-message opens, which may never send the
+/// RELEASE): no handle is counted; the file lives while held, is freed when the holder
+/// lets go unless it was named, and across a commit in between (on the orphan list) too.
+#[test]
+fn tmpfile_held_lives_by_its_holder() {
+    let (dev, vol) = mem_volume(4096);
+    let held = holder_set(&vol);
+    let root = vol.root();
+    let node = dxfs::NewNode { mode: libc::S_IFREG | 0o600, uid: 0, gid: 0, rdev: 0, umask: 0 };
+    let free = |vol: &Volume| vol.statfs().bavail;
+    let start = free(&vol);
+    let u = vol.make_tmpfile_held(root, node).unwrap();
+    held.lock().unwrap().insert(u.ino);
+    vol.write(u.ino, 0, &[7u8; 1 << 20]).unwrap();
+    vol.sync().unwrap();
+    assert!(free(&vol) + 200 < start, "its blocks are in use while held");
+    held.lock().unwrap().remove(&u.ino);
+    vol.forgotten(u.ino).unwrap();
+    assert!(matches!(vol.getattr(u.ino), Err(Error::NotFound)), "freed when the holder let go");
+    vol.sync().unwrap();
+    assert!(free(&vol) + 16 >= start, "its space is back: {} of {start}", free(&vol));
+    let t = vol.make_tmpfile_held(root, node).unwrap();
+    held.lock().unwrap().insert(t.ino);
+    vol.write(t.ino, 0, b"kept").unwrap();
+    assert_eq!(vol.link(t.ino, root, b"kept").unwrap().nlink, 1);
+    held.lock().unwrap().remove(&t.ino);
+    vol.forgotten(t.ino).unwrap();
+    assert_eq!(vol.read(vol.lookup(root, b"kept").unwrap().ino, 0, 10).unwrap(), b"kept");
+    close_and_check(dev, vol);
+}
+
 /// O_TMPFILE: an unnamed open file, with no link until `link` names it; one never named
 /// is freed at its last release, and one still open when the volume closes (as at a
 /// crash) is freed by the next open, from the orphan list.

@@ -428,7 +428,14 @@ impl Server {
         match r {
             Ok(a) => {
                 self.lookups.add(a.ino);
-                let (fh, open_flags) = self.file_open(a.ino, flags);
+                // With zero-message opens the kernel sends no RELEASE once an OPEN was
+                // refused, also for handles made by CREATE before: the file lives by the
+                // kernel's reference instead, as one opened without a message does.
+                let (fh, open_flags) = if self.zero_message_open(false) {
+                    (0, fopen::NOFLUSH | fopen::KEEP_CACHE)
+                } else {
+                    self.file_open(a.ino, flags)
+                };
                 let mut out = Vec::with_capacity(EntryOut::SIZE + OpenOut::SIZE);
                 self.entry_out(&a).encode(&mut out);
                 OpenOut { fh, open_flags }.encode(&mut out);
@@ -712,12 +719,20 @@ impl Server {
                 // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
                 // sends CREATE only for a missing name, then a SETATTR for a truncate.
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                self.created(self.call(op, |v| v.make_open(ino, name, n)), flags)
+                if self.zero_message_open(false) {
+                    self.created(self.call(op, |v| v.make(ino, name, n)), flags)
+                } else {
+                    self.created(self.call(op, |v| v.make_open(ino, name, n)), flags)
+                }
             }
             Request::Tmpfile { mode, umask, flags } => {
                 // O_TMPFILE: an unnamed file, open; linkat(AT_EMPTY_PATH) names it (LINK).
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
+                if self.zero_message_open(false) {
+                    self.created(self.call(op, |v| v.make_tmpfile_held(ino, n)), flags)
+                } else {
+                    self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
+                }
             }
             Request::Read { offset, size, flags, .. } => {
                 self.lookups.note_cached(ino);

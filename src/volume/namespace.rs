@@ -310,6 +310,18 @@ impl Volume {
     /// it (a crash before either frees it at the next open). Owner, group and ACLs are
     /// decided as for [`Volume::make`].
     pub fn make_tmpfile(&self, parent: u64, n: NewNode) -> Result<Attr> {
+        self.make_unnamed(parent, n, true)
+    }
+
+    /// [`Volume::make_tmpfile`] with no open handle counted: the holder keeps the file
+    /// (see [`Volume::set_holder`]), which goes at [`Volume::forgotten`] unless it was
+    /// named. For a FUSE kernel with zero-message opens, which may never send the
+    /// RELEASE of the handle it was created with.
+    pub fn make_tmpfile_held(&self, parent: u64, n: NewNode) -> Result<Attr> {
+        self.make_unnamed(parent, n, false)
+    }
+
+    fn make_unnamed(&self, parent: u64, n: NewNode, open: bool) -> Result<Attr> {
         if type_of(n.mode)? != FileType::RegularFile {
             return Err(Error::Invalid("O_TMPFILE makes regular files only".into()));
         }
@@ -327,8 +339,14 @@ impl Volume {
         {
             let mut life = g.life.lock();
             push_orphan(&g.st, &mut life, i.ino)?;
+            if !open {
+                // On the orphan list already: freed from there when the holder lets go.
+                life.listed_held.insert(i.ino);
+            }
         }
-        g.note_open(i.ino);
+        if open {
+            g.note_open(i.ino);
+        }
         if !acls.is_empty() {
             xattr::store(&mut g.st.tx(), &mut i, &acls)?;
         }

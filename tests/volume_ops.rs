@@ -308,8 +308,9 @@ fn full_volume_fails_cleanly_and_recovers_after_delete() {
 
 /// On a full volume the blocks of a file whose last link just went, but which its holder
 /// (the FUSE kernel) still held, come back when the holder lets go moments later (its
-/// FORGET comes right behind the UNLINK): a write short of space waits for that, once,
-/// rather than fail (`rm big; cp x y` on a full mount).
+/// FORGET comes right behind the UNLINK), and so do those of a file unlinked while open
+/// when its last release comes: a write short of space waits for that, once, rather than
+/// fail (`rm big; cp x y` on a full mount); `statfs` waits only for the held ones.
 #[test]
 fn a_write_short_of_space_waits_for_a_file_unlinked_moments_ago() {
     let (dev, vol) = mem_volume(4096);

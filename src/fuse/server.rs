@@ -718,21 +718,22 @@ impl Server {
             Request::Create { mode, umask, name, flags } => {
                 // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
                 // sends CREATE only for a missing name, then a SETATTR for a truncate.
+                // Under zero-message opens no handle is counted (see `created`).
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                if self.zero_message_open(false) {
-                    self.created(self.call(op, |v| v.make(ino, name, n)), flags)
-                } else {
-                    self.created(self.call(op, |v| v.make_open(ino, name, n)), flags)
-                }
+                let held = self.zero_message_open(false);
+                self.created(
+                    self.call(op, |v| if held { v.make(ino, name, n) } else { v.make_open(ino, name, n) }),
+                    flags,
+                )
             }
             Request::Tmpfile { mode, umask, flags } => {
                 // O_TMPFILE: an unnamed file, open; linkat(AT_EMPTY_PATH) names it (LINK).
                 let n = Self::new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
-                if self.zero_message_open(false) {
-                    self.created(self.call(op, |v| v.make_tmpfile_held(ino, n)), flags)
-                } else {
-                    self.created(self.call(op, |v| v.make_tmpfile(ino, n)), flags)
-                }
+                let held = self.zero_message_open(false);
+                self.created(
+                    self.call(op, |v| if held { v.make_tmpfile_held(ino, n) } else { v.make_tmpfile(ino, n) }),
+                    flags,
+                )
             }
             Request::Read { offset, size, flags, .. } => {
                 self.lookups.note_cached(ino);

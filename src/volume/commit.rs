@@ -441,8 +441,8 @@ impl Volume {
     }
 
     /// ENOSPC for the operation `op` — unless files lost their last link moments ago
-    /// while their holder held them: their blocks come back when it lets go, right
-    /// behind the unlink. Then, once per operation (`settled`), everything is let go,
+    /// while their holder held them or they were open: their blocks come back when the
+    /// holder's FORGET or the last RELEASE arrives, right behind the unlink. Then, once per operation (`settled`), everything is let go,
     /// those are waited for, and the caller tries again.
     fn out_of_space(&self, op: Op<'_>, settled: &mut bool) -> Result<()> {
         let recent = !*settled && !op.life.lock().unlinked_at.is_empty();

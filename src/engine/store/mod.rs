@@ -427,8 +427,9 @@ impl Store {
         self.cache.take_dirty()
     }
 
-    /// Blocks of a commit are durable and home.
-    pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
+    /// Blocks of a commit are durable and written home (see [`Journal::write_homes`]):
+    /// their cached copies may be evicted.
+    pub fn landed(&self, blocks: impl IntoIterator<Item = u64>) {
         self.cache.landed(blocks)
     }
 

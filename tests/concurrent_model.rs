@@ -506,10 +506,8 @@ fn crash_run(plan: Plan, cuts: usize) {
     // Crash images are opened in this process: the volume lets go of its mount mark.
     drop(Arc::into_inner(vol).expect("one owner"));
     // Cut points: from the setup's commit on, the flush points and the writes around
-    // them, and a sample of the rest. The setup's sync may return right at its flush
-    // (its home writes come later), and a cut there strikes before that flush completed:
-    // the first cut is one write on.
-    let start = syncs[0].1 + 1;
+    // them, and a sample of the rest.
+    let start = syncs[0].1;
     let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x5EED);
     let mut points: Vec<usize> = dev
         .flush_points()

@@ -19,13 +19,6 @@
 //! 2. flush — delta `n` is committed, and the previous delta's home writes are durable;
 //! 3. write the metadata blocks to their home locations.
 //!
-//! The home writes (step 6, step 3) are not part of the commit call: the delta is
-//! committed without them, so the caller may answer first and write them later with
-//! [`Journal::write_homes`], as long as that comes before the next commit starts (the
-//! order on the device is then the same as if they had followed at once: nothing is
-//! flushed in between). A commit whose predecessor's homes are still pending writes them
-//! first.
-//!
 //! A one-flush commit cut short can leave a valid commit block over a body that never
 //! fully arrived; its checksum tells, and recovery then takes the other area's delta,
 //! the one before. A two-flush commit's body was durable before its commit block was
@@ -80,16 +73,6 @@ pub struct Journal {
     pub seq: u64,
     /// Blocks the last committed delta logged (0: nothing to replay).
     pub last_blocks: usize,
-    /// The last commit's metadata images, not yet written home.
-    homes: Option<Homes>,
-}
-
-/// A committed delta's metadata images still to be written home: they lie in target
-/// order in its log body `buf`, from byte `at` on.
-struct Homes {
-    buf: AlignedBuf,
-    at: usize,
-    targets: Vec<u64>,
 }
 
 fn body_crc(body: &[u8]) -> u32 {
@@ -185,7 +168,7 @@ impl Journal {
             return Err(Error::corrupt(format!("log body of commit {seq} fails its checksum")));
         }
         let Some((i, seq, n, flags, body)) = chosen else {
-            return Ok((Journal { layout, seq: 0, last_blocks: 0, homes: None }, Replay::default()));
+            return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Replay::default()));
         };
         let mut out = Replay::default();
         // A one-flush commit block went out before the flush that makes the previous
@@ -207,7 +190,7 @@ impl Journal {
         if apply {
             Self::apply(dev, &out)?;
         }
-        Ok((Journal { layout, seq, last_blocks: n, homes: None }, out))
+        Ok((Journal { layout, seq, last_blocks: n }, out))
     }
 
     /// Write recovered blocks home in order, and make them durable.
@@ -224,10 +207,8 @@ impl Journal {
     }
 
     /// Commit one delta whose metadata blocks (sealed, ascending) are `blocks`, with two
-    /// flushes. Data blocks must already have been written. The home writes are left
-    /// pending ([`Journal::write_homes`]).
+    /// flushes. Data blocks must already have been written.
     pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
-        self.homes_first(dev)?;
         let n = blocks.len();
         if n > self.capacity() {
             return Err(Error::corrupt(format!("delta of {n} blocks exceeds the log capacity {}", self.capacity())));
@@ -249,19 +230,17 @@ impl Journal {
         dev.write_durable(at, &cb)?;
         self.seq = seq;
         self.last_blocks = n;
-        // The images go home later, from the body, where they lie in target order.
-        let at = n.div_ceil(TARGETS_PER_DESC) * BLOCK_SIZE;
-        self.homes = Some(Homes { buf, at, targets: blocks.iter().map(|(t, _)| *t).collect() });
-        Ok(())
+        // The images go home from the body, where they lie in target order.
+        let images = &buf[n.div_ceil(TARGETS_PER_DESC) * BLOCK_SIZE..];
+        dev.write_many(&home_runs(&targets, images))
     }
 
     /// Commit one delta with a single flush: its metadata `blocks` (sealed, ascending)
     /// and the file data it maps, `data` (block, contents; written nowhere yet), go into
     /// the log together, the commit block in the same request; the data also goes home in
     /// the same batch, and `data_home` is called once all of it is written; then one
-    /// flush; the metadata's home writes are left pending ([`Journal::write_homes`]). The
-    /// delta must have written no data outside the log before (a crash before the flush
-    /// could keep its commit and lose that data).
+    /// flush, and the metadata goes home. The delta must have written no data outside the
+    /// log before (a crash before the flush could keep its commit and lose that data).
     pub fn commit_one_flush(
         &mut self,
         dev: &dyn BlockDevice,
@@ -269,7 +248,6 @@ impl Journal {
         data: &[(u64, &[u8])],
         data_home: impl FnOnce(),
     ) -> Result<()> {
-        self.homes_first(dev)?;
         // Metadata first, then the data, each ascending; data entries carry their flag.
         let meta: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
         let mut logged: Vec<(u64, &[u8])> = data.to_vec();
@@ -287,50 +265,16 @@ impl Journal {
         buf[..BLOCK_SIZE].copy_from_slice(&commit_block(at, seq, n, crc, ONE_FLUSH));
         // The data goes home now too, from the body, so readers wait for it, not for the
         // flush (if the commit is cut, those blocks are free in the delta recovery takes).
-        let images_at = (1 + n.div_ceil(TARGETS_PER_DESC)) * BLOCK_SIZE;
-        let data_images = &buf[images_at + meta.len() * BLOCK_SIZE..];
-        let data_targets: Vec<u64> = logged.iter().map(|(t, _)| *t).collect();
+        let images = &buf[(1 + n.div_ceil(TARGETS_PER_DESC)) * BLOCK_SIZE..];
+        let (meta_images, data_images) = images.split_at(meta.len() * BLOCK_SIZE);
         let mut reqs: Vec<(u64, &[u8])> = vec![(at, &buf[..])];
-        reqs.extend(home_runs(&data_targets, data_images));
+        reqs.extend(home_runs(&logged, data_images));
         dev.write_many(&reqs)?;
         data_home();
         dev.flush()?;
         self.seq = seq;
         self.last_blocks = n;
-        let meta_targets = meta.iter().map(|(t, _)| *t).collect();
-        self.homes = Some(Homes { buf, at: images_at, targets: meta_targets });
-        Ok(())
-    }
-
-    /// Write the last commit's metadata home, unless that was done, and return the blocks
-    /// written: their cached copies may be evicted now. (The next commit's flush makes
-    /// them durable; recovery needs them no sooner than before.)
-    pub fn write_homes(&mut self, dev: &dyn BlockDevice) -> Result<Vec<u64>> {
-        let Some(h) = self.homes.take() else {
-            return Ok(Vec::new());
-        };
-        let r = dev.write_many(&home_runs(&h.targets, &h.buf[h.at..]));
-        match r {
-            Ok(()) => Ok(h.targets),
-            Err(e) => {
-                // Kept: a retry still writes them.
-                self.homes = Some(h);
-                Err(e)
-            }
-        }
-    }
-
-    /// Whether the last commit's home writes are still to be done.
-    pub fn homes_pending(&self) -> bool {
-        self.homes.is_some()
-    }
-
-    /// Before a commit: its predecessor's homes go first. The callers write them with
-    /// [`Journal::write_homes`] beforehand, to let their cached copies go; this keeps the
-    /// order on the device should one not.
-    fn homes_first(&mut self, dev: &dyn BlockDevice) -> Result<()> {
-        debug_assert!(self.homes.is_none(), "a commit started before the last one's homes were written");
-        self.write_homes(dev).map(drop)
+        dev.write_many(&home_runs(&meta, meta_images))
     }
 }
 
@@ -391,16 +335,16 @@ fn commit_block(at: u64, seq: u64, n: usize, crc: u32, flags: u32) -> [u8; BLOCK
 /// Home writes of `targets` (ascending) whose images lie one after another in
 /// `images`: runs of adjacent blocks, at most 256 each, as slices of `images`, for one
 /// `write_many` batch (no order among them is needed: the next flush covers them all).
-fn home_runs<'a>(targets: &[u64], images: &'a [u8]) -> Vec<(u64, &'a [u8])> {
+fn home_runs<'a>(targets: &[(u64, &[u8])], images: &'a [u8]) -> Vec<(u64, &'a [u8])> {
     let n = targets.len();
     let mut runs = Vec::new();
     let mut i = 0;
     while i < n {
         let mut j = i + 1;
-        while j < n && targets[j] == targets[j - 1] + 1 && j - i < 256 {
+        while j < n && targets[j].0 == targets[j - 1].0 + 1 && j - i < 256 {
             j += 1;
         }
-        runs.push((targets[i], &images[i * BLOCK_SIZE..j * BLOCK_SIZE]));
+        runs.push((targets[i].0, &images[i * BLOCK_SIZE..j * BLOCK_SIZE]));
         i = j;
     }
     runs
@@ -427,23 +371,6 @@ mod tests {
         (at, b)
     }
 
-    /// A commit whose home writes follow at once, as when nothing else comes between.
-    fn commit(j: &mut Journal, dev: &MemDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
-        j.commit(dev, blocks)?;
-        j.write_homes(dev).map(drop)
-    }
-
-    /// [`commit`] with one flush and some data.
-    fn commit_one_flush(
-        j: &mut Journal,
-        dev: &MemDevice,
-        blocks: &[(u64, Box<Block>)],
-        data: &[(u64, &[u8])],
-    ) -> Result<()> {
-        j.commit_one_flush(dev, blocks, data, || {})?;
-        j.write_homes(dev).map(drop)
-    }
-
     fn read(dev: &MemDevice, at: u64) -> Box<Block> {
         let mut b = Box::new([0u8; BLOCK_SIZE]);
         dev.read(at, &mut b[..]).unwrap();
@@ -454,8 +381,8 @@ mod tests {
     fn the_newest_valid_commit_is_replayed() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        commit(&mut j, &dev, &[image(home, 1)]).unwrap();
-        commit(&mut j, &dev, &[image(home, 2), image(home + 1, 2)]).unwrap();
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 2), image(home + 1, 2)]).unwrap();
         assert_eq!(j.seq, 2);
         // Home writes lost (no flush after them): recovery puts the newest delta back.
         dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
@@ -473,33 +400,11 @@ mod tests {
     }
 
     #[test]
-    fn home_writes_wait_for_write_homes_and_recovery_covers_them() {
-        let (dev, layout, mut j) = setup();
-        let home = layout.first_free() + 10;
-        for (n, journal_call) in [(1u8, true), (2, false)] {
-            if journal_call {
-                j.commit(&dev, &[image(home, n), image(home + 2, n)]).unwrap();
-            } else {
-                j.commit_one_flush(&dev, &[image(home, n), image(home + 2, n)], &[], || {}).unwrap();
-            }
-            assert!(j.homes_pending());
-            assert_eq!(read(&dev, home)[100], n - 1, "commit {n}: nothing went home yet");
-            // Committed all the same: recovery finds the delta in the log.
-            let (j2, replay) = Journal::recover(&dev, layout, false).unwrap();
-            assert_eq!((j2.seq, replay.meta.last().map(|(t, b)| (*t, b[100]))), (n as u64, Some((home + 2, n))));
-            assert_eq!(j.write_homes(&dev).unwrap(), vec![home, home + 2]);
-            assert!(!j.homes_pending());
-            assert_eq!(j.write_homes(&dev).unwrap(), Vec::<u64>::new(), "written once");
-            assert_eq!((read(&dev, home)[100], read(&dev, home + 2)[100]), (n, n));
-        }
-    }
-
-    #[test]
     fn a_torn_commit_block_falls_back_to_the_older_delta() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        commit(&mut j, &dev, &[image(home, 1)]).unwrap();
-        commit(&mut j, &dev, &[image(home, 2)]).unwrap();
+        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 2)]).unwrap();
         // Delta 2's commit block never fully reached the device (torn): not committed.
         let at = layout.log_area(0);
         let mut cb = read(&dev, at);
@@ -514,7 +419,7 @@ mod tests {
     fn a_body_that_fails_its_checksum_is_corruption() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        commit(&mut j, &dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 1)]).unwrap();
         // The commit block is valid but the body it vouches for is not what was flushed.
         let body = layout.log_area(1) + 1;
         let mut b = read(&dev, body);
@@ -529,7 +434,7 @@ mod tests {
         let home = layout.first_free() + 10;
         let data = [7u8; BLOCK_SIZE];
         let flushes = dev.stats().flushes;
-        commit_one_flush(&mut j, &dev, &[image(home, 1)], &[(home + 5, &data[..])]).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 1)], &[(home + 5, &data[..])], || {}).unwrap();
         assert_eq!(dev.stats().flushes - flushes, 1, "one flush");
         assert_eq!(read(&dev, home + 5)[..], data[..], "the data is home");
         dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
@@ -544,9 +449,9 @@ mod tests {
     fn a_one_flush_commit_cut_short_falls_back_to_the_delta_before() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        commit(&mut j, &dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 1)]).unwrap();
         let data = [7u8; BLOCK_SIZE];
-        commit_one_flush(&mut j, &dev, &[image(home, 2)], &[(home + 5, &data[..])]).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 2)], &[(home + 5, &data[..])], || {}).unwrap();
         // Delta 2's commit block arrived, one block of its body did not.
         let body = layout.log_area(0) + 2;
         dev.write(body, &[0u8; BLOCK_SIZE]).unwrap();
@@ -554,8 +459,8 @@ mod tests {
         assert_eq!((j2.seq, replay.meta.len() + replay.data.len()), (1, 1), "delta 2 never committed");
         assert_eq!(read(&dev, home)[100], 1, "delta 1's image is home");
         // The same cut in a two-flush commit is the device breaking its promise.
-        let mut j = Journal { layout, seq: 1, last_blocks: 1, homes: None };
-        commit(&mut j, &dev, &[image(home, 3)]).unwrap();
+        let mut j = Journal { layout, seq: 1, last_blocks: 1 };
+        j.commit(&dev, &[image(home, 3)]).unwrap();
         let mut b = read(&dev, layout.log_area(0) + 2);
         b[0] ^= 1;
         dev.write(layout.log_area(0) + 2, &b[..]).unwrap();
@@ -566,8 +471,8 @@ mod tests {
     fn a_one_flush_commit_replays_the_delta_before_it_too() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        commit(&mut j, &dev, &[image(home, 1), image(home + 1, 1)]).unwrap();
-        commit_one_flush(&mut j, &dev, &[image(home, 2)], &[]).unwrap();
+        j.commit(&dev, &[image(home, 1), image(home + 1, 1)]).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 2)], &[], || {}).unwrap();
         // Delta 1's home write of `home + 1` was still unflushed when delta 2's commit
         // block went out, and the device kept the one and lost the other.
         dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
@@ -582,8 +487,8 @@ mod tests {
         let (dev, layout, _) = setup();
         // Targets a commit may never name: block 0, the log itself, the backup superblock.
         for bad in [0, layout.log_area(0) + 3, layout.backup_superblock()] {
-            let mut j = Journal { layout, seq: 0, last_blocks: 0, homes: None };
-            commit(&mut j, &dev, &[image(bad, 9)]).unwrap();
+            let mut j = Journal { layout, seq: 0, last_blocks: 0 };
+            j.commit(&dev, &[image(bad, 9)]).unwrap();
             let r = Journal::recover(&dev, layout, false);
             assert!(matches!(r, Err(Error::Corrupt(_))), "target {bad}: {:?}", r.map(|(j, _)| j.seq));
         }

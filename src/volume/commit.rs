@@ -122,9 +122,6 @@ impl Shared {
             if let Err(e) = self.commit(served) {
                 tracing::error!("background commit failed: {e}");
             }
-            if let Err(e) = self.write_homes(&mut self.journal.lock()) {
-                tracing::error!("home writes after a background commit failed: {e}");
-            }
             // Served whether it snapshotted or failed before (a failure is in `failed`).
             served();
         }
@@ -202,9 +199,7 @@ impl Shared {
     /// is never freed and written again by someone else before the flush's write is done.
     /// Returns whether the flusher should go on (see `Delta::wants_more_flushing`).
     fn flush_ahead(&self) -> Result<bool> {
-        let mut journal = self.journal.lock();
-        // The flusher is also who writes a commit's homes once it has answered.
-        self.write_homes(&mut journal)?;
+        let _journal = self.journal.lock();
         let _flushing = Flushing::start(&self.flushing);
         let data = {
             let mut g = self.lock();
@@ -236,26 +231,6 @@ impl Shared {
         self.data_done(&g, wrote.is_ok());
         wrote?;
         Ok(g.delta.wants_more_flushing(&g.st))
-    }
-
-    /// Write the last commit's metadata home if that is still to be done, and let the
-    /// cache evict those blocks again. A commit answers before its home writes: they come
-    /// here, from the flusher right after it (see [`Volume::sync`]) or before whatever
-    /// takes `journal` next (a commit, a flush, a checkpoint, a cache drop).
-    pub(super) fn write_homes(&self, journal: &mut Journal) -> Result<()> {
-        if !journal.homes_pending() {
-            return Ok(());
-        }
-        match journal.write_homes(&*self.dev) {
-            Ok(blocks) => {
-                self.inner.read_inner().st.landed(blocks);
-                Ok(())
-            }
-            Err(e) => {
-                self.inner.read_inner().fail();
-                Err(e)
-            }
-        }
     }
 
     /// The data a commit or flush wrote back is on the device, or its write failed (which
@@ -299,7 +274,6 @@ impl Shared {
     /// delta is snapshotted (the front end is free to go on), before the writes.
     fn commit(&self, snapshotted: impl Fn()) -> Result<()> {
         let mut journal = self.journal.lock();
-        self.write_homes(&mut journal)?;
         let mut flight = {
             let mut g = self.lock();
             if g.is_failed() {
@@ -623,11 +597,7 @@ impl Volume {
     /// Commit the current delta and make it durable.
     pub fn sync(&self) -> Result<()> {
         crate::fs::pages::release_idle();
-        self.commit()?;
-        // The home writes after the answer, by the flusher (written by the next commit
-        // otherwise).
-        self.s.ask_flush();
-        Ok(())
+        self.commit()
     }
 
     /// Make one file (or directory) durable. Deltas are atomic, so this commits the whole
@@ -677,7 +647,6 @@ impl Volume {
     /// rewrite the whole last delta).
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.s.journal.lock();
-        self.s.write_homes(&mut journal)?;
         let mut g = self.lock();
         if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());

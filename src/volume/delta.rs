@@ -577,7 +577,7 @@ impl Delta {
                 st.forget_freed();
                 let blocks = self.snapshot(st, state);
                 journal.commit(&**st.dev(), &blocks)?;
-                st.landed(journal.write_homes(&**st.dev())?);
+                st.landed(&blocks);
             }
         }
         st.space_mut().clear_promises();
@@ -613,11 +613,10 @@ impl Delta {
     }
 
     /// A flight is durable and home: release what it held.
-    /// A flight is committed: its frees may be reused. Its blocks stay pinned in the
-    /// cache until their home writes are done (`Shared::write_homes`).
     pub(super) fn finish_commit(&mut self, st: &mut Store, f: &Flight) {
         st.space_mut().end_hold(&f.held);
         st.flight_landed();
+        st.landed(&f.blocks);
     }
 
     /// The log committed an empty delta of its own (a checkpoint).

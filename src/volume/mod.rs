@@ -558,8 +558,7 @@ impl Volume {
         // Holding the journal lock keeps any commit from being in flight while the cache
         // forgets (an in-flight block's device copy may be stale).
         self.commit()?;
-        let mut j = self.s.journal.lock();
-        self.s.write_homes(&mut j)?;
+        let _j = self.s.journal.lock();
         let mut g = self.lock();
         if g.st.dirty_count() == 0 {
             g.st.clear_cache();

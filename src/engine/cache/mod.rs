@@ -442,11 +442,11 @@ impl MetaCache {
     }
 
     /// The blocks of a commit are home on the device: they may be evicted again.
-    pub fn landed(&self, blocks: impl IntoIterator<Item = u64>) {
-        for b in blocks {
-            let k = shard_of(b);
+    pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
+        for (b, _) in blocks {
+            let k = shard_of(*b);
             let mut s = self.shards[k].write();
-            if let Some(c) = s.blocks.get_mut(&b) {
+            if let Some(c) = s.blocks.get_mut(b) {
                 self.bump_gen(k);
                 c.in_flight = false;
             }
@@ -560,7 +560,7 @@ mod tests {
         for (b, blk) in &home {
             dev.write(*b, &blk[..]).unwrap();
         }
-        c.landed(home.iter().map(|(b, _)| *b));
+        c.landed(&home);
         c.drop_clean();
         c.fill(stale, true, |_| true, |_| 0);
         assert_eq!(c.get(&dev, 9, None).unwrap()[100], 7, "a stale copy was cached");

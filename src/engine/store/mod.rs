@@ -427,9 +427,8 @@ impl Store {
         self.cache.take_dirty()
     }
 
-    /// Blocks of a commit are durable and written home (see [`Journal::write_homes`]):
-    /// their cached copies may be evicted.
-    pub fn landed(&self, blocks: impl IntoIterator<Item = u64>) {
+    /// Blocks of a commit are durable and home.
+    pub fn landed(&self, blocks: &[(u64, Box<Block>)]) {
         self.cache.landed(blocks)
     }
 

@@ -1192,3 +1192,50 @@ fn a_small_fsync_commits_with_one_flush() {
         assert_clean(dev);
     }
 }
+
+/// Overwrites of pages a file already maps go in place (through the log), and only
+/// short runs do: random single-page overwrites leave a written file with its one
+/// extent on the same blocks, where redirect on write would have cut it into one extent
+/// per overwritten page; a long run still goes to fresh blocks. The data reads back as
+/// written, before and after a remount.
+#[test]
+fn short_overwrites_go_in_place_and_keep_the_extents() {
+    use dxfs::tools::inspect::Inspector;
+    let (dev, vol) = mem_volume(8192);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![1u8; 64 * 4096];
+    vol.write(f, 0, &model).unwrap();
+    close_and_check(dev.clone(), vol);
+    let before = Inspector::open(dev.clone()).unwrap().extents("/f").unwrap();
+    assert_eq!(before.len(), 1, "one extent after the first write: {before:?}");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    for (i, page) in [3u64, 17, 40, 41, 63, 0, 17].into_iter().enumerate() {
+        let at = (page * 4096 + 100 * i as u64) as usize;
+        let data = vec![10 + i as u8; 1000];
+        vol.write(f, at as u64, &data).unwrap();
+        model[at..at + 1000].copy_from_slice(&data);
+        if i % 3 == 2 {
+            vol.sync().unwrap();
+        }
+    }
+    assert_eq!(vol.read(f, 0, model.len()).unwrap(), model);
+    close_and_check(dev.clone(), vol);
+    let after = Inspector::open(dev.clone()).unwrap().extents("/f").unwrap();
+    assert_eq!(
+        after.iter().map(|e| (e.logical, e.physical, e.length)).collect::<Vec<_>>(),
+        before.iter().map(|e| (e.logical, e.physical, e.length)).collect::<Vec<_>>(),
+        "short overwrites moved blocks"
+    );
+    // A run longer than what goes in place is redirected: the map changes.
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.read(f, 0, model.len()).unwrap(), model, "after a remount");
+    let long = vec![7u8; 32 * 4096];
+    vol.write(f, 8 * 4096, &long).unwrap();
+    model[8 * 4096..40 * 4096].copy_from_slice(&long);
+    close_and_check(dev.clone(), vol);
+    let redirected = Inspector::open(dev.clone()).unwrap().extents("/f").unwrap();
+    assert!(redirected.len() > 1, "a 32-page overwrite stayed in place: {redirected:?}");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.read(f, 0, model.len()).unwrap(), model);
+    close_and_check(dev, vol);
+}

@@ -19,6 +19,11 @@
 //! 2. flush — delta `n` is committed, and the previous delta's home writes are durable;
 //! 3. write the metadata blocks to their home locations.
 //!
+//! Either shape may also log *late* data: file data overwriting blocks that the last
+//! committed state maps (an overwrite in place). It is logged as data images and goes
+//! home only with the metadata, after the commit: before it, those blocks must keep
+//! their committed contents. Recovery replays it like any logged data.
+//!
 //! A one-flush commit cut short can leave a valid commit block over a body that never
 //! fully arrived; its checksum tells, and recovery then takes the other area's delta,
 //! the one before. A two-flush commit's body was durable before its commit block was
@@ -207,16 +212,20 @@ impl Journal {
     }
 
     /// Commit one delta whose metadata blocks (sealed, ascending) are `blocks`, with two
-    /// flushes. Data blocks must already have been written.
-    pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)]) -> Result<()> {
-        let n = blocks.len();
+    /// flushes. Data blocks must already have been written, except the `late` data,
+    /// which is logged and goes home with the metadata, after the commit.
+    pub fn commit(&mut self, dev: &dyn BlockDevice, blocks: &[(u64, Box<Block>)], late: &[(u64, &[u8])]) -> Result<()> {
+        let meta: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
+        let mut late: Vec<(u64, &[u8])> = late.to_vec();
+        late.sort_unstable_by_key(|(t, _)| *t);
+        let targets: Vec<(u64, &[u8])> = meta.iter().chain(&late).copied().collect();
+        let n = targets.len();
         if n > self.capacity() {
             return Err(Error::corrupt(format!("delta of {n} blocks exceeds the log capacity {}", self.capacity())));
         }
         let seq = self.seq + 1;
         let at = self.layout.log_area(seq % 2);
-        let targets: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
-        let buf = body_buf(&targets, 0, targets.len());
+        let buf = body_buf(&targets, 0, meta.len());
         if !buf.is_empty() {
             // Past the host's cache when the device has a way (as file data): nothing
             // reads the log but recovery, and a large body is one request, not a copy into
@@ -230,29 +239,37 @@ impl Journal {
         dev.write_durable(at, &cb)?;
         self.seq = seq;
         self.last_blocks = n;
-        // The images go home from the body, where they lie in target order.
+        // The images go home from the body, where they lie in target order (metadata,
+        // then late data).
         let images = &buf[n.div_ceil(TARGETS_PER_DESC) * BLOCK_SIZE..];
-        dev.write_many(&home_runs(&targets, images))
+        let (meta_images, late_images) = images.split_at(meta.len() * BLOCK_SIZE);
+        let mut reqs = home_runs(&meta, meta_images);
+        reqs.extend(home_runs(&late, late_images));
+        dev.write_many(&reqs)
     }
 
     /// Commit one delta with a single flush: its metadata `blocks` (sealed, ascending)
     /// and the file data it maps, `data` (block, contents; written nowhere yet), go into
     /// the log together, the commit block in the same request; the data also goes home in
     /// the same batch, and `data_home` is called once all of it is written; then one
-    /// flush, and the metadata goes home. The delta must have written no data outside the
+    /// flush, and the metadata and the `late` data (logged after `data`) go home. The delta must have written no data outside the
     /// log before (a crash before the flush could keep its commit and lose that data).
     pub fn commit_one_flush(
         &mut self,
         dev: &dyn BlockDevice,
         blocks: &[(u64, Box<Block>)],
         data: &[(u64, &[u8])],
+        late: &[(u64, &[u8])],
         data_home: impl FnOnce(),
     ) -> Result<()> {
-        // Metadata first, then the data, each ascending; data entries carry their flag.
+        // Metadata first, then the data, then the late data, each ascending; data entries
+        // carry their flag.
         let meta: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
         let mut logged: Vec<(u64, &[u8])> = data.to_vec();
         logged.sort_unstable_by_key(|(t, _)| *t);
-        let targets: Vec<(u64, &[u8])> = meta.iter().chain(&logged).copied().collect();
+        let mut late: Vec<(u64, &[u8])> = late.to_vec();
+        late.sort_unstable_by_key(|(t, _)| *t);
+        let targets: Vec<(u64, &[u8])> = meta.iter().chain(&logged).chain(&late).copied().collect();
         let n = targets.len();
         if n > self.capacity() {
             return Err(Error::corrupt(format!("delta of {n} blocks exceeds the log capacity {}", self.capacity())));
@@ -266,7 +283,8 @@ impl Journal {
         // The data goes home now too, from the body, so readers wait for it, not for the
         // flush (if the commit is cut, those blocks are free in the delta recovery takes).
         let images = &buf[(1 + n.div_ceil(TARGETS_PER_DESC)) * BLOCK_SIZE..];
-        let (meta_images, data_images) = images.split_at(meta.len() * BLOCK_SIZE);
+        let (meta_images, rest) = images.split_at(meta.len() * BLOCK_SIZE);
+        let (data_images, late_images) = rest.split_at(logged.len() * BLOCK_SIZE);
         let mut reqs: Vec<(u64, &[u8])> = vec![(at, &buf[..])];
         reqs.extend(home_runs(&logged, data_images));
         dev.write_many(&reqs)?;
@@ -274,7 +292,9 @@ impl Journal {
         dev.flush()?;
         self.seq = seq;
         self.last_blocks = n;
-        dev.write_many(&home_runs(&meta, meta_images))
+        let mut homes = home_runs(&meta, meta_images);
+        homes.extend(home_runs(&late, late_images));
+        dev.write_many(&homes)
     }
 }
 
@@ -381,8 +401,8 @@ mod tests {
     fn the_newest_valid_commit_is_replayed() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        j.commit(&dev, &[image(home, 1)]).unwrap();
-        j.commit(&dev, &[image(home, 2), image(home + 1, 2)]).unwrap();
+        j.commit(&dev, &[image(home, 1)], &[]).unwrap();
+        j.commit(&dev, &[image(home, 2), image(home + 1, 2)], &[]).unwrap();
         assert_eq!(j.seq, 2);
         // Home writes lost (no flush after them): recovery puts the newest delta back.
         dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
@@ -403,8 +423,8 @@ mod tests {
     fn a_torn_commit_block_falls_back_to_the_older_delta() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        j.commit(&dev, &[image(home, 1)]).unwrap();
-        j.commit(&dev, &[image(home, 2)]).unwrap();
+        j.commit(&dev, &[image(home, 1)], &[]).unwrap();
+        j.commit(&dev, &[image(home, 2)], &[]).unwrap();
         // Delta 2's commit block never fully reached the device (torn): not committed.
         let at = layout.log_area(0);
         let mut cb = read(&dev, at);
@@ -419,7 +439,7 @@ mod tests {
     fn a_body_that_fails_its_checksum_is_corruption() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 1)], &[]).unwrap();
         // The commit block is valid but the body it vouches for is not what was flushed.
         let body = layout.log_area(1) + 1;
         let mut b = read(&dev, body);
@@ -434,7 +454,7 @@ mod tests {
         let home = layout.first_free() + 10;
         let data = [7u8; BLOCK_SIZE];
         let flushes = dev.stats().flushes;
-        j.commit_one_flush(&dev, &[image(home, 1)], &[(home + 5, &data[..])], || {}).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 1)], &[(home + 5, &data[..])], &[], || {}).unwrap();
         assert_eq!(dev.stats().flushes - flushes, 1, "one flush");
         assert_eq!(read(&dev, home + 5)[..], data[..], "the data is home");
         dev.write(home, &[0u8; BLOCK_SIZE]).unwrap();
@@ -449,9 +469,9 @@ mod tests {
     fn a_one_flush_commit_cut_short_falls_back_to_the_delta_before() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        j.commit(&dev, &[image(home, 1)]).unwrap();
+        j.commit(&dev, &[image(home, 1)], &[]).unwrap();
         let data = [7u8; BLOCK_SIZE];
-        j.commit_one_flush(&dev, &[image(home, 2)], &[(home + 5, &data[..])], || {}).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 2)], &[(home + 5, &data[..])], &[], || {}).unwrap();
         // Delta 2's commit block arrived, one block of its body did not.
         let body = layout.log_area(0) + 2;
         dev.write(body, &[0u8; BLOCK_SIZE]).unwrap();
@@ -460,7 +480,7 @@ mod tests {
         assert_eq!(read(&dev, home)[100], 1, "delta 1's image is home");
         // The same cut in a two-flush commit is the device breaking its promise.
         let mut j = Journal { layout, seq: 1, last_blocks: 1 };
-        j.commit(&dev, &[image(home, 3)]).unwrap();
+        j.commit(&dev, &[image(home, 3)], &[]).unwrap();
         let mut b = read(&dev, layout.log_area(0) + 2);
         b[0] ^= 1;
         dev.write(layout.log_area(0) + 2, &b[..]).unwrap();
@@ -471,8 +491,8 @@ mod tests {
     fn a_one_flush_commit_replays_the_delta_before_it_too() {
         let (dev, layout, mut j) = setup();
         let home = layout.first_free() + 10;
-        j.commit(&dev, &[image(home, 1), image(home + 1, 1)]).unwrap();
-        j.commit_one_flush(&dev, &[image(home, 2)], &[], || {}).unwrap();
+        j.commit(&dev, &[image(home, 1), image(home + 1, 1)], &[]).unwrap();
+        j.commit_one_flush(&dev, &[image(home, 2)], &[], &[], || {}).unwrap();
         // Delta 1's home write of `home + 1` was still unflushed when delta 2's commit
         // block went out, and the device kept the one and lost the other.
         dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
@@ -488,7 +508,7 @@ mod tests {
         // Targets a commit may never name: block 0, the log itself, the backup superblock.
         for bad in [0, layout.log_area(0) + 3, layout.backup_superblock()] {
             let mut j = Journal { layout, seq: 0, last_blocks: 0 };
-            j.commit(&dev, &[image(bad, 9)]).unwrap();
+            j.commit(&dev, &[image(bad, 9)], &[]).unwrap();
             let r = Journal::recover(&dev, layout, false);
             assert!(matches!(r, Err(Error::Corrupt(_))), "target {bad}: {:?}", r.map(|(j, _)| j.seq));
         }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::fs::file;
 
 use super::contention::Op;
-use super::delta::{Cost, Flight, Short};
+use super::delta::{late_refs, Cost, Flight, Short};
 use super::*;
 use crate::engine::deferred;
 
@@ -306,6 +306,7 @@ impl Shared {
         // freed once written, so a writer held back by the dirty limit goes on as soon as
         // a piece is on the device (`in_flight_pages`).
         let data = std::mem::take(&mut flight.data);
+        let late = std::mem::take(&mut flight.late);
         let dev = self.dev.clone();
         if flight.one_flush {
             // Small data goes into the log with the metadata and home beside it, under
@@ -316,12 +317,19 @@ impl Shared {
                 .flat_map(|w| w.pages.iter().enumerate().map(move |(i, p)| (w.phys + i as u64, &p[..])))
                 .collect();
             let home = std::cell::Cell::new(false);
-            let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, || {
+            let r = journal.commit_one_flush(&*dev, &flight.blocks, &logged, &late_refs(&late), || {
                 home.set(true);
-                self.data_done(&self.inner.read_inner(), true);
+                // Overwrites in place go home only after the flush: their readers wait
+                // for that (below).
+                if late.is_empty() {
+                    self.data_done(&self.inner.read_inner(), true);
+                }
             });
             drop(logged);
             drop(data);
+            if home.get() && !late.is_empty() {
+                self.data_done(&self.inner.read_inner(), r.is_ok());
+            }
             if !home.get() {
                 // As a failed data write: no reader waits for data that will not come.
                 self.data_done(&self.inner.read_inner(), false);
@@ -339,9 +347,15 @@ impl Shared {
         });
         self.in_flight_pages.store(0, Ordering::Release);
         self.in_flight_runs.store(0, Ordering::Release);
-        self.data_done(&self.inner.read_inner(), wrote.is_ok());
+        if late.is_empty() || wrote.is_err() {
+            self.data_done(&self.inner.read_inner(), wrote.is_ok());
+        }
         wrote?;
-        let r = journal.commit(&*dev, &flight.blocks);
+        let r = journal.commit(&*dev, &flight.blocks, &late_refs(&late));
+        if !late.is_empty() {
+            // Overwrites in place are home only now.
+            self.data_done(&self.inner.read_inner(), r.is_ok());
+        }
         self.committed(flight, r)
     }
 
@@ -653,7 +667,7 @@ impl Volume {
         }
         let dev = g.st.dev().clone();
         dev.flush()?;
-        journal.commit(&*dev, &[])?;
+        journal.commit(&*dev, &[], &[])?;
         g.delta.checkpointed(journal.seq);
         Ok(())
     }

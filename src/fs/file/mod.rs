@@ -24,7 +24,7 @@ mod writeback;
 use super::pages;
 
 pub use read::{dirty_in, plan_read, read, read_page, ReadPlan};
-pub use writeback::{write_runs, writeback, DataWrite};
+pub use writeback::{write_runs, writeback, DataWrite, InPlace};
 
 /// Dirty pages of one file, by page index.
 pub type Pages = BTreeMap<u64, Box<Block>>;
@@ -222,6 +222,12 @@ fn goal_for(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<u64> {
 /// Whether logical block `p` is mapped (written or preallocated): one tree descent.
 pub fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
     Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))
+}
+
+/// The block holding logical block `p`, when a written extent maps it (an overwrite of
+/// it may go in place: `writeback::InPlace`).
+pub fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
+    Ok(extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical)))
 }
 
 /// The last extent that starts before logical block `lblk`: one tree descent, not a scan

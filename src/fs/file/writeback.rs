@@ -8,7 +8,7 @@ use crate::disk::format::*;
 use crate::engine::store::Tx;
 use crate::error::{Error, Result};
 
-use super::{goal_for, map, unmap, Pages};
+use super::{goal_for, map, unmap, written_block, Pages};
 use crate::engine::btree;
 
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
@@ -19,6 +19,36 @@ pub struct DataWrite {
     /// The run's dirty pages, in order (their page numbers are consecutive): moved out
     /// of the file's dirty pages, so taking a run copies no data under the volume lock.
     pub pages: Vec<Box<Block>>,
+}
+
+/// Overwrites in place: pages that write-back leaves at the block the file already maps
+/// (a written extent), for the commit to log and then write home *after* it is durable
+/// (`Journal::commit`'s late data), so the committed state keeps its contents until
+/// then. The extent map does not change and nothing is allocated: random overwrites
+/// leave a file's extents as they were, and a commit logs the pages instead of every
+/// extent leaf they would have touched. Only short runs (at most `INPLACE_RUN` pages)
+/// go in place, since their data is written twice; a long run is cheaper redirected.
+pub struct InPlace {
+    /// Pages that may still go in place (room left in the log for them).
+    pub room: usize,
+    /// (block, contents) of the pages taken so far.
+    pub pages: Vec<(u64, Box<Block>)>,
+}
+
+/// Longest run of dirty pages written in place rather than to fresh blocks.
+pub const INPLACE_RUN: u64 = 16;
+
+impl InPlace {
+    /// Room for `room` pages.
+    pub fn new(room: usize) -> InPlace {
+        InPlace { room, pages: Vec::new() }
+    }
+
+    /// No page goes in place (a flush ahead of the commit: its data is written before
+    /// the commit, so it must go to fresh blocks).
+    pub fn none() -> InPlace {
+        InPlace::new(0)
+    }
 }
 
 /// Write runs of file data, those that lie side by side on the device together, in
@@ -88,13 +118,16 @@ static DATA_BUFFERS: BufferPool = BufferPool::new(2);
 /// fragment at a time and stops early, leaving the rest in `pages`, once the delta's dirty
 /// metadata reaches `meta_limit` blocks, so the caller can commit and go on: every
 /// intermediate state maps each page either to its old block or to its new one, whose
-/// data is in `out`. Returns the number of pages written back.
+/// data is in `out`. Pages of short runs over written extents go to `inplace` instead,
+/// while it has room (they count against `meta_limit` too: they are logged). Returns the
+/// number of pages written back.
 pub fn writeback(
     st: &mut Tx,
     inode: &mut Inode,
     pages: &mut Pages,
     meta_limit: usize,
     out: &mut Vec<DataWrite>,
+    inplace: &mut InPlace,
 ) -> Result<u64> {
     let mark = st.usage_mark();
     let mut written = 0u64;
@@ -111,7 +144,7 @@ pub fn writeback(
     let mut pools_left = true;
     let r = loop {
         let Some((&p0, _)) = pages.first_key_value() else { break Ok(()) };
-        if st.store().dirty_count() + st.space().dirty_blocks() >= meta_limit {
+        if st.store().dirty_count() + st.space().dirty_blocks() + inplace.pages.len() >= meta_limit {
             break Ok(());
         }
         // The run of consecutive pages from p0 (at most 8192), walked in key order.
@@ -121,6 +154,19 @@ pub fn writeback(
                 break;
             }
             n += 1;
+        }
+        if n <= INPLACE_RUN && inplace.room > 0 {
+            match written_block(st, inode, p0) {
+                Ok(Some(b)) => {
+                    let (_, page) = pages.pop_first().expect("p0 is the first dirty page");
+                    inplace.pages.push((b, page));
+                    inplace.room -= 1;
+                    written += 1;
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
         }
         if pool.is_none() {
             let goal = match next_goal {

@@ -252,8 +252,9 @@ impl Journal {
     /// and the file data it maps, `data` (block, contents; written nowhere yet), go into
     /// the log together, the commit block in the same request; the data also goes home in
     /// the same batch, and `data_home` is called once all of it is written; then one
-    /// flush, and the metadata and the `late` data (logged after `data`) go home. The delta must have written no data outside the
-    /// log before (a crash before the flush could keep its commit and lose that data).
+    /// flush, and the metadata and the `late` data (logged after `data`) go home. The
+    /// delta must have written no data outside the log before (a crash before the flush
+    /// could keep its commit and lose that data).
     pub fn commit_one_flush(
         &mut self,
         dev: &dyn BlockDevice,

@@ -82,15 +82,21 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
     (snaps, flushes)
 }
 
+/// A fresh volume of `BLOCKS` blocks with log areas of `log_blocks`, on a device that
+/// records every write from here on.
+fn fault_device(log_blocks: u32) -> Arc<FaultDevice> {
+    let base = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(log_blocks), ..Default::default() }).unwrap();
+    Arc::new(FaultDevice::new(base.to_bytes()))
+}
+
 fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
     crash_everywhere_with(seed, steps, modes, 64, OpenOptions::default());
 }
 
 /// Returns the flushes ahead of the commit the workload ran.
 fn crash_everywhere_with(seed: u64, steps: usize, modes: &[CrashMode], log_blocks: u32, opts: OpenOptions) -> u64 {
-    let base = Arc::new(MemDevice::new(BLOCKS));
-    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(log_blocks), ..Default::default() }).unwrap();
-    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let dev = fault_device(log_blocks);
     let (snaps, flushes) = workload(dev.clone(), seed, steps, opts);
     crash_at_every_write(&dev, &snaps, modes);
     flushes
@@ -120,9 +126,7 @@ fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], modes: &[Cra
 /// freed slots; a crash anywhere recovers to a sync point, fsck clean.
 #[test]
 fn crash_during_a_removal_over_many_deltas() {
-    let base = Arc::new(MemDevice::new(BLOCKS));
-    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
-    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let dev = fault_device(64);
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let d = vol.mkdir(vol.root(), b"d", 0o755, 0, 0).unwrap().ino;
     for i in 0..240 {
@@ -159,9 +163,7 @@ fn crash_during_a_removal_over_many_deltas() {
 #[test]
 fn crash_at_every_write_overwriting_in_place() {
     use rand::rngs::StdRng;
-    let base = Arc::new(MemDevice::new(BLOCKS));
-    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
-    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let dev = fault_device(64);
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
     vol.write(f, 0, &vec![1u8; 40 * 4096]).unwrap();
@@ -229,9 +231,7 @@ fn crash_at_every_write_with_flushes_ahead_of_the_commit() {
 /// panics, refuses further changes, and the image recovers to a synced state.
 #[test]
 fn device_dies_mid_commit() {
-    let base = Arc::new(MemDevice::new(BLOCKS));
-    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
-    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let dev = fault_device(64);
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let root = vol.root();
     let a = vol.create(root, b"kept", 0o644, 0, 0).unwrap();
@@ -253,9 +253,7 @@ fn device_dies_mid_commit() {
 /// for data that will never land, and the image recovers to the last sync.
 #[test]
 fn device_dies_under_a_flush_ahead_of_the_commit() {
-    let base = Arc::new(MemDevice::new(BLOCKS));
-    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(256), ..Default::default() }).unwrap();
-    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let dev = fault_device(256);
     let vol = Arc::new(Volume::open(dev.clone(), OpenOptions { flush_from: 8, ..OpenOptions::default() }).unwrap());
     let root = vol.root();
     let a = vol.create(root, b"kept", 0o644, 0, 0).unwrap();

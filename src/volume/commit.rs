@@ -327,12 +327,11 @@ impl Shared {
             });
             drop(logged);
             drop(data);
-            if home.get() && !late.is_empty() {
-                self.data_done(&self.inner.read_inner(), r.is_ok());
-            }
             if !home.get() {
                 // As a failed data write: no reader waits for data that will not come.
                 self.data_done(&self.inner.read_inner(), false);
+            } else if !late.is_empty() {
+                self.data_done(&self.inner.read_inner(), r.is_ok());
             }
             return self.committed(flight, r);
         }
@@ -456,8 +455,9 @@ impl Volume {
 
     /// ENOSPC for the operation `op` — unless files lost their last link moments ago
     /// while their holder held them or they were open: their blocks come back when the
-    /// holder's FORGET or the last RELEASE arrives, right behind the unlink. Then, once per operation (`settled`), everything is let go,
-    /// those are waited for, and the caller tries again.
+    /// holder's FORGET or the last RELEASE arrives, right behind the unlink. Then, once
+    /// per operation (`settled`), everything is let go, those are waited for, and the
+    /// caller tries again.
     fn out_of_space(&self, op: Op<'_>, settled: &mut bool) -> Result<()> {
         let recent = !*settled && !op.life.lock().unlinked_at.is_empty();
         drop(op);

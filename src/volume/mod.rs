@@ -1,7 +1,7 @@
 //! The volume: the public, thread-safe API by inode number, and the delta machinery
 //! that ties the layers together (charging costs, write-back, commit, recovery).
 //!
-//! Every change happens inside the current delta (`delta.rs`); `sync` (and `fsync`)
+//! Every change happens inside the current delta (`delta/`); `sync` (and `fsync`)
 //! commit it and make it durable. A delta also commits by itself when its dirty metadata
 //! comes within `OP_LOG_BLOCKS` of a log area's capacity, when its dirty data passes the
 //! dirty limit, and when the space budget runs short.

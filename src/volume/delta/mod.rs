@@ -1,6 +1,12 @@
-//! The delta: what the front end changed since the last commit (dirty pages, their runs,
-//! the files in flight), what a change costs and whether it fits, and the delta's side
-//! of a commit (write-back and snapshot, release). `commit.rs` drives commits.
+//! The delta: what the front end changed since the last commit, and the delta's side of a
+//! commit (write-back and snapshot, release); `commit.rs` drives commits. Its dirty pages
+//! live in `pages.rs`, what a change costs and whether it fits in `cost.rs`.
+
+mod cost;
+mod pages;
+
+pub(super) use cost::{Cost, Short};
+use pages::{runs, FileDelta};
 
 use crate::disk::codec::*;
 use crate::disk::format::*;
@@ -8,7 +14,6 @@ use crate::engine::log::Journal;
 use crate::engine::store::Store;
 use crate::error::Result;
 use crate::fs::file::{self, DataWrite, InPlace, Pages};
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -48,38 +53,6 @@ pub(super) fn late_refs(late: &[(u64, Box<Block>)]) -> Vec<(u64, &[u8])> {
 /// (1 MiB): the data is written twice, so this is for the small deltas an fsync makes,
 /// where a device flush and two round trips cost more than the copy.
 const LOGGED_DATA_PAGES: usize = 256;
-
-/// What an operation may need, charged before it changes anything.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Cost {
-    /// Worst-case new metadata blocks.
-    pub(super) meta: u64,
-    /// New data pages (delayed allocation: blocks promised until write-back).
-    pub(super) pages: u64,
-    /// Deletions may use the reserve.
-    pub(super) deletion: bool,
-}
-
-impl Cost {
-    pub(super) fn new(meta: u64, pages: u64, deletion: bool) -> Cost {
-        Cost { meta, pages, deletion }
-    }
-}
-
-/// Why a charge does not fit in the current delta.
-#[derive(PartialEq, Eq)]
-pub(super) enum Short {
-    /// The log is near full: commit, then it fits.
-    Delta,
-    /// The dirty-data limit (pages, or runs of pages) is reached: commit, then it fits;
-    /// while a commit is already writing, up to twice the limit may wait for the next.
-    Dirty,
-    /// Not enough space, perhaps until the delta's frees are released.
-    Space,
-    /// Not even an empty delta with no other operation beside it has room for it: the
-    /// log is smaller than one operation's room.
-    Never,
-}
 
 /// The delta being built: the dirty file pages it carries (delayed allocation), its
 /// promises against the space budget, and the counters of the commits that end it.
@@ -133,26 +106,6 @@ pub(super) struct Delta {
     flushed_data: bool,
 }
 
-/// One file's part of the delta.
-#[derive(Default)]
-struct FileDelta {
-    pages: Pages,
-    /// Dirty pages over blocks the file already has (overwrites, or writes into a
-    /// preallocated range): their write-back swaps a block for a block, so they add
-    /// nothing to the file's block count.
-    overwrites: BTreeSet<u64>,
-    /// Extent-map blocks promised for the write-back of its dirty pages (the
-    /// `writeback_meta` of each page made dirty): settled when a flush ahead of the commit
-    /// writes back all of the file's pages, so flushing does not promise them twice.
-    meta_promised: u64,
-}
-
-impl FileDelta {
-    fn is_empty(&self) -> bool {
-        self.pages.is_empty() && self.overwrites.is_empty() && self.meta_promised == 0
-    }
-}
-
 /// Most pages (32 MiB) and runs of pages one flush ahead of the commit takes: it holds
 /// the volume lock for their write-back, an extent-map change per run (some 1.5 µs for a
 /// scattered page), so a flush of 512 runs holds it for about a millisecond, and a writer
@@ -166,19 +119,6 @@ const FLUSH_RUNS: u64 = 512;
 /// scattered the writes. (8192 let four random writers through the mount wait up to
 /// 240–440 ms; 2048 brought that to 23–90 ms with more IOPS, docs/BENCHMARKS.md.)
 const RUN_LIMIT: u64 = 2048;
-
-/// Runs of consecutive pages in `pages`.
-fn runs(pages: &Pages) -> u64 {
-    let mut n = 0;
-    let mut prev = None;
-    for &p in pages.keys() {
-        if prev.is_none_or(|q: u64| q + 1 != p) {
-            n += 1;
-        }
-        prev = Some(p);
-    }
-    n
-}
 
 impl Delta {
     pub(super) fn new(seq: u64, log_capacity: u64, opts: &OpenOptions) -> Delta {
@@ -340,211 +280,9 @@ impl Delta {
         self.any_in_flight.store(false, Ordering::Release);
     }
 
-    /// Run `f` over a file's dirty pages, if it has any, with its table shard locked: `f`
-    /// takes no lock (the table's shards are leaves; a cache block is below them only for a
-    /// `Tx`, which may hold one while it looks a file up here).
-    pub(super) fn with_pages<R>(&self, ino: u64, f: impl FnOnce(Option<&Pages>) -> R) -> R {
-        let m = self.files.shard(ino);
-        f(m.get(&ino).map(|d| &d.pages).filter(|p| !p.is_empty()))
-    }
-
-    /// Number of dirty pages of a file.
-    pub(super) fn page_count(&self, ino: u64) -> u64 {
-        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.len() as u64)
-    }
-
-    /// Dirty pages of a file among pages `first..=last`.
-    pub(super) fn pages_in(&self, ino: u64, first: u64, last: u64) -> u64 {
-        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.range(first..=last).count() as u64)
-    }
-
-    /// Copy `bytes` into dirty page `p` of `ino` at `at`, if that page is dirty; whether
-    /// it was.
-    pub(super) fn write_page(&self, ino: u64, p: u64, at: usize, bytes: &[u8]) -> bool {
-        let mut m = self.files.shard(ino);
-        match m.get_mut(&ino).and_then(|d| d.pages.get_mut(&p)) {
-            Some(page) => {
-                page[at..at + bytes.len()].copy_from_slice(bytes);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Whether page `p` of `ino` is dirty.
-    pub(super) fn has_page(&self, ino: u64, p: u64) -> bool {
-        self.files.shard(ino).get(&ino).is_some_and(|d| d.pages.contains_key(&p))
-    }
-
-    /// Dirty pages of a file that will need blocks it does not have yet (what `stat`
-    /// counts beyond the blocks already mapped).
-    pub(super) fn new_page_count(&self, ino: u64) -> u64 {
-        self.files.shard(ino).get(&ino).map_or(0, |d| d.pages.len() as u64 - d.overwrites.len() as u64)
-    }
-
-    /// Page `p` of `ino`, just made dirty, lies over a block the file already has.
-    pub(super) fn mark_overwrite(&self, ino: u64, p: u64) {
-        self.files.shard(ino).entry(ino).or_default().overwrites.insert(p);
-    }
-
-    /// Make page `p` of inode `i` dirty with contents `page`, promising its block and its
-    /// share of the write-back's extent-map changes.
-    pub(super) fn add_page(&self, st: &Store, i: &Inode, p: u64, page: Box<[u8; BLOCK_SIZE]>) {
-        let meta = {
-            let mut m = self.files.shard(i.ino);
-            let d = m.entry(i.ino).or_default();
-            let before = d.pages.len() as u64;
-            let (left, right) = (p > 0 && d.pages.contains_key(&(p - 1)), d.pages.contains_key(&(p + 1)));
-            if d.pages.insert(p, page).is_none() {
-                // A page alone starts a run; one between two runs joins them.
-                match (left, right) {
-                    (false, false) => {
-                        self.dirty_runs.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (true, true) => {
-                        self.dirty_runs.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
-            }
-            let meta = Self::writeback_meta(before, before + 1, extent_depth(i));
-            d.meta_promised += meta;
-            meta
-        };
-        self.dirty_pages.fetch_add(1, Ordering::Relaxed);
-        st.promise(1, meta);
-    }
-
-    /// Drop the dirty pages of `ino` that `which` selects (truncate, punch, delete); their
-    /// promised blocks go back to the budget.
-    pub(super) fn drop_pages(&self, st: &Store, ino: u64, which: impl Fn(u64) -> bool) {
-        let n = {
-            let mut m = self.files.shard(ino);
-            let Some(d) = m.get_mut(&ino) else { return };
-            d.overwrites.retain(|p| !which(*p));
-            let before = d.pages.len();
-            let runs_before = runs(&d.pages);
-            d.pages.retain(|p, _| !which(*p));
-            let n = (before - d.pages.len()) as u64;
-            let runs_after = runs(&d.pages);
-            self.dirty_runs.fetch_add(runs_after, Ordering::Relaxed);
-            self.dirty_runs.fetch_sub(runs_before, Ordering::Relaxed);
-            if d.is_empty() {
-                m.remove(&ino);
-            }
-            n
-        };
-        self.dirty_pages.fetch_sub(n, Ordering::Relaxed);
-        if n > 0 {
-            st.space().settle_pages(n);
-        }
-    }
-
-    /// Move the dirty pages of `ino` at or after page `from` by `delta` pages (collapse
-    /// and insert range); the pages they move onto are not dirty.
-    pub(super) fn shift_pages(&self, ino: u64, from: u64, delta: i64) {
-        let mut m = self.files.shard(ino);
-        let Some(d) = m.get_mut(&ino) else { return };
-        let moved = d.overwrites.split_off(&from);
-        d.overwrites.extend(moved.into_iter().map(|p| p.saturating_add_signed(delta)));
-        let runs_before = runs(&d.pages);
-        let moved = d.pages.split_off(&from);
-        for (p, page) in moved {
-            d.pages.insert(p.saturating_add_signed(delta), page);
-        }
-        let runs_after = runs(&d.pages);
-        self.dirty_runs.fetch_add(runs_after, Ordering::Relaxed);
-        self.dirty_runs.fetch_sub(runs_before, Ordering::Relaxed);
-    }
-
     /// Whether the delta holds no change at all (no dirty metadata or data).
     pub(super) fn is_empty(&self, st: &Store) -> bool {
         st.dirty_count() == 0 && st.pending_bitmap_blocks() == 0 && self.dirty_pages() == 0
-    }
-
-    /// Whether a change of cost `c` fits in the current delta beside the operations
-    /// already running: room in the log for this one and each of them, the dirty-data
-    /// limit, and the space budget. Checks only; [`Delta::reserve`] takes the room.
-    pub(super) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        self.check(st, c, dirty_factor, self.log_reserved(), |n, deletion| {
-            st.space().available(deletion) + st.leased_idle() >= n
-        })
-    }
-
-    /// Reserve what an operation of cost `c` may need, if it fits (as [`Delta::fits`]
-    /// checks, with the dirty limits times `dirty_factor`): its log room and its worst
-    /// case of blocks, both given back by [`Delta::release`] when it ends. Taking the
-    /// room and checking it are one step, so operations running at once cannot all take
-    /// the last of it; a change that needs no block takes no lock.
-    pub(super) fn reserve(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        self.log_reserved.add(OP_LOG_BLOCKS as i64);
-        let others = self.log_reserved().saturating_sub(OP_LOG_BLOCKS);
-        let r = self.check(st, c, dirty_factor, others, |n, deletion| st.reserve_blocks(n, deletion));
-        if r.is_err() {
-            self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
-        }
-        r
-    }
-
-    /// The checks of [`Delta::fits`] and [`Delta::reserve`]: log room beside `others`
-    /// blocks of it held by running operations, the dirty limits times `dirty_factor`,
-    /// then `blocks(n, deletion)` for the worst case of blocks.
-    fn check(
-        &self,
-        st: &Store,
-        c: Cost,
-        dirty_factor: u64,
-        others: u64,
-        blocks: impl FnOnce(u64, bool) -> bool,
-    ) -> std::result::Result<(), Short> {
-        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
-        if used + others + OP_LOG_BLOCKS > self.log_capacity {
-            return Err(if OP_LOG_BLOCKS > self.log_capacity { Short::Never } else { Short::Delta });
-        }
-        // Only changes that dirty pages are held back by the dirty-data limits (a delta
-        // may be past them while a commit is writing: see `charged_with`).
-        let pages = self.dirty_pages();
-        if c.pages > 0
-            && ((pages > 0 && pages + c.pages > self.dirty_limit * dirty_factor)
-                || self.dirty_runs() >= RUN_LIMIT * dirty_factor)
-        {
-            return Err(Short::Dirty);
-        }
-        if self.accounting && !blocks(c.meta + c.pages, c.deletion) {
-            return Err(Short::Space);
-        }
-        Ok(())
-    }
-
-    /// An operation that reserved for cost `c` has ended, having used `used` blocks of the
-    /// budget.
-    pub(super) fn release(&self, st: &Store, c: Cost, used: u64) {
-        self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
-        if self.accounting {
-            st.release_blocks(c.meta + c.pages, used);
-        }
-    }
-
-    /// Log room reserved by operations now running.
-    pub(super) fn log_reserved(&self) -> u64 {
-        self.log_reserved.sum().max(0) as u64
-    }
-
-    /// Whether a change of cost `c` fits in twice the dirty-data limits, counting the
-    /// `pages` and `runs` a running commit has not written yet: how far a writer may run
-    /// ahead of that commit.
-    pub(super) fn room_beside(&self, c: Cost, pages: u64, runs: u64) -> bool {
-        self.dirty_pages() + pages + c.pages <= 2 * self.dirty_limit && self.dirty_runs() + runs < 2 * RUN_LIMIT
-    }
-
-    /// Metadata the write-back of a file's dirty pages may need, growing from `before` to
-    /// `after` pages: the first page of a file in a delta charges an extent-map change (a
-    /// removal and an insert, each splitting at most every level, plus the inline-to-tree
-    /// move), and every 64 pages one more block (at least 64 extent records fit in the
-    /// half-full leaf a split leaves).
-    pub(super) fn writeback_meta(before: u64, after: u64, depth: u64) -> u64 {
-        let first = if before == 0 && after > 0 { 2 * depth + 4 } else { 0 };
-        first + after.div_ceil(64) - before.div_ceil(64)
     }
 
     /// Write back all dirty data and snapshot the delta for the log. When the log fills
@@ -652,18 +390,6 @@ impl Delta {
 }
 
 impl Inner {
-    /// Worst-case new blocks of one directory-index insert: a split at every level plus
-    /// a new root.
-    pub(super) fn dir_cost(d: &Inode) -> u64 {
-        d.dir().map_or(2, |d| d.tree.depth as u64 + 2)
-    }
-
-    /// Blocks charged to take an inode slot: one inode block (a new region is sized to
-    /// what the budget allows, and is at least that one block).
-    pub(super) fn inode_cost(&self) -> u64 {
-        1
-    }
-
     /// Write back and snapshot the delta (see [`Delta::prepare_commit`]); `stamp` is the
     /// linearization stamp of the lock hold doing it, recorded with the sequence number of
     /// every delta it seals when [`Volume::record_commit_stamps`] asked for it.
@@ -683,9 +409,9 @@ impl Inner {
     }
 }
 
+/// What the tests of the delta's parts share.
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
+mod testing {
 
     use super::*;
     use crate::disk::device::MemDevice;
@@ -693,7 +419,7 @@ mod tests {
     use crate::engine::space::Space;
 
     /// A store over a blank 4096-block memory device (nothing on it is read here).
-    fn store() -> Store {
+    pub(super) fn store() -> Store {
         let layout = Layout::for_blocks(4096).unwrap();
         let sb = Superblock {
             version: VERSION,
@@ -714,105 +440,11 @@ mod tests {
         Store::new(Arc::new(MemDevice::new(4096)), MetaCache::new(64), Space::fresh(layout), sb, true)
     }
 
-    fn file(ino: u64) -> Inode {
+    pub(super) fn file(ino: u64) -> Inode {
         Inode::new(ino, libc::S_IFREG | 0o644)
     }
 
-    fn page() -> Box<[u8; BLOCK_SIZE]> {
+    pub(super) fn page() -> Box<[u8; BLOCK_SIZE]> {
         Box::new([0u8; BLOCK_SIZE])
-    }
-
-    #[test]
-    fn pages_promise_blocks_and_give_them_back() {
-        let mut st = store();
-        let opts = OpenOptions::default();
-        let d = Delta::new(7, 256, &opts);
-        let free = st.space_mut().available(false);
-        let (a, b) = (file(33), file(34));
-        for p in 0..3 {
-            d.add_page(&st, &a, p, page());
-        }
-        d.add_page(&st, &b, 9, page());
-        // Three pages of one file and one of another: a data block each, plus the first
-        // page's extent-map change and one block per 64 pages, for each file.
-        let meta = Delta::writeback_meta(0, 3, 0) + Delta::writeback_meta(0, 1, 0);
-        assert_eq!(st.space_mut().promised(), 4 + meta);
-        assert_eq!(free - st.space_mut().available(false), st.space_mut().promised());
-        assert_eq!((d.page_count(33), d.pages_in(33, 1, 5), d.page_count(34)), (3, 2, 1));
-        d.drop_pages(&st, 33, |p| p >= 1);
-        assert_eq!(d.page_count(33), 1);
-        d.drop_pages(&st, 34, |_| true);
-        assert!(d.with_pages(34, |p| p.is_none()), "a file with no dirty page leaves the delta");
-        assert_eq!(d.dirty_pages(), 1);
-        st.space_mut().clear_promises();
-        assert_eq!(st.space_mut().available(false), free);
-    }
-
-    #[test]
-    fn runs_of_dirty_pages_are_counted_and_limit_the_delta() {
-        let mut st = store();
-        let opts = OpenOptions { dirty_limit: 1 << 20, ..OpenOptions::default() };
-        let d = Delta::new(0, 1 << 20, &opts);
-        let (a, b) = (file(33), file(34));
-        for p in [1, 3, 5] {
-            d.add_page(&st, &a, p, page());
-        }
-        assert_eq!(d.dirty_runs(), 3);
-        d.add_page(&st, &a, 2, page()); // joins 1 and 3
-        d.add_page(&st, &a, 6, page()); // extends 5
-        d.add_page(&st, &b, 1, page()); // another file: a run of its own
-        assert_eq!(d.dirty_runs(), 3);
-        d.drop_pages(&st, 33, |p| p == 2); // splits 1..=3 again
-        assert_eq!(d.dirty_runs(), 4);
-        d.shift_pages(33, 5, -1); // 5, 6 move onto 4, 5, next to 3
-        assert_eq!(d.dirty_runs(), 3);
-        let mut total = 0;
-        let mut d = d;
-        d.files.for_each(|m| total += m.values().map(|f| runs(&f.pages)).sum::<u64>());
-        assert_eq!(d.dirty_runs(), total);
-        // Scattered pages up to the run limit: the next page needs a commit first.
-        let c = file(35);
-        for k in 0..RUN_LIMIT - 3 {
-            d.add_page(&st, &c, 2 * k, page());
-        }
-        assert_eq!(d.dirty_runs(), RUN_LIMIT);
-        assert!(matches!(d.fits(&st, Cost::new(1, 1, false), 1), Err(Short::Dirty)));
-        assert!(
-            !matches!(d.fits(&st, Cost::new(1, 0, false), 1), Err(Short::Dirty)),
-            "an operation with no page still fits"
-        );
-        st.space_mut().clear_promises();
-    }
-
-    #[test]
-    fn fits_tells_a_full_delta_from_a_full_volume() {
-        let mut st = store();
-        let opts = OpenOptions { dirty_limit: 4, ..OpenOptions::default() };
-        let d = Delta::new(0, 256, &opts);
-        assert!(d.fits(&st, Cost::new(3, 2, false), 1).is_ok());
-        let a = file(33);
-        for p in 0..3 {
-            d.add_page(&st, &a, p, page());
-        }
-        assert!(d.fits(&st, Cost::new(0, 1, false), 1).is_ok());
-        assert!(d.fits(&st, Cost::new(0, 2, false), 1) == Err(Short::Dirty), "past the dirty limit: commit first");
-        let avail = st.space_mut().available(false);
-        assert!(d.fits(&st, Cost::new(avail + 1, 0, false), 1) == Err(Short::Space));
-        assert!(d.fits(&st, Cost::new(avail + 1, 0, true), 1).is_ok(), "deletions may use the reserve");
-        let small_log = Delta::new(0, OP_LOG_BLOCKS, &opts);
-        assert!(small_log.fits(&st, Cost::new(0, 0, true), 1) == Err(Short::Delta), "no log room for one operation");
-        let off = Delta::new(0, 256, &OpenOptions { space_accounting: false, ..opts });
-        assert!(off.fits(&st, Cost::new(avail + 1000, 0, false), 1).is_ok(), "accounting off never says Space");
-    }
-
-    #[test]
-    fn writeback_meta_charges_the_first_page_and_every_64th() {
-        assert_eq!(Delta::writeback_meta(0, 0, 2), 0);
-        assert_eq!(Delta::writeback_meta(0, 1, 2), 2 * 2 + 4 + 1);
-        assert_eq!(Delta::writeback_meta(1, 64, 2), 0);
-        assert_eq!(Delta::writeback_meta(64, 65, 2), 1);
-        // Growing in steps charges what growing at once does.
-        let steps: u64 = (0..200).map(|n| Delta::writeback_meta(n, n + 1, 1)).sum();
-        assert_eq!(steps, Delta::writeback_meta(0, 200, 1));
     }
 }

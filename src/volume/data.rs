@@ -517,7 +517,7 @@ impl Volume {
     /// to a thread of their own, so that the other requests made on that CPU do not wait
     /// behind them.
     pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], how: WriteAs) -> Result<Option<usize>> {
-        let _no_wait = super::commit::NoWait::set();
+        let _no_wait = super::charge::NoWait::set();
         match self.write_with(ino, offset, data, how) {
             Err(Error::WouldWait) => Ok(None),
             r => r.map(Some),

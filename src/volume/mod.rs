@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 
 mod ahead;
 mod attrs;
+mod charge;
 mod commit;
 mod contention;
 mod data;

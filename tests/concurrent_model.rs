@@ -503,6 +503,7 @@ fn crash_run(plan: Plan, cuts: usize) {
     });
     assert_eq!(dump(&vol), m.dump(), "seed {}: the tree at the end", plan.seed);
     check_op_log_room(plan.seed, &vol);
+    let split = vol.split_commits();
     // Crash images are opened in this process: the volume lets go of its mount mark.
     drop(Arc::into_inner(vol).expect("one owner"));
     // Cut points: from the setup's commit on, the flush points and the writes around
@@ -545,11 +546,21 @@ fn crash_run(plan: Plan, cuts: usize) {
                 .unwrap_or_else(|e| panic!("seed {}: {mode:?} at write {at}/{n}: {e}", plan.seed));
             let Some(&k) = seqs.iter().find(|&&s| s >= low && states[&s] == got) else {
                 let any: Vec<u64> = seqs.iter().copied().filter(|s| states[s] == got).collect();
+                // The sealed delta nearest to what was recovered, and how they differ: a
+                // rare failure must say enough to be understood from its message alone.
+                let (near, diff) = seqs
+                    .iter()
+                    .map(|s| (*s, differences(&got, &states[s])))
+                    .min_by_key(|(_, d)| d.len())
+                    .expect("a sealed delta");
                 panic!(
                     "seed {}: {mode:?} at write {at}/{n}: the recovered tree is no sealed delta's from {low} on \
-                     (it equals deltas {any:?}; sealed: {:?})",
+                     (it equals deltas {any:?}; sealed: {:?}; {split} split by a full log); nearest is delta \
+                     {near}, {} path(s) differ:\n{}",
                     plan.seed,
-                    seqs.first()..=seqs.last()
+                    seqs.first()..=seqs.last(),
+                    diff.len(),
+                    diff.iter().take(12).cloned().collect::<Vec<_>>().join("\n")
                 );
             };
             // A subset of the unflushed writes may keep a delta at one cut and lose it at
@@ -560,7 +571,7 @@ fn crash_run(plan: Plan, cuts: usize) {
         }
     }
     eprintln!(
-        "seed {}: {} writes, {} sealed deltas, {} syncs, {} crash points checked in 5 modes",
+        "seed {}: {} writes, {} sealed deltas ({split} split by a full log), {} syncs, {} crash points checked in 5 modes",
         plan.seed,
         n,
         commits.len(),
@@ -568,6 +579,74 @@ fn crash_run(plan: Plan, cuts: usize) {
         points.len()
     );
     assert_clean(Arc::new(MemDevice::from_bytes(dev.to_bytes())));
+}
+
+/// How a recovered tree differs from a model's, one line per path: present on one side
+/// only, another kind of node, file data (sizes and the first differing page), links or
+/// xattrs.
+fn differences(got: &Dump, want: &Dump) -> Vec<String> {
+    let mut out = Vec::new();
+    for path in got.keys().chain(want.keys()).collect::<std::collections::BTreeSet<_>>() {
+        match (got.get(path), want.get(path)) {
+            (Some(_), None) => out.push(format!("{path}: recovered, not in the model")),
+            (None, Some(_)) => out.push(format!("{path}: in the model, not recovered")),
+            (Some(g), Some(w)) if g != w => {
+                let what = match (&g.0, &w.0) {
+                    (
+                        Node::File { data: a, first_link: fa, nlink: na },
+                        Node::File { data: b, first_link: fb, nlink: nb },
+                    ) => {
+                        if a != b {
+                            let at = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+                            format!(
+                                "data: {} bytes recovered, {} in the model, first difference at byte {at} (page {}): \
+                                 {:?} against {:?}",
+                                a.len(),
+                                b.len(),
+                                at / 4096,
+                                a.get(at),
+                                b.get(at)
+                            )
+                        } else if (fa, na) != (fb, nb) {
+                            format!("links: {fa} ({na}) recovered, {fb} ({nb}) in the model")
+                        } else {
+                            "xattrs".to_string()
+                        }
+                    }
+                    (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
+                        format!("a {a:?} recovered, a {b:?} in the model")
+                    }
+                    _ if g.0 == w.0 => format!("xattrs: {:?} recovered, {:?} in the model", g.1.len(), w.1.len()),
+                    _ => "contents".to_string(),
+                };
+                out.push(format!("{path}: {what}"));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The failure message's differences name each kind of mismatch.
+#[test]
+fn differences_name_what_differs() {
+    let file = |data: &[u8]| (Node::File { data: data.to_vec(), first_link: "/f".into(), nlink: 1 }, vec![]);
+    let mut want = Dump::new();
+    want.insert("/f".into(), file(&[1; 9000]));
+    want.insert("/d".into(), (Node::Dir, vec![]));
+    want.insert("/gone".into(), (Node::Dir, vec![]));
+    let mut got = want.clone();
+    got.get_mut("/f").unwrap().0 = file(&[[1u8; 4100].as_slice(), &[7; 4900]].concat()).0;
+    got.remove("/gone");
+    got.insert("/new".into(), (Node::Symlink(b"t".to_vec()), vec![]));
+    got.get_mut("/d").unwrap().1.push((b"user.x".to_vec(), b"v".to_vec()));
+    let d = differences(&got, &want);
+    assert_eq!(d.len(), 4, "{d:#?}");
+    assert!(d[0].starts_with("/d: xattrs"), "{d:#?}");
+    assert!(d[1].contains("first difference at byte 4100 (page 1): Some(7) against Some(1)"), "{d:#?}");
+    assert!(d[2].contains("/gone: in the model, not recovered"), "{d:#?}");
+    assert!(d[3].contains("/new: recovered, not in the model"), "{d:#?}");
+    assert!(differences(&want, &want).is_empty());
 }
 
 #[test]

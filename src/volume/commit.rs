@@ -362,6 +362,13 @@ impl Volume {
         stamps
     }
 
+    /// Test hook: deltas committed part way through a commit's write-back because the
+    /// log filled (docs/DESIGN.md, "Known limits").
+    #[doc(hidden)]
+    pub fn split_commits(&self) -> u64 {
+        self.s.inner.read_inner().delta.split_commits()
+    }
+
     /// Test hook: flushes ahead of the commit done so far (see
     /// [`OpenOptions::flush_from`]).
     #[doc(hidden)]

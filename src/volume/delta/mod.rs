@@ -104,6 +104,10 @@ pub(super) struct Delta {
     /// A flush wrote file data of this delta to the device: it must commit with two
     /// flushes (that data must be durable before its commit block is written).
     flushed_data: bool,
+    /// Deltas committed part way through a commit's write-back because the log filled
+    /// (`prepare_commit`): each is a consistent volume, but not the state after a prefix
+    /// of the operations (later files' pages are not written back yet).
+    split_commits: u64,
 }
 
 /// Most pages (32 MiB) and runs of pages one flush ahead of the commit takes: it holds
@@ -137,6 +141,7 @@ impl Delta {
             flush_from: opts.flush_from.min(opts.dirty_limit / 4),
             flushes: AtomicU64::new(0),
             flushed_data: false,
+            split_commits: 0,
         }
     }
 
@@ -175,6 +180,11 @@ impl Delta {
     /// the room any front-end operation and one write-back fragment need.
     fn flush_limit(&self) -> usize {
         (self.log_capacity as usize).saturating_sub(OP_LOG_BLOCKS as usize + WRITEBACK_HEADROOM)
+    }
+
+    /// Deltas committed part way through a write-back because the log filled.
+    pub(super) fn split_commits(&self) -> u64 {
+        self.split_commits
     }
 
     /// Flushes ahead of the commit done so far.
@@ -330,6 +340,7 @@ impl Delta {
                 }
                 // The log is full: commit what is mapped so far, its data first (under
                 // the lock: only write-backs larger than a log area come here).
+                self.split_commits += 1;
                 file::write_runs(&**st.dev(), std::mem::take(&mut data), DATA_PIECE, |_, _| {})?;
                 st.space_mut().release_deferred();
                 st.forget_freed();

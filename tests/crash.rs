@@ -18,11 +18,22 @@ const BLOCKS: u64 = 1024;
 
 /// A deterministic workload of small deltas; returns the states at each completed sync
 /// as (write index when sync returned, dump), and the flushes ahead of the commit that ran.
-fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -> (Vec<(usize, Dump)>, u64) {
+/// What a workload leaves: the state at each sync (with the device's write count when it
+/// returned), the states after each operation between sync k and sync k+1 (`between[k]`:
+/// a delta may commit between syncs, when its write-back's worst case no longer fits in
+/// the log beside the next operation), and the flushes ahead of the commit it ran.
+struct Run {
+    snaps: Vec<(usize, Dump)>,
+    between: Vec<Vec<Dump>>,
+    flushes: u64,
+}
+
+fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -> Run {
     let vol = Volume::open(dev.clone(), opts).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let root = vol.root();
     let mut snaps = vec![(dev.events(), dump(&vol))];
+    let mut between = vec![Vec::new()];
     let mut files: Vec<u64> = Vec::new();
     let mut dirs: Vec<u64> = vec![root];
     for step in 0..steps {
@@ -73,13 +84,17 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
         if rng.gen_range(0..3) == 0 {
             vol.sync().unwrap();
             snaps.push((dev.events(), dump(&vol)));
+            between.push(Vec::new());
+        } else {
+            between.last_mut().expect("one per sync").push(dump(&vol));
         }
     }
     vol.sync().unwrap();
     snaps.push((dev.events(), dump(&vol)));
+    between.push(Vec::new());
     let flushes = vol.flushes();
     drop(vol);
-    (snaps, flushes)
+    Run { snaps, between, flushes }
 }
 
 /// A fresh volume of `BLOCKS` blocks with log areas of `log_blocks`, on a device that
@@ -97,15 +112,16 @@ fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
 /// Returns the flushes ahead of the commit the workload ran.
 fn crash_everywhere_with(seed: u64, steps: usize, modes: &[CrashMode], log_blocks: u32, opts: OpenOptions) -> u64 {
     let dev = fault_device(log_blocks);
-    let (snaps, flushes) = workload(dev.clone(), seed, steps, opts);
-    crash_at_every_write(&dev, &snaps, modes);
-    flushes
+    let run = workload(dev.clone(), seed, steps, opts);
+    crash_at_every_write(&dev, &run.snaps, &run.between, modes);
+    run.flushes
 }
 
 /// Cut the write stream of a finished workload at every point from its first snapshot
-/// on: each crash image must
-/// recover (fsck clean) to the newest sync before the cut or the one after it.
-fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], modes: &[CrashMode]) {
+/// on: each crash image must recover (fsck clean) to the newest sync before the cut, the
+/// one after it, or a state between them after one of the operations (`between`, where
+/// given: empty lists for a workload whose deltas commit only at its syncs).
+fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], between: &[Vec<Dump>], modes: &[CrashMode]) {
     let n = dev.events();
     assert!(n > 100, "workload too small to mean anything: {n} writes");
     for &mode in modes {
@@ -116,7 +132,11 @@ fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], modes: &[Cra
             let got = recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at write {at}/{n}: {e}"));
             let ok_now = got == snaps[k].1;
             let ok_next = snaps.get(k + 1).is_some_and(|s| got == s.1);
-            assert!(ok_now || ok_next, "{mode:?} at write {at}/{n}: recovered state is neither sync {k} nor the next");
+            let ok_between = between.get(k).is_some_and(|b| b.contains(&got));
+            assert!(
+                ok_now || ok_next || ok_between,
+                "{mode:?} at write {at}/{n}: recovered state is neither sync {k}, nor the next, nor one between"
+            );
         }
     }
 }
@@ -153,7 +173,7 @@ fn crash_during_a_removal_over_many_deltas() {
     vol.sync().unwrap();
     snaps.push((dev.events(), dump(&vol)));
     drop(vol);
-    crash_at_every_write(&dev, &snaps, &[CrashMode::All, CrashMode::DropUnflushed]);
+    crash_at_every_write(&dev, &snaps, &[], &[CrashMode::All, CrashMode::DropUnflushed]);
 }
 
 /// Overwrites in place: single pages and short runs of a synced file overwritten again
@@ -189,7 +209,7 @@ fn crash_at_every_write_overwriting_in_place() {
         CrashMode::DropRandomUnflushed(5),
         CrashMode::NewestUnflushed(3),
     ];
-    crash_at_every_write(&dev, &snaps, &modes);
+    crash_at_every_write(&dev, &snaps, &[], &modes);
 }
 
 #[test]

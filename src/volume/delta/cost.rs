@@ -75,7 +75,9 @@ impl Delta {
         others: u64,
         blocks: impl FnOnce(u64, bool) -> bool,
     ) -> std::result::Result<(), Short> {
-        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64;
+        // The write-back's worst case counts as already logged: a delta commits before
+        // its write-back could overflow the log (see `Delta::writeback_log`).
+        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64 + self.writeback_log();
         if used + others + OP_LOG_BLOCKS > self.log_capacity {
             return Err(if OP_LOG_BLOCKS > self.log_capacity { Short::Never } else { Short::Delta });
         }
@@ -165,6 +167,30 @@ mod tests {
         assert!(small_log.fits(&st, Cost::new(0, 0, true), 1) == Err(Short::Delta), "no log room for one operation");
         let off = Delta::new(0, 256, &OpenOptions { space_accounting: false, ..opts });
         assert!(off.fits(&st, Cost::new(avail + 1000, 0, false), 1).is_ok(), "accounting off never says Space");
+    }
+
+    /// Dirty pages count against the log's room by what their write-back may log, so a
+    /// delta commits before its write-back could overflow the log (which would split it).
+    #[test]
+    fn the_write_backs_worst_case_takes_log_room() {
+        let st = store();
+        let opts = OpenOptions { dirty_limit: 1 << 20, ..OpenOptions::default() };
+        let capacity = OP_LOG_BLOCKS + 30;
+        let d = Delta::new(0, capacity, &opts);
+        assert!(d.fits(&st, Cost::new(1, 1, false), 1).is_ok());
+        // Scattered pages of a few files: no dirty metadata yet, but their write-back
+        // would change an extent leaf per run.
+        for ino in 33..36 {
+            for p in 0..4 {
+                d.add_page(&st, &file(ino), 2 * p, page());
+            }
+        }
+        assert_eq!(st.dirty_count(), 0);
+        assert!(d.writeback_log() >= 2 * 12, "two blocks a run at least: {}", d.writeback_log());
+        assert!(d.writeback_log() + OP_LOG_BLOCKS > capacity);
+        assert!(d.fits(&st, Cost::new(1, 0, false), 1) == Err(Short::Delta), "commit first");
+        let roomy = Delta::new(0, capacity + d.writeback_log(), &opts);
+        assert!(roomy.fits(&st, Cost::new(1, 0, false), 1).is_ok());
     }
 
     #[test]

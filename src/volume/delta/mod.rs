@@ -76,6 +76,9 @@ pub(super) struct Delta {
     /// commits even below the dirty limit (random writes would otherwise make one commit
     /// hold the lock for a long time).
     dirty_runs: AtomicU64,
+    /// The files' `meta_promised`, summed: with the runs, what bounds the log blocks the
+    /// commit's write-back adds (`writeback_log`).
+    meta_promised: AtomicU64,
     /// Blocks one delta may log (the log's capacity).
     log_capacity: u64,
     /// Log blocks set aside for the operations now running (`OP_LOG_BLOCKS` each): they
@@ -131,6 +134,7 @@ impl Delta {
             dirty_pages: AtomicU64::new(0),
             dirty_limit: opts.dirty_limit,
             dirty_runs: AtomicU64::new(0),
+            meta_promised: AtomicU64::new(0),
             log_capacity,
             log_reserved: SlotCounter::new(0),
             seq,
@@ -151,6 +155,17 @@ impl Delta {
 
     fn dirty_runs(&self) -> u64 {
         self.dirty_runs.load(Ordering::Relaxed)
+    }
+
+    /// Log blocks the write-back of the dirty pages may add to the delta: the extent-map
+    /// blocks promised for them (a change per file, splits included, and a leaf per 64
+    /// pages) and, since scattered pages change a leaf per run, two blocks per run (the
+    /// leaf and a bitmap block). Charged as the log's room is (`check`), so a delta
+    /// commits before its write-back could fill the log: a write-back the log cannot
+    /// hold is split into two commits, and a crash between them leaves a volume that is
+    /// consistent but no prefix of the operations (some files' new pages not there).
+    pub(super) fn writeback_log(&self) -> u64 {
+        self.meta_promised.load(Ordering::Relaxed) + 2 * self.dirty_runs()
     }
 
     /// Whether the dirty pages are many enough, or scattered enough, to write some back
@@ -253,7 +268,9 @@ impl Delta {
             }
             if rest.is_empty() {
                 fd.overwrites.clear();
-                st.space().settle_meta(std::mem::take(&mut fd.meta_promised));
+                let meta = std::mem::take(&mut fd.meta_promised);
+                *self.meta_promised.get_mut() -= meta;
+                st.space().settle_meta(meta);
             } else {
                 *self.dirty_runs.get_mut() += runs(&rest);
                 fd.pages = rest;
@@ -314,8 +331,12 @@ impl Delta {
         let limit = (self.log_capacity as usize).saturating_sub(WRITEBACK_HEADROOM);
         let mut data = Vec::new();
         // Overwrites in place need recovery to know logged data (DATA_TARGET), which the
-        // one-flush feature brought: only volumes with it.
-        let room = if st.sb.one_flush_commit() { limit.min(INPLACE_PAGES) } else { 0 };
+        // one-flush feature brought: only volumes with it; and only as many as the log
+        // has left beside the write-back's own worst case, so pages in place never make
+        // the write-back split the delta.
+        let need = st.dirty_count() + st.pending_bitmap_blocks() + self.writeback_log() as usize;
+        *self.meta_promised.get_mut() = 0;
+        let room = if st.sb.one_flush_commit() { limit.saturating_sub(need).min(INPLACE_PAGES) } else { 0 };
         let mut inplace = InPlace::new(room);
         for (ino, fd) in files {
             let mut pages = fd.pages;

@@ -116,6 +116,7 @@ impl Delta {
             }
             let meta = Self::writeback_meta(before, before + 1, extent_depth(i));
             d.meta_promised += meta;
+            self.meta_promised.fetch_add(meta, Ordering::Relaxed);
             meta
         };
         self.dirty_pages.fetch_add(1, Ordering::Relaxed);

@@ -52,11 +52,13 @@ impl Volume {
     /// data back (its extent map may point at blocks not written yet).
     pub(super) fn op_landed(&self, want: &[(u64, Mode)], ino: u64) -> Result<Op<'_>> {
         loop {
+            // Read before looking: a landing after the look is a notification after it.
+            let seen = self.s.landed.generation();
             let op = self.op(want);
             if !op.delta.in_flight(ino) {
                 return Ok(op);
             }
-            op.wait(&self.s.landed, None);
+            op.wait_past(&self.s.landed, seen, None);
             if self.s.inner.read_inner().is_failed() {
                 return Err(Error::Failed);
             }
@@ -89,13 +91,14 @@ impl Volume {
         cost: impl Fn(&Inner) -> Result<(Cost, T)>,
     ) -> Result<(Op<'_>, T)> {
         loop {
+            let seen = self.s.landed.generation();
             let (op, read) = self.charged_with(want, &cost)?;
             if !op.delta.in_flight(ino) {
                 return Ok((op, read));
             }
             may_wait()?;
             // Everything is let go while waiting, so the charge is made again.
-            op.wait(&self.s.landed, None);
+            op.wait_past(&self.s.landed, seen, None);
         }
     }
 

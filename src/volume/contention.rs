@@ -249,6 +249,14 @@ impl Op<'_> {
     /// `timeout`): the operation then starts again. Whether it was notified.
     pub(super) fn wait(self, signal: &Signal, timeout: Option<Duration>) -> bool {
         let seen = signal.generation();
+        self.wait_past(signal, seen, timeout)
+    }
+
+    /// As [`Op::wait`], for a notification after generation `seen`, read before the
+    /// caller looked at what it waits for: a notification between that look and the wait
+    /// (it can come while this operation holds its locks, as a landing's does) is not
+    /// missed. An unbounded wait must use this.
+    pub(super) fn wait_past(self, signal: &Signal, seen: u64, timeout: Option<Duration>) -> bool {
         drop(self);
         signal.wait_past(seen, timeout)
     }
@@ -472,7 +480,8 @@ pub(super) struct Signal {
 }
 
 impl Signal {
-    fn generation(&self) -> u64 {
+    /// The notifications so far (see [`Op::wait_past`]).
+    pub(super) fn generation(&self) -> u64 {
         *self.generation.lock()
     }
 

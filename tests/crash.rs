@@ -16,8 +16,6 @@ use rand::{Rng, SeedableRng};
 
 const BLOCKS: u64 = 1024;
 
-/// A deterministic workload of small deltas; returns the states at each completed sync
-/// as (write index when sync returned, dump), and the flushes ahead of the commit that ran.
 /// What a workload leaves: the state at each sync (with the device's write count when it
 /// returned), the states after each operation between sync k and sync k+1 (`between[k]`:
 /// a delta may commit between syncs, when its write-back's worst case no longer fits in
@@ -28,6 +26,7 @@ struct Run {
     flushes: u64,
 }
 
+/// A deterministic workload of small deltas, synced now and then.
 fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -> Run {
     let vol = Volume::open(dev.clone(), opts).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -4,7 +4,7 @@
 //! blocks and inode slots are in use, how many links each inode has and how many blocks
 //! each owns; then compares with what the volume says. Exit codes follow e2fsck.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::disk::codec::*;
@@ -13,15 +13,17 @@ use crate::disk::format::*;
 use crate::engine::btree;
 use crate::engine::cache::MetaCache;
 use crate::engine::space::Space;
-use crate::engine::store::{Store, Tx};
+use crate::engine::store::Tx;
 use crate::error::Result;
 use crate::fs::dir;
-use crate::fs::file;
-use crate::fs::xattr;
 use crate::volume::{mark, read_usable_superblock, OpenOptions, Volume};
 
 mod repair;
+mod tally;
+mod walk;
 use repair::*;
+use tally::{Slots, Usage};
+use walk::{Drop, InodeFix, LostInode, Tree, Walk};
 
 /// What fsck found.
 #[derive(Debug, Default, Clone)]
@@ -55,336 +57,6 @@ impl Report {
         } else {
             0
         }
-    }
-}
-
-struct Walk<'a> {
-    st: Store,
-    r: Report,
-    /// Block owners, for "owned twice" reports.
-    owner: HashMap<u64, u64>,
-    links: HashMap<u64, u32>,
-    seen: HashSet<u64>,
-    /// References to each xattr head block.
-    xattr_refs: HashMap<u64, u32>,
-    /// Inodes that cannot be used: unreadable, or with a broken index, extent map or
-    /// xattr list. A repair drops the entries that name them (`Drop`).
-    bad: HashSet<u64>,
-    /// Inode fields that disagree with what the walk found, and the fix for each.
-    inode_fixes: Vec<(u64, InodeFix, String)>,
-    /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
-    salvage: HashSet<u64>,
-    /// Whether the walk saw everything: no error left any part of the volume unread.
-    complete: bool,
-    progress: &'a mut dyn FnMut(u64),
-}
-
-/// A field of an inode record that the walk can recompute.
-#[derive(Clone, Copy, Debug)]
-enum InodeFix {
-    /// A directory's entry count.
-    Entries(u64),
-    /// Blocks the inode owns.
-    Blocks(u64),
-    /// The bloom filter of the inode's xattr names.
-    XattrFilter(u32),
-    /// A directory's parent: the directory that names it.
-    Parent(u64),
-}
-
-/// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
-#[derive(Clone, Copy, Debug)]
-struct LostInode {
-    ino: u64,
-    kind: FileType,
-    size: u64,
-}
-
-impl LostInode {
-    fn what(&self) -> String {
-        match self.kind {
-            FileType::Directory => "directory".into(),
-            FileType::RegularFile => format!("file of {} bytes", self.size),
-            FileType::Symlink => "symlink".into(),
-            _ => "special file".into(),
-        }
-    }
-}
-
-/// A directory entry a repair removes because the inode it names cannot be used:
-/// (directory, key, name, inode).
-type Drop = (u64, u64, Vec<u8>, u64);
-
-impl Walk<'_> {
-    /// Live inodes the walk did not reach, in the inode blocks it knows whose slot mask
-    /// does not match what it found (`mismatched`) and in
-    /// leaked blocks that are inode blocks, that can be put back as they are: readable,
-    /// linked at least once, with a sound index or extent map and xattrs, owning no block
-    /// anything else owns. Returns the ones to link into /lost+found (those no other lost
-    /// directory names: the rest come back with it), every block they and their subtrees
-    /// own (their inode blocks too), every live inode among them, and how many of them use
-    /// each xattr head block.
-    fn find_lost(
-        &mut self,
-        mismatched: &[u64],
-        lazy: &HashMap<u64, u16>,
-        leaked: &[u64],
-    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>, HashMap<u64, u32>) {
-        let mut blocks: Vec<u64> = mismatched.to_vec();
-        for &b in leaked {
-            if self.st.tx().block(b, Some(INODE_MAGIC)).is_ok() {
-                blocks.push(b);
-            }
-        }
-        blocks.sort_unstable();
-        blocks.dedup();
-        let mut claimed = HashSet::new();
-        let mut heads: HashMap<u64, u32> = HashMap::new();
-        let mut found: Vec<Inode> = Vec::new();
-        for b in blocks {
-            let used = match self.st.tx().block(b, Some(INODE_MAGIC)) {
-                Ok(blk) => get_u16(blk, IB_USED) & !lazy.get(&b).copied().unwrap_or(0),
-                Err(_) => continue,
-            };
-            for s in 1..INODES_PER_BLOCK {
-                let ino = ino_of(b, s);
-                if used & (1 << s) == 0 || self.seen.contains(&ino) || self.bad.contains(&ino) {
-                    continue;
-                }
-                let Ok(i) = self.st.inode(ino) else { continue };
-                if i.nlink == 0 || i.file_type().is_none() {
-                    continue;
-                }
-                if let Some((own, head)) = self.sound(&i, &claimed) {
-                    claimed.extend(own);
-                    if let Some(h) = head {
-                        *heads.entry(h).or_insert(0) += 1;
-                    }
-                    claimed.insert(b);
-                    // Its initialised region blocks are inode blocks (shared: not checked).
-                    if let InodeData::Dir(d) = &i.data {
-                        claimed.extend((0..d.region_used as u64).map(|k| d.region_start + k));
-                    }
-                    found.push(i);
-                }
-            }
-        }
-        let mut named = HashSet::new();
-        for i in found.iter().filter(|i| i.is_dir()) {
-            if let Ok(d) = i.dir() {
-                let _ = btree::scan(&mut self.st.tx(), &d.tree, i.ino, 0, |_, v| {
-                    if let Ok((c, _, _)) = decode_dirent(v) {
-                        if c != i.ino {
-                            named.insert(c);
-                        }
-                    }
-                    true
-                });
-            }
-        }
-        let all = found.iter().map(|i| i.ino).collect();
-        let roots = found
-            .iter()
-            .filter(|i| !named.contains(&i.ino))
-            .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
-            .collect();
-        (roots, claimed, all, heads)
-    }
-
-    /// The blocks inode `i` owns if it can be put back as it is, and its xattr head block,
-    /// or `None`: its index, extent map and xattrs read, and it owns nothing the walk or
-    /// `claimed` already has.
-    fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<(Vec<u64>, Option<u64>)> {
-        let ino = i.ino;
-        let mut own = Vec::new();
-        match &i.data {
-            InodeData::Dir(d) => {
-                own.extend(btree::check(&mut self.st.tx(), &d.tree, ino).ok()?.blocks);
-                own.extend((d.region_used as u64..d.region_len as u64).map(|k| d.region_start + k));
-            }
-            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
-                if let InodeData::ExtentTree { tree, .. } = &i.data {
-                    own.extend(btree::check(&mut self.st.tx(), tree, ino).ok()?.blocks);
-                }
-                for e in file::all_extents(&mut self.st.tx(), i).ok()? {
-                    own.extend(e.phys..e.phys + e.len);
-                }
-            }
-            InodeData::InlineSymlink(_) => {}
-        }
-        let xblocks = xattr::blocks_of(&mut self.st.tx(), i).ok()?;
-        xattr::load(&mut self.st.tx(), i).ok()?;
-        // The head may be shared, with the walk's inodes or other lost ones: not checked
-        // against them, only claimed when nothing seen owns it yet.
-        let head = xblocks.first().copied();
-        own.extend(xblocks.iter().skip(1));
-        let layout = self.st.sb.layout;
-        let ok = own
-            .iter()
-            .chain(head.as_ref())
-            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.is_used(*b))
-            && own.iter().all(|b| !self.owner.contains_key(b) && !claimed.contains(b));
-        if let Some(h) = head.filter(|h| !self.owner.contains_key(h)) {
-            own.push(h);
-        }
-        ok.then_some((own, head))
-    }
-
-    /// A finding the repair fixes by setting one inode field.
-    fn fix(&mut self, ino: u64, f: InodeFix, m: String) {
-        self.inode_fixes.push((ino, f, m));
-    }
-
-    /// An error that leaves part of the volume unseen (something unreadable): whatever
-    /// depends on a complete walk (leaks, link counts, slot masks, the rebuilt map) must
-    /// then not be repaired.
-    fn blind(&mut self, m: String) {
-        self.complete = false;
-        self.err(m);
-    }
-
-    fn err(&mut self, m: String) {
-        if self.r.errors.len() < 1000 {
-            self.r.errors.push(m);
-        }
-    }
-
-    fn own(&mut self, b: u64, ino: u64, what: &str) {
-        if b < self.st.sb.layout.first_free() || b >= self.st.sb.layout.block_count {
-            self.err(format!("inode {ino}: {what} block {b} outside the data area"));
-            return;
-        }
-        if let Some(o) = self.owner.insert(b, ino) {
-            self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
-        }
-    }
-
-    fn check_inode(&mut self, i: &Inode) -> Result<()> {
-        let ino = i.ino;
-        let mut owned = 0u64;
-        match &i.data {
-            InodeData::Dir(d) => {
-                let found = btree::check(&mut self.st.tx(), &d.tree, ino);
-                let stats = match found {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.salvage.insert(ino);
-                        self.blind(format!("directory {ino}: index broken: {e}"));
-                        return Ok(());
-                    }
-                };
-                for b in &stats.blocks {
-                    self.own(*b, ino, "directory index");
-                }
-                owned += stats.blocks.len() as u64;
-                self.r.dir_leaves += stats.leaves;
-                self.r.dir_leaf_bytes += stats.leaf_bytes_used;
-                if stats.records != d.entries {
-                    let m = format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries);
-                    self.fix(ino, InodeFix::Entries(stats.records), m);
-                }
-                for k in 0..d.region_len as u64 {
-                    let b = d.region_start + k;
-                    if k >= d.region_used as u64 {
-                        self.own(b, ino, "reserved region");
-                    } else {
-                        self.owner.entry(b).or_insert(u64::MAX); // inode block, shared
-                    }
-                }
-            }
-            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
-                if let InodeData::ExtentTree { tree, count } = &i.data {
-                    let found = btree::check(&mut self.st.tx(), tree, ino);
-                    match found {
-                        Ok(s) => {
-                            for b in &s.blocks {
-                                self.own(*b, ino, "extent tree");
-                            }
-                            owned += s.blocks.len() as u64;
-                            if s.records != *count as u64 {
-                                self.err(format!("inode {ino}: extent count {} but tree holds {}", count, s.records));
-                            }
-                        }
-                        Err(e) => {
-                            self.bad.insert(ino);
-                            self.blind(format!("inode {ino}: extent tree broken: {e}"));
-                            return Ok(());
-                        }
-                    }
-                }
-                let found = file::all_extents(&mut self.st.tx(), i);
-                match found {
-                    Ok(list) => {
-                        let mut last_end = 0;
-                        for e in list {
-                            if e.logical < last_end {
-                                self.err(format!("inode {ino}: extents overlap at {}", e.logical));
-                            }
-                            last_end = e.end();
-                            for b in e.phys..e.phys + e.len {
-                                self.own(b, ino, "data");
-                            }
-                            owned += e.len;
-                        }
-                    }
-                    Err(e) => {
-                        self.bad.insert(ino);
-                        self.blind(format!("inode {ino}: extent map unreadable: {e}"))
-                    }
-                }
-            }
-            InodeData::InlineSymlink(_) => {}
-        }
-        let found = xattr::blocks_of(&mut self.st.tx(), i);
-        match found {
-            Ok(bs) => {
-                // The head may be shared: counted here, owned once after the walk.
-                if let Some((head, conts)) = bs.split_first() {
-                    *self.xattr_refs.entry(*head).or_insert(0) += 1;
-                    for c in conts {
-                        self.own(*c, ino, "xattr continuation");
-                    }
-                }
-                owned += bs.len() as u64;
-            }
-            Err(e) => {
-                self.bad.insert(ino);
-                self.blind(format!("inode {ino}: xattr block unreadable: {e}"))
-            }
-        }
-        let found = xattr::load(&mut self.st.tx(), i);
-        match found {
-            Ok(list) => {
-                if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
-                    let want = xattr::filter_of(&list, self.st.sb.filter_hashes());
-                    let m =
-                        format!("inode {ino}: xattr filter {:#x} does not match its names ({want:#x})", i.xattr_filter);
-                    self.fix(ino, InodeFix::XattrFilter(want), m);
-                }
-                for x in list.iter().filter(|x| x.name.contains(&0)) {
-                    let name = xattr::full_name(x.idx, &x.name);
-                    self.err(format!(
-                        "inode {ino}: xattr name {:?} contains a NUL byte",
-                        String::from_utf8_lossy(&name)
-                    ));
-                }
-            }
-            Err(e) => {
-                self.bad.insert(ino);
-                self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
-            }
-        }
-        if owned != i.blocks {
-            let m = format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks);
-            self.fix(ino, InodeFix::Blocks(owned), m);
-        }
-        if i.size > MAX_FILE_SIZE {
-            self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
-        }
-        if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
-            self.err(format!("symlink {ino}: bad target length {}", i.size));
-        }
-        Ok(())
     }
 }
 
@@ -430,28 +102,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // A volume with features this fsck does not know may be checked but not changed.
     let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
     let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
-    // Both superblock copies must be intact and agree.
-    let mut sb_fixes = Vec::new();
-    for at in [SUPERBLOCK, sb.layout.backup_superblock()] {
-        let mut b = [0u8; BLOCK_SIZE];
-        dev.read(at, &mut b)?;
-        match Superblock::decode(&b, at) {
-            Ok(copy) if copy == sb => {}
-            // A grow being finished clears GROW_PENDING in the backup first; the next
-            // read-write open finishes it again and rewrites both (volume/resize.rs).
-            Ok(copy)
-                if at != SUPERBLOCK
-                    && sb.grow_from != 0
-                    && copy
-                        == Superblock {
-                            ro_compat: sb.ro_compat & !RO_COMPAT_GROW_PENDING,
-                            grow_from: 0,
-                            ..sb.clone()
-                        } => {}
-            Ok(_) => sb_fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
-            Err(e) => sb_fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
-        }
-    }
+    let sb_fixes = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
     let (st, state, rebuild_bitmap, rebuild_state, journal_seq) =
@@ -473,19 +124,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         };
     let root = sb.root_ino;
     let w_sb = sb.clone();
-    let mut w = Walk {
-        st,
-        r,
-        owner: HashMap::new(),
-        links: HashMap::new(),
-        seen: HashSet::new(),
-        xattr_refs: HashMap::new(),
-        bad: HashSet::new(),
-        inode_fixes: Vec::new(),
-        salvage: HashSet::new(),
-        complete: true,
-        progress,
-    };
+    let mut w = Walk::new(st, r, progress);
     // A grown volume's bitmap blocks beyond the contiguous ones, and the mount mark, lie
     // in the data area.
     for b in w_sb.layout.spilled_bitmap_blocks() {
@@ -494,265 +133,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     if w_sb.layout.mark_block != 0 {
         w.own(w_sb.layout.mark_block, 0, "mount mark");
     }
-    // Walk the namespace breadth first.
-    // Each queued inode comes with the entry it was found through: (key, name).
-    let mut queue = VecDeque::from([(root, root, 0u64, Vec::new())]);
-    let mut inodes: HashMap<u64, Inode> = HashMap::new();
-    let mut subdirs: HashMap<u64, u32> = HashMap::new();
-    let mut drops: Vec<Drop> = Vec::new();
-    let mut root_lost = false;
-    while let Some((ino, parent, key, name)) = queue.pop_front() {
-        let i = match w.st.inode(ino) {
-            Ok(i) => i,
-            Err(e) => {
-                w.blind(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
-                if ino != root {
-                    drops.push((parent, key, name, ino));
-                } else {
-                    root_lost = true;
-                }
-                continue;
-            }
-        };
-        if !w.seen.insert(ino) {
-            continue;
-        }
-        w.r.inodes += 1;
-        if w.r.inodes % 4096 == 0 {
-            (w.progress)(w.r.inodes);
-        }
-        w.check_inode(&i)?;
-        if w.bad.contains(&ino) && ino != root {
-            drops.push((parent, key, name.clone(), ino));
-        }
-        if i.is_dir() {
-            w.r.directories += 1;
-            if i.parent != parent {
-                let m = format!("directory {ino}: parent field {} but found in {parent}", i.parent);
-                w.fix(ino, InodeFix::Parent(parent), m);
-            }
-            let d = *i.dir()?;
-            let mut ents = Vec::new();
-            let mut bad = None;
-            let r = btree::scan(&mut w.st.tx(), &d.tree, ino, 0, |k, v| {
-                match decode_dirent(v) {
-                    Ok((c, ft, name)) => ents.push((k, c, ft, name.to_vec())),
-                    Err(e) => bad = Some(e),
-                }
-                bad.is_none()
-            });
-            // A damaged index is rebuilt from what can still be read of it (`salvage`).
-            if let Err(e) = r {
-                w.blind(format!("directory {ino}: unreadable index: {e}"));
-                w.salvage.insert(ino);
-            }
-            if let Some(e) = bad {
-                w.blind(format!("directory {ino}: {e}"));
-                w.salvage.insert(ino);
-            }
-            let mut names = HashSet::new();
-            for (k, c, ft, name) in ents {
-                if dir::check_name(&name).is_err() {
-                    w.err(format!("directory {ino}: invalid name {:?}", String::from_utf8_lossy(&name)));
-                }
-                let h = dir::name_key(&w.st, &name);
-                if k < h || k > h + d.max_disp as u64 {
-                    w.err(format!(
-                        "directory {ino}: entry {:?} at key {k:#x}, outside its probe range from {h:#x}",
-                        String::from_utf8_lossy(&name)
-                    ));
-                }
-                if !names.insert(name.clone()) {
-                    w.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
-                }
-                *w.links.entry(c).or_insert(0) += 1;
-                if ft == FileType::Directory {
-                    *subdirs.entry(ino).or_insert(0) += 1;
-                    if w.seen.contains(&c) {
-                        w.blind(format!("directory {c} is linked more than once"));
-                        continue;
-                    }
-                }
-                match w.st.inode(c) {
-                    Ok(ci) => {
-                        if ci.file_type() != Some(ft) {
-                            w.err(format!("directory {ino}: entry type of {c} does not match the inode"));
-                        }
-                        if w.bad.contains(&c) {
-                            // Another link to an inode already found unusable.
-                            drops.push((ino, k, name.clone(), c));
-                        } else if !w.seen.contains(&c) {
-                            queue.push_back((c, ino, k, name));
-                        }
-                    }
-                    Err(e) => {
-                        w.blind(format!(
-                            "directory {ino}: entry {:?} points to inode {c}: {e}",
-                            String::from_utf8_lossy(&name)
-                        ));
-                        w.bad.insert(c);
-                        drops.push((ino, k, name, c));
-                    }
-                }
-            }
-        } else {
-            w.r.files += 1;
-        }
-        inodes.insert(ino, i);
-    }
-    // Orphans: unlinked, still allocated until the next read-write open.
-    let mut orphans = HashSet::new();
-    let mut cur = state.orphan_head;
-    while cur != 0 && !w.seen.contains(&cur) {
-        match w.st.inode(cur) {
-            Ok(i) => {
-                w.seen.insert(cur);
-                orphans.insert(cur);
-                w.r.inodes += 1;
-                w.check_inode(&i)?;
-                cur = i.next_orphan;
-                inodes.insert(i.ino, i);
-            }
-            Err(e) => {
-                w.blind(format!("orphan list: inode {cur}: {e}"));
-                break;
-            }
-        }
-    }
-    // Shared xattr blocks: owned once, reference count equal to the inodes using them
-    // (compared once the lost inodes, which may use them too, are known).
-    let mut xattr_counts: Vec<(u64, u32, u32)> = Vec::new();
-    let refs: Vec<(u64, u32)> = w.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
-    for (b, n) in refs {
-        w.own(b, 0, "xattr");
-        let found = xattr::refcount(&mut w.st.tx(), b);
-        match found {
-            Ok(c) => xattr_counts.push((b, c, n)),
-            Err(e) => w.err(format!("xattr block {b}: {e}")),
-        }
-    }
-    // Link counts.
-    let mut nlink_fixes = Vec::new();
-    for (ino, i) in &inodes {
-        let want = if i.is_dir() && orphans.contains(ino) {
-            // A removed directory kept alive by its holder (a process's working
-            // directory, say) over a commit: no name, no `.`, no subdirectory.
-            0
-        } else if i.is_dir() {
-            2 + subdirs.get(ino).copied().unwrap_or(0)
-        } else {
-            w.links.get(ino).copied().unwrap_or(0)
-        };
-        if i.nlink != want {
-            nlink_fixes.push((*ino, i.nlink, want));
-        }
-    }
-    // Inode blocks: used slots must be exactly the live inodes.
-    let mut ib: HashMap<u64, u16> = HashMap::new();
-    for ino in inodes.keys() {
-        let (b, s) = ino_loc(*ino);
-        *ib.entry(b).or_insert(0) |= 1 << s;
-    }
-    // Which directory's region each initialised region block belongs to.
-    let mut region_of: HashMap<u64, u64> = HashMap::new();
-    for (ino, i) in &inodes {
-        if let InodeData::Dir(d) = &i.data {
-            for k in 0..d.region_used as u64 {
-                ib.entry(d.region_start + k).or_insert(0);
-                region_of.insert(d.region_start + k, *ino);
-            }
-        }
-    }
-    // The lazy-free tree: slots freed without rewriting their inode block.
-    let mut lazy: HashMap<u64, u16> = HashMap::new();
-    // Every record, also those for blocks no reached inode lives in (to tell the live
-    // slots of a block only lost inodes live in).
-    let mut lazy_all: HashMap<u64, u16> = HashMap::new();
-    let mut lazy_drops = Vec::new();
-    if let Some(t) = w.st.lazy_frees().filter(|t| t.root != 0) {
-        let found = btree::check(&mut w.st.tx(), &t, LAZY_FREE_OWNER);
-        match found {
-            Ok(stats) => {
-                for b in &stats.blocks {
-                    w.own(*b, 0, "lazy-free tree");
-                }
-                let mut recs = Vec::new();
-                let r = btree::scan(&mut w.st.tx(), &t, LAZY_FREE_OWNER, 0, |k, v| {
-                    recs.push((k, v.to_vec()));
-                    true
-                });
-                if let Err(e) = r {
-                    w.blind(format!("lazy-free tree: {e}"));
-                }
-                for (b, v) in recs {
-                    let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
-                    lazy_all.insert(b, mask);
-                    if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
-                        // Malformed, or for a block with no live inode (which should
-                        // have been freed with its record): the record goes.
-                        lazy_drops.push(b);
-                    } else {
-                        lazy.insert(b, mask);
-                    }
-                }
-            }
-            Err(e) => w.blind(format!("lazy-free tree broken: {e}")),
-        }
-    }
-    let mut slot_fixes = Vec::new();
-    let mut reinit: Vec<(u64, u64)> = Vec::new();
-    for (&b, &mask) in &ib {
-        let found = w.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u16(blk, IB_USED));
-        match found {
-            Ok(used) => {
-                let freed = lazy.get(&b).copied().unwrap_or(0);
-                // A record may only free slots the block marks used.
-                if freed & !used != 0 || used & !freed != mask {
-                    slot_fixes.push((b, used, mask));
-                }
-            }
-            // An unreadable block that should hold no live inode (a region block whose
-            // inodes were all dropped) is written again as an empty one.
-            Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
-                reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
-            }
-            Err(e) => w.blind(format!("inode block {b}: {e}")),
-        }
-        match w.owner.get(&b) {
-            Some(&o) if o != u64::MAX => w.err(format!("inode block {b} is also owned by inode {o}")),
-            _ => {
-                w.owner.insert(b, u64::MAX);
-            }
-        }
-    }
-    // Free-space map against use.
+    let Tree { mut inodes, subdirs, drops, root_lost } = w.namespace(root)?;
+    let orphans = w.orphans(state.orphan_head, &mut inodes)?;
+    let xattr_counts = w.xattr_counts();
+    let nlink_fixes = w.nlink_fixes(&inodes, &orphans, &subdirs);
+    let Slots { lazy, lazy_all, mut lazy_drops, mut slot_fixes, reinit } = w.inode_slots(&inodes);
     let layout = w.st.sb.layout;
-    let mut leaked = Vec::new();
-    let mut marked_free = Vec::new();
-    let mut used = layout.first_free() + 1;
-    // The old tail of a grow cut short is marked used and owned by nothing until the next
-    // read-write open frees it (ro_compat GROW_PENDING): not a leak.
-    let pending_tail = w.st.sb.pending_grow_tail();
-    for b in layout.first_free()..layout.backup_superblock() {
-        let owned = w.owner.contains_key(&b);
-        let marked = w.st.is_used(b);
-        let in_tail = pending_tail.contains(&b);
-        if owned {
-            used += 1;
-        }
-        if owned && in_tail {
-            w.blind(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
-        }
-        if rebuild_bitmap {
-            continue; // the map is rebuilt from `owner` below
-        }
-        if owned && !marked {
-            marked_free.push(b);
-        } else if marked && !owned && !in_tail {
-            leaked.push(b);
-        }
-    }
-    w.r.blocks_used = used;
+    let Usage { mut leaked, marked_free } = w.space_map(rebuild_bitmap);
     // Live inodes that no directory names (their entry went with a directory leaf, or was
     // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
     // not leaked, and their slots are live.
@@ -931,4 +318,31 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         r.errors.extend(lost_msgs);
     }
     Ok(r)
+}
+
+/// Both superblock copies must be intact and agree with `sb`, the one in use: the copies
+/// that do not, each with what is wrong.
+fn superblock_copies(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<(u64, String)>> {
+    let mut fixes = Vec::new();
+    for at in [SUPERBLOCK, sb.layout.backup_superblock()] {
+        let mut b = [0u8; BLOCK_SIZE];
+        dev.read(at, &mut b)?;
+        match Superblock::decode(&b, at) {
+            Ok(copy) if copy == *sb => {}
+            // A grow being finished clears GROW_PENDING in the backup first; the next
+            // read-write open finishes it again and rewrites both (volume/resize.rs).
+            Ok(copy)
+                if at != SUPERBLOCK
+                    && sb.grow_from != 0
+                    && copy
+                        == Superblock {
+                            ro_compat: sb.ro_compat & !RO_COMPAT_GROW_PENDING,
+                            grow_from: 0,
+                            ..sb.clone()
+                        } => {}
+            Ok(_) => fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
+            Err(e) => fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
+        }
+    }
+    Ok(fixes)
 }

@@ -1,0 +1,192 @@
+//! fsck's comparisons: what the walk found (`walk.rs`) against what the volume records —
+//! link counts, shared xattr blocks' reference counts, inode blocks' used slots and the
+//! lazy-free tree, the free-space map. Each returns the differences a repair fixes.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::fs::xattr;
+
+use super::walk::Walk;
+
+/// Inode slots against the live inodes: per inode block, the slots the lazy-free tree
+/// frees (`lazy`; `lazy_all` also for blocks no reached inode lives in), lazy-free records
+/// to drop, blocks whose used slots are wrong (block, used, wanted), and unreadable
+/// blocks that hold no live inode, to be written empty (block, the directory whose region
+/// holds it).
+pub(super) struct Slots {
+    pub(super) lazy: HashMap<u64, u16>,
+    pub(super) lazy_all: HashMap<u64, u16>,
+    pub(super) lazy_drops: Vec<u64>,
+    pub(super) slot_fixes: Vec<(u64, u16, u16)>,
+    pub(super) reinit: Vec<(u64, u64)>,
+}
+
+/// The free-space map against use: blocks marked used that nothing owns, and blocks in
+/// use marked free.
+pub(super) struct Usage {
+    pub(super) leaked: Vec<u64>,
+    pub(super) marked_free: Vec<u64>,
+}
+
+impl Walk<'_> {
+    /// Shared xattr blocks: owned once, reference count equal to the inodes using them
+    /// (compared once the lost inodes, which may use them too, are known): per block, the
+    /// count it records and the references the walk found.
+    pub(super) fn xattr_counts(&mut self) -> Vec<(u64, u32, u32)> {
+        let mut xattr_counts: Vec<(u64, u32, u32)> = Vec::new();
+        let refs: Vec<(u64, u32)> = self.xattr_refs.iter().map(|(b, n)| (*b, *n)).collect();
+        for (b, n) in refs {
+            self.own(b, 0, "xattr");
+            let found = xattr::refcount(&mut self.st.tx(), b);
+            match found {
+                Ok(c) => xattr_counts.push((b, c, n)),
+                Err(e) => self.err(format!("xattr block {b}: {e}")),
+            }
+        }
+        xattr_counts
+    }
+
+    /// Link counts against the entries found: (inode, count, should be).
+    pub(super) fn nlink_fixes(
+        &self,
+        inodes: &HashMap<u64, Inode>,
+        orphans: &HashSet<u64>,
+        subdirs: &HashMap<u64, u32>,
+    ) -> Vec<(u64, u32, u32)> {
+        let mut nlink_fixes = Vec::new();
+        for (ino, i) in inodes {
+            let want = if i.is_dir() && orphans.contains(ino) {
+                // A removed directory kept alive by its holder (a process's working
+                // directory, say) over a commit: no name, no `.`, no subdirectory.
+                0
+            } else if i.is_dir() {
+                2 + subdirs.get(ino).copied().unwrap_or(0)
+            } else {
+                self.links.get(ino).copied().unwrap_or(0)
+            };
+            if i.nlink != want {
+                nlink_fixes.push((*ino, i.nlink, want));
+            }
+        }
+        nlink_fixes
+    }
+
+    /// Inode blocks and the lazy-free tree against the live inodes (see [`Slots`]).
+    pub(super) fn inode_slots(&mut self, inodes: &HashMap<u64, Inode>) -> Slots {
+        // Inode blocks: used slots must be exactly the live inodes.
+        let mut ib: HashMap<u64, u16> = HashMap::new();
+        for ino in inodes.keys() {
+            let (b, s) = ino_loc(*ino);
+            *ib.entry(b).or_insert(0) |= 1 << s;
+        }
+        // Which directory's region each initialised region block belongs to.
+        let mut region_of: HashMap<u64, u64> = HashMap::new();
+        for (ino, i) in inodes {
+            if let InodeData::Dir(d) = &i.data {
+                for k in 0..d.region_used as u64 {
+                    ib.entry(d.region_start + k).or_insert(0);
+                    region_of.insert(d.region_start + k, *ino);
+                }
+            }
+        }
+        // The lazy-free tree: slots freed without rewriting their inode block.
+        let mut lazy: HashMap<u64, u16> = HashMap::new();
+        // Every record, also those for blocks no reached inode lives in (to tell the live
+        // slots of a block only lost inodes live in).
+        let mut lazy_all: HashMap<u64, u16> = HashMap::new();
+        let mut lazy_drops = Vec::new();
+        if let Some(t) = self.st.lazy_frees().filter(|t| t.root != 0) {
+            let found = btree::check(&mut self.st.tx(), &t, LAZY_FREE_OWNER);
+            match found {
+                Ok(stats) => {
+                    for b in &stats.blocks {
+                        self.own(*b, 0, "lazy-free tree");
+                    }
+                    let mut recs = Vec::new();
+                    let r = btree::scan(&mut self.st.tx(), &t, LAZY_FREE_OWNER, 0, |k, v| {
+                        recs.push((k, v.to_vec()));
+                        true
+                    });
+                    if let Err(e) = r {
+                        self.blind(format!("lazy-free tree: {e}"));
+                    }
+                    for (b, v) in recs {
+                        let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
+                        lazy_all.insert(b, mask);
+                        if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
+                            // Malformed, or for a block with no live inode (which should
+                            // have been freed with its record): the record goes.
+                            lazy_drops.push(b);
+                        } else {
+                            lazy.insert(b, mask);
+                        }
+                    }
+                }
+                Err(e) => self.blind(format!("lazy-free tree broken: {e}")),
+            }
+        }
+        let mut slot_fixes = Vec::new();
+        let mut reinit: Vec<(u64, u64)> = Vec::new();
+        for (&b, &mask) in &ib {
+            let found = self.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u16(blk, IB_USED));
+            match found {
+                Ok(used) => {
+                    let freed = lazy.get(&b).copied().unwrap_or(0);
+                    // A record may only free slots the block marks used.
+                    if freed & !used != 0 || used & !freed != mask {
+                        slot_fixes.push((b, used, mask));
+                    }
+                }
+                // An unreadable block that should hold no live inode (a region block whose
+                // inodes were all dropped) is written again as an empty one.
+                Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
+                    reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
+                }
+                Err(e) => self.blind(format!("inode block {b}: {e}")),
+            }
+            match self.owner.get(&b) {
+                Some(&o) if o != u64::MAX => self.err(format!("inode block {b} is also owned by inode {o}")),
+                _ => {
+                    self.owner.insert(b, u64::MAX);
+                }
+            }
+        }
+        Slots { lazy, lazy_all, lazy_drops, slot_fixes, reinit }
+    }
+
+    /// The free-space map against what the walk found owned (nothing to compare when the
+    /// map is to be rebuilt); also counts the blocks in use.
+    pub(super) fn space_map(&mut self, rebuild_bitmap: bool) -> Usage {
+        let layout = self.st.sb.layout;
+        let mut leaked = Vec::new();
+        let mut marked_free = Vec::new();
+        let mut used = layout.first_free() + 1;
+        // The old tail of a grow cut short is marked used and owned by nothing until the next
+        // read-write open frees it (ro_compat GROW_PENDING): not a leak.
+        let pending_tail = self.st.sb.pending_grow_tail();
+        for b in layout.first_free()..layout.backup_superblock() {
+            let owned = self.owner.contains_key(&b);
+            let marked = self.st.is_used(b);
+            let in_tail = pending_tail.contains(&b);
+            if owned {
+                used += 1;
+            }
+            if owned && in_tail {
+                self.blind(format!("block {b} is in use but lies in the old tail a pending grow is to free"));
+            }
+            if rebuild_bitmap {
+                continue; // the map is rebuilt from `owner` below
+            }
+            if owned && !marked {
+                marked_free.push(b);
+            } else if marked && !owned && !in_tail {
+                leaked.push(b);
+            }
+        }
+        self.r.blocks_used = used;
+        Usage { leaked, marked_free }
+    }
+}

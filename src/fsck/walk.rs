@@ -1,0 +1,510 @@
+//! fsck's walk: every inode reachable from the root (and the orphan list), each checked
+//! on its own (its index, extent map, xattrs and fields), with what it owns and how many
+//! entries name it recorded for the comparisons that follow (`tally.rs`). Also finds the
+//! live inodes no directory names, for /lost+found.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::disk::codec::*;
+use crate::disk::format::*;
+use crate::engine::btree;
+use crate::engine::store::Store;
+use crate::error::Result;
+use crate::fs::dir;
+use crate::fs::file;
+use crate::fs::xattr;
+
+use super::Report;
+
+/// What the namespace walk found: the inodes reached, each directory's subdirectories,
+/// entries a repair drops, and whether the root itself was unreadable.
+pub(super) struct Tree {
+    pub(super) inodes: HashMap<u64, Inode>,
+    pub(super) subdirs: HashMap<u64, u32>,
+    pub(super) drops: Vec<Drop>,
+    pub(super) root_lost: bool,
+}
+
+pub(super) struct Walk<'a> {
+    pub(super) st: Store,
+    pub(super) r: Report,
+    /// Block owners, for "owned twice" reports.
+    pub(super) owner: HashMap<u64, u64>,
+    pub(super) links: HashMap<u64, u32>,
+    pub(super) seen: HashSet<u64>,
+    /// References to each xattr head block.
+    pub(super) xattr_refs: HashMap<u64, u32>,
+    /// Inodes that cannot be used: unreadable, or with a broken index, extent map or
+    /// xattr list. A repair drops the entries that name them (`Drop`).
+    pub(super) bad: HashSet<u64>,
+    /// Inode fields that disagree with what the walk found, and the fix for each.
+    pub(super) inode_fixes: Vec<(u64, InodeFix, String)>,
+    /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
+    pub(super) salvage: HashSet<u64>,
+    /// Whether the walk saw everything: no error left any part of the volume unread.
+    pub(super) complete: bool,
+    pub(super) progress: &'a mut dyn FnMut(u64),
+}
+
+/// A field of an inode record that the walk can recompute.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum InodeFix {
+    /// A directory's entry count.
+    Entries(u64),
+    /// Blocks the inode owns.
+    Blocks(u64),
+    /// The bloom filter of the inode's xattr names.
+    XattrFilter(u32),
+    /// A directory's parent: the directory that names it.
+    Parent(u64),
+}
+
+/// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LostInode {
+    pub(super) ino: u64,
+    pub(super) kind: FileType,
+    pub(super) size: u64,
+}
+
+impl LostInode {
+    pub(super) fn what(&self) -> String {
+        match self.kind {
+            FileType::Directory => "directory".into(),
+            FileType::RegularFile => format!("file of {} bytes", self.size),
+            FileType::Symlink => "symlink".into(),
+            _ => "special file".into(),
+        }
+    }
+}
+
+/// A directory entry a repair removes because the inode it names cannot be used:
+/// (directory, key, name, inode).
+pub(super) type Drop = (u64, u64, Vec<u8>, u64);
+
+impl<'a> Walk<'a> {
+    /// A walk of the volume `st`, into report `r`.
+    pub(super) fn new(st: Store, r: Report, progress: &'a mut dyn FnMut(u64)) -> Walk<'a> {
+        Walk {
+            st,
+            r,
+            owner: HashMap::new(),
+            links: HashMap::new(),
+            seen: HashSet::new(),
+            xattr_refs: HashMap::new(),
+            bad: HashSet::new(),
+            inode_fixes: Vec::new(),
+            salvage: HashSet::new(),
+            complete: true,
+            progress,
+        }
+    }
+}
+
+impl Walk<'_> {
+    /// Live inodes the walk did not reach, in the inode blocks it knows whose slot mask
+    /// does not match what it found (`mismatched`) and in
+    /// leaked blocks that are inode blocks, that can be put back as they are: readable,
+    /// linked at least once, with a sound index or extent map and xattrs, owning no block
+    /// anything else owns. Returns the ones to link into /lost+found (those no other lost
+    /// directory names: the rest come back with it), every block they and their subtrees
+    /// own (their inode blocks too), every live inode among them, and how many of them use
+    /// each xattr head block.
+    pub(super) fn find_lost(
+        &mut self,
+        mismatched: &[u64],
+        lazy: &HashMap<u64, u16>,
+        leaked: &[u64],
+    ) -> (Vec<LostInode>, HashSet<u64>, Vec<u64>, HashMap<u64, u32>) {
+        let mut blocks: Vec<u64> = mismatched.to_vec();
+        for &b in leaked {
+            if self.st.tx().block(b, Some(INODE_MAGIC)).is_ok() {
+                blocks.push(b);
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut claimed = HashSet::new();
+        let mut heads: HashMap<u64, u32> = HashMap::new();
+        let mut found: Vec<Inode> = Vec::new();
+        for b in blocks {
+            let used = match self.st.tx().block(b, Some(INODE_MAGIC)) {
+                Ok(blk) => get_u16(blk, IB_USED) & !lazy.get(&b).copied().unwrap_or(0),
+                Err(_) => continue,
+            };
+            for s in 1..INODES_PER_BLOCK {
+                let ino = ino_of(b, s);
+                if used & (1 << s) == 0 || self.seen.contains(&ino) || self.bad.contains(&ino) {
+                    continue;
+                }
+                let Ok(i) = self.st.inode(ino) else { continue };
+                if i.nlink == 0 || i.file_type().is_none() {
+                    continue;
+                }
+                if let Some((own, head)) = self.sound(&i, &claimed) {
+                    claimed.extend(own);
+                    if let Some(h) = head {
+                        *heads.entry(h).or_insert(0) += 1;
+                    }
+                    claimed.insert(b);
+                    // Its initialised region blocks are inode blocks (shared: not checked).
+                    if let InodeData::Dir(d) = &i.data {
+                        claimed.extend((0..d.region_used as u64).map(|k| d.region_start + k));
+                    }
+                    found.push(i);
+                }
+            }
+        }
+        let mut named = HashSet::new();
+        for i in found.iter().filter(|i| i.is_dir()) {
+            if let Ok(d) = i.dir() {
+                let _ = btree::scan(&mut self.st.tx(), &d.tree, i.ino, 0, |_, v| {
+                    if let Ok((c, _, _)) = decode_dirent(v) {
+                        if c != i.ino {
+                            named.insert(c);
+                        }
+                    }
+                    true
+                });
+            }
+        }
+        let all = found.iter().map(|i| i.ino).collect();
+        let roots = found
+            .iter()
+            .filter(|i| !named.contains(&i.ino))
+            .filter_map(|i| Some(LostInode { ino: i.ino, kind: i.file_type()?, size: i.size }))
+            .collect();
+        (roots, claimed, all, heads)
+    }
+
+    /// The blocks inode `i` owns if it can be put back as it is, and its xattr head block,
+    /// or `None`: its index, extent map and xattrs read, and it owns nothing the walk or
+    /// `claimed` already has.
+    pub(super) fn sound(&mut self, i: &Inode, claimed: &HashSet<u64>) -> Option<(Vec<u64>, Option<u64>)> {
+        let ino = i.ino;
+        let mut own = Vec::new();
+        match &i.data {
+            InodeData::Dir(d) => {
+                own.extend(btree::check(&mut self.st.tx(), &d.tree, ino).ok()?.blocks);
+                own.extend((d.region_used as u64..d.region_len as u64).map(|k| d.region_start + k));
+            }
+            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
+                if let InodeData::ExtentTree { tree, .. } = &i.data {
+                    own.extend(btree::check(&mut self.st.tx(), tree, ino).ok()?.blocks);
+                }
+                for e in file::all_extents(&mut self.st.tx(), i).ok()? {
+                    own.extend(e.phys..e.phys + e.len);
+                }
+            }
+            InodeData::InlineSymlink(_) => {}
+        }
+        let xblocks = xattr::blocks_of(&mut self.st.tx(), i).ok()?;
+        xattr::load(&mut self.st.tx(), i).ok()?;
+        // The head may be shared, with the walk's inodes or other lost ones: not checked
+        // against them, only claimed when nothing seen owns it yet.
+        let head = xblocks.first().copied();
+        own.extend(xblocks.iter().skip(1));
+        let layout = self.st.sb.layout;
+        let ok = own
+            .iter()
+            .chain(head.as_ref())
+            .all(|b| *b >= layout.first_free() && *b < layout.backup_superblock() && self.st.is_used(*b))
+            && own.iter().all(|b| !self.owner.contains_key(b) && !claimed.contains(b));
+        if let Some(h) = head.filter(|h| !self.owner.contains_key(h)) {
+            own.push(h);
+        }
+        ok.then_some((own, head))
+    }
+
+    /// A finding the repair fixes by setting one inode field.
+    pub(super) fn fix(&mut self, ino: u64, f: InodeFix, m: String) {
+        self.inode_fixes.push((ino, f, m));
+    }
+
+    /// An error that leaves part of the volume unseen (something unreadable): whatever
+    /// depends on a complete walk (leaks, link counts, slot masks, the rebuilt map) must
+    /// then not be repaired.
+    pub(super) fn blind(&mut self, m: String) {
+        self.complete = false;
+        self.err(m);
+    }
+
+    pub(super) fn err(&mut self, m: String) {
+        if self.r.errors.len() < 1000 {
+            self.r.errors.push(m);
+        }
+    }
+
+    pub(super) fn own(&mut self, b: u64, ino: u64, what: &str) {
+        if b < self.st.sb.layout.first_free() || b >= self.st.sb.layout.block_count {
+            self.err(format!("inode {ino}: {what} block {b} outside the data area"));
+            return;
+        }
+        if let Some(o) = self.owner.insert(b, ino) {
+            self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
+        }
+    }
+
+    pub(super) fn check_inode(&mut self, i: &Inode) -> Result<()> {
+        let ino = i.ino;
+        let mut owned = 0u64;
+        match &i.data {
+            InodeData::Dir(d) => {
+                let found = btree::check(&mut self.st.tx(), &d.tree, ino);
+                let stats = match found {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.salvage.insert(ino);
+                        self.blind(format!("directory {ino}: index broken: {e}"));
+                        return Ok(());
+                    }
+                };
+                for b in &stats.blocks {
+                    self.own(*b, ino, "directory index");
+                }
+                owned += stats.blocks.len() as u64;
+                self.r.dir_leaves += stats.leaves;
+                self.r.dir_leaf_bytes += stats.leaf_bytes_used;
+                if stats.records != d.entries {
+                    let m = format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries);
+                    self.fix(ino, InodeFix::Entries(stats.records), m);
+                }
+                for k in 0..d.region_len as u64 {
+                    let b = d.region_start + k;
+                    if k >= d.region_used as u64 {
+                        self.own(b, ino, "reserved region");
+                    } else {
+                        self.owner.entry(b).or_insert(u64::MAX); // inode block, shared
+                    }
+                }
+            }
+            InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {
+                if let InodeData::ExtentTree { tree, count } = &i.data {
+                    let found = btree::check(&mut self.st.tx(), tree, ino);
+                    match found {
+                        Ok(s) => {
+                            for b in &s.blocks {
+                                self.own(*b, ino, "extent tree");
+                            }
+                            owned += s.blocks.len() as u64;
+                            if s.records != *count as u64 {
+                                self.err(format!("inode {ino}: extent count {} but tree holds {}", count, s.records));
+                            }
+                        }
+                        Err(e) => {
+                            self.bad.insert(ino);
+                            self.blind(format!("inode {ino}: extent tree broken: {e}"));
+                            return Ok(());
+                        }
+                    }
+                }
+                let found = file::all_extents(&mut self.st.tx(), i);
+                match found {
+                    Ok(list) => {
+                        let mut last_end = 0;
+                        for e in list {
+                            if e.logical < last_end {
+                                self.err(format!("inode {ino}: extents overlap at {}", e.logical));
+                            }
+                            last_end = e.end();
+                            for b in e.phys..e.phys + e.len {
+                                self.own(b, ino, "data");
+                            }
+                            owned += e.len;
+                        }
+                    }
+                    Err(e) => {
+                        self.bad.insert(ino);
+                        self.blind(format!("inode {ino}: extent map unreadable: {e}"))
+                    }
+                }
+            }
+            InodeData::InlineSymlink(_) => {}
+        }
+        let found = xattr::blocks_of(&mut self.st.tx(), i);
+        match found {
+            Ok(bs) => {
+                // The head may be shared: counted here, owned once after the walk.
+                if let Some((head, conts)) = bs.split_first() {
+                    *self.xattr_refs.entry(*head).or_insert(0) += 1;
+                    for c in conts {
+                        self.own(*c, ino, "xattr continuation");
+                    }
+                }
+                owned += bs.len() as u64;
+            }
+            Err(e) => {
+                self.bad.insert(ino);
+                self.blind(format!("inode {ino}: xattr block unreadable: {e}"))
+            }
+        }
+        let found = xattr::load(&mut self.st.tx(), i);
+        match found {
+            Ok(list) => {
+                if self.st.sb.xattr_filter() && xattr::filter_of(&list, self.st.sb.filter_hashes()) != i.xattr_filter {
+                    let want = xattr::filter_of(&list, self.st.sb.filter_hashes());
+                    let m =
+                        format!("inode {ino}: xattr filter {:#x} does not match its names ({want:#x})", i.xattr_filter);
+                    self.fix(ino, InodeFix::XattrFilter(want), m);
+                }
+                for x in list.iter().filter(|x| x.name.contains(&0)) {
+                    let name = xattr::full_name(x.idx, &x.name);
+                    self.err(format!(
+                        "inode {ino}: xattr name {:?} contains a NUL byte",
+                        String::from_utf8_lossy(&name)
+                    ));
+                }
+            }
+            Err(e) => {
+                self.bad.insert(ino);
+                self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
+            }
+        }
+        if owned != i.blocks {
+            let m = format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks);
+            self.fix(ino, InodeFix::Blocks(owned), m);
+        }
+        if i.size > MAX_FILE_SIZE {
+            self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
+        }
+        if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
+            self.err(format!("symlink {ino}: bad target length {}", i.size));
+        }
+        Ok(())
+    }
+
+    /// Walk the namespace breadth first from `root`: every inode reached is checked, each
+    /// directory's entries against its index, and what each owns is recorded.
+    pub(super) fn namespace(&mut self, root: u64) -> Result<Tree> {
+        // Each queued inode comes with the entry it was found through: (key, name).
+        let mut queue = VecDeque::from([(root, root, 0u64, Vec::new())]);
+        let mut inodes: HashMap<u64, Inode> = HashMap::new();
+        let mut subdirs: HashMap<u64, u32> = HashMap::new();
+        let mut drops: Vec<Drop> = Vec::new();
+        let mut root_lost = false;
+        while let Some((ino, parent, key, name)) = queue.pop_front() {
+            let i = match self.st.inode(ino) {
+                Ok(i) => i,
+                Err(e) => {
+                    self.blind(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
+                    if ino != root {
+                        drops.push((parent, key, name, ino));
+                    } else {
+                        root_lost = true;
+                    }
+                    continue;
+                }
+            };
+            if !self.seen.insert(ino) {
+                continue;
+            }
+            self.r.inodes += 1;
+            if self.r.inodes % 4096 == 0 {
+                (self.progress)(self.r.inodes);
+            }
+            self.check_inode(&i)?;
+            if self.bad.contains(&ino) && ino != root {
+                drops.push((parent, key, name.clone(), ino));
+            }
+            if i.is_dir() {
+                self.r.directories += 1;
+                if i.parent != parent {
+                    let m = format!("directory {ino}: parent field {} but found in {parent}", i.parent);
+                    self.fix(ino, InodeFix::Parent(parent), m);
+                }
+                let d = *i.dir()?;
+                let mut ents = Vec::new();
+                let mut bad = None;
+                let r = btree::scan(&mut self.st.tx(), &d.tree, ino, 0, |k, v| {
+                    match decode_dirent(v) {
+                        Ok((c, ft, name)) => ents.push((k, c, ft, name.to_vec())),
+                        Err(e) => bad = Some(e),
+                    }
+                    bad.is_none()
+                });
+                // A damaged index is rebuilt from what can still be read of it (`salvage`).
+                if let Err(e) = r {
+                    self.blind(format!("directory {ino}: unreadable index: {e}"));
+                    self.salvage.insert(ino);
+                }
+                if let Some(e) = bad {
+                    self.blind(format!("directory {ino}: {e}"));
+                    self.salvage.insert(ino);
+                }
+                let mut names = HashSet::new();
+                for (k, c, ft, name) in ents {
+                    if dir::check_name(&name).is_err() {
+                        self.err(format!("directory {ino}: invalid name {:?}", String::from_utf8_lossy(&name)));
+                    }
+                    let h = dir::name_key(&self.st, &name);
+                    if k < h || k > h + d.max_disp as u64 {
+                        self.err(format!(
+                            "directory {ino}: entry {:?} at key {k:#x}, outside its probe range from {h:#x}",
+                            String::from_utf8_lossy(&name)
+                        ));
+                    }
+                    if !names.insert(name.clone()) {
+                        self.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
+                    }
+                    *self.links.entry(c).or_insert(0) += 1;
+                    if ft == FileType::Directory {
+                        *subdirs.entry(ino).or_insert(0) += 1;
+                        if self.seen.contains(&c) {
+                            self.blind(format!("directory {c} is linked more than once"));
+                            continue;
+                        }
+                    }
+                    match self.st.inode(c) {
+                        Ok(ci) => {
+                            if ci.file_type() != Some(ft) {
+                                self.err(format!("directory {ino}: entry type of {c} does not match the inode"));
+                            }
+                            if self.bad.contains(&c) {
+                                // Another link to an inode already found unusable.
+                                drops.push((ino, k, name.clone(), c));
+                            } else if !self.seen.contains(&c) {
+                                queue.push_back((c, ino, k, name));
+                            }
+                        }
+                        Err(e) => {
+                            self.blind(format!(
+                                "directory {ino}: entry {:?} points to inode {c}: {e}",
+                                String::from_utf8_lossy(&name)
+                            ));
+                            self.bad.insert(c);
+                            drops.push((ino, k, name, c));
+                        }
+                    }
+                }
+            } else {
+                self.r.files += 1;
+            }
+            inodes.insert(ino, i);
+        }
+        Ok(Tree { inodes, subdirs, drops, root_lost })
+    }
+
+    /// Orphans: unlinked, still allocated until the next read-write open. The list from
+    /// `head` is checked like the namespace and its inodes join `inodes`.
+    pub(super) fn orphans(&mut self, head: u64, inodes: &mut HashMap<u64, Inode>) -> Result<HashSet<u64>> {
+        let mut orphans = HashSet::new();
+        let mut cur = head;
+        while cur != 0 && !self.seen.contains(&cur) {
+            match self.st.inode(cur) {
+                Ok(i) => {
+                    self.seen.insert(cur);
+                    orphans.insert(cur);
+                    self.r.inodes += 1;
+                    self.check_inode(&i)?;
+                    cur = i.next_orphan;
+                    inodes.insert(i.ino, i);
+                }
+                Err(e) => {
+                    self.blind(format!("orphan list: inode {cur}: {e}"));
+                    break;
+                }
+            }
+        }
+        Ok(orphans)
+    }
+}

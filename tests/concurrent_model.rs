@@ -591,12 +591,14 @@ fn differences(got: &Dump, want: &Dump) -> Vec<String> {
             (Some(_), None) => out.push(format!("{path}: recovered, not in the model")),
             (None, Some(_)) => out.push(format!("{path}: in the model, not recovered")),
             (Some(g), Some(w)) if g != w => {
-                let what = match (&g.0, &w.0) {
-                    (
-                        Node::File { data: a, first_link: fa, nlink: na },
-                        Node::File { data: b, first_link: fb, nlink: nb },
-                    ) => {
-                        if a != b {
+                let what = if g.0 == w.0 {
+                    format!("xattrs: {:?} recovered, {:?} in the model", g.1.len(), w.1.len())
+                } else {
+                    match (&g.0, &w.0) {
+                        (
+                            Node::File { data: a, first_link: fa, nlink: na },
+                            Node::File { data: b, first_link: fb, nlink: nb },
+                        ) if a != b => {
                             let at = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
                             format!(
                                 "data: {} bytes recovered, {} in the model, first difference at byte {at} (page {}): \
@@ -607,17 +609,18 @@ fn differences(got: &Dump, want: &Dump) -> Vec<String> {
                                 a.get(at),
                                 b.get(at)
                             )
-                        } else if (fa, na) != (fb, nb) {
-                            format!("links: {fa} ({na}) recovered, {fb} ({nb}) in the model")
-                        } else {
-                            "xattrs".to_string()
                         }
+                        (
+                            Node::File { first_link: fa, nlink: na, .. },
+                            Node::File { first_link: fb, nlink: nb, .. },
+                        ) => {
+                            format!("links: {fa} ({na}) recovered, {fb} ({nb}) in the model")
+                        }
+                        (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
+                            format!("a {a:?} recovered, a {b:?} in the model")
+                        }
+                        _ => "contents".to_string(),
                     }
-                    (a, b) if std::mem::discriminant(a) != std::mem::discriminant(b) => {
-                        format!("a {a:?} recovered, a {b:?} in the model")
-                    }
-                    _ if g.0 == w.0 => format!("xattrs: {:?} recovered, {:?} in the model", g.1.len(), w.1.len()),
-                    _ => "contents".to_string(),
                 };
                 out.push(format!("{path}: {what}"));
             }

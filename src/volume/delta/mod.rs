@@ -335,6 +335,7 @@ impl Delta {
         // has left beside the write-back's own worst case, so pages in place never make
         // the write-back split the delta.
         let need = st.dirty_count() + st.pending_bitmap_blocks() + self.writeback_log() as usize;
+        // The files were drained above: their promises leave the total with them.
         *self.meta_promised.get_mut() = 0;
         let room = if st.sb.one_flush_commit() { limit.saturating_sub(need).min(INPLACE_PAGES) } else { 0 };
         let mut inplace = InPlace::new(room);

@@ -29,6 +29,8 @@ pub const BITMAP_MAGIC: u32 = u32::from_le_bytes(*b"DXBM");
 pub const INODE_MAGIC: u32 = u32::from_le_bytes(*b"DXIN");
 /// Xattr block magic, "DXXA".
 pub const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"DXXA");
+/// Magic of an xattr continuation block, "DXXC".
+pub const XATTR_CONT_MAGIC: u32 = u32::from_le_bytes(*b"DXXC");
 /// Mount mark magic, "DXMM".
 pub const MARK_MAGIC: u32 = u32::from_le_bytes(*b"DXMM");
 

@@ -10,6 +10,7 @@ pub mod hash;
 pub mod nbd;
 pub(crate) mod overlay;
 pub mod probe;
+pub(crate) mod valid;
 
 use std::sync::Arc;
 

@@ -39,6 +39,7 @@
 use crate::disk::codec::*;
 use crate::disk::device::{AlignedBuf, BlockDevice};
 use crate::disk::format::{Layout, COMMIT_MAGIC};
+use crate::disk::valid::guard_data_write;
 use crate::error::{Error, Result};
 
 /// Block images with their home addresses.
@@ -138,6 +139,11 @@ fn read_body(dev: &dyn BlockDevice, at: u64, n: usize) -> Result<(Vec<u8>, bool)
 }
 
 impl Journal {
+    /// The volume's layout, which commits check their targets against.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.
     pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Replay)> {
@@ -218,6 +224,9 @@ impl Journal {
         let meta: Vec<(u64, &[u8])> = blocks.iter().map(|(t, img)| (*t, &img[..])).collect();
         let mut late: Vec<(u64, &[u8])> = late.to_vec();
         late.sort_unstable_by_key(|(t, _)| *t);
+        for (t, _) in &late {
+            guard_data_write(&self.layout, *t, 1)?;
+        }
         let targets: Vec<(u64, &[u8])> = meta.iter().chain(&late).copied().collect();
         let n = targets.len();
         if n > self.capacity() {
@@ -270,6 +279,9 @@ impl Journal {
         logged.sort_unstable_by_key(|(t, _)| *t);
         let mut late: Vec<(u64, &[u8])> = late.to_vec();
         late.sort_unstable_by_key(|(t, _)| *t);
+        for (t, _) in logged.iter().chain(&late) {
+            guard_data_write(&self.layout, *t, 1)?;
+        }
         let targets: Vec<(u64, &[u8])> = meta.iter().chain(&logged).chain(&late).copied().collect();
         let n = targets.len();
         if n > self.capacity() {
@@ -310,6 +322,7 @@ fn images(layout: Layout, seq: u64, n: usize, body: &[u8], out: &mut Replay) -> 
             || (t >= layout.log_area(0) && t < log_end)
             || t >= layout.backup_superblock()
             || (layout.mark_block != 0 && t == layout.mark_block)
+            || (entry & DATA_TARGET != 0 && !layout.data_run_ok(t, 1))
         {
             return Err(Error::corrupt(format!("commit {seq} targets block {t}, which it may not")));
         }

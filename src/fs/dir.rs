@@ -13,6 +13,7 @@
 
 use crate::disk::format::*;
 use crate::disk::hash::ext4_hash;
+use crate::disk::valid::check_dir_key;
 use crate::engine::btree;
 use crate::engine::store::{MetaRead, Store, Tx};
 use crate::error::{Error, Result};
@@ -46,7 +47,8 @@ fn scan_entries(
         return Ok(());
     }
     let mut err = None;
-    btree::scan(st, &d.tree, dir.ino, from, |k, v| match decode_dirent(v) {
+    let layout = st.store().sb.layout;
+    btree::scan(st, &d.tree, dir.ino, from, |k, v| match entry(&layout, dir.ino, k, v) {
         Ok((ino, ft, name)) => f(k, ino, ft, name),
         Err(e) => {
             err = Some(e);
@@ -54,6 +56,17 @@ fn scan_entries(
         }
     })?;
     err.map_or(Ok(()), Err)
+}
+
+/// Decode entry `key` of directory `dir` and check it: its key has a listing position,
+/// and the inode it names can exist.
+fn entry<'v>(layout: &Layout, dir: u64, key: u64, v: &'v [u8]) -> Result<(u64, FileType, &'v [u8])> {
+    check_dir_key(key, dir)?;
+    let (ino, ft, name) = decode_dirent(v)?;
+    if !layout.ino_ok(ino) {
+        return Err(Error::corrupt(format!("directory {dir}: entry names inode {ino}, out of range")));
+    }
+    Ok((ino, ft, name))
 }
 
 /// A found entry.

@@ -24,8 +24,7 @@ use crate::error::{Error, Result};
 pub const FILTER_SEED: u32 = 0x25BB_E08F;
 /// Largest value Linux passes (XATTR_SIZE_MAX).
 pub const VALUE_MAX: usize = 65536;
-/// Magic of an xattr continuation block, "DXXC".
-pub const XATTR_CONT_MAGIC: u32 = u32::from_le_bytes(*b"DXXC");
+pub use crate::disk::format::XATTR_CONT_MAGIC;
 /// Header of an xattr head block: refcount u32 @16, total list bytes u32 @20, number of
 /// continuation blocks u16 @24, then (from @32) the continuation block numbers.
 const HEAD: usize = 32;

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
+use crate::disk::valid::normal_time;
 use crate::engine::btree;
 use crate::engine::cache::MetaCache;
 use crate::engine::space::Space;
 use crate::engine::store::Tx;
 use crate::error::Result;
 use crate::fs::dir;
+use crate::fs::file;
 use crate::volume::{mark, read_usable_superblock, OpenOptions, Volume};
 
 mod repair;
@@ -193,6 +195,10 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
+        .chain(w.orphan_cut.map(|after| match after {
+            None => "orphan list emptied".to_string(),
+            Some(i) => format!("orphan list ended after inode {i}"),
+        }))
         .chain(xattr_fixes.iter().map(|(b, c, n)| format!("xattr block {b}: reference count {c}, used by {n} inodes")))
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
@@ -205,6 +211,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // Inode fields of an inode that is itself unusable are not worth setting.
     let inode_fixes: Vec<(u64, InodeFix, String)> =
         w.inode_fixes.iter().filter(|(ino, ..)| !w.bad.contains(ino)).cloned().collect();
+    let rekey: Vec<_> =
+        w.rekey.iter().filter(|(d, ..)| !w.bad.contains(d) && !w.salvage.contains(d)).cloned().collect();
     let local: Vec<String> = marked_free
         .iter()
         .take(20)
@@ -214,6 +222,9 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .then(|| format!("... and {} more blocks in use but marked free", marked_free.len() - 20)),
         )
         .chain(inode_fixes.iter().map(|(_, _, m)| m.clone()))
+        .chain(rekey.iter().map(|(d, k, name, ..)| {
+            format!("directory {d}: entry {:?} moved from key {k:#x} to its name's", String::from_utf8_lossy(name))
+        }))
         .collect();
     let lost_msgs: Vec<String> = lost
         .iter()
@@ -294,6 +305,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             xattr_refs: if do_global { &xattr_fixes } else { &[] },
             inode_fixes: &inode_fixes,
             inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
+            rekey: &rekey,
+            orphan_cut: w.orphan_cut.filter(|_| do_global),
         };
         repair_volume(dev.clone(), &fixes)?;
         r.fixed.extend(local);

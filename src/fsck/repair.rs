@@ -201,14 +201,35 @@ pub(super) struct Fixes<'a> {
     pub(super) xattr_refs: &'a [(u64, u32, u32)],
     pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
     pub(super) inode_count: Option<u64>,
+    /// Entries to move to their name's key: (directory, key, name, inode, type).
+    pub(super) rekey: &'a [(u64, u64, Vec<u8>, u64, FileType)],
+    /// Where to end the orphan list: after an inode, or at the head.
+    pub(super) orphan_cut: Option<Option<u64>>,
 }
 
 /// Apply the safe repairs inside one delta of an opened volume.
 pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> {
-    let vol = Volume::open(dev, OpenOptions::default())?;
+    // The root may be among the inodes these fixes make readable.
+    let vol = Volume::open_without_root(dev)?;
     vol.repair(|st, state| {
         if let Some(n) = f.inode_count {
             state.inodes = n;
+        }
+        match f.orphan_cut {
+            Some(None) => state.orphan_head = 0,
+            Some(Some(last)) => st.set_next_orphan(last, 0)?,
+            None => {}
+        }
+        // All out first: an entry moving may need a key another one leaves.
+        for (d, key, ..) in f.rekey {
+            let mut p = st.inode_unchecked(*d)?;
+            dir::remove(st, &mut p, *key)?;
+            st.put_inode(&p)?;
+        }
+        for (d, _, name, ino, ft) in f.rekey {
+            let mut p = st.inode_unchecked(*d)?;
+            dir::insert(st, &mut p, name, *ino, *ft)?;
+            st.put_inode(&p)?;
         }
         for &b in f.leaked {
             st.space().free_deferred(b, 1);
@@ -236,13 +257,27 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
             st.drop_lazy_freed(b)?;
             st.blank_inode_block(b, owner);
         }
-        for &(ino, fix, _) in f.inode_fixes {
-            let mut i = st.inode(ino)?;
+        for (ino, fix, _) in f.inode_fixes {
+            // Unchecked: the fixes below are what makes it pass the rules.
+            let mut i = st.inode_unchecked(*ino)?;
             match fix {
-                InodeFix::Entries(n) => i.dir_mut()?.entries = n,
-                InodeFix::Blocks(n) => i.blocks = n,
-                InodeFix::XattrFilter(m) => i.xattr_filter = m,
-                InodeFix::Parent(p) => i.parent = p,
+                InodeFix::Entries(n) => i.dir_mut()?.entries = *n,
+                InodeFix::Blocks(n) => i.blocks = *n,
+                InodeFix::XattrFilter(m) => i.xattr_filter = *m,
+                InodeFix::Parent(p) => i.parent = *p,
+                InodeFix::Size(s) => i.size = *s,
+                InodeFix::Times => {
+                    for t in [&mut i.atime, &mut i.mtime, &mut i.ctime, &mut i.crtime] {
+                        *t = normal_time(*t);
+                    }
+                }
+                InodeFix::NoXattrBlock => i.xattr_block = 0,
+                InodeFix::DropExtents(bad) => {
+                    let blocks = i.blocks;
+                    file::drop_extent_records(st, &mut i, bad)?;
+                    // The walk's count stands (a Blocks fix follows when it differs).
+                    i.blocks = blocks;
+                }
             }
             st.put_inode(&i)?;
         }

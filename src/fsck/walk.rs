@@ -43,12 +43,25 @@ pub(super) struct Walk<'a> {
     pub(super) salvage: HashSet<u64>,
     /// Whether the walk saw everything: no error left any part of the volume unread.
     pub(super) complete: bool,
+    /// Entries outside their probe range: (directory, key, name, inode, type), which a
+    /// repair moves to the key their name gives.
+    pub(super) rekey: Vec<(u64, u64, Vec<u8>, u64, FileType)>,
+    /// Where a repair ends the orphan list: after this inode, or at the head (`None`).
+    pub(super) orphan_cut: Option<Option<u64>>,
     pub(super) progress: &'a mut dyn FnMut(u64),
 }
 
 /// A field of an inode record that the walk can recompute.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) enum InodeFix {
+    /// A size past what the inode can hold: clamped to what its extents map.
+    Size(u64),
+    /// Nanosecond fields of a second or more: clamped below one second.
+    Times,
+    /// An xattr block pointer out of range: cleared (what it named is lost).
+    NoXattrBlock,
+    /// Extent records that break the rules: removed, their range a hole.
+    DropExtents(Vec<Extent>),
     /// A directory's entry count.
     Entries(u64),
     /// Blocks the inode owns.
@@ -96,6 +109,8 @@ impl<'a> Walk<'a> {
             inode_fixes: Vec::new(),
             salvage: HashSet::new(),
             complete: true,
+            rekey: Vec::new(),
+            orphan_cut: None,
             progress,
         }
     }
@@ -248,6 +263,31 @@ impl Walk<'_> {
     pub(super) fn check_inode(&mut self, i: &Inode) -> Result<()> {
         let ino = i.ino;
         let mut owned = 0u64;
+        let layout = self.st.sb.layout;
+        // The validity rules (disk::valid) that a repair can make hold; what is left
+        // of them makes the inode unusable, as an unreadable one.
+        if !i.nsec_ok() {
+            self.fix(ino, InodeFix::Times, format!("inode {ino}: a nanosecond field is a second or more"));
+        }
+        if i.xattr_block != 0 && !layout.meta_block_ok(i.xattr_block) {
+            let m = format!("inode {ino}: xattr block {} is out of range (its xattrs are lost)", i.xattr_block);
+            self.fix(ino, InodeFix::NoXattrBlock, m);
+            let mut copy = *i;
+            copy.xattr_block = 0;
+            return self.check_inode(&copy);
+        }
+        let mut sound = *i;
+        sound.size = sound.size.min(MAX_FILE_SIZE);
+        sound.blocks = sound.blocks.min(layout.block_count);
+        sound.next_orphan = 0;
+        if let InodeData::Extents { n, .. } = &mut sound.data {
+            *n = 0; // checked one by one below
+        }
+        if let Err(e) = sound.check(&layout) {
+            self.bad.insert(ino);
+            self.blind(format!("{e}"));
+            return Ok(());
+        }
         match &i.data {
             InodeData::Dir(d) => {
                 let found = btree::check(&mut self.st.tx(), &d.tree, ino);
@@ -298,19 +338,44 @@ impl Walk<'_> {
                         }
                     }
                 }
-                let found = file::all_extents(&mut self.st.tx(), i);
+                let found = file::raw_extents(&mut self.st.tx(), i);
                 match found {
                     Ok(list) => {
                         let mut last_end = 0;
+                        let mut dropped = Vec::new();
+                        let mut mapped_end = 0;
                         for e in list {
+                            if let Err(why) = e.check(&layout, ino) {
+                                self.err(format!("{why} (a repair drops it: its range becomes a hole)"));
+                                dropped.push(e);
+                                continue;
+                            }
                             if e.logical < last_end {
-                                self.err(format!("inode {ino}: extents overlap at {}", e.logical));
+                                self.err(format!(
+                                    "inode {ino}: extents overlap at {} (a repair drops the later one)",
+                                    e.logical
+                                ));
+                                dropped.push(e);
+                                continue;
                             }
                             last_end = e.end();
+                            mapped_end = e.end();
                             for b in e.phys..e.phys + e.len {
                                 self.own(b, ino, "data");
                             }
                             owned += e.len;
+                        }
+                        if !dropped.is_empty() {
+                            let m = format!("inode {ino}: {} bad extent records dropped", dropped.len());
+                            self.fix(ino, InodeFix::DropExtents(dropped), m);
+                        }
+                        if i.size > MAX_FILE_SIZE {
+                            let want = (mapped_end * BLOCK_SIZE as u64).min(MAX_FILE_SIZE);
+                            let m = format!(
+                                "inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE}): set to {want}",
+                                i.size
+                            );
+                            self.fix(ino, InodeFix::Size(want), m);
                         }
                     }
                     Err(e) => {
@@ -360,11 +425,15 @@ impl Walk<'_> {
                 self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
             }
         }
+        if i.is_dir() && i.size > MAX_FILE_SIZE {
+            let m = format!("directory {ino}: size {} is impossible", i.size);
+            self.fix(ino, InodeFix::Size(owned * BLOCK_SIZE as u64), m);
+        }
         if owned != i.blocks {
             let m = format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks);
             self.fix(ino, InodeFix::Blocks(owned), m);
         }
-        if i.size > MAX_FILE_SIZE {
+        if i.size > MAX_FILE_SIZE && !matches!(i.data, InodeData::Extents { .. } | InodeData::ExtentTree { .. }) {
             self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
         }
         if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
@@ -383,7 +452,8 @@ impl Walk<'_> {
         let mut drops: Vec<Drop> = Vec::new();
         let mut root_lost = false;
         while let Some((ino, parent, key, name)) = queue.pop_front() {
-            let i = match self.st.inode(ino) {
+            // Unchecked: check_inode applies the rules, and repairs what it can.
+            let i = match self.st.inode_unchecked(ino) {
                 Ok(i) => i,
                 Err(e) => {
                     self.blind(format!("inode {ino} (in directory {parent}) unreadable: {e}"));
@@ -439,9 +509,10 @@ impl Walk<'_> {
                     let h = dir::name_key(&self.st, &name);
                     if k < h || k > h + d.max_disp as u64 {
                         self.err(format!(
-                            "directory {ino}: entry {:?} at key {k:#x}, outside its probe range from {h:#x}",
+                            "directory {ino}: entry {:?} at key {k:#x}, outside its probe range from {h:#x} (a repair moves it)",
                             String::from_utf8_lossy(&name)
                         ));
+                        self.rekey.push((ino, k, name.clone(), c, ft));
                     }
                     if !names.insert(name.clone()) {
                         self.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
@@ -454,7 +525,7 @@ impl Walk<'_> {
                             continue;
                         }
                     }
-                    match self.st.inode(c) {
+                    match self.st.inode_unchecked(c) {
                         Ok(ci) => {
                             if ci.file_type() != Some(ft) {
                                 self.err(format!("directory {ino}: entry type of {c} does not match the inode"));
@@ -489,9 +560,31 @@ impl Walk<'_> {
     pub(super) fn orphans(&mut self, head: u64, inodes: &mut HashMap<u64, Inode>) -> Result<HashSet<u64>> {
         let mut orphans = HashSet::new();
         let mut cur = head;
-        while cur != 0 && !self.seen.contains(&cur) {
-            match self.st.inode(cur) {
+        let mut last = None;
+        while cur != 0 {
+            // The list may only name unlinked inodes, each once: anything else is cut
+            // off there by a repair (a read-write open frees nothing past it either).
+            let linked = self.seen.contains(&cur) || cur == self.st.sb.root_ino;
+            let unlinked = || -> Result<Inode> {
+                let i = self.st.inode_unchecked(cur)?;
+                if i.nlink != 0 {
+                    return Err(crate::error::Error::corrupt(format!("inode {cur} has {} links", i.nlink)));
+                }
+                Ok(i)
+            };
+            let found = if linked {
+                Err(crate::error::Error::corrupt(format!("inode {cur} is in the namespace or earlier in the list")))
+            } else {
+                unlinked()
+            };
+            if let Err(e) = found {
+                self.err(format!("orphan list: {e} (a repair ends the list before it)"));
+                self.orphan_cut = Some(last);
+                break;
+            }
+            match self.st.inode_unchecked(cur) {
                 Ok(i) => {
+                    last = Some(cur);
                     self.seen.insert(cur);
                     orphans.insert(cur);
                     self.r.inodes += 1;

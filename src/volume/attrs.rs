@@ -5,6 +5,7 @@ use crate::fs::acl;
 use crate::fs::xattr;
 
 use super::*;
+use crate::disk::valid::normal_time;
 use crate::engine::store::{read_inode, MetaRead};
 
 /// The attributes of inode `i`, counting the blocks its dirty pages will take.
@@ -13,11 +14,12 @@ pub(super) fn attr_of(delta: &Delta, i: &Inode) -> Result<Attr> {
     Ok(Attr {
         ino: i.ino,
         size: i.size,
-        blocks: (i.blocks + pending) * 8,
-        atime: i.atime,
-        mtime: i.mtime,
-        ctime: i.ctime,
-        crtime: i.crtime,
+        // Both in range (read_inode's rules), so neither sum nor product wraps.
+        blocks: i.blocks.saturating_add(pending).saturating_mul(8),
+        atime: normal_time(i.atime),
+        mtime: normal_time(i.mtime),
+        ctime: normal_time(i.ctime),
+        crtime: normal_time(i.crtime),
         kind: type_of(i.mode)?,
         mode: i.mode,
         nlink: i.nlink,

@@ -189,7 +189,7 @@ impl Shared {
         if data.is_empty() {
             return Ok(false);
         }
-        let wrote = file::write_runs(&*self.dev, data, DATA_PIECE, |_, _| {});
+        let wrote = file::write_runs(&*self.dev, &_journal.layout(), data, DATA_PIECE, |_, _| {});
         let g = self.inner.read_inner();
         self.data_done(&g, wrote.is_ok());
         wrote?;
@@ -302,7 +302,7 @@ impl Shared {
         self.in_flight_pages.store(pages, Ordering::Release);
         self.in_flight_runs.store(data.len() as u64, Ordering::Release);
         snapshotted();
-        let wrote = file::write_runs(&*dev, data, DATA_PIECE, |pages, runs| {
+        let wrote = file::write_runs(&*dev, &journal.layout(), data, DATA_PIECE, |pages, runs| {
             self.in_flight_pages.fetch_sub(pages, Ordering::AcqRel);
             self.in_flight_runs.fetch_sub(runs, Ordering::AcqRel);
             self.landed.notify_all();

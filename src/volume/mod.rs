@@ -455,6 +455,12 @@ impl Volume {
                 if ino == 0 {
                     break;
                 }
+                // The list is read from disk: it frees only what is truly unlinked.
+                // Anything else stops the freeing, and the list is left for fsck.
+                if let Err(why) = g.orphan_ok(ino) {
+                    tracing::error!("orphan list: {why}; left as it is (run dxfs fsck)");
+                    break;
+                }
                 g.remove_orphan(ino)?;
                 guard += 1;
                 if guard > 100_000_000 {
@@ -541,6 +547,10 @@ impl Volume {
         let g = &mut *g;
         g.sync_counters();
         let r = f(&mut g.st.tx(), &mut g.life.get_mut().state);
+        // A repair may change only the state (an inode count, the orphan list's head):
+        // the state block joins the delta, so the next commit writes it (the commit
+        // encodes it anew).
+        g.st.tx().fresh_block(STATE_BLOCK);
         let state = &g.life.get_mut().state;
         let (inodes, generation) = (state.inodes, state.next_generation);
         g.inodes = SlotCounter::new(inodes as i64);

@@ -155,6 +155,21 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether `ino`, found on the orphan list as read from disk, may be freed: not the
+    /// root, no links, and for a directory no entries. (Files are not looked for in
+    /// the namespace here; fsck checks that the list and the namespace are disjoint.)
+    pub(super) fn orphan_ok(&self, ino: u64) -> std::result::Result<(), String> {
+        if ino == self.st.sb.root_ino {
+            return Err("it names the root directory".into());
+        }
+        let i = self.st.inode(ino).map_err(|e| format!("inode {ino}: {e}"))?;
+        let empty_dir = i.dir().map_or(true, |d| d.entries == 0 && d.tree.root == 0);
+        if i.nlink != 0 || !empty_dir {
+            return Err(format!("inode {ino} has {} links or entries, so it is not unlinked", i.nlink));
+        }
+        Ok(())
+    }
+
     /// Free orphan `ino`: off the orphan list, then its inode and blocks.
     pub(super) fn remove_orphan(&self, ino: u64) -> Result<()> {
         let target = self.unlist_orphan(ino)?;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::*;
+use crate::engine::btree::BTREE_MAGIC;
 use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
 use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, LeafKind, Padded, Serial, Sharded, SLOTS};
@@ -463,17 +464,32 @@ impl Store {
         self.regions[shard_index(owner, REGION_STRIPES)].lock()
     }
 
+    /// A block read as an inode block, B+tree node or xattr block must lie where such
+    /// blocks may (`Layout::meta_block_ok`): a pointer elsewhere is corrupt metadata,
+    /// refused before the block is read or, worse, changed.
+    fn check_block_place(&self, b: u64, want: Option<u32>) -> Result<()> {
+        let in_data_area = matches!(want, Some(INODE_MAGIC | BTREE_MAGIC | XATTR_MAGIC | XATTR_CONT_MAGIC));
+        if in_data_area && !self.sb.layout.meta_block_ok(b) {
+            return Err(Error::corrupt(format!("a pointer to block {b}, where no such block may lie")));
+        }
+        Ok(())
+    }
+
     fn check_ino(&self, ino: u64) -> Result<(u64, usize)> {
-        let (b, s) = ino_loc(ino);
-        if s == 0 || b < self.sb.layout.first_free() || b >= self.sb.layout.block_count {
+        if !self.sb.layout.ino_ok(ino) {
             return Err(Error::NotFound);
         }
-        Ok((b, s))
+        Ok(ino_loc(ino))
     }
 
     /// Read an inode (see [`read_inode`]).
     pub fn inode(&self, ino: u64) -> Result<Inode> {
         self.tx().inode(ino)
+    }
+
+    /// Read an inode without the validity rules (fsck: see [`read_inode_unchecked`]).
+    pub fn inode_unchecked(&self, ino: u64) -> Result<Inode> {
+        self.tx().inode_unchecked(ino)
     }
 
     /// Write an inode back into its block.

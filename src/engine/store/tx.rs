@@ -95,6 +95,7 @@ impl<'a> Tx<'a> {
     pub fn block(&mut self, b: u64, want: Option<u32>) -> Result<&Block> {
         self.release_block();
         let st = self.st;
+        st.check_block_place(b, want)?;
         let r = st.cache.get(&*st.dev, b, want)?;
         Ok(self.hold(r))
     }
@@ -104,6 +105,7 @@ impl<'a> Tx<'a> {
         deferred::check_change();
         self.release_block();
         let st = self.st;
+        st.check_block_place(b, want)?;
         let w = st.cache.get_mut(&*st.dev, b, want)?;
         Ok(self.hold_mut(w))
     }
@@ -193,6 +195,11 @@ impl<'a> Tx<'a> {
         read_inode(self, ino)
     }
 
+    /// Read an inode without the validity rules (see [`read_inode_unchecked`]).
+    pub fn inode_unchecked(&mut self, ino: u64) -> Result<Inode> {
+        read_inode_unchecked(self, ino)
+    }
+
     /// Write an inode back into its block. Its orphan-list link is kept as it is in the
     /// block: another operation may have changed it meanwhile (taking the inode before
     /// this one off the list), and only [`Tx::set_next_orphan`] changes it.
@@ -274,12 +281,23 @@ impl NodeStore for Tx<'_> {
 }
 
 /// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale handle);
-/// a damaged block is `Corrupt`.
+/// a damaged block, or an inode that breaks a validity rule (`Inode::check`), is
+/// `Corrupt`.
 pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
-    let (b, s) = r.store().check_ino(ino)?;
+    let (b, _) = r.store().check_ino(ino)?;
     if !r.store().is_used(b) {
         return Err(Error::NotFound);
     }
+    let i = read_inode_unchecked(r, ino)?;
+    i.check(&r.store().sb.layout)?;
+    Ok(i)
+}
+
+/// Read an inode as its slot decodes, without the validity rules and whatever the
+/// free-space map says of its block: fsck, which checks both itself so that it can
+/// repair what breaks them (an intact inode block marked free is marked used again).
+pub fn read_inode_unchecked(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+    let (b, s) = r.store().check_ino(ino)?;
     // A damaged lazy-free tree must not make every inode unreadable: no directory
     // entry names a lazily freed inode, so reading goes on as if it had no record
     // (fsck reports the tree; changes that need it fail).

@@ -29,12 +29,21 @@ pub use writeback::{write_runs, writeback, DataWrite, InPlace};
 /// Dirty pages of one file, by page index.
 pub type Pages = BTreeMap<u64, Box<Block>>;
 
+/// Decode an extent record of inode `ino`'s tree and check it (`disk::valid`): every
+/// extent the file code uses has passed the rules.
+pub fn extent_record(layout: &Layout, ino: u64, key: u64, value: &[u8]) -> Result<Extent> {
+    Extent::decode_value(key, value)?.checked(layout, ino)
+}
+
 /// Extents overlapping logical blocks `[start, end)`, in order.
 pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
     let mut out = Vec::new();
+    let layout = st.store().sb.layout;
     match &inode.data {
         InodeData::Extents { ext, n } => {
+            // read_inode checked these (Inode::check); the raw path of fsck did not.
             for e in &ext[..*n as usize] {
+                e.check(&layout, inode.ino)?;
                 if e.end() > start && e.logical < end {
                     out.push(*e);
                 }
@@ -42,7 +51,7 @@ pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, 
         }
         InodeData::ExtentTree { tree, .. } => {
             let from = match btree::floor(st, tree, inode.ino, start)? {
-                Some((k, v)) if Extent::decode_value(k, &v)?.end() > start => k,
+                Some((k, v)) if extent_record(&layout, inode.ino, k, &v)?.end() > start => k,
                 _ => start,
             };
             let mut err = None;
@@ -50,7 +59,9 @@ pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, 
                 if k >= end {
                     return false;
                 }
-                match Extent::decode_value(k, v) {
+                // Checked before the overlap filter: an empty or wild extent is an error
+                // wherever it lies, never a hole.
+                match extent_record(&layout, inode.ino, k, v) {
                     Ok(e) => {
                         if e.end() > start {
                             out.push(e)
@@ -69,16 +80,64 @@ pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, 
         }
         InodeData::InlineSymlink(_) | InodeData::Dir(_) => {}
     }
-    for e in &out {
-        if e.len == 0
-            || e.end() > 1 << 32
-            || e.phys < st.store().sb.layout.first_free()
-            || e.phys + e.len > st.store().sb.layout.block_count
-        {
-            return Err(Error::corrupt(format!("inode {}: extent {e:?} out of range", inode.ino)));
+    // Sorted by key; a record that overlaps the one before is as wrong as a wild one.
+    for w in out.windows(2) {
+        if w[1].logical < w[0].end() {
+            return Err(Error::corrupt(format!(
+                "inode {}: extents overlap at logical block {}",
+                inode.ino, w[1].logical
+            )));
         }
     }
     Ok(out)
+}
+
+/// Every extent record of the file as stored, without the validity rules (fsck, which
+/// checks them itself so that it can drop the bad ones).
+pub fn raw_extents(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Extent>> {
+    match &inode.data {
+        InodeData::Extents { ext, n } => Ok(ext[..usize::from(*n)].to_vec()),
+        InodeData::ExtentTree { tree, .. } => {
+            let mut out = Vec::new();
+            let mut err = None;
+            btree::scan(st, tree, inode.ino, 0, |k, v| match Extent::decode_value(k, v) {
+                Ok(e) => {
+                    out.push(e);
+                    true
+                }
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
+            })?;
+            err.map_or(Ok(out), Err)
+        }
+        InodeData::InlineSymlink(_) | InodeData::Dir(_) => Ok(Vec::new()),
+    }
+}
+
+/// Remove extent records `bad` (as `raw_extents` gave them) from the map, freeing
+/// nothing: their blocks were never the file's (fsck's repair of a bad extent: the range
+/// becomes a hole).
+pub fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]) -> Result<()> {
+    let mark = st.usage_mark();
+    let ino = inode.ino;
+    match &mut inode.data {
+        InodeData::Extents { ext, n } => {
+            let list: Vec<Extent> = ext[..usize::from(*n)].iter().filter(|e| !bad.contains(e)).copied().collect();
+            set_inline(inode, &list);
+        }
+        InodeData::ExtentTree { tree, count } => {
+            for e in bad {
+                if btree::remove(st, tree, ino, e.logical)?.is_some() {
+                    *count = count.saturating_sub(1);
+                }
+            }
+        }
+        _ => return Err(Error::Invalid("not a file".into())),
+    }
+    st.account(&mut inode.blocks, mark);
+    Ok(())
 }
 
 /// Every extent of the file (fsck, truncate of the whole file).
@@ -239,7 +298,7 @@ fn extent_before(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<Option<Extent>
     match &inode.data {
         InodeData::Extents { ext, n } => Ok(ext[..*n as usize].iter().rev().find(|e| e.logical < lblk).copied()),
         InodeData::ExtentTree { tree, .. } => match btree::floor(st, tree, inode.ino, lblk - 1)? {
-            Some((k, v)) => Ok(Some(Extent::decode_value(k, &v)?)),
+            Some((k, v)) => Ok(Some(extent_record(&st.store().sb.layout, inode.ino, k, &v)?)),
             None => Ok(None),
         },
         _ => Ok(None),

@@ -5,10 +5,11 @@
 use crate::disk::codec::*;
 use crate::disk::device::BufferPool;
 use crate::disk::format::*;
+use crate::disk::valid::guard_data_write;
 use crate::engine::store::Tx;
 use crate::error::{Error, Result};
 
-use super::{goal_for, map, unmap, written_block, Pages};
+use super::{extent_record, goal_for, map, unmap, written_block, Pages};
 use crate::engine::btree;
 
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
@@ -56,6 +57,7 @@ impl InPlace {
 /// told the pages and the runs done after each request.
 pub fn write_runs(
     dev: &dyn crate::disk::device::BlockDevice,
+    layout: &Layout,
     runs: Vec<DataWrite>,
     piece: usize,
     mut written: impl FnMut(u64, u64),
@@ -63,6 +65,9 @@ pub fn write_runs(
     // A buffer as large as the largest request, not the largest possible one: a commit of
     // one page should not clear 4 MiB.
     let piece = piece.max(1);
+    for r in &runs {
+        guard_data_write(layout, r.phys, r.pages.len() as u64)?;
+    }
     let (mut largest, mut group, mut end) = (0usize, 0usize, None);
     for r in &runs {
         group = if end == Some(r.phys) { group + r.pages.len() } else { r.pages.len() };
@@ -225,6 +230,7 @@ pub fn writeback(
 /// it: no tree, a hole, an unwritten extent, or a tree about to shrink into the inode.
 fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> {
     let ino = inode.ino;
+    let layout = st.store().sb.layout;
     let InodeData::ExtentTree { tree, count } = &inode.data else { return Ok(false) };
     // Far from the size at which `replace` moves the extents back into the inode.
     if (*count as usize) <= INLINE_EXTENTS / 2 + 2 {
@@ -234,13 +240,13 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
     // neighbour on the device: only the record's block changes, in one descent.
     let mut old = None;
     let changed = btree::change_floor(st, tree, ino, p, |(k, v), before| {
-        let e = Extent::decode_value(k, v)?;
+        let e = extent_record(&layout, ino, k, v)?;
         if e.logical != p || e.len != 1 || e.unwritten {
             return Ok(None);
         }
         // A left neighbour that would merge with the new block (as below), or none in
         // this leaf (it may be in the leaf before): the general path.
-        match before.map(|(k, v)| Extent::decode_value(k, v)).transpose()? {
+        match before.map(|(k, v)| extent_record(&layout, ino, k, v)).transpose()? {
             Some(l) if !(l.end() == p && l.phys + l.len == phys && !l.unwritten && l.len + 1 < 1 << 31) => {}
             _ => return Ok(None),
         }
@@ -253,14 +259,14 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
     }
     // Otherwise: the extent holding p and the one before it, in one descent.
     let (Some((k, v)), before) = btree::floor_and_before(st, tree, ino, p)? else { return Ok(false) };
-    let e = Extent::decode_value(k, &v)?;
+    let e = extent_record(&layout, ino, k, &v)?;
     if e.end() <= p || e.unwritten {
         return Ok(false);
     }
     // The page just before, when this one starts the extent: the new block may follow
     // its block on the device (write-back's goal is right after it), and then they merge.
     let left = match (e.logical == p, before) {
-        (true, Some((k, v))) => Some(Extent::decode_value(k, &v)?)
+        (true, Some((k, v))) => Some(extent_record(&layout, ino, k, &v)?)
             .filter(|l| l.end() == p && l.phys + l.len == phys && !l.unwritten && l.len + 1 < 1 << 31),
         _ => None,
     };
@@ -308,24 +314,31 @@ mod tests {
     /// every page lands where its run says, and the callback counts pages and runs.
     #[test]
     fn write_runs_joins_neighbours_and_splits_pieces() {
-        let dev = MemDevice::new(64);
-        // 10..12 and 12..13 touch, 20..25 stands alone, 25..26 touches it.
-        let runs = vec![run(10, 2, 1), run(12, 1, 50), run(20, 5, 100), run(25, 1, 200)];
+        let dev = MemDevice::new(1000);
+        let layout = Layout::new(1000, 64).unwrap();
+        // 210..212 and 212..213 touch, 220..225 stands alone, 225..226 touches it.
+        let runs = vec![run(210, 2, 1), run(212, 1, 50), run(220, 5, 100), run(225, 1, 200)];
         let (mut pages, mut done) = (0, 0);
         let mut calls = 0;
-        write_runs(&dev, runs, 4, |p, r| {
+        write_runs(&dev, &layout, runs, 4, |p, r| {
             pages += p;
             done += r;
             calls += 1;
         })
         .unwrap();
         assert_eq!((pages, done), (9, 4));
-        // [10, 11, 12] in one request; [20..24] split at 4 pages: [20..23], [24, 25].
+        // [210, 211, 212] in one request; [220..224] split at 4 pages: [220..223], [224, 225].
         assert_eq!((dev.stats().writes, calls), (3, 3));
         let mut b = [0u8; BLOCK_SIZE];
-        for (block, byte) in [(10, 1), (11, 2), (12, 50), (20, 100), (24, 104), (25, 200)] {
+        for (block, byte) in [(210, 1), (211, 2), (212, 50), (220, 100), (224, 104), (225, 200)] {
             dev.read(block, &mut b).unwrap();
             assert!(b.iter().all(|&x| x == byte), "block {block}");
         }
+        // The guard: no data over the fixed part, however the runs were made.
+        let writes = dev.stats().writes;
+        for wild in [run(0, 1, 9), run(layout.first_free() - 1, 2, 9), run(999, 1, 9), run(u64::MAX, 2, 9)] {
+            assert!(write_runs(&dev, &layout, vec![wild], 4, |_, _| {}).is_err());
+        }
+        assert_eq!(dev.stats().writes, writes, "a refused run was written");
     }
 }

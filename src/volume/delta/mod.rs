@@ -363,7 +363,7 @@ impl Delta {
                 // The log is full: commit what is mapped so far, its data first (under
                 // the lock: only write-backs larger than a log area come here).
                 self.split_commits += 1;
-                file::write_runs(&**st.dev(), std::mem::take(&mut data), DATA_PIECE, |_, _| {})?;
+                file::write_runs(&**st.dev(), &st.sb.layout, std::mem::take(&mut data), DATA_PIECE, |_, _| {})?;
                 st.space_mut().release_deferred();
                 st.forget_freed();
                 let blocks = self.snapshot(st, state);

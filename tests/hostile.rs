@@ -1,0 +1,278 @@
+//! Hostile images (issue 39): one crafted, checksum-valid image per finding, each
+//! damaged the way an attacker would, and what dxfs must do with it: a clear error for
+//! the damaged object, nothing written where it must not be, the rest of the volume
+//! usable, and a repair that holds.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use dxfs::block::MemDevice;
+use dxfs::internals::{get_u32, ino_loc, seal, LOG_START, STATE_BLOCK};
+use dxfs::{Error, OpenOptions, Volume, BLOCK_SIZE};
+
+const BLOCKS: u64 = 4096;
+
+/// A closed volume's bytes with nothing left to replay: both log areas' commit blocks
+/// are zeroed and the state block says no delta committed, as after mkfs, so what is
+/// patched into home blocks is what an open sees.
+fn settled(dev: &MemDevice) -> Vec<u8> {
+    let mut img = dev.to_bytes();
+    let log_blocks = get_u32(&img, 84) as usize;
+    for area in [LOG_START as usize, LOG_START as usize + log_blocks] {
+        img[area * BLOCK_SIZE..(area + 1) * BLOCK_SIZE].fill(0);
+    }
+    let st = block_of(&mut img, STATE_BLOCK);
+    put_u64(st, 32, 0);
+    seal(st, STATE_BLOCK);
+    img
+}
+
+fn block_of(img: &mut [u8], b: u64) -> &mut [u8; BLOCK_SIZE] {
+    (&mut img[b as usize * BLOCK_SIZE..(b as usize + 1) * BLOCK_SIZE]).try_into().unwrap()
+}
+
+/// Change inode `ino`'s 256-byte slot with `f`, then reseal its block.
+fn patch_inode(img: &mut [u8], ino: u64, f: impl FnOnce(&mut [u8])) {
+    let (b, s) = ino_loc(ino);
+    let blk = block_of(img, b);
+    f(&mut blk[s * 256..(s + 1) * 256]);
+    seal(blk, b);
+}
+
+fn put_u64(s: &mut [u8], at: usize, v: u64) {
+    s[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u64(s: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(s[at..at + 8].try_into().unwrap())
+}
+
+fn open(img: Vec<u8>, read_only: bool) -> (Arc<MemDevice>, dxfs::Result<Volume>) {
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let vol = Volume::open(dev.clone(), OpenOptions { read_only, ..Default::default() });
+    (dev, vol)
+}
+
+fn is_corrupt<T: std::fmt::Debug>(r: dxfs::Result<T>) -> bool {
+    matches!(r, Err(Error::Corrupt(_)))
+}
+
+/// fsck -n, fsck, fsck -n: the first finds something, the repair leaves nothing that
+/// a second check would fix, and the second check is clean or names what is left.
+fn repair_holds(dev: Arc<MemDevice>) -> dxfs::fsck::Report {
+    let first = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("fsck -n ran");
+    assert!(!first.errors.is_empty(), "fsck -n saw nothing wrong");
+    let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
+    eprintln!("fsck -n found: {:#?}\nfsck fixed: {:#?}", first.errors, fixed.fixed);
+    let again = dxfs::fsck::check(dev, false, &mut |_| {}).expect("second fsck -n ran");
+    assert!(again.fixed.is_empty(), "a repair did not hold: {:#?} after {:#?}", again.fixed, fixed.fixed);
+    again
+}
+
+/// A volume with one file of one extent (`f`, 3 blocks) and one directory (`d`) of two
+/// entries; returns the image and the two inode numbers.
+fn small() -> (Vec<u8>, u64, u64) {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap();
+    vol.write(f.ino, 0, &[7u8; 3 * 4096]).unwrap();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap();
+    vol.create(d.ino, b"one", 0o644, 0, 0).unwrap();
+    vol.create(d.ino, b"two", 0o644, 0, 0).unwrap();
+    close_and_check(dev.clone(), vol);
+    (settled(&dev), f.ino, d.ino)
+}
+
+/// Inline extent 0 of a file slot: logical u32 @128, len|flag u32 @132, phys u64 @136.
+const EXT0_LEN: usize = 132;
+const EXT0_PHYS: usize = 136;
+
+/// Item 1: an extent whose block number wraps past 2^64 reaches neither the superblock
+/// on a read nor on a write, and a repair turns it into a hole.
+#[test]
+fn a_wrapping_extent_never_reaches_the_superblock() {
+    let (mut img, f, _) = small();
+    patch_inode(&mut img, f, |s| put_u64(s, EXT0_PHYS, u64::MAX - 1));
+    let sb_before = img[..BLOCK_SIZE].to_vec();
+    let (dev, vol) = open(img, false);
+    let vol = vol.expect("the volume opens: one file is damaged, not the volume");
+    assert!(is_corrupt(vol.read(f, 4096, 10)), "a read of the wild extent must fail");
+    // The write lands in the page cache; the write-back must refuse to touch block 0.
+    let _ = vol.write(f, 4096, b"0123456789");
+    let _ = vol.sync();
+    let _ = vol.close();
+    assert_eq!(&dev.to_bytes()[..BLOCK_SIZE], &sb_before[..], "the superblock was written over");
+    let left = repair_holds(dev.clone());
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let a = vol.lookup(vol.root(), b"f").expect("the file survives its bad extent");
+    assert!(vol.read(a.ino, 0, 3 * 4096).is_ok(), "the repaired file reads");
+    close_and_check(dev, vol);
+}
+
+/// Item 2: a zero-length extent is an error, never zeros with success.
+#[test]
+fn an_empty_extent_is_an_error_not_a_hole() {
+    let (mut img, f, _) = small();
+    patch_inode(&mut img, f, |s| s[EXT0_LEN..EXT0_LEN + 4].copy_from_slice(&0u32.to_le_bytes()));
+    let (dev, vol) = open(img, true);
+    let vol = vol.unwrap();
+    assert!(is_corrupt(vol.read(f, 0, 4096)), "an empty extent read as data");
+    drop(vol);
+    let left = repair_holds(dev);
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+}
+
+/// Item 3: a directory key near 2^64 cannot wrap the listing position: the listing ends.
+#[test]
+fn a_key_near_the_top_cannot_loop_a_listing() {
+    let (mut img, _, d) = small();
+    // The directory's index is one leaf: its root (slot byte 128). Its last record's key
+    // goes near 2^64 (the order stays sorted).
+    let (b, s) = ino_loc(d);
+    let leaf = get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], 128);
+    let blk = block_of(&mut img, leaf);
+    let n = u16::from_le_bytes([blk[26], blk[27]]) as usize;
+    assert_eq!(n, 2);
+    let off = u16::from_le_bytes([blk[32 + 2 * (n - 1)], blk[33 + 2 * (n - 1)]]) as usize;
+    put_u64(blk, off, u64::MAX - 1);
+    seal(blk, leaf);
+    let (dev, vol) = open(img, true);
+    let vol = vol.unwrap();
+    let mut pos = 0;
+    let mut seen = 0;
+    let mut failed = false;
+    for _ in 0..100 {
+        match vol.readdir(d, pos, 1) {
+            Ok(e) if e.is_empty() => break,
+            Ok(e) => {
+                seen += e.len();
+                pos = e.last().unwrap().next;
+            }
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(seen <= 4, "{seen} entries listed from a directory of two");
+    assert!(failed, "the bad key was listed without an error");
+    drop(vol);
+    let left = repair_holds(dev);
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+}
+
+/// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
+#[test]
+fn an_orphan_list_naming_the_root_frees_nothing() {
+    let (mut img, f, _) = small();
+    let root = get_u64(&img, 120); // the superblock's root inode number
+    for head in [root, f] {
+        let mut img = img.clone();
+        let st = block_of(&mut img, STATE_BLOCK);
+        put_u64(st, 16, head);
+        seal(st, STATE_BLOCK);
+        let (dev, vol) = open(img, false);
+        let vol = vol.expect("the volume opens");
+        assert!(vol.lookup(vol.root(), b"f").is_ok(), "a linked inode on the orphan list was freed");
+        assert!(vol.lookup(vol.root(), b"d").is_ok());
+        vol.close().unwrap();
+        let left = repair_holds(dev.clone());
+        assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        assert!(vol.lookup(vol.root(), b"f").is_ok());
+        close_and_check(dev, vol);
+    }
+    // The image itself is untouched by the loop above.
+    let st = block_of(&mut img, STATE_BLOCK);
+    assert_eq!(get_u64(st, 16), 0);
+}
+
+/// Item 5: block counts and sizes beyond what a volume can hold are errors for that
+/// inode, never wrapped numbers; a repair clamps them.
+#[test]
+fn impossible_counts_are_errors_and_repairs_clamp_them() {
+    let (img, f, d) = small();
+    for (ino, at, v) in [(f, 24, 1u64 << 61), (d, 24, 1 << 61), (f, 16, 1 << 62)] {
+        let mut img = img.clone();
+        patch_inode(&mut img, ino, |s| put_u64(s, at, v));
+        let (dev, vol) = open(img, true);
+        let vol = vol.unwrap();
+        assert!(is_corrupt(vol.getattr(ino)), "inode {ino} field @{at} = {v} was accepted");
+        // Everything else still works.
+        assert!(vol.lookup(vol.root(), b"d").is_ok() || ino == d);
+        drop(vol);
+        let left = repair_holds(dev.clone());
+        assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        let a = vol.getattr(ino).expect("readable after repair");
+        assert!(a.blocks < BLOCKS * 8 && a.size <= 1 << 44);
+    }
+}
+
+/// Item 5, the append: a write that would end past the largest file size fails at
+/// write(), never later at fsync with the data gone.
+#[test]
+fn a_write_past_the_largest_file_fails_at_once() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap();
+    let max = dxfs::MAX_FILE_SIZE;
+    assert!(matches!(vol.write(f.ino, max - 2, b"0123"), Err(Error::FileTooBig)));
+    assert!(matches!(vol.write(f.ino, max, b"0"), Err(Error::FileTooBig)));
+    assert!(matches!(vol.write(f.ino, u64::MAX - 1, b"0"), Err(Error::FileTooBig)));
+    vol.write(f.ino, max - 4, b"0123").expect("a write that ends at the limit");
+    vol.sync().expect("and it commits");
+    close_and_check(dev, vol);
+}
+
+/// Item 10: nanoseconds of a second or more are flagged and repaired; readers see them
+/// clamped meanwhile.
+#[test]
+fn nanoseconds_past_a_second_are_repaired() {
+    let (mut img, f, _) = small();
+    patch_inode(&mut img, f, |s| s[68..72].copy_from_slice(&2_000_000_000u32.to_le_bytes()));
+    let (dev, vol) = open(img, true);
+    let a = vol.unwrap().getattr(f).unwrap();
+    assert!(a.mtime.1 < 1_000_000_000);
+    let left = repair_holds(dev);
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+}
+
+/// Item 7: a wrong inode count in the state block is written by the repair, not only
+/// reported.
+#[test]
+fn the_state_blocks_inode_count_is_repaired_for_good() {
+    let (mut img, ..) = small();
+    let st = block_of(&mut img, STATE_BLOCK);
+    let count = get_u64(st, 40);
+    put_u64(st, 40, count + 7);
+    seal(st, STATE_BLOCK);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let left = repair_holds(dev.clone());
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    assert_eq!(get_u64(&dev.to_bytes()[STATE_BLOCK as usize * BLOCK_SIZE..], 40), count);
+}
+
+/// Item 8: an inode block that the free-space map calls free, but that is intact, is
+/// marked used again: nothing in it is dropped.
+#[test]
+fn an_intact_inode_block_marked_free_is_kept() {
+    let (mut img, f, d) = small();
+    let b = ino_loc(f).0;
+    let bitmap_start = get_u64(&img, 104);
+    let bits = ((BLOCK_SIZE - 32) * 8) as u64;
+    let at = bitmap_start + b / bits;
+    let blk = block_of(&mut img, at);
+    let bit = (b % bits) as usize;
+    blk[32 + bit / 8] &= !(1 << (bit % 8));
+    seal(blk, at);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let left = repair_holds(dev.clone());
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.read(f, 0, 3 * 4096).unwrap(), vec![7u8; 3 * 4096]);
+    assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4);
+    close_and_check(dev, vol);
+}

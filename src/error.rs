@@ -73,7 +73,9 @@ impl Error {
             {
                 libc::ENOSPC
             }
-            Error::Io(_) | Error::Corrupt(_) => libc::EIO,
+            Error::Io(_) => libc::EIO,
+            // As ext4 and XFS: "structure needs cleaning", which fsck does.
+            Error::Corrupt(_) => libc::EUCLEAN,
             Error::NoSpace => libc::ENOSPC,
             Error::NotFound => libc::ENOENT,
             Error::Exists => libc::EEXIST,

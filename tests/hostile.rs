@@ -276,3 +276,95 @@ fn an_intact_inode_block_marked_free_is_kept() {
     assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4);
     close_and_check(dev, vol);
 }
+
+/// Write `img` to a temporary image file; returns the directory (kept alive) and path.
+fn image_file(img: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("vol.img");
+    std::fs::write(&p, img).unwrap();
+    (dir, p)
+}
+
+/// Item 13: export keeps holes as holes and goes on past what it cannot read, naming
+/// it, and exits non-zero with a count.
+#[test]
+fn export_keeps_holes_and_goes_on_past_damage() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let sparse = vol.create(root, b"sparse", 0o644, 0, 0).unwrap();
+    vol.write(sparse.ino, 40 << 20, b"end").unwrap();
+    vol.write(sparse.ino, 0, b"start").unwrap();
+    let bad = vol.create(root, b"bad", 0o644, 0, 0).unwrap();
+    vol.write(bad.ino, 0, &[1u8; 4096]).unwrap();
+    let good = vol.create(root, b"good", 0o644, 0, 0).unwrap();
+    vol.write(good.ino, 0, b"fine").unwrap();
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    patch_inode(&mut img, bad.ino, |s| put_u64(s, EXT0_PHYS, 1));
+    let (tmp, path) = image_file(&img);
+    let out = tmp.path().join("out");
+    let (code, _, err) = dxfs(&["export", path.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, 4, "export of a damaged volume: {err}");
+    assert!(err.contains("bad") && err.contains("1 objects could not be read"), "{err}");
+    assert_eq!(std::fs::read(out.join("good")).unwrap(), b"fine");
+    let meta = std::fs::metadata(out.join("sparse")).unwrap();
+    assert_eq!(meta.len(), (40 << 20) + 3);
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&meta) * 512 < 1 << 20,
+        "a 40 MiB hole came out allocated ({} blocks)",
+        std::os::unix::fs::MetadataExt::blocks(&meta)
+    );
+    let data = std::fs::read(out.join("sparse")).unwrap();
+    assert_eq!(&data[..5], b"start");
+    assert_eq!(&data[40 << 20..], b"end");
+}
+
+/// Item 14: the tools end quietly when their reader goes away.
+#[test]
+fn tools_end_quietly_under_a_closed_pipe() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    for i in 0..200 {
+        vol.create(vol.root(), format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    close_and_check(dev.clone(), vol);
+    let (_tmp, path) = image_file(&dev.to_bytes());
+    let p = path.to_str().unwrap();
+    for args in [vec!["fsck", "-n", p], vec!["info", p], vec!["debug", "ls", p, "/"]] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dxfs"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read nothing: close the pipe at once, as `| head -0` would.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "dxfs {args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "dxfs {args:?} panicked: {err}");
+    }
+}
+
+/// Item 9: a directory whose inode region names the mount mark's block: the repair
+/// never writes an inode block over the mark.
+#[test]
+fn a_region_over_the_mount_mark_is_never_written() {
+    let (mut img, _, d) = small();
+    let mark = get_u64(&img, 168);
+    assert_ne!(mark, 0, "the volume has a mount mark");
+    // Directory format: region_start u64 @144, region_len u32 @152, region_used u32 @156.
+    patch_inode(&mut img, d, |s| {
+        put_u64(s, 144, mark);
+        s[152..156].copy_from_slice(&1u32.to_le_bytes());
+        s[156..160].copy_from_slice(&1u32.to_le_bytes());
+    });
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let (_, vol) = open(dev.to_bytes(), true);
+    assert!(is_corrupt(vol.unwrap().getattr(d)), "a region over the mark was accepted");
+    let left = repair_holds(dev.clone());
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    assert_eq!(dxfs::mount_mark_status(&*dev).unwrap().as_deref(), Some("clean"));
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert!(vol.lookup(vol.root(), b"f").is_ok());
+    close_and_check(dev, vol);
+}

@@ -39,7 +39,18 @@ pub fn run(a: ExportArgs) -> i32 {
     });
     bar.finish_and_clear();
     match r {
-        Ok(()) => 0,
+        Ok(s) if s.failures.is_empty() => 0,
+        Ok(s) => {
+            for f in &s.failures {
+                eprintln!("dxfs: export: skipped {f}");
+            }
+            eprintln!(
+                "dxfs: export: {} objects could not be read (the other {} were copied)",
+                s.failures.len(),
+                s.inodes
+            );
+            4
+        }
         Err(e) => fail(format!("export: {e}"), 8),
     }
 }

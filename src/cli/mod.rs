@@ -6,6 +6,35 @@ use std::path::Path;
 
 use clap::{Parser, Subcommand};
 
+// The commands print through these, not std's: a reader that goes away (`dxfs fsck |
+// head -1`) ends the command quietly, as SIGPIPE ends C tools, instead of a panic.
+macro_rules! println {
+    () => {
+        $crate::cli::out(format_args!("\n"))
+    };
+    ($($t:tt)*) => {
+        $crate::cli::out(format_args!("{}\n", format_args!($($t)*)))
+    };
+}
+macro_rules! print {
+    ($($t:tt)*) => {
+        $crate::cli::out(format_args!($($t)*))
+    };
+}
+
+/// Write to stdout; when the reader has gone, exit at once with the status of a
+/// process killed by SIGPIPE (128 + 13). Other errors are reported once, likewise.
+pub fn out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("dxfs: cannot write to standard output: {e}");
+        }
+        std::process::exit(141);
+    }
+}
+
 mod debug;
 mod export;
 mod fsck;

@@ -141,8 +141,9 @@ impl Walk<'_> {
                     }
                 }
                 // An unreadable block that should hold no live inode (a region block whose
-                // inodes were all dropped) is written again as an empty one.
-                Err(crate::error::Error::Corrupt(_)) if mask == 0 => {
+                // inodes were all dropped) is written again as an empty one: only in the
+                // data area, never over a fixed block a wild region names.
+                Err(crate::error::Error::Corrupt(_)) if mask == 0 && self.st.sb.layout.meta_block_ok(b) => {
                     reinit.push((b, region_of.get(&b).copied().unwrap_or(0)))
                 }
                 Err(e) => self.blind(format!("inode block {b}: {e}")),

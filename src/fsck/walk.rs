@@ -251,7 +251,12 @@ impl Walk<'_> {
     }
 
     pub(super) fn own(&mut self, b: u64, ino: u64, what: &str) {
-        if b < self.st.sb.layout.first_free() || b >= self.st.sb.layout.block_count {
+        // Inodes own only data-area blocks; the fixed structures there (ino 0) are the
+        // blocks the data area leaves out.
+        let layout = self.st.sb.layout;
+        let placed =
+            if ino == 0 { b >= layout.first_free() && b < layout.block_count } else { layout.meta_block_ok(b) };
+        if !placed {
             self.err(format!("inode {ino}: {what} block {b} outside the data area"));
             return;
         }

@@ -77,10 +77,21 @@ pub(super) struct Server {
 type Res<T> = std::result::Result<T, i32>;
 
 fn errno_of(op: u32, e: &Error) -> i32 {
-    if matches!(e, Error::Io(_) | Error::Corrupt(_)) {
+    if matches!(e, Error::Io(_) | Error::Corrupt(_)) && first_time(e) {
         tracing::error!("request {op}: {e}");
     }
     e.errno()
+}
+
+/// Whether error `e` is logged for the first time: a damaged record is named once, not
+/// at every request that meets it (a listing of a damaged directory would repeat it at
+/// every READDIR). At most `LOGGED_KEPT` are remembered, then everything is logged.
+fn first_time(e: &Error) -> bool {
+    const LOGGED_KEPT: usize = 4096;
+    static LOGGED: std::sync::Mutex<Option<std::collections::HashSet<String>>> = std::sync::Mutex::new(None);
+    let mut g = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    let set = g.get_or_insert_with(Default::default);
+    set.len() >= LOGGED_KEPT || set.insert(e.to_string())
 }
 
 fn fuse_attr(ino: u64, a: &Attr) -> wire::Attr {
@@ -345,11 +356,16 @@ impl Server {
     }
 
     /// Run a volume call. A panic in the volume is caught so the request still gets an
-    /// answer (EIO); the volume is then poisoned so that nothing half-done reaches the
-    /// disk.
+    /// answer (EIO). After a request that may change the volume, the volume is then
+    /// poisoned so that nothing half-done reaches the disk; a request that only reads
+    /// changed nothing that a commit writes, so it fails alone and the mount goes on.
     fn call<T>(&self, op: u32, f: impl FnOnce(&Volume) -> Result<T>) -> Res<T> {
         match catch_unwind(AssertUnwindSafe(|| f(&self.vol))) {
             Ok(r) => r.map_err(|e| errno_of(op, &e)),
+            Err(_) if reads_only(op) => {
+                tracing::error!("request {op}: panic in the volume layer while reading; this request failed (EIO)");
+                Err(libc::EIO)
+            }
             Err(_) => {
                 tracing::error!("request {op}: panic in the volume layer; no further changes will be committed");
                 self.vol.poison();
@@ -958,4 +974,27 @@ fn caller_of(h: &InHeader) -> Caller {
         })
         .unwrap_or_default();
     Caller { uid: h.uid, gid: h.gid, groups }
+}
+
+/// Whether request `op` only reads the volume. A READ may also set its file's atime,
+/// but only after the data was read, in one inode write that either happened whole or
+/// not at all: a panic before it leaves nothing half-changed for a commit to write.
+fn reads_only(op: u32) -> bool {
+    use super::wire::opcode::*;
+    matches!(
+        op,
+        LOOKUP
+            | GETATTR
+            | READLINK
+            | READ
+            | STATFS
+            | GETXATTR
+            | LISTXATTR
+            | OPENDIR
+            | READDIR
+            | READDIRPLUS
+            | ACCESS
+            | LSEEK
+            | STATX
+    )
 }

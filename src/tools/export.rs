@@ -1,12 +1,14 @@
 //! `dxfs export IMAGE DIR`: copy a volume's tree out to a host directory, read-only (the
 //! inverse of [`import`](super::import)), for getting data out of a volume that will not
 //! mount. Names, contents, hard links (one inode, several names), symlinks, device nodes,
-//! fifos, sockets, modes, owners, times and xattrs (POSIX ACLs included) are kept.
+//! fifos, sockets, modes, owners, times and xattrs (POSIX ACLs included) are kept, and
+//! holes stay holes. An object that cannot be read (a damaged volume) is skipped and
+//! named, and the export goes on with the rest, as `debugfs rdump` does.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -26,6 +28,8 @@ pub struct ExportStats {
     pub hard_links: u64,
     pub bytes: u64,
     pub xattrs: u64,
+    /// What could not be copied, each with its host path and why; the rest was copied.
+    pub failures: Vec<String>,
 }
 
 type Result<T> = std::result::Result<T, PathError>;
@@ -47,8 +51,10 @@ struct Exporter<'a> {
 }
 
 /// Copy the volume's root directory's contents into `dst` (an existing, empty directory,
-/// or one to create); `dst` takes the root's mode, owner, times and xattrs.
-pub fn export(vol: &Volume, dst: &Path, progress: &mut dyn FnMut(&ExportStats)) -> Result<()> {
+/// or one to create); `dst` takes the root's mode, owner, times and xattrs. What cannot
+/// be read is listed in the returned stats' `failures`, and everything else is copied;
+/// an error is returned only when nothing can be (`dst`, or the root, is unusable).
+pub fn export(vol: &Volume, dst: &Path, progress: &mut dyn FnMut(&ExportStats)) -> Result<ExportStats> {
     if !dst.exists() {
         fs::create_dir(dst).map_err(|e| io(dst, e))?;
     } else if fs::read_dir(dst).map_err(|e| io(dst, e))?.next().is_some() {
@@ -56,15 +62,34 @@ pub fn export(vol: &Volume, dst: &Path, progress: &mut dyn FnMut(&ExportStats)) 
     }
     let mut ex = Exporter { vol, seen: HashMap::new(), stats: ExportStats::default(), progress };
     let root = vol.getattr(vol.root()).map_err(|e| vol_err(dst, e))?;
-    ex.copy_dir(root.ino, dst)?;
-    ex.finish(dst, &root)
+    ex.copy_dir(root.ino, dst);
+    let r = ex.finish(dst, &root);
+    ex.note(r);
+    Ok(ex.stats)
 }
 
+/// Largest failure list kept (the count goes on).
+const FAILURES_KEPT: usize = 10_000;
+
 impl Exporter<'_> {
-    fn copy_dir(&mut self, dir: u64, dst: &Path) -> Result<()> {
+    /// Keep a failure and go on.
+    fn note(&mut self, r: Result<()>) {
+        if let Err(e) = r {
+            if self.stats.failures.len() < FAILURES_KEPT {
+                self.stats.failures.push(e.to_string());
+            }
+        }
+    }
+
+    /// Copy directory `dir`'s entries into `dst`; what fails is noted, the rest goes on.
+    /// A listing that breaks off keeps what came before.
+    fn copy_dir(&mut self, dir: u64, dst: &Path) {
         let mut pos = 0;
         loop {
-            let batch = self.vol.readdir(dir, pos, 256).map_err(|e| vol_err(dst, e))?;
+            let batch = match self.vol.readdir(dir, pos, 256) {
+                Ok(b) => b,
+                Err(e) => return self.note(Err(vol_err(dst, e))),
+            };
             let Some(last) = batch.last() else { break };
             pos = last.next;
             for e in batch {
@@ -72,59 +97,82 @@ impl Exporter<'_> {
                     continue;
                 }
                 let path = dst.join(OsStr::from_bytes(&e.name));
-                let a = self.vol.getattr(e.ino).map_err(|e| vol_err(&path, e))?;
-                if a.kind != FileType::Directory && a.nlink > 1 {
-                    if let Some(first) = self.seen.get(&a.ino) {
-                        fs::hard_link(first, &path).map_err(|e| io(&path, e))?;
-                        self.stats.hard_links += 1;
-                        continue;
-                    }
-                    self.seen.insert(a.ino, path.clone());
-                }
-                match a.kind {
-                    FileType::Directory => {
-                        fs::create_dir(&path).map_err(|e| io(&path, e))?;
-                        self.copy_dir(a.ino, &path)?;
-                    }
-                    FileType::RegularFile => self.copy_data(&a, &path)?,
-                    FileType::Symlink => {
-                        let t = self.vol.readlink(a.ino).map_err(|e| vol_err(&path, e))?;
-                        std::os::unix::fs::symlink(OsStr::from_bytes(&t), &path).map_err(|e| io(&path, e))?;
-                    }
-                    _ => {
-                        let kind = SFlag::from_bits_truncate(a.mode & libc::S_IFMT);
-                        mknod(&path, kind, Mode::from_bits_truncate(a.mode & 0o7777), a.rdev as libc::dev_t)
-                            .map_err(|e| io(&path, e))?;
-                    }
-                }
-                self.finish(&path, &a)?;
+                let r = self.copy_entry(e.ino, &path);
+                self.note(r);
             }
         }
-        Ok(())
     }
 
+    fn copy_entry(&mut self, ino: u64, path: &Path) -> Result<()> {
+        let a = self.vol.getattr(ino).map_err(|e| vol_err(path, e))?;
+        if a.kind != FileType::Directory && a.nlink > 1 {
+            if let Some(first) = self.seen.get(&a.ino) {
+                fs::hard_link(first, path).map_err(|e| io(path, e))?;
+                self.stats.hard_links += 1;
+                return Ok(());
+            }
+            self.seen.insert(a.ino, path.to_path_buf());
+        }
+        match a.kind {
+            FileType::Directory => {
+                fs::create_dir(path).map_err(|e| io(path, e))?;
+                self.copy_dir(a.ino, path);
+            }
+            FileType::RegularFile => {
+                // A file that reads only in part keeps what did read, and is named.
+                let r = self.copy_data(&a, path);
+                self.note(r);
+            }
+            FileType::Symlink => {
+                let t = self.vol.readlink(a.ino).map_err(|e| vol_err(path, e))?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&t), path).map_err(|e| io(path, e))?;
+            }
+            _ => {
+                let kind = SFlag::from_bits_truncate(a.mode & libc::S_IFMT);
+                mknod(path, kind, Mode::from_bits_truncate(a.mode & 0o7777), a.rdev as libc::dev_t)
+                    .map_err(|e| io(path, e))?;
+            }
+        }
+        self.finish(path, &a)
+    }
+
+    /// Copy a file's data ranges, leaving its holes as holes.
     fn copy_data(&mut self, a: &Attr, path: &Path) -> Result<()> {
         let mut f = fs::File::create(path).map_err(|e| io(path, e))?;
-        let mut off = 0u64;
-        while off < a.size {
-            let n = (a.size - off).min(256 * BLOCK_SIZE as u64) as usize;
-            let data = self.vol.read(a.ino, off, n).map_err(|e| vol_err(path, e))?;
-            if data.is_empty() {
-                break;
-            }
-            f.write_all(&data).map_err(|e| io(path, e))?;
-            off += data.len() as u64;
-        }
         f.set_len(a.size).map_err(|e| io(path, e))?;
-        self.stats.bytes += a.size;
+        for (start, end) in self.vol.data_ranges(a.ino).map_err(|e| vol_err(path, e))? {
+            let mut off = start;
+            f.seek(SeekFrom::Start(off)).map_err(|e| io(path, e))?;
+            while off < end {
+                let n = (end - off).min(256 * BLOCK_SIZE as u64) as usize;
+                let data = self.vol.read(a.ino, off, n).map_err(|e| vol_err(path, e))?;
+                if data.is_empty() {
+                    break;
+                }
+                f.write_all(&data).map_err(|e| io(path, e))?;
+                off += data.len() as u64;
+                self.stats.bytes += data.len() as u64;
+            }
+        }
         Ok(())
     }
 
     fn finish(&mut self, path: &Path, a: &Attr) -> Result<()> {
-        for name in self.vol.listxattr(a.ino).map_err(|e| vol_err(path, e))? {
-            let value = self.vol.getxattr(a.ino, &name).map_err(|e| vol_err(path, e))?;
-            xattr::set(path, OsStr::from_bytes(&name), &value).map_err(|e| io(path, e))?;
-            self.stats.xattrs += 1;
+        // Unreadable xattrs are named, and the owner, mode and times still set.
+        match self.vol.listxattr(a.ino) {
+            Ok(names) => {
+                for name in names {
+                    let r =
+                        self.vol.getxattr(a.ino, &name).map_err(|e| vol_err(path, e)).and_then(|value| {
+                            xattr::set(path, OsStr::from_bytes(&name), &value).map_err(|e| io(path, e))
+                        });
+                    if r.is_ok() {
+                        self.stats.xattrs += 1;
+                    }
+                    self.note(r);
+                }
+            }
+            Err(e) => self.note(Err(vol_err(path, e))),
         }
         std::os::unix::fs::lchown(path, Some(a.uid), Some(a.gid)).map_err(|e| io(path, e))?;
         if a.kind != FileType::Symlink {

@@ -415,6 +415,40 @@ impl Volume {
         Ok(n)
     }
 
+    /// The byte ranges of regular file `ino` that hold data, in order and merged: written
+    /// extents and pages not yet written back, clipped to the size. What lies between
+    /// reads as zeros (SEEK_DATA and SEEK_HOLE; export keeps holes as holes).
+    pub fn data_ranges(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
+        let g = self.op_landed(&[(ino, Mode::Read)], ino)?;
+        let i = g.st.inode(ino)?;
+        match i.file_type() {
+            Some(FileType::RegularFile) => {}
+            Some(FileType::Directory) => return Err(Error::IsDir),
+            _ => return Err(Error::Invalid("data ranges of a file that is not regular".into())),
+        }
+        let bs = BLOCK_SIZE as u64;
+        let mut blocks: Vec<(u64, u64)> = file::all_extents(&mut g.st.tx(), &i)?
+            .iter()
+            .filter(|e| !e.unwritten)
+            .map(|e| (e.logical, e.end()))
+            .collect();
+        g.delta.with_pages(ino, |pages| blocks.extend(pages.into_iter().flatten().map(|(p, _)| (*p, p + 1))));
+        blocks.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in blocks {
+            // Within MAX_FILE_SIZE (the rules), so these products do not wrap.
+            let (s, e) = (s * bs, (e * bs).min(i.size));
+            if s >= e {
+                continue;
+            }
+            match out.last_mut() {
+                Some(l) if l.1 >= s => l.1 = l.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Plan a read of `ino` with the file read locked, once no commit or flush is writing
     /// its data back, its metadata read with nothing held (`unlocked_reads`).
     fn plan_read(&self, ino: u64, offset: u64, size: usize) -> Result<Planned> {

@@ -19,6 +19,10 @@ pub struct FsckArgs {
     /// Print statistics.
     #[arg(short = 'v')]
     verbose: bool,
+    /// When the newest commit record is damaged, go back to the newest readable delta
+    /// (what was committed after it is lost); without it such a volume is only reported.
+    #[arg(long)]
+    rollback: bool,
 }
 
 pub fn run(a: FsckArgs) -> i32 {
@@ -36,7 +40,8 @@ pub fn run(a: FsckArgs) -> i32 {
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
     let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));
-    let r = dxfs::fsck::check(dev, !a.no_change, &mut progress);
+    let opts = dxfs::fsck::CheckOptions { repair: !a.no_change, rollback: a.rollback };
+    let r = dxfs::fsck::check_with(dev, &opts, &mut progress);
     bar.finish_and_clear();
     let r = match r {
         Ok(r) => r,

@@ -146,7 +146,21 @@ impl Journal {
 
     /// Find the newest committed delta. With `apply`, write its blocks home (and
     /// flush); either way return them, so a read-only open can overlay them in memory.
+    #[cfg(test)]
     pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Replay)> {
+        Self::recover_from(dev, layout, apply, false)
+    }
+
+    /// [`Journal::recover`]; with `skip_damaged`, a commit that cannot be used (more
+    /// blocks than the log holds, a body that fails its checksum, a target it may not
+    /// have) is passed over for the one before it instead of failing: the rollback that
+    /// `-o recovery=rollback` and `fsck --rollback` accept.
+    pub fn recover_from(
+        dev: &dyn BlockDevice,
+        layout: Layout,
+        apply: bool,
+        skip_damaged: bool,
+    ) -> Result<(Journal, Replay)> {
         let mut valid: Vec<(u64, u64, usize, u32)> = Vec::new(); // (seq, area start, count, flags)
         for area in 0..2 {
             let at = layout.log_area(area);
@@ -159,12 +173,24 @@ impl Journal {
         let mut chosen = None;
         for (i, &(seq, at, n, flags)) in valid.iter().enumerate() {
             if n > capacity(layout.log_blocks) {
+                if skip_damaged {
+                    tracing::warn!("commit {seq} lists {n} blocks, more than the log holds: passed over");
+                    continue;
+                }
                 return Err(Error::corrupt(format!("commit {seq} lists {n} blocks, more than the log holds")));
             }
             let (body, ok) = read_body(dev, at, n)?;
+            if ok && skip_damaged && images(layout, seq, n, &body, &mut Replay::default()).is_err() {
+                tracing::warn!("commit {seq} targets blocks it may not: passed over");
+                continue;
+            }
             if ok {
                 chosen = Some((i, seq, n, flags, body));
                 break;
+            }
+            if skip_damaged {
+                tracing::warn!("log body of commit {seq} fails its checksum: passed over");
+                continue;
             }
             if flags & ONE_FLUSH != 0 && i == 0 {
                 // Written with its body under one flush that never completed: this delta

@@ -70,6 +70,68 @@ impl Report {
 /// or process holds the volume; a check without repair says in `warnings` that the volume
 /// is in use (what it reads may lag behind the holder's memory).
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
+    check_with(dev, &CheckOptions { repair, ..Default::default() }, progress)
+}
+
+/// How [`check_with`] runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckOptions {
+    /// Repair what can be repaired (else only report).
+    pub repair: bool,
+    /// When the newest commit record is damaged, go back to the newest readable delta,
+    /// losing the deltas after it (`dxfs fsck --rollback`, as `-o recovery=rollback`).
+    /// Without it such a volume is reported and left alone.
+    pub rollback: bool,
+}
+
+/// [`check`], with options.
+pub fn check_with(dev: Arc<dyn BlockDevice>, opts: &CheckOptions, progress: &mut dyn FnMut(u64)) -> Result<Report> {
+    let repair = opts.repair;
+    let rolled = if opts.rollback && repair { roll_back(&dev)? } else { None };
+    let mut r = check_marked(dev, repair, progress)?;
+    r.fixed.splice(0..0, rolled);
+    Ok(r)
+}
+
+/// A volume whose newest commit record is damaged: open it allowing the rollback, and
+/// commit at once, so the state block names the delta it went back to. Returns what
+/// was done, or `None` when nothing needed it.
+fn roll_back(dev: &Arc<dyn BlockDevice>) -> Result<Option<String>> {
+    let sb = read_usable_superblock(&**dev)?;
+    let home = {
+        let mut b = [0u8; BLOCK_SIZE];
+        dev.read(STATE_BLOCK, &mut b)?;
+        verify(&b, STATE_BLOCK, Some(STATE_MAGIC)).ok().map(|_| State::decode(&b).commit_seq)
+    };
+    use crate::engine::log::Journal;
+    let (journal, _) = Journal::recover_from(&**dev, sb.layout, false, true)?;
+    // Either the state block names a later delta than the newest usable commit, or the
+    // newest commit record cannot be used at all (it may be a checkpoint's, which the
+    // state block does not name).
+    let unusable = Journal::recover_from(&**dev, sb.layout, false, false).is_err();
+    let lost = home.filter(|&h| h > journal.seq);
+    if lost.is_none() && !unusable {
+        return Ok(None);
+    }
+    let vol = Volume::open(dev.clone(), OpenOptions { allow_rollback: true, ..Default::default() })?;
+    vol.repair(|_, _| Ok(()))?;
+    vol.close()?;
+    Ok(Some(match lost {
+        Some(home) => format!(
+            "the commit record of delta {home} was damaged: rolled back to delta {}, the newest readable one \
+             (what deltas {}..={home} changed is lost)",
+            journal.seq,
+            journal.seq + 1
+        ),
+        None => format!(
+            "the newest commit record was damaged: rolled back to delta {}, the newest readable one \
+             (the damaged record named no change that the state block shows committed)",
+            journal.seq
+        ),
+    }))
+}
+
+fn check_marked(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {
     let sb = read_usable_superblock(&*dev)?;
     let repair_ok = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
     let (mut warnings, mut errors, mut fixed) = (Vec::new(), Vec::new(), Vec::new());
@@ -119,7 +181,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 (o.opened.store, o.opened.state, b, s, seq)
             }
             Err(crate::error::Error::Corrupt(m)) => {
-                r.errors.push(format!("cannot open the volume: {m}"));
+                // A damaged newest commit: the way out loses that delta, so it is asked for.
+                let hint = if m.contains("commit") {
+                    " (dxfs fsck --rollback goes back to the newest readable delta, losing the ones after it)"
+                } else {
+                    ""
+                };
+                r.errors.push(format!("cannot open the volume: {m}{hint}"));
                 return Ok(r);
             }
             Err(e) => return Err(e),

@@ -176,7 +176,7 @@ pub fn open_lenient(
         dev.read(STATE_BLOCK, &mut b)?;
         verify(&b, STATE_BLOCK, Some(STATE_MAGIC)).ok().map(|_| State::decode(&b).commit_seq)
     };
-    let (journal, replay) = Journal::recover(&*dev, sb.layout, false)?;
+    let (journal, replay) = Journal::recover_from(&*dev, sb.layout, false, allow_rollback)?;
     if let Some(home) = home_seq.filter(|&h| h > journal.seq) {
         if !allow_rollback {
             return Err(Error::corrupt(format!(

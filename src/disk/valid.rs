@@ -9,6 +9,8 @@
 //! `Error::Corrupt` naming it (EUCLEAN through the mount), and fsck checks the same
 //! rules by calling the same functions. FORMAT.md gives each record's rules in its
 //! "validity" line.
+// The rules run on hostile values: no arithmetic here may wrap or truncate.
+#![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
 use crate::disk::format::*;
 use crate::error::{Error, Result};

@@ -423,3 +423,21 @@ fn a_damaged_superblock_is_repaired_from_its_backup() {
         close_and_check(dev, vol);
     }
 }
+
+/// Item 12: with both superblock copies damaged, fsck fails (exit 8) saying what is
+/// wrong with each copy and that none can be used.
+#[test]
+fn two_damaged_superblocks_are_named_both() {
+    let (mut img, ..) = small();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    for at in [0, last] {
+        let blk = block_of(&mut img, at);
+        put_u64(blk, 88, u64::MAX / 8); // block count
+        seal(blk, at);
+    }
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let e = dxfs::fsck::check(dev, true, &mut |_| {}).err().expect("fsck cannot go on").to_string();
+    assert!(e.contains("no usable superblock copy"), "{e}");
+    assert!(e.contains("block 0:") && e.contains(&format!("backup in block {last}:")), "{e}");
+    assert!(e.contains("geometry"), "the bad field is not named: {e}");
+}

@@ -157,8 +157,24 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         Err(e) => {
             let last = dev.block_count() - 1;
             dev.read(last, &mut b)?;
-            Superblock::decode(&b, last).map_err(|_| e)
+            Superblock::decode(&b, last).map_err(|backup| match (&e, backup) {
+                // Not a dxfs volume at all: say that, not two errors.
+                (Error::Corrupt(m), Error::Corrupt(_)) if m.contains("no superblock magic") => e,
+                (_, backup) => Error::corrupt(format!(
+                    "no usable superblock copy: block 0: {}; the backup in block {last}: {}",
+                    strip(&e),
+                    strip(&backup)
+                )),
+            })
         }
+    }
+}
+
+/// An error's message without the "corrupt volume: " its display adds.
+fn strip(e: &Error) -> String {
+    match e {
+        Error::Corrupt(m) => m.clone(),
+        e => e.to_string(),
     }
 }
 

@@ -441,3 +441,26 @@ fn two_damaged_superblocks_are_named_both() {
     assert!(e.contains("block 0:") && e.contains(&format!("backup in block {last}:")), "{e}");
     assert!(e.contains("geometry"), "the bad field is not named: {e}");
 }
+
+/// Item 10: an xattr entry that cannot be named (an unknown namespace index) is an
+/// error before a repair, and gone after it: listxattr works again and the rest stays.
+#[test]
+fn an_xattr_that_cannot_be_named_is_removed() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap();
+    vol.setxattr(f.ino, b"user.a", b"1", dxfs::XattrMode::Any).unwrap();
+    vol.setxattr(f.ino, b"user.b", b"2", dxfs::XattrMode::Any).unwrap();
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    // The inline list (slot byte 192): the first entry's namespace index.
+    patch_inode(&mut img, f.ino, |s| s[192] = 0);
+    let (dev, vol) = open(img, true);
+    assert!(is_corrupt(vol.unwrap().listxattr(f.ino)), "an unnamed entry was listed");
+    let left = repair_holds(dev.clone());
+    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let names = vol.listxattr(f.ino).expect("listxattr after repair");
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert_eq!(vol.getxattr(f.ino, &names[0]).unwrap().len(), 1);
+    close_and_check(dev, vol);
+}

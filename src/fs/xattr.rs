@@ -118,20 +118,54 @@ fn encode(list: &[Xattr]) -> Vec<u8> {
     out
 }
 
-fn decode(ino: u64, mut b: &[u8]) -> Result<Vec<Xattr>> {
+fn decode(ino: u64, b: &[u8]) -> Result<Vec<Xattr>> {
+    let (list, err) = decode_lenient(ino, b);
+    err.map_or(Ok(list), Err)
+}
+
+/// Decode a list as far as it can be read, keeping the entries that can be named; the
+/// first problem found comes with it.
+fn decode_lenient(ino: u64, mut b: &[u8]) -> (Vec<Xattr>, Option<Error>) {
     let mut out = Vec::new();
+    let mut err = None;
     while !b.is_empty() {
         if b.len() < ENTRY {
-            return Err(Error::corrupt(format!("inode {ino}: truncated xattr entry")));
+            err = Some(Error::corrupt(format!("inode {ino}: truncated xattr entry")));
+            break;
         }
         let (idx, nl, vl) = (b[0], b[1] as usize, get_u32(b, 2) as usize);
         if vl > VALUE_MAX || b.len() < ENTRY + nl + vl {
-            return Err(Error::corrupt(format!("inode {ino}: xattr entry overruns its area")));
+            err = Some(Error::corrupt(format!("inode {ino}: xattr entry overruns its area")));
+            break;
         }
-        out.push(Xattr { idx, name: b[ENTRY..ENTRY + nl].to_vec(), value: b[ENTRY + nl..ENTRY + nl + vl].to_vec() });
+        let x = Xattr { idx, name: b[ENTRY..ENTRY + nl].to_vec(), value: b[ENTRY + nl..ENTRY + nl + vl].to_vec() };
+        if entry_ok(&x) {
+            out.push(x);
+        } else if err.is_none() {
+            err = Some(Error::corrupt(format!(
+                "inode {ino}: xattr entry {:?} of namespace {idx} cannot be named",
+                String::from_utf8_lossy(&x.name)
+            )));
+        }
         b = &b[ENTRY + nl + vl..];
     }
-    Ok(out)
+    (out, err)
+}
+
+/// The validity rule of an entry: a known namespace, an empty name for the two ACLs and
+/// a non-empty one otherwise, and no NUL in it (listxattr separates names with NULs).
+fn entry_ok(x: &Xattr) -> bool {
+    let acl = x.idx == 2 || x.idx == 3;
+    PREFIXES.iter().any(|(i, _)| *i == x.idx) && acl == x.name.is_empty() && !x.name.contains(&0)
+}
+
+/// What can still be read of an inode's list (fsck's repair: the entries that break a
+/// rule, or follow a break in the list, are left out), and why it is not all of it.
+pub fn salvage(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> (Vec<Xattr>, Option<Error>) {
+    match load_bytes(st, inode) {
+        Ok(bytes) => decode_lenient(inode.ino, &bytes),
+        Err(e) => (Vec::new(), Some(e)),
+    }
 }
 
 /// The encoded bytes of an inode's list.

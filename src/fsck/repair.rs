@@ -257,7 +257,10 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
             st.drop_lazy_freed(b)?;
             st.blank_inode_block(b, owner);
         }
-        for (ino, fix, _) in f.inode_fixes {
+        // Block counts first: the fixes that store anew (an xattr list) count from them.
+        let (counts, rest): (Vec<_>, Vec<_>) =
+            f.inode_fixes.iter().partition(|(_, fix, _)| matches!(fix, InodeFix::Blocks(_)));
+        for (ino, fix, _) in counts.into_iter().chain(rest) {
             // Unchecked: the fixes below are what makes it pass the rules.
             let mut i = st.inode_unchecked(*ino)?;
             match fix {
@@ -272,6 +275,7 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                     }
                 }
                 InodeFix::NoXattrBlock => i.xattr_block = 0,
+                InodeFix::Xattrs(kept) => crate::fs::xattr::store(st, &mut i, kept)?,
                 InodeFix::DropExtents(bad) => {
                     let blocks = i.blocks;
                     file::drop_extent_records(st, &mut i, bad)?;

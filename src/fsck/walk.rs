@@ -62,6 +62,8 @@ pub(super) enum InodeFix {
     NoXattrBlock,
     /// Extent records that break the rules: removed, their range a hole.
     DropExtents(Vec<Extent>),
+    /// An xattr list with entries that break the rules: stored again with only the rest.
+    Xattrs(Vec<xattr::Xattr>),
     /// A directory's entry count.
     Entries(u64),
     /// Blocks the inode owns.
@@ -417,18 +419,15 @@ impl Walk<'_> {
                         format!("inode {ino}: xattr filter {:#x} does not match its names ({want:#x})", i.xattr_filter);
                     self.fix(ino, InodeFix::XattrFilter(want), m);
                 }
-                for x in list.iter().filter(|x| x.name.contains(&0)) {
-                    let name = xattr::full_name(x.idx, &x.name);
-                    self.err(format!(
-                        "inode {ino}: xattr name {:?} contains a NUL byte",
-                        String::from_utf8_lossy(&name)
-                    ));
-                }
             }
-            Err(e) => {
-                self.bad.insert(ino);
-                self.blind(format!("inode {ino}: xattrs unreadable: {e}"))
+            // The blocks are readable (or the list is inline), but entries are not: a
+            // repair keeps what can be read and stores it again.
+            Err(e) if !self.bad.contains(&ino) => {
+                let (kept, _) = xattr::salvage(&mut self.st.tx(), i);
+                let m = format!("{e} (a repair keeps the {} entries that can be read)", kept.len());
+                self.fix(ino, InodeFix::Xattrs(kept), m);
             }
+            Err(e) => self.blind(format!("inode {ino}: xattrs unreadable: {e}")),
         }
         if i.is_dir() && i.size > MAX_FILE_SIZE {
             let m = format!("directory {ino}: size {} is impossible", i.size);

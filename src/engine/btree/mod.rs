@@ -339,12 +339,21 @@ pub fn scan(
     }
     let mut path = Vec::with_capacity(usize::from(t.depth));
     let mut leaf = descend(s, t, owner, from, Some(&mut path))?;
+    // Keys come out strictly increasing and from `from` on, or the tree is corrupt: a
+    // caller that resumes after the last key it saw (a directory listing) must never be
+    // sent back.
+    let mut floor = from;
+    let mut first_seen = false;
     loop {
         let b = s.node(leaf)?;
         let h = hdr(b, leaf, owner, 0)?;
         let (Ok(first) | Err(first)) = search(b, &h, leaf, from)?;
         for i in first..h.n {
             let (k, v) = record(b, &h, leaf, i)?;
+            if k < floor || (first_seen && k == floor) {
+                return Err(bad(leaf, format_args!("record {i}: key {k:#x} out of order after {floor:#x}")));
+            }
+            (floor, first_seen) = (k, true);
             if !f(k, v) {
                 return Ok(());
             }

@@ -436,7 +436,7 @@ fn two_damaged_superblocks_are_named_both() {
         seal(blk, at);
     }
     let dev = Arc::new(MemDevice::from_bytes(img));
-    let e = dxfs::fsck::check(dev, true, &mut |_| {}).err().expect("fsck cannot go on").to_string();
+    let e = dxfs::fsck::check(dev, true, &mut |_| {}).expect_err("fsck cannot go on").to_string();
     assert!(e.contains("no usable superblock copy"), "{e}");
     assert!(e.contains("block 0:") && e.contains(&format!("backup in block {last}:")), "{e}");
     assert!(e.contains("geometry"), "the bad field is not named: {e}");

@@ -18,7 +18,7 @@ use crate::engine::store::Tx;
 use crate::error::Result;
 use crate::fs::dir;
 use crate::fs::file;
-use crate::volume::{mark, read_usable_superblock, OpenOptions, Volume};
+use crate::volume::{mark, read_usable_superblock, Volume};
 
 mod repair;
 mod tally;
@@ -113,7 +113,7 @@ fn roll_back(dev: &Arc<dyn BlockDevice>) -> Result<Option<String>> {
     if lost.is_none() && !unusable {
         return Ok(None);
     }
-    let vol = Volume::open(dev.clone(), OpenOptions { allow_rollback: true, ..Default::default() })?;
+    let vol = Volume::open_for_repair(dev.clone(), true)?;
     vol.repair(|_, _| Ok(()))?;
     vol.close()?;
     Ok(Some(match lost {

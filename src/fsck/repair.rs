@@ -12,7 +12,7 @@ pub(super) const MAX_DROP_PASSES: u32 = 4;
 /// directories `salvage` from what can be read of them, in one delta. Returns a line per
 /// rebuilt directory.
 pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &[u64]) -> Result<Vec<String>> {
-    let vol = Volume::open(dev, OpenOptions::default())?;
+    let vol = Volume::open_for_repair(dev, false)?;
     let mut told = Vec::new();
     vol.repair(|st, _| {
         for (d, key, _, _) in drops {
@@ -36,7 +36,7 @@ pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &
 /// as `#INO`, in one delta. A lost directory's parent and lost+found's link count follow
 /// at once; the files' link counts are left to the next pass. Returns a line per inode.
 pub(super) fn reattach(dev: Arc<dyn BlockDevice>, lost: &[LostInode]) -> Result<Vec<String>> {
-    let vol = Volume::open(dev, OpenOptions::default())?;
+    let vol = Volume::open_for_repair(dev, false)?;
     let root = vol.root();
     let mut told = Vec::new();
     let lf = match vol.lookup(root, b"lost+found") {
@@ -106,7 +106,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     drop(st);
     drop(store);
     let found = recs.len();
-    let vol = Volume::open_without_root(dev)?;
+    let vol = Volume::open_for_repair(dev, false)?;
     vol.repair(|st, _| {
         for &b in &nodes {
             st.free_meta(b);
@@ -210,7 +210,7 @@ pub(super) struct Fixes<'a> {
 /// Apply the safe repairs inside one delta of an opened volume.
 pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> {
     // The root may be among the inodes these fixes make readable.
-    let vol = Volume::open_without_root(dev)?;
+    let vol = Volume::open_for_repair(dev, false)?;
     vol.repair(|st, state| {
         if let Some(n) = f.inode_count {
             state.inodes = n;

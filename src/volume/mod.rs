@@ -340,16 +340,23 @@ impl Volume {
     /// Open a volume: check the superblock, replay the log, load free space, and free
     /// inodes left on the orphan list by an unclean stop.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Volume> {
-        Self::open_checked(dev, opts, true)
+        Self::open_checked(dev, opts, true, true)
     }
 
-    /// Open read-write without requiring a readable root directory: for fsck, to
-    /// write a new root when the old one is lost (and nothing else).
-    pub(crate) fn open_without_root(dev: Arc<dyn BlockDevice>) -> Result<Volume> {
-        Self::open_checked(dev, OpenOptions::default(), false)
+    /// Open read-write for fsck's repairs: without requiring a readable root directory
+    /// (a repair may write a new one), and leaving the orphan list alone, so that what
+    /// the check counted (live inodes, owned blocks) is what the repair finds. The next
+    /// ordinary open frees the orphans. `allow_rollback` as in [`OpenOptions`].
+    pub(crate) fn open_for_repair(dev: Arc<dyn BlockDevice>, allow_rollback: bool) -> Result<Volume> {
+        Self::open_checked(dev, OpenOptions { allow_rollback, ..Default::default() }, false, false)
     }
 
-    fn open_checked(dev: Arc<dyn BlockDevice>, opts: OpenOptions, need_root: bool) -> Result<Volume> {
+    fn open_checked(
+        dev: Arc<dyn BlockDevice>,
+        opts: OpenOptions,
+        need_root: bool,
+        free_orphans: bool,
+    ) -> Result<Volume> {
         let sb = read_usable_superblock(&*dev)?;
         let mut opts = opts;
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
@@ -445,7 +452,7 @@ impl Volume {
         if !read_only && vol.lock().st.sb.grow_from != 0 {
             resize::finish_pending_grow(&vol)?;
         }
-        if !read_only && orphans {
+        if !read_only && orphans && free_orphans {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).
             let mut guard = 0u64;

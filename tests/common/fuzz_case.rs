@@ -618,10 +618,30 @@ pub fn superblock_usable(img: &[u8], b: u64) -> bool {
     }
 }
 
+/// Which parts of the pipeline run besides fsck -n and the read-only walk.
+#[derive(Clone, Copy, Debug)]
+pub struct Steps {
+    pub export: bool,
+    /// The read-write session on the damaged image.
+    pub damaged_writes: bool,
+    /// The repair, and everything after it.
+    pub repair: bool,
+}
+
+impl Steps {
+    pub const ALL: Steps = Steps { export: true, damaged_writes: true, repair: true };
+    pub const READ_ONLY: Steps = Steps { export: false, damaged_writes: false, repair: false };
+}
+
 /// Run the whole pipeline on a damaged image; `announce` hears each phase's name as it
 /// begins and each finding as soon as the phase that found it ends (the slice's parent
 /// keeps them when a later phase hangs, and names the phase that did).
 pub fn run(img: &[u8], ctx: &Context, announce: &mut dyn FnMut(Event)) -> Vec<Finding> {
+    run_steps(img, ctx, Steps::ALL, announce)
+}
+
+/// [`run`] with only some of its steps (the per-decoder fuzz targets).
+pub fn run_steps(img: &[u8], ctx: &Context, steps: Steps, announce: &mut dyn FnMut(Event)) -> Vec<Finding> {
     let mut run = Run { announce, found: Vec::new(), told: 0 };
     let dev = device(img, ctx);
     let as_dyn = |d: &Arc<Recorder>| -> Arc<dyn BlockDevice> { d.clone() };
@@ -646,41 +666,21 @@ pub fn run(img: &[u8], ctx: &Context, announce: &mut dyn FnMut(Event)) -> Vec<Fi
             );
         }
     }
-    run.phase("export", &dev, Mode::ReadOnly, || {
-        let vol = Volume::open(as_dyn(&dev), ro_opts()).ok()?;
-        let dir = tempfile::Builder::new().prefix("export-").tempdir_in(&ctx.scratch).ok()?;
-        let r = dxfs::tools::export::export(&vol, &dir.path().join("out"), &mut |_| {});
-        Some(r.is_ok())
-    });
+    if steps.export {
+        run.phase("export", &dev, Mode::ReadOnly, || {
+            let vol = Volume::open(as_dyn(&dev), ro_opts()).ok()?;
+            let dir = tempfile::Builder::new().prefix("export-").tempdir_in(&ctx.scratch).ok()?;
+            let r = dxfs::tools::export::export(&vol, &dir.path().join("out"), &mut |_| {});
+            Some(r.is_ok())
+        });
+    }
 
     // 2. A read-write open of the damaged image (a mount of a hostile image) and writes.
-    let hostile = device(img, ctx);
-    let files = walked.as_ref().map(|w| w.files.clone()).unwrap_or_default();
-    let wrote = run.phase("writes on the damaged volume", &hostile, Mode::User { trust_bitmap: false }, || {
-        user_writes(as_dyn(&hostile), &files)
-    });
-    if undetected {
-        // fsck -n called the damage clean: then a mount must not damage the volume either.
-        let check = run.phase("fsck -n after the writes on the damaged volume", &hostile, Mode::ReadOnly, || {
-            dxfs::fsck::check(as_dyn(&hostile), false, &mut |_| {})
-        });
-        match &check {
-            Some(Ok(r)) if !r.errors.is_empty() => run.add(
-                Prop::DamagedByWrites,
-                "writes on the damaged volume",
-                format!(
-                    "fsck -n found nothing before, then {:?} (writes: {:?})",
-                    r.errors,
-                    wrote.as_ref().map(|w| &w.notes)
-                ),
-            ),
-            Some(Err(e)) => run.add(
-                Prop::DamagedByWrites,
-                "writes on the damaged volume",
-                format!("fsck -n then failed to run: {e}"),
-            ),
-            _ => {}
-        }
+    if steps.damaged_writes {
+        damaged_writes(&mut run, img, ctx, walked.as_ref(), undetected);
+    }
+    if !steps.repair {
+        return run.finish();
     }
 
     // 3. Repair, and check that it held.
@@ -770,6 +770,36 @@ pub fn run(img: &[u8], ctx: &Context, announce: &mut dyn FnMut(Event)) -> Vec<Fi
         }
     }
     run.finish()
+}
+
+/// A read-write session on (a copy of) the damaged image, as a mount of a hostile image
+/// would be; when fsck -n found nothing wrong with it, the session must leave nothing
+/// wrong either.
+fn damaged_writes(run: &mut Run, img: &[u8], ctx: &Context, walked: Option<&Walked>, undetected: bool) {
+    let as_dyn = |d: &Arc<Recorder>| -> Arc<dyn BlockDevice> { d.clone() };
+    let hostile = device(img, ctx);
+    let files = walked.map(|w| w.files.clone()).unwrap_or_default();
+    let wrote = run.phase("writes on the damaged volume", &hostile, Mode::User { trust_bitmap: false }, || {
+        user_writes(as_dyn(&hostile), &files)
+    });
+    if !undetected {
+        return;
+    }
+    let check = run.phase("fsck -n after the writes on the damaged volume", &hostile, Mode::ReadOnly, || {
+        dxfs::fsck::check(as_dyn(&hostile), false, &mut |_| {})
+    });
+    let notes = wrote.as_ref().map(|w| &w.notes);
+    match &check {
+        Some(Ok(r)) if !r.errors.is_empty() => run.add(
+            Prop::DamagedByWrites,
+            "writes on the damaged volume",
+            format!("fsck -n found nothing before, then {:?} (writes: {notes:?})", r.errors),
+        ),
+        Some(Err(e)) => {
+            run.add(Prop::DamagedByWrites, "writes on the damaged volume", format!("fsck -n then failed to run: {e}"))
+        }
+        _ => {}
+    }
 }
 
 // ---------------------------------------------------------------------------------------

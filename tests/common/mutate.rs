@@ -490,8 +490,6 @@ enum Role {
     Offset,
     Flags,
     Magic,
-    /// One bit of a bitmap (`off` is the byte, `bit` the bit).
-    Bit(u8),
     /// A byte of a name.
     NameByte,
     /// A directory entry's type code.
@@ -955,7 +953,6 @@ fn hostile(ch: &mut dyn Choices, field: &Field, old: u64, c: &Ctx) -> Pick {
     let p = match field.role {
         Role::Block(expect) if ch.chance(3, 4) => block_candidates(ch, c, expect, old),
         Role::Ino if ch.chance(3, 4) => ino_candidates(ch, c),
-        Role::Bit(_) => pick(old ^ 1, if old == 0 { "set" } else { "cleared" }),
         role => number_candidates(ch, role, old, field.width, c),
     };
     Pick { value: p.value & mask(field.width), why: p.why }

@@ -78,7 +78,11 @@ fn fuzz_worker() {
     std::fs::create_dir_all(&scratch).expect("scratch directory");
     let home = fuzz_case::Context::new(&bases.quiet_index, scratch.clone());
     let log = fuzz_case::Context::new(&bases.log_index, scratch.clone());
-    fuzz_case::install_panic_hook();
+    fuzz_case::install_panic_hook(|m| {
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{MARK} panic {}", flat(m));
+        let _ = o.flush();
+    });
     let out = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -180,6 +184,8 @@ struct Worker {
 
 struct Running {
     outcome: Outcome,
+    /// Panics heard while the case runs (named with a hang).
+    panics: Vec<String>,
     started: Instant,
     allowed: Duration,
     phase: String,
@@ -252,6 +258,7 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
                 }
                 w.current = Some(Running {
                     outcome: Outcome { seed: s, ..Default::default() },
+                    panics: Vec::new(),
                     started: Instant::now(),
                     allowed: timeout,
                     phase: "starting".into(),
@@ -296,10 +303,13 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
                 let export = r.phase.starts_with("export");
                 let (prop, message) = match died {
                     Some(m) => (if export { Prop::ExportPanic } else { Prop::Crash }, m),
-                    None => (
-                        if export { Prop::ExportHang } else { Prop::Hang },
-                        format!("still running after {:.1} s", r.started.elapsed().as_secs_f64()),
-                    ),
+                    None => {
+                        let mut m = format!("still running after {:.1} s", r.started.elapsed().as_secs_f64());
+                        if !r.panics.is_empty() {
+                            m += &format!(", after a panic: {}", r.panics.join("; "));
+                        }
+                        (if export { Prop::ExportHang } else { Prop::Hang }, m)
+                    }
                 };
                 r.outcome.findings.push(Finding { prop, phase: r.phase.clone(), message });
                 r.outcome.millis = r.started.elapsed().as_millis() as u64;
@@ -326,6 +336,12 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
 fn handle(line: String, w: &mut Worker, done: &mut Vec<Outcome>) {
     let Some(rest) = line.strip_prefix(MARK).map(str::trim_start) else { return };
     let (what, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+    if what == "panic" {
+        if let Some(r) = w.current.as_mut() {
+            r.panics.push(rest.to_string());
+        }
+        return;
+    }
     let (seed, rest) = rest.split_once(' ').unwrap_or((rest, ""));
     let Some(r) = w.current.as_mut().filter(|r| seed.parse() == Ok(r.outcome.seed)) else { return };
     match what {

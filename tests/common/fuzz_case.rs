@@ -314,10 +314,12 @@ pub fn make_case(bases: &Bases, ch: &mut dyn Choices, mark: bool) -> (Vec<u8>, V
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Record every panic (any thread) instead of printing it; [`run`] reports them per
-/// phase. For the seeded slice's workers; a libFuzzer target keeps its own hook, which
-/// aborts, so that libFuzzer sees the panic.
-pub fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
+/// phase, and `echo` hears each at once (a panic in a volume's thread may leave the
+/// phase waiting for ever: the slice's parent then names it with the hang). For the
+/// seeded slice's workers; a libFuzzer target keeps its own hook, which aborts, so that
+/// libFuzzer sees the panic.
+pub fn install_panic_hook(echo: impl Fn(&str) + Send + Sync + 'static) {
+    std::panic::set_hook(Box::new(move |info| {
         let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
             (*s).to_string()
         } else if let Some(s) = info.payload().downcast_ref::<String>() {
@@ -327,9 +329,10 @@ pub fn install_panic_hook() {
         };
         let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
         let thread = std::thread::current().name().unwrap_or("?").to_string();
-        let one_line = msg.replace('\n', " | ");
+        let one_line = format!("{at}: {} [thread {thread}]", msg.replace('\n', " | "));
+        echo(&one_line);
         if let Ok(mut p) = PANICS.lock() {
-            p.push(format!("{at}: {one_line} [thread {thread}]"));
+            p.push(one_line);
         }
     }));
 }

@@ -357,6 +357,10 @@ pub struct Index {
     pub dir_parent: HashMap<u64, u64>,
     /// Inode slots that are free (mode 0, used bit clear) in inode blocks in use.
     pub free_inos: Vec<u64>,
+    /// Live inodes with the weight a mutation picks them by: an empty regular file
+    /// without xattrs (hundreds of them in a big directory) weighs 1, anything with data,
+    /// a tree, xattrs or another type weighs 8.
+    pub inode_weights: Vec<(u64, u64)>,
 }
 
 impl Index {
@@ -371,6 +375,7 @@ impl Index {
         let mut inodes = Vec::new();
         let mut dir_parent = HashMap::new();
         let mut free_inos = Vec::new();
+        let mut inode_weights = Vec::new();
         for &b in by_kind.get(&Kind::Inode).map(Vec::as_slice).unwrap_or(&[]) {
             let blk = block(img, b);
             let used = get(blk, 24, 2);
@@ -385,6 +390,8 @@ impl Index {
                 }
                 let ino = b * 16 + s;
                 inodes.push(ino);
+                let plain = mode & 0o170000 == 0o100000 && get(slot, 16, 8) == 0 && get(slot, 120, 4) == 0;
+                inode_weights.push((ino, if plain { 1 } else { 8 }));
                 match slot[126] {
                     1 | 3 => {
                         let root = get(slot, 128, 8);
@@ -421,7 +428,7 @@ impl Index {
                 parent.insert(get(blk, 32 + 8 * k, 8), b);
             }
         }
-        Index { geo, kinds, by_kind, parent, inodes, dir_parent, free_inos }
+        Index { geo, kinds, by_kind, parent, inodes, dir_parent, free_inos, inode_weights }
     }
 
     fn blocks_of(&self, k: Kind) -> &[u64] {
@@ -955,7 +962,9 @@ fn hostile(ch: &mut dyn Choices, field: &Field, old: u64, c: &Ctx) -> Pick {
         Role::Ino if ch.chance(3, 4) => ino_candidates(ch, c),
         role => number_candidates(ch, role, old, field.width, c),
     };
-    Pick { value: p.value & mask(field.width), why: p.why }
+    let value = p.value & mask(field.width);
+    let why = if value == p.value { p.why } else { format!("{}, cut to {} bytes", p.why, field.width) };
+    Pick { value, why }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1054,6 +1063,9 @@ pub fn mutate(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, opts: &Options)
         }
         r -= w;
     }
+    if kind == Kind::Inode && !idx.inode_weights.is_empty() && !ch.chance(1, 8) {
+        return mutate_inode(img, idx, ch);
+    }
     let b = any_of(ch, idx.blocks_of(kind))?;
     match kind {
         Kind::Bitmap => Some(mutate_bitmap(img, idx, ch, b)),
@@ -1073,6 +1085,57 @@ fn ctx_for<'a>(idx: &'a Index, home: u64, kind: Kind, blk: &[u8], field: &Field)
     Ctx { idx, home, ino, owner }
 }
 
+/// Set one field of a live inode, picked by weight (files with data, directories,
+/// symlinks and the like before the many empty files): its base fields, its data area
+/// (extents, tree root, directory) or its inline xattrs, each group as likely.
+fn mutate_inode(img: &mut [u8], idx: &Index, ch: &mut dyn Choices) -> Option<Mutation> {
+    let total: u64 = idx.inode_weights.iter().map(|(_, w)| w).sum();
+    let mut r = ch.below(total);
+    let mut ino = idx.inode_weights[0].0;
+    for &(i, w) in &idx.inode_weights {
+        if r < w {
+            ino = i;
+            break;
+        }
+        r -= w;
+    }
+    let (b, s) = (ino / 16, ino % 16);
+    let prefix = format!("slot {s} ");
+    let fields: Vec<Field> =
+        inode_block_fields(block(img, b)).into_iter().filter(|f| f.name.starts_with(&prefix)).collect();
+    let group = |f: &Field| {
+        let n = &f.name[prefix.len()..];
+        if n.starts_with("extent[") || n.starts_with("tree.") || n.starts_with("dir.") || n.starts_with("symlink") {
+            1
+        } else if n.starts_with("inline xattr") {
+            2
+        } else {
+            0
+        }
+    };
+    let mut groups: Vec<u8> = fields.iter().map(group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let g = *groups.get(ch.below(groups.len() as u64) as usize)?;
+    let fields: Vec<Field> = fields.into_iter().filter(|f| group(f) == g).collect();
+    let field = fields.get(ch.below(fields.len() as u64) as usize)?.clone();
+    Some(set_field(img, idx, ch, b, Kind::Inode, field))
+}
+
+/// Set `field` of metadata block `b` (of kind `kind`) to a hostile value and reseal it.
+fn set_field(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, b: u64, kind: Kind, field: Field) -> Mutation {
+    let old = get(block(img, b), field.off, field.width);
+    let ctx = ctx_for(idx, b, kind, block(img, b), &field);
+    let mut p = hostile(ch, &field, old, &ctx);
+    if p.value == old {
+        p = pick(old.wrapping_add(1) & mask(field.width), "+1 (the pick equalled the old value)");
+    }
+    let blk = block_mut(img, b);
+    put(blk, field.off, field.width, p.value);
+    reseal(blk, b);
+    Mutation { block: b, kind, field: field.name, old, new: p.value, why: p.why, note: "resealed".into() }
+}
+
 /// Set one decoded field of metadata block `b` (of kind `kind`) and reseal it.
 fn mutate_field(
     img: &mut [u8],
@@ -1087,24 +1150,15 @@ fn mutate_field(
         fields.retain(|f| f.name != "mark_block");
     }
     let field = fields.get(ch.below(fields.len() as u64) as usize)?.clone();
-    let old = get(block(img, b), field.off, field.width);
-    let ctx = ctx_for(idx, b, kind, block(img, b), &field);
-    let mut p = hostile(ch, &field, old, &ctx);
-    if p.value == old {
-        p = pick(old.wrapping_add(1) & mask(field.width), "+1 (the pick equalled the old value)");
-    }
-    let blk = block_mut(img, b);
-    put(blk, field.off, field.width, p.value);
-    reseal(blk, b);
-    let mut note = String::from("resealed");
+    let mut m = set_field(img, idx, ch, b, kind, field.clone());
     if kind == Kind::Superblock && ch.below(100) < opts.both_superblocks {
         let other = if b == 0 { idx.geo.backup() } else { 0 };
         let blk = block_mut(img, other);
-        put(blk, field.off, field.width, p.value);
+        put(blk, field.off, field.width, m.new);
         reseal(blk, other);
-        note = format!("both copies (also block {other}), resealed");
+        m.note = format!("both copies (also block {other}), resealed");
     }
-    Some(Mutation { block: b, kind, field: field.name, old, new: p.value, why: p.why, note })
+    Some(m)
 }
 
 /// Set or clear one bit of bitmap block `b`: under live metadata, data, a fixed block,

@@ -9,8 +9,9 @@
 //!
 //! Cases run in worker processes (this test binary again, `fuzz_worker`), so that a case
 //! that hangs can be stopped at its deadline and a stack overflow or an abort costs one
-//! case, not the run. Workers run with a 16 MiB file-size limit (export of a hostile
-//! sparse file) and an 8 GiB address-space limit.
+//! case, not the run. Workers run with an 8 MiB file-size limit (export of a hostile
+//! sparse file) and an 8 GiB address-space limit, and export to /dev/shm when there is
+//! one.
 //!
 //! Environment:
 //! - `DXFS_FUZZ_CASES`: number of cases (default 3000);
@@ -74,7 +75,8 @@ fn fuzz_worker() {
     let dir = PathBuf::from(dir);
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let bases = fuzz_case::Bases::new(read("quiet.img"), read("live-log.img"));
-    let scratch = dir.join(format!("scratch-{}", std::process::id()));
+    let scratch_root = std::env::var_os("DXFS_FUZZ_SCRATCH").map_or_else(|| dir.clone(), PathBuf::from);
+    let scratch = scratch_root.join(format!("worker-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch directory");
     let home = fuzz_case::Context::new(&bases.quiet_index, scratch.clone());
     let log = fuzz_case::Context::new(&bases.log_index, scratch.clone());
@@ -191,14 +193,25 @@ struct Running {
     phase: String,
 }
 
-fn spawn(slot: usize, generation: u64, dir: &Path, tx: &Sender<(usize, u64, Event)>) -> Worker {
+/// Where workers export to: a memory file system when there is one (/dev/shm), since an
+/// export of the base volume creates some 570 files, which costs ten times as much on a
+/// disk; else the system's temporary directory.
+fn scratch_root() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let b = || tempfile::Builder::new().prefix("dxfs-fuzz-").tempdir();
+    if shm.is_dir() { tempfile::Builder::new().prefix("dxfs-fuzz-").tempdir_in(shm).or_else(|_| b()) } else { b() }
+        .expect("a scratch directory")
+}
+
+fn spawn(slot: usize, generation: u64, dir: &Path, scratch: &Path, tx: &Sender<(usize, u64, Event)>) -> Worker {
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new("/bin/sh")
         .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 32768; ulimit -v 8388608; exec \"$0\" \"$@\"")
+        .arg("trap '' XFSZ; ulimit -f 16384; ulimit -v 8388608; exec \"$0\" \"$@\"")
         .arg(exe)
         .args(["fuzz_worker", "--exact", "--nocapture", "--test-threads=1", "-q"])
         .env("DXFS_FUZZ_WORKER", dir)
+        .env("DXFS_FUZZ_SCRATCH", scratch)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -235,11 +248,12 @@ fn spawn(slot: usize, generation: u64, dir: &Path, tx: &Sender<(usize, u64, Even
 /// Run cases `seed .. seed + cases` on `jobs` workers; outcomes in seed order.
 fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) -> Vec<Outcome> {
     let (tx, rx): (Sender<(usize, u64, Event)>, Receiver<_>) = channel();
+    let scratch = scratch_root();
     let mut generation = 0u64;
     let mut workers: Vec<Worker> = (0..jobs)
         .map(|slot| {
             generation += 1;
-            spawn(slot, generation, dir, &tx)
+            spawn(slot, generation, dir, scratch.path(), &tx)
         })
         .collect();
     let mut next = 0u64;
@@ -299,6 +313,8 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
             let w = &mut workers[slot];
             let _ = w.child.kill();
             let _ = w.child.wait();
+            // What a killed worker was exporting (it cleans up after the cases it finishes).
+            let _ = std::fs::remove_dir_all(scratch.path().join(format!("worker-{}", w.child.id())));
             if let Some(mut r) = w.current.take() {
                 let export = r.phase.starts_with("export");
                 let (prop, message) = match died {
@@ -316,7 +332,7 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
                 done.push(r.outcome);
             }
             generation += 1;
-            workers[slot] = spawn(slot, generation, dir, &tx);
+            workers[slot] = spawn(slot, generation, dir, scratch.path(), &tx);
         }
         if progress.elapsed() > Duration::from_secs(30) {
             progress = Instant::now();

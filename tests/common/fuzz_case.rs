@@ -189,7 +189,7 @@ fn must<T, E: std::fmt::Debug>(what: &str, r: Result<T, E>) -> T {
     r.unwrap_or_else(|e| panic!("building the base volume: {what}: {e:?}"))
 }
 
-/// A volume with one of everything: a directory of 540 long names (a two-level index)
+/// A volume with one of everything: a directory of 270 long names (a two-level index)
 /// with some names removed (lazily freed slots), a file of 300 extents (an extent tree
 /// of two levels), files with inline extents, xattrs inline, in a block and with
 /// continuations, a shared xattr block, short and long symlinks, hard links, a
@@ -207,10 +207,10 @@ pub fn base_images() -> (Vec<u8>, Vec<u8>) {
     let vol = must("open", Volume::open(dev.clone(), OpenOptions::default()));
     let root = vol.root();
     let big = must("mkdir big", vol.mkdir(root, b"big", 0o755, 0, 0)).ino;
-    for i in 0..600 {
+    for i in 0..300 {
         must("create", vol.create(big, format!("entry-with-a-long-name-{i:05}").as_bytes(), 0o644, 0, 0));
     }
-    for i in (0..600).step_by(10) {
+    for i in (0..300).step_by(10) {
         must("unlink", vol.unlink(big, format!("entry-with-a-long-name-{i:05}").as_bytes()));
     }
     must("setxattr", vol.setxattr(big, b"user.small", b"v", XattrMode::Any));

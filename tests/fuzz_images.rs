@@ -14,7 +14,7 @@
 //! one.
 //!
 //! Environment:
-//! - `DXFS_FUZZ_CASES`: number of cases (default 3000);
+//! - `DXFS_FUZZ_CASES`: number of cases (default 2500);
 //! - `DXFS_FUZZ_SEED`: seed of case 0; case `i` uses seed `DXFS_FUZZ_SEED + i`, so
 //!   `DXFS_FUZZ_SEED=S DXFS_FUZZ_CASES=1` reruns the case of seed `S` alone;
 //! - `DXFS_FUZZ_JOBS`: worker processes (default: the number of CPUs plus one, since a
@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use fuzz_case::{Finding, Prop};
 
-const DEFAULT_CASES: u64 = 3000;
+const DEFAULT_CASES: u64 = 2500;
 const DEFAULT_SEED: u64 = 0x0039_0000;
 /// Marks the protocol's lines among the test harness's own output.
 const MARK: &str = "@@FUZZ";

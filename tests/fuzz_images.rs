@@ -109,10 +109,19 @@ fn fuzz_worker() {
             fuzz_case::Event::Phase(phase) => say(format!("phase {seed} {phase}")),
             fuzz_case::Event::Found(f) => say(find(f)),
         });
-        if let Some(kb) = peak_rss_kb().filter(|&kb| kb > 256 * 1024) {
+        let heavy = peak_rss_kb().filter(|&kb| kb > 256 * 1024);
+        if let Some(kb) = heavy {
             say(find(&Finding { prop: Prop::Memory, phase: "the case".into(), message: format!("peak RSS {kb} KiB") }));
         }
+        if heavy.is_some() {
+            // The allocator keeps what the case took: later cases would seem as heavy.
+            // Said before `end`, so that the parent sends this worker no other case.
+            say(format!("retire {seed}"));
+        }
         say(format!("end {seed} {}", t.elapsed().as_millis()));
+        if heavy.is_some() {
+            break;
+        }
         let _ = std::fs::remove_dir_all(&scratch);
         let _ = std::fs::create_dir_all(&scratch);
     }
@@ -182,6 +191,8 @@ struct Worker {
     generation: u64,
     stderr: Arc<Mutex<VecDeque<String>>>,
     current: Option<Running>,
+    /// It said it exits after its case (to start again with its memory given back).
+    retiring: bool,
 }
 
 struct Running {
@@ -242,7 +253,7 @@ fn spawn(slot: usize, generation: u64, dir: &Path, scratch: &Path, tx: &Sender<(
         }
     });
     let stdin = child.stdin.take().expect("piped");
-    Worker { child, stdin, generation, stderr, current: None }
+    Worker { child, stdin, generation, stderr, current: None, retiring: false }
 }
 
 /// Run cases `seed .. seed + cases` on `jobs` workers; outcomes in seed order.
@@ -262,7 +273,7 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
     let mut idle_deaths = 0;
     while (done.len() as u64) < cases {
         for w in workers.iter_mut() {
-            if w.current.is_none() && next < cases {
+            if w.current.is_none() && !w.retiring && next < cases {
                 let s = seed.wrapping_add(next);
                 next += 1;
                 if writeln!(w.stdin, "{s}").and_then(|_| w.stdin.flush()).is_err() {
@@ -290,11 +301,15 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
                         std::thread::sleep(Duration::from_millis(50));
                         let tail: Vec<String> = w.stderr.lock().unwrap().iter().cloned().collect();
                         let why = format!("the worker died ({status}): {}", tail.join(" | "));
-                        if w.current.is_none() {
-                            idle_deaths += 1;
-                            assert!(idle_deaths < 8, "workers die between cases: {why}");
+                        if w.current.is_none() && w.retiring {
+                            finished.push((slot, None)); // started again, nothing lost
+                        } else {
+                            if w.current.is_none() {
+                                idle_deaths += 1;
+                                assert!(idle_deaths < 8, "workers die between cases: {why}");
+                            }
+                            finished.push((slot, Some(why)));
                         }
-                        finished.push((slot, Some(why)));
                     }
                 }
             }
@@ -352,6 +367,10 @@ fn run_cases(dir: &Path, seed: u64, cases: u64, jobs: usize, timeout: Duration) 
 fn handle(line: String, w: &mut Worker, done: &mut Vec<Outcome>) {
     let Some(rest) = line.strip_prefix(MARK).map(str::trim_start) else { return };
     let (what, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+    if what == "retire" {
+        w.retiring = true;
+        return;
+    }
     if what == "panic" {
         if let Some(r) = w.current.as_mut() {
             r.panics.push(rest.to_string());

@@ -70,4 +70,9 @@ pub mod internals {
     };
     pub use crate::fs::dir::name_key;
     pub use crate::fs::xattr::{filter_mask, filter_of, full_name, split_name, Xattr};
+    // The decoders the fuzz targets (fuzz/) call directly.
+    pub use crate::disk::format::{decode_dirent, Extent, Inode, State, TreeRoot};
+    pub use crate::engine::btree::{check as btree_check, insert as btree_insert, remove as btree_remove};
+    pub use crate::engine::btree::{salvage as btree_salvage, scan as btree_scan, NodeRead, NodeStore};
+    pub use crate::engine::log::Journal;
 }

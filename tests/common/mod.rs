@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod mutate;
 
 use std::sync::Arc;
 

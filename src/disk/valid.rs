@@ -52,6 +52,13 @@ impl Layout {
         }
     }
 
+    /// Whether block `b` is a spilled bitmap block (one of a grown volume's bitmap
+    /// blocks that live in the data area).
+    pub fn is_spilled_bitmap(&self, b: u64) -> bool {
+        let i = b / BITS_PER_BITMAP_BLOCK;
+        b % BITS_PER_BITMAP_BLOCK == 0 && i >= self.bitmap_blocks && i < self.bitmap_count()
+    }
+
     /// Whether block `b` may be a data-area metadata block (see [`Layout::data_run_ok`]).
     pub fn meta_block_ok(&self, b: u64) -> bool {
         self.data_run_ok(b, 1)
@@ -115,10 +122,21 @@ pub fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) -> Result
     Ok(())
 }
 
+impl DirInfo {
+    /// Whether a directory's inode region keeps the rules: `region_used ≤ region_len ≤
+    /// 64`, and a non-empty region is a run of data-area blocks.
+    pub fn region_ok(&self, layout: &Layout) -> bool {
+        self.region_used <= self.region_len
+            && self.region_len <= MAX_REGION_BLOCKS
+            && (self.region_len == 0 || layout.data_run_ok(self.region_start, u64::from(self.region_len)))
+    }
+}
+
 impl Inode {
     /// The rules an inode keeps beyond what its slot says about itself: size, block
     /// count and every pointer in range (a directory's index and region, an extent
-    /// tree's root, inline extents, the xattr block, the orphan link, the parent). Times
+    /// tree's root, inline extents, the xattr block, the parent). The orphan link is
+    /// checked where the list is followed, which is the only place it is used. Times
     /// are not checked here: [`Inode::nsec_ok`] says whether they are normalised, and
     /// readers clamp them.
     pub fn check(&self, layout: &Layout) -> Result<()> {
@@ -133,9 +151,6 @@ impl Inode {
         if self.xattr_block != 0 && !layout.meta_block_ok(self.xattr_block) {
             return bad(format!("xattr block {} is out of range", self.xattr_block));
         }
-        if self.next_orphan != 0 && !layout.ino_ok(self.next_orphan) {
-            return bad(format!("orphan link {} is out of range", self.next_orphan));
-        }
         match &self.data {
             InodeData::Extents { ext, n } => check_extents(&ext[..usize::from(*n)], layout, ino)?,
             InodeData::ExtentTree { tree, .. } => check_tree(tree, layout, "extent tree", ino)?,
@@ -145,10 +160,7 @@ impl Inode {
                 if !layout.ino_ok(self.parent) {
                     return bad(format!("parent {} is out of range", self.parent));
                 }
-                if d.region_used > d.region_len
-                    || d.region_len > MAX_REGION_BLOCKS
-                    || (d.region_len > 0 && !layout.data_run_ok(d.region_start, u64::from(d.region_len)))
-                {
+                if !d.region_ok(layout) {
                     return bad(format!(
                         "inode region of {} blocks ({} used) at block {} is out of range",
                         d.region_len, d.region_used, d.region_start

@@ -38,7 +38,7 @@
 
 use crate::disk::codec::*;
 use crate::disk::device::{AlignedBuf, BlockDevice};
-use crate::disk::format::{Layout, COMMIT_MAGIC};
+use crate::disk::format::{Layout, BITMAP_MAGIC, COMMIT_MAGIC, STATE_BLOCK, STATE_MAGIC};
 use crate::disk::valid::guard_data_write;
 use crate::error::{Error, Result};
 
@@ -57,6 +57,9 @@ pub struct Replay {
 /// Descriptor flag: the image is file data (a one-flush commit logs small data), not
 /// metadata: it has no header, and a read-only recovery must not take it for metadata.
 const DATA_TARGET: u64 = 1 << 63;
+
+/// Commit sequence numbers at or past this are not valid (FORMAT.md §12).
+const MAX_SEQ: u64 = 1 << 62;
 
 /// Targets listed per descriptor block.
 const TARGETS_PER_DESC: usize = BLOCK_SIZE / 8;
@@ -90,6 +93,11 @@ fn read_commit_flags(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usiz
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(at, &mut b)?;
     if magic(&b) != COMMIT_MAGIC || verify(&b, at, Some(COMMIT_MAGIC)).is_err() {
+        return Ok(None);
+    }
+    // A sequence no volume reaches (one commit a microsecond for 146,000 years) is
+    // damage: taken as no commit, so the next one cannot overflow it.
+    if get_u64(&b, 16) >= MAX_SEQ {
         return Ok(None);
     }
     Ok(Some((get_u64(&b, 16), get_u32(&b, 24) as usize, get_u32(&b, 32))))
@@ -354,6 +362,19 @@ fn images(layout: Layout, seq: u64, n: usize, body: &[u8], out: &mut Replay) -> 
         }
         let mut img = Box::new([0u8; BLOCK_SIZE]);
         img.copy_from_slice(&body[(ndesc + i) * BLOCK_SIZE..(ndesc + i + 1) * BLOCK_SIZE]);
+        // A metadata image is a sealed block for its target, of the kind that lives
+        // there: replaying anything else would write a block no reader accepts.
+        if entry & DATA_TARGET == 0 {
+            let kind = if t == STATE_BLOCK {
+                Some(STATE_MAGIC)
+            } else if t < layout.first_free() || layout.is_spilled_bitmap(t) {
+                Some(BITMAP_MAGIC)
+            } else {
+                None
+            };
+            verify(&img, t, kind)
+                .map_err(|e| Error::corrupt(format!("commit {seq}: the image it logs for block {t}: {e}")))?;
+        }
         if entry & DATA_TARGET != 0 {
             out.data.push((t, img));
         } else {

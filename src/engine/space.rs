@@ -16,7 +16,7 @@ use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
 use crate::disk::format::{Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
 use crate::engine::cache::{note_dirtied, MetaCache};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
 
@@ -210,9 +210,12 @@ impl Space {
             s.or_bit(b);
         }
         let fixed = (0..layout.first_free()).chain(layout.fixed_data_blocks()).chain([layout.backup_superblock()]);
+        // Fixed blocks are used whatever the map says: one marked free is marked used
+        // again (the next commit writes the block), never handed out.
         for b in fixed {
             if !s.is_used(b) {
-                return Err(Error::corrupt(format!("fixed block {b} is marked free")));
+                tracing::warn!("free-space map: fixed block {b} was marked free; marked used");
+                s.set(b);
             }
         }
         s.free = s.count_free();

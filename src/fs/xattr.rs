@@ -222,10 +222,20 @@ pub fn blocks_of(st: &mut Tx, inode: &Inode) -> Result<Vec<u64>> {
     if inode.xattr_block == 0 {
         return Ok(Vec::new());
     }
+    let layout = st.store().sb.layout;
     let blk = st.block(inode.xattr_block, Some(XATTR_MAGIC))?;
-    let ncont = (get_u16(blk, 24) as usize).min(MAX_CONT);
+    let ncont = get_u16(blk, 24) as usize;
+    if ncont > MAX_CONT {
+        return Err(Error::corrupt(format!("xattr block {}: {ncont} continuation blocks", inode.xattr_block)));
+    }
     let mut v = vec![inode.xattr_block];
     v.extend((0..ncont).map(|k| get_u64(blk, HEAD + 8 * k)));
+    if let Some(b) = v.iter().find(|&&b| !layout.meta_block_ok(b)) {
+        return Err(Error::corrupt(format!(
+            "xattr block {}: continuation block {b} is out of range",
+            inode.xattr_block
+        )));
+    }
     Ok(v)
 }
 

@@ -16,7 +16,7 @@ pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &
     let mut told = Vec::new();
     vol.repair(|st, _| {
         for (d, key, _, _) in drops {
-            let mut p = st.inode(*d)?;
+            let mut p = st.inode_unchecked(*d)?;
             dir::remove(st, &mut p, *key)?;
             st.put_inode(&p)?;
         }
@@ -54,7 +54,7 @@ pub(super) fn reattach(dev: Arc<dyn BlockDevice>, lost: &[LostInode]) -> Result<
         Err(e) => return Err(e),
     };
     vol.repair(|st, _| {
-        let mut p = st.inode(lf)?;
+        let mut p = st.inode_unchecked(lf)?;
         for l in lost {
             let name = format!("#{}", l.ino);
             if dir::lookup(st, &p, name.as_bytes())?.is_some() {
@@ -63,7 +63,7 @@ pub(super) fn reattach(dev: Arc<dyn BlockDevice>, lost: &[LostInode]) -> Result<
             dir::insert(st, &mut p, name.as_bytes(), l.ino, l.kind)?;
             if l.kind == FileType::Directory {
                 p.nlink += 1;
-                let mut i = st.inode(l.ino)?;
+                let mut i = st.inode_unchecked(l.ino)?;
                 i.parent = lf;
                 st.put_inode(&i)?;
             }
@@ -138,7 +138,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
 /// do not decode are left out); the readable old nodes are freed, an unreadable one is
 /// left for the next pass to find leaked. Returns (entries the inode claimed, entries kept).
 pub(super) fn rebuild_index(st: &mut Tx, d: u64) -> Result<(u64, u64)> {
-    let mut i = st.inode(d)?;
+    let mut i = st.inode_unchecked(d)?;
     let old = i.dir()?.tree;
     let had = i.dir()?.entries;
     let (recs, nodes) = btree::salvage(st, &old, d);
@@ -241,7 +241,7 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
             put_u32(st.block_mut(b, Some(XATTR_MAGIC))?, 16, users);
         }
         for &(ino, _, want) in f.nlinks {
-            let mut i = st.inode(ino)?;
+            let mut i = st.inode_unchecked(ino)?;
             i.nlink = want;
             st.put_inode(&i)?;
         }

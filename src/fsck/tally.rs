@@ -85,7 +85,11 @@ impl Walk<'_> {
         // Which directory's region each initialised region block belongs to.
         let mut region_of: HashMap<u64, u64> = HashMap::new();
         for (ino, i) in inodes {
+            // Only a region that keeps the rules (a bad one made its directory unusable).
             if let InodeData::Dir(d) = &i.data {
+                if !d.region_ok(&self.st.sb.layout) {
+                    continue;
+                }
                 for k in 0..d.region_used as u64 {
                     ib.entry(d.region_start + k).or_insert(0);
                     region_of.insert(d.region_start + k, *ino);

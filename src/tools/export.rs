@@ -5,7 +5,7 @@
 //! holes stay holes. An object that cannot be read (a damaged volume) is skipped and
 //! named, and the export goes on with the rest, as `debugfs rdump` does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
@@ -46,6 +46,8 @@ struct Exporter<'a> {
     vol: &'a Volume,
     /// Volume inode with more than one link → the host path it was first written to.
     seen: HashMap<u64, std::path::PathBuf>,
+    /// Directories copied so far: a damaged volume may name one twice (a loop).
+    dirs: HashSet<u64>,
     stats: ExportStats,
     progress: &'a mut dyn FnMut(&ExportStats),
 }
@@ -60,8 +62,9 @@ pub fn export(vol: &Volume, dst: &Path, progress: &mut dyn FnMut(&ExportStats)) 
     } else if fs::read_dir(dst).map_err(|e| io(dst, e))?.next().is_some() {
         return Err(vol_err(dst, Error::NotEmpty));
     }
-    let mut ex = Exporter { vol, seen: HashMap::new(), stats: ExportStats::default(), progress };
+    let mut ex = Exporter { vol, seen: HashMap::new(), dirs: HashSet::new(), stats: ExportStats::default(), progress };
     let root = vol.getattr(vol.root()).map_err(|e| vol_err(dst, e))?;
+    ex.dirs.insert(root.ino);
     ex.copy_dir(root.ino, dst);
     let r = ex.finish(dst, &root);
     ex.note(r);
@@ -115,6 +118,9 @@ impl Exporter<'_> {
         }
         match a.kind {
             FileType::Directory => {
+                if !self.dirs.insert(a.ino) {
+                    return Err(vol_err(path, Error::corrupt(format!("directory {} is named twice (a loop)", a.ino))));
+                }
                 fs::create_dir(path).map_err(|e| io(path, e))?;
                 self.copy_dir(a.ino, path);
             }

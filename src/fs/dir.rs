@@ -122,9 +122,9 @@ pub fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType)
     }
     btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), false)?;
     d.max_disp = d.max_disp.max(disp as u32);
-    d.entries += 1;
+    d.entries = d.entries.saturating_add(1);
     st.account(&mut dir.blocks, mark);
-    dir.size = dir.blocks * 4096;
+    dir.size = dir.blocks.saturating_mul(4096);
     Ok(key)
 }
 
@@ -148,7 +148,7 @@ pub fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
         d.max_disp = 0;
     }
     st.account(&mut dir.blocks, mark);
-    dir.size = dir.blocks * 4096;
+    dir.size = dir.blocks.saturating_mul(4096);
     Ok(())
 }
 
@@ -159,7 +159,7 @@ pub fn replace(st: &mut Tx, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft
     let d = dir.dir_mut()?;
     btree::insert(st, &mut d.tree, dir_ino, key, &encode_dirent(ino, ft, name), true)?;
     st.account(&mut dir.blocks, mark);
-    dir.size = dir.blocks * 4096;
+    dir.size = dir.blocks.saturating_mul(4096);
     Ok(())
 }
 

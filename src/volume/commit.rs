@@ -82,8 +82,16 @@ impl Shared {
                 b.snapshotted = b.snapshotted.max(want);
                 self.background_cv.notify_all();
             };
-            if let Err(e) = self.commit(served) {
-                tracing::error!("background commit failed: {e}");
+            // A panic here (a bug, or damage the rules missed) must not leave the writers
+            // and readers that wait for this commit waiting for ever: the volume fails,
+            // as after a failed write, and they are woken to find it so.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(&served))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!("background commit failed: {e}"),
+                Err(_) => {
+                    tracing::error!("background commit panicked; no further changes will be committed");
+                    self.data_done(&self.inner.read_inner(), false);
+                }
             }
             // Served whether it snapshotted or failed before (a failure is in `failed`).
             served();

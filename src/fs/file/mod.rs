@@ -177,7 +177,8 @@ fn replace(st: &mut Tx, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Re
             for e in new {
                 btree::insert(st, tree, ino, e.logical, &e.encode_value(), false)?;
             }
-            *count = (*count as usize + new.len() - old.len()) as u32;
+            // The stored count is only what the tree says it holds: a wrong one must not wrap.
+            *count = u32::try_from((*count as usize + new.len()).saturating_sub(old.len())).unwrap_or(u32::MAX);
             if (*count as usize) <= INLINE_EXTENTS / 2 {
                 // Shrink back into the inode.
                 let t = *tree;

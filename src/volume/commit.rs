@@ -85,7 +85,7 @@ impl Shared {
             // A panic here (a bug, or damage the rules missed) must not leave the writers
             // and readers that wait for this commit waiting for ever: the volume fails,
             // as after a failed write, and they are woken to find it so.
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(&served))) {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(served))) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::error!("background commit failed: {e}"),
                 Err(_) => {

@@ -187,7 +187,7 @@ pub fn get(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64)
 
 /// Insert a new key (Error::Exists if present) or, with `replace`, overwrite. Splits as needed; root split adds a level.
 ///
-/// Values longer than [`MAX_VALUE`] are `Error::Invalid`. On `NoSpace` the tree is unchanged.
+/// Values longer than `MAX_VALUE` are `Error::Invalid`. On `NoSpace` the tree is unchanged.
 pub fn insert(
     s: &mut impl NodeStore,
     t: &mut TreeRoot,

@@ -464,3 +464,35 @@ fn an_xattr_that_cannot_be_named_is_removed() {
     assert_eq!(vol.getxattr(f.ino, &names[0]).unwrap().len(), 1);
     close_and_check(dev, vol);
 }
+
+/// A name that is not a plain file name ("../" here; "/etc" would do worse) is corrupt
+/// for the volume, and export never writes outside its destination because of it.
+#[test]
+fn a_name_with_a_slash_leads_nowhere() {
+    let (mut img, _, d) = small();
+    let (b, s) = ino_loc(d);
+    let leaf = get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], 128);
+    let blk = block_of(&mut img, leaf);
+    let n = u16::from_le_bytes([blk[26], blk[27]]) as usize;
+    let mut patched = false;
+    for i in 0..n {
+        let off = u16::from_le_bytes([blk[32 + 2 * i], blk[33 + 2 * i]]) as usize;
+        let name = off + 10 + 9; // key, value length, then ino and type
+        if &blk[name..name + 3] == b"one" {
+            blk[name..name + 3].copy_from_slice(b"../");
+            patched = true;
+        }
+    }
+    assert!(patched);
+    seal(blk, leaf);
+    let (dev, vol) = open(img.clone(), true);
+    assert!(is_corrupt(vol.unwrap().readdir(d, 0, 100)), "a name with a slash was listed");
+    drop(dev);
+    let (tmp, path) = image_file(&img);
+    let out = tmp.path().join("out");
+    let (code, _, err) = dxfs(&["export", path.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, 4, "{err}");
+    let mut beside: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    beside.sort();
+    assert_eq!(beside, ["out", "vol.img"], "export wrote outside its destination");
+}

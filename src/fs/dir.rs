@@ -66,6 +66,14 @@ fn entry<'v>(layout: &Layout, dir: u64, key: u64, v: &'v [u8]) -> Result<(u64, F
     if !layout.ino_ok(ino) {
         return Err(Error::corrupt(format!("directory {dir}: entry names inode {ino}, out of range")));
     }
+    // A name with a '/' or a NUL, or "." or "..", would lead whoever uses it as a path
+    // (export, a program walking the tree) somewhere else.
+    if check_name(name).is_err() {
+        return Err(Error::corrupt(format!(
+            "directory {dir}: entry {:?} is not a valid name",
+            String::from_utf8_lossy(name)
+        )));
+    }
     Ok((ino, ft, name))
 }
 

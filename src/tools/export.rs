@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Component, Path};
 
 use nix::sys::stat::{mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -99,7 +99,17 @@ impl Exporter<'_> {
                 if e.name == b"." || e.name == b".." {
                     continue;
                 }
-                let path = dst.join(OsStr::from_bytes(&e.name));
+                // Never a path outside `dst`, whatever the volume says (the volume's
+                // rules refuse such names; this is the tool's own guard).
+                let name = Path::new(OsStr::from_bytes(&e.name));
+                let mut parts = name.components();
+                let plain = matches!((parts.next(), parts.next()), (Some(Component::Normal(_)), None));
+                if !plain {
+                    let what = format!("entry {:?} is not a plain file name", String::from_utf8_lossy(&e.name));
+                    self.note(Err(vol_err(dst, Error::corrupt(what))));
+                    continue;
+                }
+                let path = dst.join(name);
                 let r = self.copy_entry(e.ino, &path);
                 self.note(r);
             }

@@ -154,7 +154,8 @@ impl Exporter<'_> {
 
     /// Copy a file's data ranges, leaving its holes as holes.
     fn copy_data(&mut self, a: &Attr, path: &Path) -> Result<()> {
-        let mut f = fs::File::create(path).map_err(|e| io(path, e))?;
+        // A new file only: a damaged volume may name a symlink the same, which create would follow.
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| io(path, e))?;
         f.set_len(a.size).map_err(|e| io(path, e))?;
         for (start, end) in self.vol.data_ranges(a.ino).map_err(|e| vol_err(path, e))? {
             let mut off = start;

@@ -59,16 +59,16 @@ fn is_corrupt<T>(r: dxfs::Result<T>) -> bool {
     matches!(r, Err(Error::Corrupt(_)))
 }
 
-/// fsck -n, fsck, fsck -n: the first finds something, the repair leaves nothing that
-/// a second check would fix, and the second check is clean or names what is left.
-fn repair_holds(dev: Arc<MemDevice>) -> dxfs::fsck::Report {
+/// fsck -n, fsck, fsck -n: the first finds something, and after the repair the second
+/// finds nothing at all, neither to fix nor left.
+fn repair_holds(dev: Arc<MemDevice>) {
     let first = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("fsck -n ran");
     assert!(!first.errors.is_empty(), "fsck -n saw nothing wrong");
     let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
     eprintln!("fsck -n found: {:#?}\nfsck fixed: {:#?}", first.errors, fixed.fixed);
     let again = dxfs::fsck::check(dev, false, &mut |_| {}).expect("second fsck -n ran");
     assert!(again.fixed.is_empty(), "a repair did not hold: {:#?} after {:#?}", again.fixed, fixed.fixed);
-    again
+    assert!(again.errors.is_empty(), "left after repair: {:#?}", again.errors);
 }
 
 /// A volume with one file of one extent (`f`, 3 blocks) and one directory (`d`) of two
@@ -83,6 +83,12 @@ fn small() -> (Vec<u8>, u64, u64) {
     vol.create(d.ino, b"two", 0o644, 0, 0).unwrap();
     close_and_check(dev.clone(), vol);
     (settled(&dev), f.ino, d.ino)
+}
+
+/// The one leaf of small directory `d`'s index: its root (slot byte 128).
+fn dir_leaf(img: &[u8], d: u64) -> u64 {
+    let (b, s) = ino_loc(d);
+    get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], 128)
 }
 
 /// Inline extent 0 of a file slot: logical u32 @128, len|flag u32 @132, phys u64 @136.
@@ -104,8 +110,7 @@ fn a_wrapping_extent_never_reaches_the_superblock() {
     let _ = vol.sync();
     let _ = vol.close();
     assert_eq!(&dev.to_bytes()[..BLOCK_SIZE], &sb_before[..], "the superblock was written over");
-    let left = repair_holds(dev.clone());
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev.clone());
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let a = vol.lookup(vol.root(), b"f").expect("the file survives its bad extent");
     assert!(vol.read(a.ino, 0, 3 * 4096).is_ok(), "the repaired file reads");
@@ -121,18 +126,15 @@ fn an_empty_extent_is_an_error_not_a_hole() {
     let vol = vol.unwrap();
     assert!(is_corrupt(vol.read(f, 0, 4096)), "an empty extent read as data");
     drop(vol);
-    let left = repair_holds(dev);
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev);
 }
 
 /// Item 3: a directory key near 2^64 cannot wrap the listing position: the listing ends.
 #[test]
 fn a_key_near_the_top_cannot_loop_a_listing() {
     let (mut img, _, d) = small();
-    // The directory's index is one leaf: its root (slot byte 128). Its last record's key
-    // goes near 2^64 (the order stays sorted).
-    let (b, s) = ino_loc(d);
-    let leaf = get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], 128);
+    // Its last record's key goes near 2^64 (the order stays sorted).
+    let leaf = dir_leaf(&img, d);
     let blk = block_of(&mut img, leaf);
     let n = u16::from_le_bytes([blk[26], blk[27]]) as usize;
     assert_eq!(n, 2);
@@ -160,8 +162,7 @@ fn a_key_near_the_top_cannot_loop_a_listing() {
     assert!(seen <= 4, "{seen} entries listed from a directory of two");
     assert!(failed, "the bad key was listed without an error");
     drop(vol);
-    let left = repair_holds(dev);
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev);
 }
 
 /// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
@@ -179,8 +180,7 @@ fn an_orphan_list_naming_the_root_frees_nothing() {
         assert!(vol.lookup(vol.root(), b"f").is_ok(), "a linked inode on the orphan list was freed");
         assert!(vol.lookup(vol.root(), b"d").is_ok());
         vol.close().unwrap();
-        let left = repair_holds(dev.clone());
-        assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+        repair_holds(dev.clone());
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         assert!(vol.lookup(vol.root(), b"f").is_ok());
         close_and_check(dev, vol);
@@ -204,8 +204,7 @@ fn impossible_counts_are_errors_and_repairs_clamp_them() {
         // Everything else still works.
         assert!(vol.lookup(vol.root(), b"d").is_ok() || ino == d);
         drop(vol);
-        let left = repair_holds(dev.clone());
-        assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+        repair_holds(dev.clone());
         let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
         let a = vol.getattr(ino).expect("readable after repair");
         assert!(a.blocks < BLOCKS * 8 && a.size <= 1 << 44);
@@ -236,8 +235,7 @@ fn nanoseconds_past_a_second_are_repaired() {
     let (dev, vol) = open(img, true);
     let a = vol.unwrap().getattr(f).unwrap();
     assert!(a.mtime.1 < 1_000_000_000);
-    let left = repair_holds(dev);
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev);
 }
 
 /// Item 7: a wrong inode count in the state block is written by the repair, not only
@@ -250,8 +248,7 @@ fn the_state_blocks_inode_count_is_repaired_for_good() {
     put_u64(st, 40, count + 7);
     seal(st, STATE_BLOCK);
     let dev = Arc::new(MemDevice::from_bytes(img));
-    let left = repair_holds(dev.clone());
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev.clone());
     assert_eq!(get_u64(&dev.to_bytes()[STATE_BLOCK as usize * BLOCK_SIZE..], 40), count);
 }
 
@@ -269,8 +266,7 @@ fn an_intact_inode_block_marked_free_is_kept() {
     blk[32 + bit / 8] &= !(1 << (bit % 8));
     seal(blk, at);
     let dev = Arc::new(MemDevice::from_bytes(img));
-    let left = repair_holds(dev.clone());
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev.clone());
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     assert_eq!(vol.read(f, 0, 3 * 4096).unwrap(), vec![7u8; 3 * 4096]);
     assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4);
@@ -361,8 +357,7 @@ fn a_region_over_the_mount_mark_is_never_written() {
     let dev = Arc::new(MemDevice::from_bytes(img));
     let (_, vol) = open(dev.to_bytes(), true);
     assert!(is_corrupt(vol.unwrap().getattr(d)), "a region over the mark was accepted");
-    let left = repair_holds(dev.clone());
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev.clone());
     assert_eq!(dxfs::mount_mark_status(&*dev).unwrap().as_deref(), Some("clean"));
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     assert!(vol.lookup(vol.root(), b"f").is_ok());
@@ -416,8 +411,7 @@ fn a_damaged_superblock_is_repaired_from_its_backup() {
             seal(blk, 0);
         }
         let dev = Arc::new(MemDevice::from_bytes(img));
-        let left = repair_holds(dev.clone());
-        assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+        repair_holds(dev.clone());
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         assert!(vol.lookup(vol.root(), b"f").is_ok());
         close_and_check(dev, vol);
@@ -456,8 +450,7 @@ fn an_xattr_that_cannot_be_named_is_removed() {
     patch_inode(&mut img, f.ino, |s| s[192] = 0);
     let (dev, vol) = open(img, true);
     assert!(is_corrupt(vol.unwrap().listxattr(f.ino)), "an unnamed entry was listed");
-    let left = repair_holds(dev.clone());
-    assert!(left.errors.is_empty(), "left after repair: {:#?}", left.errors);
+    repair_holds(dev.clone());
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     let names = vol.listxattr(f.ino).expect("listxattr after repair");
     assert_eq!(names.len(), 1, "{names:?}");
@@ -470,8 +463,7 @@ fn an_xattr_that_cannot_be_named_is_removed() {
 #[test]
 fn a_name_with_a_slash_leads_nowhere() {
     let (mut img, _, d) = small();
-    let (b, s) = ino_loc(d);
-    let leaf = get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], 128);
+    let leaf = dir_leaf(&img, d);
     let blk = block_of(&mut img, leaf);
     let n = u16::from_le_bytes([blk[26], blk[27]]) as usize;
     let mut patched = false;

@@ -160,12 +160,9 @@ fn entry_ok(x: &Xattr) -> bool {
 }
 
 /// What can still be read of an inode's list (fsck's repair: the entries that break a
-/// rule, or follow a break in the list, are left out), and why it is not all of it.
-pub fn salvage(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> (Vec<Xattr>, Option<Error>) {
-    match load_bytes(st, inode) {
-        Ok(bytes) => decode_lenient(inode.ino, &bytes),
-        Err(e) => (Vec::new(), Some(e)),
-    }
+/// rule, or follow a break in the list, are left out).
+pub fn salvage(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Vec<Xattr> {
+    load_bytes(st, inode).map_or_else(|_| Vec::new(), |bytes| decode_lenient(inode.ino, &bytes).0)
 }
 
 /// The encoded bytes of an inode's list.

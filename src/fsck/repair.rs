@@ -276,12 +276,9 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 }
                 InodeFix::NoXattrBlock => i.xattr_block = 0,
                 InodeFix::Xattrs(kept) => crate::fs::xattr::store(st, &mut i, kept)?,
-                InodeFix::DropExtents(bad) => {
-                    let blocks = i.blocks;
-                    file::drop_extent_records(st, &mut i, bad)?;
-                    // The walk's count stands (a Blocks fix follows when it differs).
-                    i.blocks = blocks;
-                }
+                // Counts from the walk's (applied above): only tree nodes the removals
+                // free change it.
+                InodeFix::DropExtents(bad) => file::drop_extent_records(st, &mut i, bad)?,
             }
             st.put_inode(&i)?;
         }

@@ -286,7 +286,6 @@ impl Walk<'_> {
         let mut sound = *i;
         sound.size = sound.size.min(MAX_FILE_SIZE);
         sound.blocks = sound.blocks.min(layout.block_count);
-        sound.next_orphan = 0;
         if let InodeData::Extents { n, .. } = &mut sound.data {
             *n = 0; // checked one by one below
         }
@@ -423,7 +422,7 @@ impl Walk<'_> {
             // The blocks are readable (or the list is inline), but entries are not: a
             // repair keeps what can be read and stores it again.
             Err(e) if !self.bad.contains(&ino) => {
-                let (kept, _) = xattr::salvage(&mut self.st.tx(), i);
+                let kept = xattr::salvage(&mut self.st.tx(), i);
                 let m = format!("{e} (a repair keeps the {} entries that can be read)", kept.len());
                 self.fix(ino, InodeFix::Xattrs(kept), m);
             }
@@ -436,9 +435,6 @@ impl Walk<'_> {
         if owned != i.blocks {
             let m = format!("inode {ino}: owns {owned} blocks, inode says {}", i.blocks);
             self.fix(ino, InodeFix::Blocks(owned), m);
-        }
-        if i.size > MAX_FILE_SIZE && !matches!(i.data, InodeData::Extents { .. } | InodeData::ExtentTree { .. }) {
-            self.err(format!("inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE})", i.size));
         }
         if i.file_type() == Some(FileType::Symlink) && (i.size == 0 || i.size > 4095) {
             self.err(format!("symlink {ino}: bad target length {}", i.size));
@@ -568,39 +564,30 @@ impl Walk<'_> {
         while cur != 0 {
             // The list may only name unlinked inodes, each once: anything else is cut
             // off there by a repair (a read-write open frees nothing past it either).
-            let linked = self.seen.contains(&cur) || cur == self.st.sb.root_ino;
-            let unlinked = || -> Result<Inode> {
-                let i = self.st.inode_unchecked(cur)?;
-                if i.nlink != 0 {
-                    return Err(crate::error::Error::corrupt(format!("inode {cur} has {} links", i.nlink)));
-                }
-                Ok(i)
-            };
-            let found = if linked {
-                Err(crate::error::Error::corrupt(format!("inode {cur} is in the namespace or earlier in the list")))
+            let found = if self.seen.contains(&cur) || cur == self.st.sb.root_ino {
+                Err(format!("inode {cur} is in the namespace or earlier in the list"))
             } else {
-                unlinked()
-            };
-            if let Err(e) = found {
-                self.err(format!("orphan list: {e} (a repair ends the list before it)"));
-                self.orphan_cut = Some(last);
-                break;
-            }
-            match self.st.inode_unchecked(cur) {
-                Ok(i) => {
-                    last = Some(cur);
-                    self.seen.insert(cur);
-                    orphans.insert(cur);
-                    self.r.inodes += 1;
-                    self.check_inode(&i)?;
-                    cur = i.next_orphan;
-                    inodes.insert(i.ino, i);
+                match self.st.inode_unchecked(cur) {
+                    Ok(i) if i.nlink != 0 => Err(format!("inode {cur} has {} links", i.nlink)),
+                    Ok(i) => Ok(i),
+                    Err(e) => Err(format!("inode {cur}: {e}")),
                 }
-                Err(e) => {
-                    self.blind(format!("orphan list: inode {cur}: {e}"));
+            };
+            let i = match found {
+                Ok(i) => i,
+                Err(why) => {
+                    self.err(format!("orphan list: {why} (a repair ends the list before it)"));
+                    self.orphan_cut = Some(last);
                     break;
                 }
-            }
+            };
+            last = Some(cur);
+            self.seen.insert(cur);
+            orphans.insert(cur);
+            self.r.inodes += 1;
+            self.check_inode(&i)?;
+            cur = i.next_orphan;
+            inodes.insert(i.ino, i);
         }
         Ok(orphans)
     }

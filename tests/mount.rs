@@ -1565,15 +1565,17 @@ fn dxfs_sync_and_df_after_rm() {
 
 /// The transport is the one asked for: `-o transport=classic` never uses the ring;
 /// `-o transport=uring` uses it when the kernel offers it (module parameter
-/// `enable_uring` Y) and otherwise serves through /dev/fuse, saying why in the log. With
-/// `DXFS_TRANSPORT` set (CI runs the suite once per transport) the default mount must use
-/// that transport, so a fallback cannot pass the uring run silently.
+/// `enable_uring` Y, which a mount as root turns on) and otherwise serves through
+/// /dev/fuse, saying why in the log. With `DXFS_TRANSPORT` set (CI runs the suite once
+/// per transport) the default mount must use that transport, so a fallback cannot pass
+/// the uring run silently.
 #[test]
 fn transport_is_the_one_asked_for() {
     require_fuse!();
     let s = Scratch::new(32);
     let stats = mount_stats;
-    let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    let offered = fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "Y")
+        || (nix::unistd::geteuid().is_root() && fs::metadata(ENABLE_URING).is_ok());
     for (opt, env) in
         [("transport=classic", None), ("transport=uring", None), ("", std::env::var("DXFS_TRANSPORT").ok())]
     {
@@ -1612,13 +1614,41 @@ fn transport_is_the_one_asked_for() {
     s.fsck();
 }
 
+/// The fuse module's switch for FUSE over io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// A plain mount as root gets the fast transport: the mount turns the module's switch on
+/// when it is off (`offer_uring`'s unit test shows the switch turned); `-o
+/// transport=classic` never does.
+#[test]
+fn a_mount_as_root_gets_uring() {
+    require_fuse!();
+    if fs::metadata(ENABLE_URING).is_err() || !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping a_mount_as_root_gets_uring: no FUSE over io_uring here, or not root");
+        return;
+    }
+    let s = Scratch::new(32);
+    let m = s.mount(&["-v", "-o", "transport=classic"]);
+    let log = m.log.clone().unwrap();
+    m.unmount();
+    let log = fs::read_to_string(log).unwrap();
+    assert!(!log.contains("turned FUSE over io_uring on"), "transport=classic turned it on: {log}");
+    let m = s.mount(&["-v", "-o", "transport=auto"]);
+    fs::write(s.path("f"), b"x").unwrap();
+    let v = mount_stats(&s.mnt);
+    m.unmount();
+    assert_eq!(fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
+    assert!(v["transport"].as_str().unwrap().starts_with("io_uring"), "{v}");
+    s.fsck();
+}
+
 /// A ring whose setup fails half way (one queue's registration refused, the others
 /// registered) leaves the mount on /dev/fuse, saying why, never hanging or half mounted.
 #[test]
 fn uring_failing_half_way_falls_back_to_dev_fuse() {
     require_fuse!();
-    if !fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y") {
-        eprintln!("skipping uring_failing_half_way_falls_back_to_dev_fuse: enable_uring is not Y");
+    if !nix::unistd::geteuid().is_root() || fs::metadata(ENABLE_URING).is_err() {
+        eprintln!("skipping uring_failing_half_way_falls_back_to_dev_fuse: no FUSE over io_uring to turn on");
         return;
     }
     let s = Scratch::new(32);
@@ -2083,7 +2113,10 @@ fn atime_policies() {
         // relatime: atime not after mtime -> the read updates it.
         let t0 = now();
         set_atime(&s.path("f"), t0 - 3600);
-        // utimensat set ctime to now, after atime: the next read moves atime.
+        // utimensat set ctime to now, after atime: the next read moves atime. Past the
+        // clock's tick, so that atime ends after ctime, not equal to it (equal moves it
+        // again, as in the kernel).
+        std::thread::sleep(Duration::from_millis(20));
         fs::read(s.path("f")).unwrap();
         let a1 = atime(&s.path("f"));
         assert!(a1.0 >= t0 - 1, "relatime: atime {a1:?} not updated by a read (was {})", t0 - 3600);
@@ -2165,9 +2198,11 @@ fn birth_time_through_statx() {
     let s = Scratch::new(32);
     let m = s.mount(&[]);
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i128;
-    // The daemon's clock and this one are the same; the slack covers rounding only.
+    // The daemon stamps with the kernel's coarse clock, which lags this one by up to a
+    // tick: `before` is read from it too. The slack covers rounding only.
     const SLACK: i128 = 2_000_000;
-    let before = now();
+    let coarse = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE).unwrap();
+    let before = i128::from(coarse.tv_sec()) * 1_000_000_000 + i128::from(coarse.tv_nsec());
     fs::write(s.path("f"), b"one").unwrap();
     fs::create_dir(s.path("d")).unwrap();
     let dev = nix::sys::stat::makedev(4, 5);

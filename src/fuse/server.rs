@@ -76,6 +76,16 @@ pub(super) struct Server {
 
 type Res<T> = std::result::Result<T, i32>;
 
+thread_local! {
+    /// Set while a serving thread answers a request (`handle_unless_it_waits`): the
+    /// request's first call into the volume must not wait for other requests. Taken by
+    /// that call.
+    static FIRST_CALL_SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// That call would have waited: nothing was done, and the request is answered again
+    /// on a thread that may wait.
+    static PUT_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn errno_of(op: u32, e: &Error) -> i32 {
     if matches!(e, Error::Io(_) | Error::Corrupt(_)) && first_time(e) {
         tracing::error!("request {op}: {e}");
@@ -195,9 +205,12 @@ impl Server {
     }
 
     /// Space the volume can still take, in bytes.
+    /// Bytes that can be written now: not counting what files removed moments ago will
+    /// give back (a file still open through a zero-message open may hold it for long,
+    /// and the kernel's cache must never take more than can land).
     fn available(&self) -> u64 {
         let s = self.vol.statfs();
-        s.bavail * u64::from(s.bsize)
+        s.bavail.saturating_sub(s.settling) * u64::from(s.bsize)
     }
 
     /// With the writeback cache, the kernel takes a write() into its page cache without
@@ -251,17 +264,11 @@ impl Server {
             return (COUNTED, open_flags);
         }
         *self.writers.lock().entry(ino).or_insert(0) += 1;
-        if let Some(bound) = self.bound.get().filter(|b| b.cushion() > 0) {
-            // Files removed moments before may be about to give their space back (their
-            // RELEASE and FORGET come on their own): when the volume looks near full,
-            // wait for them once before judging, which also lowers the kernel's bound
-            // (and a bound being lowered is not raised again until that is done).
-            if self.available() < 2 * bound.cushion() + NEAR_FULL_SLACK {
-                self.vol.settle_unlinked(true);
-            }
-            if self.near_full_check() {
-                open_flags |= fopen::DIRECT_IO;
-            }
+        // Space that files removed moments ago will give back is not waited for (only
+        // this mount's serving threads can deliver their FORGET): until it is back, the
+        // volume may look near full, and this writer's writes are then exact.
+        if self.bound.get().is_some_and(|b| b.cushion() > 0) && self.near_full_check() {
+            open_flags |= fopen::DIRECT_IO;
         }
         (COUNTED_WRITE, open_flags)
     }
@@ -360,7 +367,19 @@ impl Server {
     /// poisoned so that nothing half-done reaches the disk; a request that only reads
     /// changed nothing that a commit writes, so it fails alone and the mount goes on.
     fn call<T>(&self, op: u32, f: impl FnOnce(&Volume) -> Result<T>) -> Res<T> {
-        match catch_unwind(AssertUnwindSafe(|| f(&self.vol))) {
+        // The first call of a request on a serving thread must not wait for requests
+        // (see `handle_unless_it_waits`); later ones follow a change and may.
+        let serving = FIRST_CALL_SERVING.with(|c| c.replace(false));
+        let run = |v: &Volume| {
+            if !serving {
+                return f(v);
+            }
+            v.unless_it_waits_for_requests(f)?.ok_or_else(|| {
+                PUT_OFF.with(|c| c.set(true));
+                Error::WouldWait
+            })
+        };
+        match catch_unwind(AssertUnwindSafe(|| run(&self.vol))) {
             Ok(r) => r.map_err(|e| errno_of(op, &e)),
             Err(_) if reads_only(op) => {
                 tracing::error!("request {op}: panic in the volume layer while reading; this request failed (EIO)");
@@ -783,11 +802,9 @@ impl Server {
             },
             Request::Readdir { offset, size, plus, .. } => self.readdir(op, ino, offset, size, plus),
             // Files the kernel dropped at an unlink are freed by their FORGET, which may
-            // still be on its way: wait a moment for it, so `df` right after `rm` is true.
-            Request::Statfs => match self.call(op, |v| {
-                v.settle_unlinked(false);
-                Ok(v.statfs())
-            }) {
+            // still be on its way: `statfs` counts them as free (`StatFs::settling`) rather
+            // than wait for a request that only these threads can serve.
+            Request::Statfs => match self.call(op, |v| Ok(v.statfs())) {
                 Ok(s) => {
                     let mut out = Vec::with_capacity(StatfsOut::SIZE);
                     StatfsOut {
@@ -878,21 +895,44 @@ impl Handler for Server {
         matches!(req, Request::Fsync { .. })
     }
 
-    /// A write is tried without waiting for room in the delta: the kernel's write-back
-    /// past the dirty limit waits for flushes (tens to hundreds of milliseconds with
-    /// several writers, docs/BENCHMARKS.md), and every request made on the same CPU
-    /// would wait behind it on the queue thread.
-    fn handle_unless_it_waits(&self, h: &InHeader, req: &Request<'_>) -> Option<Reply> {
+    /// A serving thread answers every request that need not wait for another request or
+    /// for room: waiting for the FORGET of a file removed moments ago, it would wait for
+    /// what only the serving threads deliver. A write is also tried without waiting for
+    /// room in the delta: the kernel's write-back past the dirty limit waits for flushes
+    /// (tens to hundreds of milliseconds with several writers, docs/BENCHMARKS.md), and
+    /// every request made on the same CPU would wait behind it on an io_uring queue.
+    fn handle_unless_it_waits(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Option<Reply> {
         let Request::Write { offset, write_flags, flags, data, .. } = *req else {
-            return Some(self.handle(h, req, true));
+            // These change the volume before their first call can fail, or must never be
+            // put off behind the request they may be waited for by.
+            let never_put_off = matches!(
+                req,
+                Request::Forget { .. }
+                    | Request::BatchForget { .. }
+                    | Request::Release { .. }
+                    | Request::Releasedir { .. }
+                    | Request::Interrupt { .. }
+            );
+            FIRST_CALL_SERVING.with(|c| c.set(!never_put_off));
+            PUT_OFF.with(|c| c.set(false));
+            let reply = self.handle(h, req, via_ring);
+            FIRST_CALL_SERVING.with(|c| c.set(false));
+            if PUT_OFF.with(|c| c.replace(false)) {
+                self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            return Some(reply);
         };
         let start = std::time::Instant::now();
         self.touched(h, req);
-        let Some(reply) = self.write(h, offset, write_flags, flags, data, false) else {
+        FIRST_CALL_SERVING.with(|c| c.set(true));
+        let reply = self.write(h, offset, write_flags, flags, data, false);
+        FIRST_CALL_SERVING.with(|c| c.set(false));
+        let Some(reply) = reply else {
             self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        drop(self.stats.timer_since(h.opcode, true, start));
+        drop(self.stats.timer_since(h.opcode, via_ring, start));
         Some(reply)
     }
 }

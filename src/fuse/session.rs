@@ -54,6 +54,9 @@ pub struct Mounted {
 /// remount on the same directory, the exiting daemon leaves the new mount alone.
 /// Other users mount through fusermount3, which hands the descriptor back.
 pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
+    if opts.transport != TransportChoice::Classic {
+        offer_uring(Path::new(ENABLE_URING));
+    }
     let (fd, mount_id) = if nix::unistd::geteuid().is_root() {
         let fd = kernel_mount(mountpoint, opts)?;
         // The kernel answers nothing on the mount until INIT: find our mount's id in the
@@ -94,6 +97,29 @@ pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Res
         threads,
         transport,
     })
+}
+
+/// The fuse module's switch for FUSE over io_uring: while it is N (its default) the
+/// kernel offers no rings to any FUSE server.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turn FUSE over io_uring on for this host when it is off and we may (root), so a plain
+/// mount gets the faster transport. It changes nothing for FUSE servers that do not ask
+/// for rings; `-o transport=classic` leaves it alone. Without the switch (a kernel built
+/// without it) or without the right, negotiation says why the mount is classic.
+fn offer_uring(switch: &Path) {
+    let Ok(was) = std::fs::read_to_string(switch) else { return };
+    if was.trim() != "N" || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    match std::fs::write(switch, "Y") {
+        Ok(()) => tracing::info!(
+            "turned FUSE over io_uring on for this host ({} = Y; FUSE servers that ask for no rings are \
+             unchanged; -o transport=classic does not turn it on)",
+            switch.display()
+        ),
+        Err(e) => tracing::info!("cannot turn FUSE over io_uring on ({}: {e})", switch.display()),
+    }
 }
 
 /// The INIT flags dxfs asks for.
@@ -481,5 +507,26 @@ impl Stopper {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The switch is turned on only when it is off and we are root; anything else in it
+    /// is left as it is.
+    #[test]
+    fn offer_uring_turns_the_switch_on_as_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let switch = dir.path().join("enable_uring");
+        let root = nix::unistd::geteuid().is_root();
+        for (was, want) in [("N\n", if root { "Y" } else { "N\n" }), ("Y\n", "Y\n"), ("x", "x")] {
+            std::fs::write(&switch, was).unwrap();
+            offer_uring(&switch);
+            assert_eq!(std::fs::read_to_string(&switch).unwrap(), want, "switch was {was:?}");
+        }
+        offer_uring(&dir.path().join("missing"));
+        assert!(!dir.path().join("missing").exists(), "a missing switch was created");
     }
 }

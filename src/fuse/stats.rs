@@ -78,8 +78,8 @@ pub(super) struct RequestStats {
     counters: [Counter; OPCODES],
     /// Requests that came through io_uring queues (the rest came through /dev/fuse).
     via_ring: AtomicU64,
-    /// WRITEs an io_uring queue handed to its kept threads because they had to wait for
-    /// room in the delta.
+    /// Requests (mostly WRITEs) a serving thread handed to its kept threads because they
+    /// had to wait: for room in the delta, or for files removed moments ago to be let go.
     pub(super) writes_waited: AtomicU64,
     /// READDIRPLUS entries sent without attributes: the kernel held them fresh.
     pub(super) entries_without_attrs: AtomicU64,

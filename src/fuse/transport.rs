@@ -110,11 +110,13 @@ pub trait Handler: Send + Sync {
     }
 
     /// Answer `req` now unless that would mean a long wait (a write that must wait for
-    /// room); `None`: nothing was answered, and the caller answers it with
-    /// [`Handler::handle`] on a thread of its own, as a request that [`Handler::blocks`].
-    /// Only FUSE over io_uring asks (its queue thread serves a whole CPU).
-    fn handle_unless_it_waits(&self, header: &InHeader, req: &Request<'_>) -> Option<Reply> {
-        Some(self.handle(header, req, true))
+    /// room, or anything that would wait for another request); `None`: nothing was
+    /// answered, and the caller answers it with [`Handler::handle`] on a thread of its
+    /// own, as a request that [`Handler::blocks`]. Every serving thread asks: an io_uring
+    /// queue thread serves a whole CPU, and no serving thread may wait for a request
+    /// that only the serving threads can answer.
+    fn handle_unless_it_waits(&self, header: &InHeader, req: &Request<'_>, via_ring: bool) -> Option<Reply> {
+        Some(self.handle(header, req, via_ring))
     }
 }
 
@@ -235,7 +237,8 @@ pub fn negotiate(
         _ if i.minor < 42 => (false, format!("classic: the kernel speaks FUSE 7.{} (io_uring needs 7.42)", i.minor)),
         _ if !offered => (
             false,
-            "classic: the kernel does not offer FUSE_OVER_IO_URING (is /sys/module/fuse/parameters/enable_uring Y?)"
+            "classic: the kernel does not offer FUSE over io_uring, the faster transport (its switch is \
+             /sys/module/fuse/parameters/enable_uring: `echo Y` into it as root, or mount as root, which does)"
                 .to_string(),
         ),
         _ => (true, "io_uring: one queue per CPU".to_string()),
@@ -277,8 +280,47 @@ fn dispatch(handler: &dyn Handler, h: &InHeader, arg: &[u8], rest: &[u8], ring: 
 
 /// The classic loop on one thread: read a request, answer it, until the connection ends
 /// (ENODEV after unmount: `Ok`). `buf_size` must hold the largest request (`max_write`
-/// plus a page for the headers).
+/// plus a page for the headers). A request that blocks or would wait is answered by a
+/// kept thread of this one ([`Blockers`]), which writes its reply itself: this thread
+/// goes on reading, so the request it may be waiting for (a FORGET) is served.
 pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -> io::Result<()> {
+    let blockers = Blockers::<Deferred>::default();
+    std::thread::scope(|scope| {
+        let served = classic_loop(dev, handler, buf_size, &blockers, || {
+            scope.spawn(|| {
+                while let Some(d) = blockers.next() {
+                    let reply = dispatch(handler, &d.header, &d.op_in, &d.payload, false);
+                    if let Err(e) = send_reply(dev, d.header.unique, reply) {
+                        if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) {
+                            tracing::warn!("reply to request {}: {e}", d.header.unique);
+                        }
+                    }
+                }
+            });
+        });
+        blockers.stop();
+        served
+    })
+}
+
+/// Send `reply` to request `unique` (nothing for `Reply::None`).
+fn send_reply(dev: &dyn Device, unique: u64, reply: Reply) -> io::Result<()> {
+    match reply {
+        Reply::None => Ok(()),
+        Reply::Data(body) => send_data(dev, unique, &body),
+        Reply::Aligned(body) => send_data(dev, unique, &body),
+        Reply::Error(errno) => dev.send(&wire::reply(unique, errno, &[])),
+    }
+}
+
+/// The loop of [`serve_classic`]: `start_blocker` starts one more blocker thread.
+fn classic_loop(
+    dev: &dyn Device,
+    handler: &dyn Handler,
+    buf_size: usize,
+    blockers: &Blockers<Deferred>,
+    mut start_blocker: impl FnMut(),
+) -> io::Result<()> {
     let mut buf = vec![0u8; buf_size.max(wire::MIN_READ_BUFFER)];
     loop {
         let n = match dev.receive(&mut buf) {
@@ -291,7 +333,24 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
             },
         };
         let (h, reply) = match split_classic(&buf[..n]) {
-            Ok((h, arg, rest)) => (h, dispatch(handler, &h, arg, rest, false)),
+            Ok((h, arg, rest)) => {
+                let now = match Request::parse(h.opcode, arg, rest) {
+                    Ok(r) if handler.blocks(&r) => None,
+                    Ok(r) => handler.handle_unless_it_waits(&h, &r, false),
+                    Err(e) => {
+                        tracing::warn!("malformed request (opcode {}): {e}", h.opcode);
+                        Some(Reply::Error(libc::EIO))
+                    }
+                };
+                let Some(reply) = now else {
+                    let d = Deferred { ent: 0, commit_id: 0, header: h, op_in: arg.to_vec(), payload: rest.to_vec() };
+                    if blockers.push(d) {
+                        start_blocker();
+                    }
+                    continue;
+                };
+                (h, reply)
+            }
             Err(e) => {
                 tracing::warn!("malformed request from /dev/fuse: {e}");
                 match InHeader::parse(&buf[..n]) {
@@ -309,13 +368,7 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
                 }
             }
         };
-        let sent = match reply {
-            Reply::None => continue,
-            Reply::Data(body) => send_data(dev, h.unique, &body),
-            Reply::Aligned(body) => send_data(dev, h.unique, &body),
-            Reply::Error(errno) => dev.send(&wire::reply(h.unique, errno, &[])),
-        };
-        if let Err(e) = sent {
+        if let Err(e) = send_reply(dev, h.unique, reply) {
             match e.raw_os_error() {
                 Some(libc::ENOENT) => {} // interrupted meanwhile: the kernel dropped it
                 Some(libc::ENODEV) => return Ok(()),
@@ -325,8 +378,10 @@ pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -
     }
 }
 
-/// A request copied out of its ring entry, to be answered on another thread.
+/// A request copied out of its ring entry (or the classic read buffer), to be answered
+/// on another thread.
 struct Deferred {
+    /// The ring entry and its commit id (0 for the classic transport).
     ent: usize,
     commit_id: u64,
     header: InHeader,
@@ -424,7 +479,7 @@ fn serve_ring(
                 // kept thread; the others here, now.
                 let now = match Request::parse(inc.header.opcode, inc.op_in, inc.payload) {
                     Ok(r) if handler.blocks(&r) => None,
-                    Ok(r) => handler.handle_unless_it_waits(&inc.header, &r),
+                    Ok(r) => handler.handle_unless_it_waits(&inc.header, &r, true),
                     Err(e) => {
                         tracing::warn!("malformed request (opcode {}): {e}", inc.header.opcode);
                         Some(Reply::Error(libc::EIO))
@@ -537,6 +592,51 @@ mod tests {
                 wire::reply(14, libc::EIO, &[]),
             ]
         );
+    }
+
+    /// A LOOKUP that cannot be answered until a FORGET has been served (as a write short
+    /// of space waits for the FORGET of a file removed moments ago).
+    #[derive(Default)]
+    struct WaitsForForget {
+        forgotten: Mutex<bool>,
+        wake: std::sync::Condvar,
+    }
+
+    impl Handler for WaitsForForget {
+        fn handle(&self, _h: &InHeader, req: &Request<'_>, _via_ring: bool) -> Reply {
+            match req {
+                Request::Forget { .. } => {
+                    *self.forgotten.lock().unwrap() = true;
+                    self.wake.notify_all();
+                    Reply::None
+                }
+                _ => {
+                    let g = self.forgotten.lock().unwrap();
+                    let (g, _) = self.wake.wait_timeout_while(g, std::time::Duration::from_secs(20), |f| !*f).unwrap();
+                    Reply::Error(if *g { 0 } else { libc::ETIMEDOUT })
+                }
+            }
+        }
+
+        fn handle_unless_it_waits(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Option<Reply> {
+            let waits = !matches!(req, Request::Forget { .. }) && !*self.forgotten.lock().unwrap();
+            (!waits).then(|| self.handle(h, req, via_ring))
+        }
+    }
+
+    /// One classic thread: the request that would wait is answered by a kept thread
+    /// while the loop goes on to serve the FORGET it waits for.
+    #[test]
+    fn classic_loop_never_waits_for_a_request_it_must_serve() {
+        let dev = Fake {
+            requests: Mutex::new(VecDeque::from(vec![
+                Ok(request(wire::opcode::LOOKUP, 20, 1, b"w\0")),
+                Ok(request(wire::opcode::FORGET, 21, 5, &[1, 0, 0, 0, 0, 0, 0, 0])),
+            ])),
+            replies: Mutex::new(Vec::new()),
+        };
+        serve_classic(&dev, &WaitsForForget::default(), 0).unwrap();
+        assert_eq!(dev.replies.into_inner().unwrap(), vec![wire::reply(20, 0, &[])]);
     }
 
     #[test]

@@ -15,6 +15,25 @@ thread_local! {
     /// delta (a flush's progress, a commit's snapshot or a landing) fails with
     /// `Error::WouldWait` instead, before anything is changed.
     static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set while [`Volume::unless_it_waits_for_requests`] runs: the thread serves requests,
+    /// so it must not wait for files unlinked moments ago to be let go (their FORGET or
+    /// RELEASE is a request that only the serving threads deliver).
+    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `SERVING` set for this thread until dropped (the previous value is restored).
+struct Serving(bool);
+
+impl Serving {
+    fn set() -> Serving {
+        Serving(SERVING.with(|c| c.replace(true)))
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.with(|c| c.set(self.0));
+    }
 }
 
 /// Before a wait for room: fails with `Error::WouldWait` when this thread's operation
@@ -134,9 +153,26 @@ impl Volume {
             return Err(Error::NoSpace);
         }
         may_wait()?;
+        if SERVING.with(|c| c.get()) {
+            return Err(Error::WouldWait);
+        }
         *settled = true;
-        self.settle_unlinked(true);
+        self.settle_unlinked();
         Ok(())
+    }
+
+    /// Run `f` as a thread that serves requests must: an operation that would wait for
+    /// files unlinked moments ago to be let go (for the FORGET or RELEASE that only such
+    /// threads deliver) stops before it changes anything, and the answer is `None`: run it
+    /// again where waiting is allowed. An operation that runs in steps (a large write, a
+    /// preallocation) may have done some of them; running it again does them again, to
+    /// the same effect.
+    pub fn unless_it_waits_for_requests<T>(&self, f: impl FnOnce(&Volume) -> Result<T>) -> Result<Option<T>> {
+        let _serving = Serving::set();
+        match f(self) {
+            Err(Error::WouldWait) => Ok(None),
+            r => r.map(Some),
+        }
     }
 
     fn charge<T>(

@@ -202,7 +202,7 @@ const READ_TRIES: u32 = 3;
 /// are being written back waits for that write-back: with the writeback cache, `rm` of a
 /// file just written can take the FORGET tens of milliseconds (5 ms let `df` right after
 /// such an `rm` miss the space now and then).
-const UNLINK_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+pub(super) const UNLINK_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Volume {
     /// Note an open handle: an unlinked inode lives until its last release.
@@ -251,26 +251,23 @@ impl Volume {
     /// Wait up to `UNLINK_SETTLE` (200 ms) for inodes that lost their last link less than that
     /// ago, while their holder held them or they were open, to be let go: a FUSE kernel
     /// sends the FORGET of a file it drops at unlink right after the UNLINK, and the
-    /// RELEASE of a close in the background, and `df` right after `rm` must count its
-    /// blocks (so must a write short of space, once). One still held or open after that
-    /// stays counted as used. Files open at their unlink only with `open_too`: a file
-    /// removed while in use (a temporary file's usual life) is often kept open for long,
-    /// so only what decides between room and ENOSPC waits for them, not every `statfs`.
-    /// Returns whether there were any to wait for.
-    pub fn settle_unlinked(&self, open_too: bool) -> bool {
+    /// RELEASE of a close in the background, and a write short of space must count their
+    /// blocks (once). One still held or open after that stays counted as used. Only a
+    /// thread that serves no requests may wait here (see
+    /// [`Volume::unless_it_waits_for_requests`]); `statfs` counts them instead
+    /// ([`Inner::settling_blocks`]).
+    pub(super) fn settle_unlinked(&self) {
         let within = UNLINK_SETTLE;
         let deadline = std::time::Instant::now() + within;
-        let mut waited = false;
         loop {
             {
                 let g = self.s.inner.read_inner();
                 let mut life = g.life.lock();
                 let now = std::time::Instant::now();
-                life.unlinked_at.retain(|_, (t, _)| now.duration_since(*t) < within);
-                if !life.unlinked_at.values().any(|&(_, open)| open_too || !open) || now >= deadline {
-                    return waited;
+                life.unlinked_at.retain(|_, u| now.duration_since(u.at) < within);
+                if life.unlinked_at.is_empty() || now >= deadline {
+                    return;
                 }
-                waited = true;
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
@@ -683,6 +680,20 @@ impl Volume {
 }
 
 impl Inner {
+    /// Blocks of files that lost their last link less than `UNLINK_SETTLE` ago while the
+    /// holder (the kernel) held them, not open: their FORGET is on its way and frees them,
+    /// so `statfs` counts them as free rather than wait for it. One removed while open
+    /// may stay open for long (a temporary file's usual life) and counts as used.
+    pub(super) fn settling_blocks(&self) -> u64 {
+        let life = self.life.lock();
+        let now = std::time::Instant::now();
+        life.unlinked_at
+            .values()
+            .filter(|u| !u.open && now.duration_since(u.at) < UNLINK_SETTLE)
+            .map(|u| u.blocks)
+            .sum()
+    }
+
     /// Extent-map blocks a preallocation of `n` blocks into file `i` may need: a split at
     /// every level, plus a leaf per 64 new extents (a split leaves at least that many in
     /// a leaf). The new extents are at most `n`, and at most one per piece of a free run

@@ -136,9 +136,20 @@ struct Life {
     /// The orphan list's links backwards (inode → the one before it, 0 for the head), so
     /// taking an inode off the list reads no other inode.
     orphan_prev: rustc_hash::FxHashMap<u64, u64>,
-    /// When each inode still held or open after losing its last link lost it, and
-    /// whether it was open then: what `settle_unlinked` waits for.
-    unlinked_at: rustc_hash::FxHashMap<u64, (std::time::Instant, bool)>,
+    /// Inodes still held or open after losing their last link: what a write short of
+    /// space waits for (`settle_unlinked`) and `statfs` counts as free.
+    unlinked_at: rustc_hash::FxHashMap<u64, Unlinked>,
+}
+
+/// An inode that lost its last link while held or open (`Life::unlinked_at`).
+#[derive(Debug, Clone, Copy)]
+struct Unlinked {
+    /// When it lost the link.
+    at: std::time::Instant,
+    /// Whether it was open then (else only held).
+    open: bool,
+    /// Its blocks then: what its FORGET will give back.
+    blocks: u64,
 }
 
 /// Inode generation numbers, handed out by each thread slot from batches of its own, so
@@ -506,13 +517,16 @@ impl Volume {
         let g = self.s.inner.read_inner();
         let inodes = g.inode_count();
         let s = g.st.space();
-        // What the leases hold for operations to come is free.
-        let bavail = s.available_after_commit(false) + g.st.leased_idle();
+        // What the leases hold for operations to come is free, and so is what files
+        // removed moments ago give back when the kernel lets them go.
+        let settling = g.settling_blocks();
+        let bavail = s.available_after_commit(false) + g.st.leased_idle() + settling;
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,
-            bfree: (s.free() + s.deferred()).saturating_sub(s.promised()),
+            bfree: (s.free() + s.deferred()).saturating_sub(s.promised()) + settling,
             bavail,
+            settling,
             files: inodes + bavail * per_block,
             ffree: bavail * per_block,
             bsize: BLOCK_SIZE as u32,

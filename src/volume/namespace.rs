@@ -95,6 +95,8 @@ impl Inner {
             return self.free_inode(i);
         }
         {
+            // Its blocks, and those its dirty pages would take: what letting it go frees.
+            let blocks = i.blocks.saturating_add(self.delta.new_page_count(i.ino));
             let mut life = self.life.lock();
             if open {
                 // Unlinked but open: keep it on the orphan list until the last release.
@@ -102,7 +104,7 @@ impl Inner {
                 // its own, behind what the process does next: `cat f; rm f`), so it
                 // counts as unlinked moments ago too.
                 push_orphan(&self.st, &mut life, i.ino)?;
-                life.unlinked_at.insert(i.ino, (std::time::Instant::now(), true));
+                life.unlinked_at.insert(i.ino, Unlinked { at: std::time::Instant::now(), open: true, blocks });
                 drop(life);
                 return self.st.put_inode(&i);
             }
@@ -112,7 +114,7 @@ impl Inner {
                 // before the next commit and the inode is freed as if now; if not, the
                 // commit puts it on the orphan list, so a crash frees it.
                 life.held.insert(i.ino);
-                life.unlinked_at.insert(i.ino, (std::time::Instant::now(), false));
+                life.unlinked_at.insert(i.ino, Unlinked { at: std::time::Instant::now(), open: false, blocks });
                 drop(life);
                 return self.st.put_inode(&i);
             }

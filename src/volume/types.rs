@@ -5,10 +5,19 @@ use super::*;
 /// A time: seconds and nanoseconds since the epoch.
 pub type Time = (i64, u32);
 
-/// The current time.
+/// The current time, from the clock the kernel stamps inodes with (`current_time`: the
+/// coarse real-time clock, which lags the precise one by up to a tick). With the
+/// writeback cache the kernel stamps mtime and ctime itself; stamped from one clock, a
+/// time set here after one set there is never earlier (relatime's comparisons, and the
+/// order of two changes, hold).
 pub fn now() -> Time {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    (d.as_secs() as i64, d.subsec_nanos())
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE) {
+        Ok(t) => (t.tv_sec(), t.tv_nsec() as u32),
+        Err(_) => {
+            let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            (d.as_secs() as i64, d.subsec_nanos())
+        }
+    }
 }
 
 /// Attributes of an inode, as stat reports them.
@@ -113,6 +122,9 @@ pub struct StatFs {
     pub bfree: u64,
     /// What can really still be written (the budget, less the reserve).
     pub bavail: u64,
+    /// Of `bfree` and `bavail`: blocks of files removed moments ago that come back once
+    /// the kernel lets them go (their FORGET is on its way).
+    pub settling: u64,
     pub files: u64,
     pub ffree: u64,
     pub bsize: u32,

@@ -1026,6 +1026,12 @@ fn daemon_and_mount_helper() {
     assert!(st.success(), "mount.fuse3 -t dxfs: {st}");
     let guard = Mounted { child: None, mnt: s.mnt.clone(), image: image.clone(), log: None };
     assert_eq!(fs::read(s.path("f")).unwrap(), b"daemon");
+    // As with every file system through mount(8): `nosuid` as asked, `dev` by default
+    // (mount(8) drops the word before it calls the helper).
+    let flags = mount_options(&s.mnt);
+    let has = |w: &str| flags.split(',').any(|f| f == w);
+    assert!(has("nosuid"), "{flags}");
+    assert_eq!(has("nodev"), !nix::unistd::geteuid().is_root(), "{flags}");
     let st = unmount_by("umount", &s.mnt);
     assert!(st.success());
     wait_unused(&image);
@@ -1214,7 +1220,11 @@ fn about(got: u64, want: u64) -> bool {
 fn dirty_bound(mnt: &std::path::Path) -> impl Fn() -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let dev = fs::metadata(mnt).unwrap().dev();
-    let path = format!("/sys/class/bdi/{}:{}/max_bytes", libc::major(dev), libc::minor(dev));
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    // A fuseblk mount's bdi is named after its block device, with a suffix (the
+    // device's own bdi has the bare name).
+    let suffix = if major == 0 { "" } else { "-fuseblk" };
+    let path = format!("/sys/class/bdi/{major}:{minor}{suffix}/max_bytes");
     move || fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok())
 }
 
@@ -1561,6 +1571,74 @@ fn dxfs_sync_and_df_after_rm() {
     assert_eq!(fs::metadata(s.path("big")).unwrap().len(), 24 << 20, "the volume is as of the sync");
     m.unmount();
     s.fsck();
+}
+
+/// Loop devices attached now (`losetup -a`, one line each).
+fn loop_devices() -> usize {
+    let out = Command::new("losetup").arg("-a").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Whether the loop devices are back to `n` within 5 s (the kernel detaches an
+/// autoclear device from a work queue, a moment after its last user lets go).
+fn loop_devices_back_to(n: usize) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while loop_devices() != n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// A fuseblk mount (`-o blkdev`, as root; an image gets a loop device as its source):
+/// this kernel sends `sync(1)` to the daemon (FUSE_SYNCFS), so what was written before
+/// `sync` survives a SIGKILL of the daemon with no other commit; and `umount` returns
+/// only after the DESTROY, which the daemon answers once the volume is committed. The
+/// loop device goes with the mount, also when the daemon was killed.
+#[test]
+fn sync_and_umount_reach_a_fuseblk_mount() {
+    require_fuse!();
+    not_over_nbd!("an NBD export has no block device on this host");
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping sync_and_umount_reach_a_fuseblk_mount: a fuseblk mount needs root");
+        return;
+    }
+    let s = Scratch::new(32);
+    let loops = loop_devices();
+    // A long commit interval: nothing but `sync` (and the DESTROY) commits.
+    let m = s.mount(&["-o", "blkdev,commit=3600"]);
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        info.lines().any(|l| l.contains(s.mnt.to_str().unwrap()) && l.contains(" - fuseblk.dxfs ")),
+        "not a fuseblk mount:\n{info}"
+    );
+    fs::write(s.path("synced"), pattern(3, 10_000)).unwrap();
+    assert!(Command::new("sync").status().unwrap().success());
+    fs::write(s.path("lost"), b"after the sync").unwrap();
+    m.kill9();
+    s.fsck();
+    assert!(loop_devices_back_to(loops), "the loop device outlived the mount");
+    let m = s.mount(&["-o", "blkdev,commit=3600"]);
+    assert_eq!(fs::read(s.path("synced")).unwrap(), pattern(3, 10_000), "sync did not reach the daemon");
+    assert!(fs::metadata(s.path("lost")).is_err(), "written after the last commit, yet there");
+    fs::write(s.path("at-umount"), b"committed by the DESTROY").unwrap();
+    // `umount` returns after the DESTROY: kill the daemon at once, and the file is there.
+    let mut m = m;
+    let mut child = m.child.take().unwrap();
+    let st = Command::new("umount").arg(&s.mnt).status().unwrap();
+    assert!(st.success(), "umount: {st}");
+    let _ = child.kill();
+    child.wait().unwrap();
+    m.image = PathBuf::new(); // nothing left to stop
+    drop(m);
+    s.fsck();
+    let m = s.mount(&[]);
+    assert_eq!(fs::read(s.path("at-umount")).unwrap(), b"committed by the DESTROY");
+    m.unmount();
+    s.fsck();
+    assert!(loop_devices_back_to(loops), "a loop device was left behind");
 }
 
 /// The transport is the one asked for: `-o transport=classic` never uses the ring;

@@ -78,7 +78,10 @@ const DAEMON_CHILD_ENV: &str = "DXFS_MOUNT_DAEMON_CHILD";
 
 /// mount.fuse3 (`mount -t fuse.dxfs`, /etc/fstab) runs `dxfs IMAGE DIR -o OPTS` with no
 /// subcommand: read that as `dxfs mount --daemon IMAGE DIR -o OPTS`, backgrounded
-/// because mount(8) waits for its helper to exit.
+/// because mount(8) waits for its helper to exit. mount(8) drops the default words `dev`
+/// and `suid` before it calls the helper, so as root a helper mount is `dev,suid` unless
+/// OPTS says `nodev`/`nosuid`, as with every file system (`dxfs mount` itself keeps the
+/// safer `nodev,nosuid`; other users' mounts are always `nodev,nosuid`).
 pub fn mount_helper_args(args: &[OsString]) -> Option<Vec<OsString>> {
     let first = args.get(1)?.to_string_lossy();
     let known = <Cli as clap::CommandFactory>::command()
@@ -88,6 +91,10 @@ pub fn mount_helper_args(args: &[OsString]) -> Option<Vec<OsString>> {
         return None;
     }
     let mut out = vec![args[0].clone(), "mount".into(), "--daemon".into()];
+    if nix::unistd::geteuid().is_root() {
+        // Before OPTS, which win.
+        out.extend(["-o".into(), "dev,suid".into()]);
+    }
     out.extend_from_slice(&args[1..]);
     Some(out)
 }
@@ -101,6 +108,7 @@ fn mount_option(
     o: &mut FuseOptions,
     v: &mut dxfs::OpenOptions,
     lock_wait: &mut std::time::Duration,
+    blkdev: &mut Option<bool>,
     opt: &str,
 ) -> Result<(), String> {
     let (key, val) = match opt.split_once('=') {
@@ -146,6 +154,9 @@ fn mount_option(
         // Write dirty pages back ahead of the commit past this many (0: only commits do).
         "flush_from" => v.flush_from = num(val)? as u64,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
+        // Mount as fuseblk over the volume's block device (a loop device for an image).
+        "blkdev" => *blkdev = Some(true),
+        "noblkdev" => *blkdev = Some(false),
         // Trim the blocks each committed delta frees.
         "discard" => v.discard = true,
         "nodiscard" => v.discard = false,
@@ -180,8 +191,12 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     }
     let mut vol_opts = dxfs::OpenOptions::default();
     let mut lock_wait = std::time::Duration::from_secs(10);
+    // `blkdev`: a fuseblk mount, where `sync` reaches the daemon. Not yet the default:
+    // near full, the syncfs that lowers the kernel's dirty bound failed with ENOSPC
+    // now and then on a fuseblk mount (docs/DESIGN.md, "What is not done").
+    let mut blkdev: Option<bool> = None;
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
-        if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, opt) {
+        if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, &mut blkdev, opt) {
             return fail(e, 8);
         }
     }
@@ -286,7 +301,26 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),
     };
-    let mut mounted = match dxfs::fuse::mount(vol, &dir, &o) {
+    let mut attached = None;
+    if blkdev == Some(true) {
+        if nbd {
+            return fail("-o blkdev: an NBD export has no block device on this host", 8);
+        }
+        match block_source(&image) {
+            Ok((bdev, loop_dev)) => {
+                o.block_device = Some(bdev);
+                attached = loop_dev;
+            }
+            Err(e) => return fail(format!("-o blkdev: {e}"), 8),
+        }
+    }
+    let mounted = dxfs::fuse::mount(vol, &dir, &o);
+    if let Some(l) = &attached {
+        // While the mount holds it, detaching only marks it to go when the mount does
+        // (autoclear), so a killed daemon leaves no loop device behind.
+        detach_loop(l);
+    }
+    let mut mounted = match mounted {
         Ok(m) => m,
         Err(e) => return fail(format!("cannot mount on {}: {e}", dir.display()), 8),
     };
@@ -315,6 +349,35 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     match mounted.run() {
         Ok(()) => 0,
         Err(e) => fail(e, 8),
+    }
+}
+
+/// The block device a fuseblk mount of `image` names: the image itself when it is one,
+/// else a loop device attached over it (returned again, to be detached once mounted).
+fn block_source(image: &Path) -> Result<(PathBuf, Option<PathBuf>), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    if meta.file_type().is_block_device() {
+        return Ok((image.to_path_buf(), None));
+    }
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show", "--"])
+        .arg(image)
+        .output()
+        .map_err(|e| format!("losetup: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("losetup {}: {}", image.display(), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Ok((dev.clone(), Some(dev)))
+}
+
+/// Detach loop device `dev` (`losetup -d`).
+fn detach_loop(dev: &Path) {
+    match std::process::Command::new("losetup").arg("-d").arg(dev).status() {
+        Ok(st) if st.success() => {}
+        Ok(st) => tracing::warn!("losetup -d {}: {st}", dev.display()),
+        Err(e) => tracing::warn!("losetup -d {}: {e}", dev.display()),
     }
 }
 

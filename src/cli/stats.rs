@@ -44,7 +44,7 @@ pub fn run(a: StatsArgs) -> i32 {
         }
     }
     out += &format!(
-        "{} requests in {:.1} s, {} through io_uring ({} WRITEs waited for room on kept threads); {} READDIRPLUS entries without attributes; transport: {}\n",
+        "{} requests in {:.1} s, {} through io_uring ({} had to wait and went to kept threads); {} READDIRPLUS entries without attributes; transport: {}\n",
         v["requests"],
         v["seconds"].as_f64().unwrap_or(0.0),
         v["via_ring"],

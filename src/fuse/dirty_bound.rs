@@ -47,10 +47,10 @@ impl DirtyBound {
     /// Set the mount's bound (connection `conn`, a volume of `volume_bytes`) to its large
     /// level, as far as the kernel allows, and keep that much free. A bound that cannot be
     /// set stays fixed at what the kernel reports (or 256 MiB).
-    pub(super) fn new(conn: Option<u64>, volume_bytes: u64, mountpoint: PathBuf) -> Arc<DirtyBound> {
+    pub(super) fn new(conn: Option<super::mountinfo::Conn>, volume_bytes: u64, mountpoint: PathBuf) -> Arc<DirtyBound> {
         let large = (volume_bytes / 4).clamp(1 << 20, 1 << 30);
         let small = (volume_bytes / 16).clamp(1 << 20, 1 << 30);
-        let path = conn.map(|n| PathBuf::from(format!("/sys/class/bdi/0:{n}/max_bytes")));
+        let path = conn.map(|c| PathBuf::from(format!("{}/max_bytes", c.bdi())));
         let (sysfs, cushion) = match &path {
             Some(p) => match set(p, large) {
                 Ok(c) => (Some(p.clone()), c),

@@ -88,6 +88,11 @@ pub struct FuseOptions {
     pub readdirplus: ReaddirPlus,
     /// Source shown in the mount table (the image or device).
     pub fsname: String,
+    /// A block device holding the volume (a loop device over its image) to mount as
+    /// `fuseblk` (root only): the kernel then sends `sync` and `syncfs` on (FUSE_SYNCFS),
+    /// and `umount` waits for the DESTROY, which the server answers once the volume is
+    /// committed. `None`: a plain `fuse` mount, where `sync` reaches no daemon.
+    pub block_device: Option<std::path::PathBuf>,
     /// How often the volume is committed while mounted.
     pub sync_interval: Duration,
     /// Kernel mount flags: device nodes usable (`dev`), setuid/setgid honoured (`suid`),
@@ -187,6 +192,7 @@ impl Default for FuseOptions {
             readahead_kb: 1024,
             readdirplus: ReaddirPlus::Always,
             fsname: "dxfs".into(),
+            block_device: None,
             sync_interval: Duration::from_secs(5),
             flags: MountFlags::default(),
         }

@@ -23,22 +23,43 @@ pub(super) fn mount_id_of(path: &Path) -> Option<u64> {
     entries().into_iter().rev().find(|(_, p, _)| *p == want).map(|(id, _, _)| id)
 }
 
-/// The FUSE connection number of the mount on `path` (the minor of its device number,
-/// as /sys/fs/fuse/connections names it).
-pub(super) fn connection_of(path: &Path) -> Option<u64> {
+/// A FUSE mount's connection, named by its device number: an anonymous one (`0:N`) for
+/// a plain mount, the block device's for a `fuseblk` mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Conn {
+    major: u32,
+    minor: u32,
+}
+
+impl Conn {
+    /// Its directory under /sys/fs/fuse/connections (the kernel's `dev_t`, in decimal).
+    pub(super) fn dir(self) -> String {
+        format!("/sys/fs/fuse/connections/{}", (u64::from(self.major) << 20) | u64::from(self.minor))
+    }
+
+    /// Its backing device info under /sys/class/bdi (`fuse_bdi_init`'s name).
+    pub(super) fn bdi(self) -> String {
+        let suffix = if self.major == 0 { "" } else { "-fuseblk" };
+        format!("/sys/class/bdi/{}:{}{suffix}", self.major, self.minor)
+    }
+}
+
+/// The FUSE connection of the mount on `path`.
+pub(super) fn connection_of(path: &Path) -> Option<Conn> {
     let want = path.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().rev().find_map(|l| {
         let mut f = l.split(' ');
         let dev = f.nth(2)?;
         let point = unescape(f.nth(1)?);
-        (point == want).then(|| dev.split_once(':')?.1.parse().ok()).flatten()
+        let (major, minor) = dev.split_once(':')?;
+        (point == want).then(|| Some(Conn { major: major.parse().ok()?, minor: minor.parse().ok()? })).flatten()
     })
 }
 
-/// Where volumes are mounted through FUSE as type `fuse.dxfs`.
+/// Where volumes are mounted through FUSE as type `fuse.dxfs` (or `fuseblk.dxfs`).
 pub fn dxfs_mounts() -> Vec<PathBuf> {
-    entries().into_iter().filter(|(_, _, t)| t == "fuse.dxfs").map(|(_, p, _)| p).collect()
+    entries().into_iter().filter(|(_, _, t)| t == "fuse.dxfs" || t == "fuseblk.dxfs").map(|(_, p, _)| p).collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

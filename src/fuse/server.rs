@@ -865,7 +865,17 @@ impl Server {
                 }
             }
             // fuseblk and virtiofs only; nothing to do (the session commits at its end).
-            Request::Destroy => Reply::Data(Vec::new()),
+            // A fuseblk mount's `umount` waits for this answer: the volume is committed
+            // first, so what was written before `umount` is on the device when it returns.
+            Request::Destroy => match self.call(op, |v| v.sync()) {
+                Ok(()) => Reply::Data(Vec::new()),
+                Err(e) => Reply::Error(e),
+            },
+            // `sync` and `syncfs` (fuseblk mounts only): commit, as `dxfs sync` does.
+            Request::Syncfs => match self.call(op, |v| v.sync()) {
+                Ok(()) => Reply::Data(Vec::new()),
+                Err(e) => Reply::Error(e),
+            },
             // INIT is answered by the session before any thread serves; everything else
             // (locks, ioctl, poll, bmap, lseek, statx) is left to the kernel's defaults or
             // refused, as ENOSYS tells it.
@@ -892,7 +902,7 @@ impl Handler for Server {
 
     /// An fsync commits the volume and waits for the device.
     fn blocks(&self, req: &Request<'_>) -> bool {
-        matches!(req, Request::Fsync { .. })
+        matches!(req, Request::Fsync { .. } | Request::Syncfs | Request::Destroy)
     }
 
     /// A serving thread answers every request that need not wait for another request or
@@ -963,6 +973,8 @@ impl Server {
                 | Request::Access { .. }
                 | Request::Lseek { .. }
                 | Request::Statfs { .. }
+                | Request::Syncfs
+                | Request::Destroy
                 | Request::Interrupt { .. }
                 // Not served (ENOSYS), so nothing changed.
                 | Request::Other { .. }

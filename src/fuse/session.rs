@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::dirty_bound::DirtyBound;
 use crate::Volume;
 
-use super::mountinfo::{connection_of, mount_id_of};
+use super::mountinfo::{connection_of, mount_id_of, Conn};
 use super::server::Server;
 use super::transport::{self, Device, TransportChoice};
 use super::uring::{Queue, QueueConfig};
@@ -54,6 +54,9 @@ pub struct Mounted {
 /// remount on the same directory, the exiting daemon leaves the new mount alone.
 /// Other users mount through fusermount3, which hands the descriptor back.
 pub fn mount(vol: Arc<Volume>, mountpoint: &Path, opts: &FuseOptions) -> io::Result<Mounted> {
+    if opts.block_device.is_some() && !nix::unistd::geteuid().is_root() {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "a fuseblk mount (blkdev) needs root"));
+    }
     if opts.transport != TransportChoice::Classic {
         offer_uring(Path::new(ENABLE_URING));
     }
@@ -208,7 +211,7 @@ fn serve(
     server: &Arc<Server>,
     opts: &FuseOptions,
     uring: bool,
-    conn: Option<u64>,
+    conn: Option<Conn>,
 ) -> io::Result<(Vec<JoinHandle<()>>, String)> {
     start_invalidator(dev, server)?;
     let mut threads = Vec::new();
@@ -270,7 +273,7 @@ fn possible_cpus() -> usize {
 /// on `/dev/fuse` (it switches to the ring only when every queue has an entry), so the
 /// caller may fall back to classic threads; queue threads that did register then idle
 /// until the session ends.
-fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<u64>) -> io::Result<Vec<JoinHandle<()>>> {
+fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<Conn>) -> io::Result<Vec<JoinHandle<()>>> {
     let cpus = possible_cpus();
     let cfg = QueueConfig {
         depth: QUEUE_DEPTH,
@@ -307,7 +310,7 @@ fn serve_queue(
     server: Arc<Server>,
     qid: u16,
     cfg: QueueConfig,
-    conn: Option<u64>,
+    conn: Option<Conn>,
     registered: mpsc::Sender<io::Result<()>>,
 ) {
     let setup = || -> io::Result<Queue> {
@@ -338,9 +341,9 @@ fn serve_queue(
 
 /// Abort FUSE connection `conn` (`echo 1 > /sys/fs/fuse/connections/N/abort`): every
 /// waiting request fails with ENOTCONN and the mount answers nothing more.
-fn abort_connection(conn: Option<u64>) {
+fn abort_connection(conn: Option<Conn>) {
     let r = match conn {
-        Some(n) => std::fs::write(format!("/sys/fs/fuse/connections/{n}/abort"), "1"),
+        Some(c) => std::fs::write(format!("{}/abort", c.dir()), "1"),
         None => Err(io::Error::other("connection number unknown")),
     };
     if let Err(e) = r {
@@ -350,9 +353,9 @@ fn abort_connection(conn: Option<u64>) {
 
 /// Set the kernel's readahead for the mount's files: the bdi of a FUSE connection is
 /// named after its device number, 0:N. (The INIT reply can only lower it.)
-fn set_readahead(conn: Option<u64>, kb: u32) {
-    let Some(n) = conn else { return };
-    if let Err(e) = std::fs::write(format!("/sys/class/bdi/0:{n}/read_ahead_kb"), kb.to_string()) {
+fn set_readahead(conn: Option<Conn>, kb: u32) {
+    let Some(c) = conn else { return };
+    if let Err(e) = std::fs::write(format!("{}/read_ahead_kb", c.bdi()), kb.to_string()) {
         tracing::info!("cannot set readahead to {kb} KiB: {e}");
     }
 }
@@ -425,8 +428,18 @@ fn kernel_mount(mountpoint: &Path, opts: &FuseOptions) -> io::Result<OwnedFd> {
     if opts.read_only {
         flags |= MsFlags::MS_RDONLY;
     }
-    nix::mount::mount(Some(opts.fsname.as_str()), mountpoint, Some("fuse.dxfs"), flags, Some(data.as_str()))
-        .map_err(io::Error::from)?;
+    match &opts.block_device {
+        // The kernel opens the device (exclusively, for the superblock) and names the
+        // mount by it; it reads nothing from it: every request still comes here.
+        Some(bdev) => {
+            data.push_str(",blksize=4096"); // the volume's block size
+            nix::mount::mount(Some(bdev.as_path()), mountpoint, Some("fuseblk.dxfs"), flags, Some(data.as_str()))
+        }
+        None => {
+            nix::mount::mount(Some(opts.fsname.as_str()), mountpoint, Some("fuse.dxfs"), flags, Some(data.as_str()))
+        }
+    }
+    .map_err(io::Error::from)?;
     Ok(fd)
 }
 

@@ -308,6 +308,8 @@ pub enum Request<'a> {
     Statfs,
     /// The connection is going away (fuseblk and virtiofs only).
     Destroy,
+    /// `sync(2)` or `syncfs(2)` on the mount (sent to fuseblk and virtiofs servers only).
+    Syncfs,
     /// Interrupt request `unique` (no reply needed).
     Interrupt {
         /// The interrupted request.
@@ -508,6 +510,8 @@ impl<'a> Request<'a> {
             }
             opcode::STATFS => Request::Statfs,
             opcode::DESTROY => Request::Destroy,
+            // fuse_syncfs_in is one u64 of padding, which 6.18 does not always send.
+            opcode::SYNCFS => Request::Syncfs,
             opcode::INTERRUPT => {
                 need("fuse_interrupt_in", arg, 8)?;
                 Request::Interrupt { unique: u64_at(arg, 0) }

@@ -147,6 +147,9 @@ fn getxattr_forgets_interrupt_statfs_destroy() {
     assert_eq!(Request::parse(36, &[9, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap(), Request::Interrupt { unique: 9 });
     assert_eq!(Request::parse(17, &[], &[]).unwrap(), Request::Statfs);
     assert_eq!(Request::parse(38, &[], &[]).unwrap(), Request::Destroy);
+    // SYNCFS: its padding may be there or not.
+    assert_eq!(Request::parse(50, &[0; 8], &[]).unwrap(), Request::Syncfs);
+    assert_eq!(Request::parse(50, &[], &[]).unwrap(), Request::Syncfs);
     assert_eq!(Request::parse(99, &[], &[]).unwrap(), Request::Other(99));
     assert!(!Request::Statfs.no_reply());
 }

@@ -528,6 +528,14 @@ impl Server {
     /// (nothing answered: it is to be served again, waiting).
     fn write(&self, h: &InHeader, offset: u64, write_flags: u32, flags: u32, data: &[u8], wait: bool) -> Option<Reply> {
         let (op, ino) = (h.opcode, self.vol_ino(h.nodeid));
+        // A direct write into a file the kernel may hold pages of: those pages are dropped
+        // before the reply (see below), which may wait for a READ the serving threads
+        // must answer, so a serving thread hands it to a kept thread.
+        let drops_pages =
+            flags & libc::O_DIRECT as u32 != 0 && write_flags & wire::WRITE_CACHE == 0 && self.lookups.may_cache(ino);
+        if drops_pages && !wait {
+            return None;
+        }
         if write_flags & wire::WRITE_CACHE != 0 || flags & libc::O_DIRECT as u32 == 0 {
             // Written back, or through without the writeback cache: the page stays in the
             // kernel's cache, clean.
@@ -552,16 +560,24 @@ impl Server {
             Ok(Some(n)) => {
                 self.near_full_check();
                 // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
-                // drop the pages other descriptors cached for the range, so buffered
-                // reads would see the old data. Drop them, from another thread: the
-                // kernel may wait for a page lock held by a reader this thread serves.
-                // Not when the kernel cannot hold any (nothing of the file was read or
-                // written back since it took the inode): the notification also drops
-                // the file's attributes, and the next write() then asks for them and
-                // for `security.capability` again, two more round trips per write.
-                if flags & libc::O_DIRECT as u32 != 0 && self.lookups.may_cache(ino) {
-                    if let Some(tx) = &*self.invalidate.lock() {
-                        let _ = tx.send((h.nodeid, offset as i64, n as i64));
+                // drop the pages other descriptors cached for the range once the write is
+                // done, so buffered reads would see the old data. Drop them before the
+                // reply, so that no read after the write completes can find them: this
+                // runs on a kept thread (see above), and the kernel may wait here for a
+                // page lock held by a reader that a serving thread answers meanwhile. Not
+                // when the kernel cannot hold any (nothing of the file was read or written
+                // back since it took the inode): the notification also drops the file's
+                // attributes, and the next write() then asks for them and for
+                // `security.capability` again, two more round trips per write.
+                if drops_pages {
+                    if let Some(dev) = self.notify.get() {
+                        let msg = wire::notify_inval_inode(h.nodeid, offset as i64, n as i64);
+                        if let Err(e) = std::io::Write::write_all(&mut &**dev, &msg) {
+                            // ENOENT: the kernel holds no inode, so no pages either.
+                            if e.raw_os_error() != Some(libc::ENOENT) {
+                                tracing::debug!("dropping cached pages of node {}: {e}", h.nodeid);
+                            }
+                        }
                     }
                 }
                 let mut out = Vec::with_capacity(8);

@@ -196,7 +196,12 @@ fn handshake(dev: &File, opts: &FuseOptions, server: &Server) -> io::Result<bool
     server.set_zero_message_open(n.out.flags & init::NO_OPEN_SUPPORT != 0, n.out.flags & init::NO_OPENDIR_SUPPORT != 0);
     server.set_writeback_cache(n.out.flags & init::WRITEBACK_CACHE != 0);
     (&*dev).write_all(&wire::reply(h.unique, 0, &body))?;
-    if opts.transport == TransportChoice::Uring && !n.uring {
+    // The one case a user can act on gets a line at the default log level: the kernel
+    // has FUSE over io_uring, switched off, and this mount could not switch it on.
+    let switched_off = std::fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "N");
+    if opts.transport == TransportChoice::Auto && !n.uring && switched_off {
+        tracing::warn!("{}", n.why);
+    } else if opts.transport == TransportChoice::Uring && !n.uring {
         tracing::warn!("-o transport=uring: {}", n.why);
     } else {
         tracing::info!("{}", n.why);

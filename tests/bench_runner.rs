@@ -155,6 +155,10 @@ fn scratch() -> (tempfile::TempDir, PathBuf) {
 #[test]
 fn tiny_quick_run_on_ext4() {
     if let Some(why) = skip_reason() {
+        assert!(
+            std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"),
+            "skipped, and DXFS_TEST_NO_SKIP forbids it: {why}"
+        );
         eprintln!("skipping the benchmark runner test: {why}");
         return;
     }
@@ -169,6 +173,10 @@ fn tiny_quick_run_on_ext4() {
 #[test]
 fn tiny_quick_run_on_dxfs_and_ext4() {
     if let Some(why) = skip_reason() {
+        assert!(
+            std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"),
+            "skipped, and DXFS_TEST_NO_SKIP forbids it: {why}"
+        );
         eprintln!("skipping the benchmark runner test: {why}");
         return;
     }

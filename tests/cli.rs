@@ -80,6 +80,7 @@ fn debug_hash_matches_debugfs() {
     let debugfs = Path::new("/usr/sbin/debugfs");
     let mkext4 = Path::new("/usr/sbin/mkfs.ext4");
     if !debugfs.exists() || !mkext4.exists() {
+        assert!(std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"), "a case would be skipped");
         eprintln!("skipped: debugfs or mkfs.ext4 not installed");
         return;
     }
@@ -120,6 +121,7 @@ fn mkfs_refuses_filesystems_and_data() {
         assert!(err.contains("ext2/ext3/ext4") && err.contains("--force"), "{err}");
         assert!(std::fs::read(&ext4).unwrap() == before, "the ext4 image was changed");
     } else {
+        assert!(std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"), "a case would be skipped");
         eprintln!("mkfs.ext4 not found: the ext4 case is skipped");
     }
     // An XFS image, when xfsprogs is installed.
@@ -171,6 +173,7 @@ fn mkfs_refuses_filesystems_and_data() {
     let Ok(out) = Command::new("losetup").args(["-f", "--show"]).arg(&backing).output() else { return };
     let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || loopdev.is_empty() {
+        assert!(std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"), "a case would be skipped");
         eprintln!("losetup failed: the block device case is skipped");
         return;
     }

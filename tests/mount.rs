@@ -43,10 +43,21 @@ fn skip_reason() -> Option<String> {
     }
 }
 
+/// Say why a test is skipped; with `DXFS_TEST_NO_SKIP=1` (CI, where every tool is
+/// installed and the suite runs as root) a skip is a failure instead: a test that did
+/// not run must not count as passed.
+fn skipping(why: &str) {
+    assert!(
+        std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"),
+        "skipped, and DXFS_TEST_NO_SKIP forbids it: {why}"
+    );
+    eprintln!("skipping {why}");
+}
+
 macro_rules! require_fuse {
     () => {
         if let Some(why) = skip_reason() {
-            eprintln!("skipping {}: {why}", module_path!());
+            skipping(&format!("{}: {why}", module_path!()));
             return;
         }
     };
@@ -877,7 +888,7 @@ fn as_nobody(script: &str) -> std::process::Output {
 fn permissions_for_other_users() {
     require_fuse!();
     if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
-        eprintln!("skipping permissions_for_other_users: setpriv not found");
+        skipping("permissions_for_other_users: setpriv not found");
         return;
     }
     let s = Scratch::new(64);
@@ -941,7 +952,7 @@ fn posix_acls_through_the_mount() {
     require_fuse!();
     let tools = ["setpriv", "setfacl", "getfacl"];
     if tools.iter().any(|t| Command::new(t).arg("--version").stdout(Stdio::null()).status().is_err()) {
-        eprintln!("skipping posix_acls_through_the_mount: needs {tools:?} (util-linux, acl)");
+        skipping(&format!("posix_acls_through_the_mount: needs {tools:?} (util-linux, acl)"));
         return;
     }
     let s = Scratch::new(64);
@@ -1009,7 +1020,7 @@ fn daemon_and_mount_helper() {
     // that finds this build as `dxfs`.
     let helper = ["/sbin/mount.fuse3", "/usr/sbin/mount.fuse3"].into_iter().find(|p| Path::new(p).exists());
     let Some(helper) = helper else {
-        eprintln!("skipping the mount.fuse3 part: no mount.fuse3");
+        skipping("the mount.fuse3 part: no mount.fuse3");
         return;
     };
     let bin = s.tmp.path().join("bin");
@@ -1602,7 +1613,7 @@ fn sync_and_umount_reach_a_fuseblk_mount() {
     require_fuse!();
     not_over_nbd!("an NBD export has no block device on this host");
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping sync_and_umount_reach_a_fuseblk_mount: a fuseblk mount needs root");
+        skipping("sync_and_umount_reach_a_fuseblk_mount: a fuseblk mount needs root");
         return;
     }
     let s = Scratch::new(32);
@@ -1702,7 +1713,7 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 fn a_mount_as_root_gets_uring() {
     require_fuse!();
     if fs::metadata(ENABLE_URING).is_err() || !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping a_mount_as_root_gets_uring: no FUSE over io_uring here, or not root");
+        skipping("a_mount_as_root_gets_uring: no FUSE over io_uring here, or not root");
         return;
     }
     let s = Scratch::new(32);
@@ -1726,7 +1737,7 @@ fn a_mount_as_root_gets_uring() {
 fn uring_failing_half_way_falls_back_to_dev_fuse() {
     require_fuse!();
     if !nix::unistd::geteuid().is_root() || fs::metadata(ENABLE_URING).is_err() {
-        eprintln!("skipping uring_failing_half_way_falls_back_to_dev_fuse: no FUSE over io_uring to turn on");
+        skipping("uring_failing_half_way_falls_back_to_dev_fuse: no FUSE over io_uring to turn on");
         return;
     }
     let s = Scratch::new(32);
@@ -1830,7 +1841,7 @@ fn fallocate_modes_and_copy_file_range() {
 fn privileges_dropped_by_the_daemon() {
     require_fuse!();
     if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
-        eprintln!("skipping privileges_dropped_by_the_daemon: setpriv not found");
+        skipping("privileges_dropped_by_the_daemon: setpriv not found");
         return;
     }
     let s = Scratch::new(32);
@@ -2042,7 +2053,7 @@ fn remount_read_only_and_back() {
     require_fuse!();
     let Some(helper) = ["/sbin/mount.fuse3", "/usr/sbin/mount.fuse3"].into_iter().find(|p| Path::new(p).exists())
     else {
-        eprintln!("skipping remount_read_only_and_back: no mount.fuse3");
+        skipping("remount_read_only_and_back: no mount.fuse3");
         return;
     };
     let s = Scratch::new(32);
@@ -2577,7 +2588,7 @@ fn non_root_mounts_read_only_through_fusermount3() {
     require_fuse!();
     not_over_nbd!("about a user's access to an image file");
     if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
-        eprintln!("skipping non_root_mounts_read_only_through_fusermount3: setpriv not found");
+        skipping("non_root_mounts_read_only_through_fusermount3: setpriv not found");
         return;
     }
     let s = Scratch::new(32);

@@ -26,6 +26,11 @@ fn have(bin: &str) -> bool {
 macro_rules! need {
     ($bin:expr) => {
         if !have($bin) {
+            assert!(
+                std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"),
+                "{} missing, and DXFS_TEST_NO_SKIP forbids skipping",
+                $bin
+            );
             eprintln!("SKIP: {} is not installed (apt-get install nbdkit qemu-utils)", $bin);
             return;
         }
@@ -471,6 +476,7 @@ fn mount_smoke_with_discard() {
     need!("nbdkit");
     need!("fusermount3");
     if std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_err() {
+        assert!(std::env::var_os("DXFS_TEST_NO_SKIP").is_none_or(|v| v == "0"), "no /dev/fuse");
         eprintln!("SKIP: no /dev/fuse");
         return;
     }

@@ -281,7 +281,7 @@ fn dispatch(handler: &dyn Handler, h: &InHeader, arg: &[u8], rest: &[u8], ring: 
 /// The classic loop on one thread: read a request, answer it, until the connection ends
 /// (ENODEV after unmount: `Ok`). `buf_size` must hold the largest request (`max_write`
 /// plus a page for the headers). A request that blocks or would wait is answered by a
-/// kept thread of this one ([`Blockers`]), which writes its reply itself: this thread
+/// kept thread of this one (`Blockers`), which writes its reply itself: this thread
 /// goes on reading, so the request it may be waiting for (a FORGET) is served.
 pub fn serve_classic(dev: &dyn Device, handler: &dyn Handler, buf_size: usize) -> io::Result<()> {
     let blockers = Blockers::<Deferred>::default();

@@ -256,3 +256,48 @@ fn statfs_counts_what_the_delta_freed() {
     );
     close_and_check(dev, vol);
 }
+
+/// Near full, page writes that fit in what statfs reports available never fail with
+/// ENOSPC while commits run beside them (another thread committing in a loop, as the
+/// kernel's syncfs of a fuseblk mount makes the daemon do).
+#[test]
+fn writes_that_fit_never_fail_beside_commits_near_full() {
+    for round in 0..20 {
+        let (dev, vol) = mem_volume(8192);
+        let root = vol.root();
+        let fill = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
+        let chunk = vec![1u8; 1 << 20];
+        let _ = write_until_error(&vol, fill, 0, &chunk);
+        vol.sync().unwrap();
+        // Free 2 MiB, keep the rest full.
+        vol.setattr(fill, &SetAttr { size: Some(vol.getattr(fill).unwrap().size - (2 << 20)), ..Default::default() })
+            .unwrap();
+        vol.sync().unwrap();
+        let st = vol.statfs();
+        let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+        let page = vec![2u8; 4096];
+        let budget = st.bavail.saturating_sub(24);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut failed = None;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    vol.sync().unwrap();
+                }
+            });
+            for i in 0..budget {
+                match vol.write(f, i * 4096, &page) {
+                    Ok(_) => {}
+                    Err(Error::NoSpace) => {
+                        failed = Some((i, budget, st.bavail));
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert!(failed.is_none(), "round {round}: ENOSPC at page {:?} (budget, bavail)", failed);
+        close_and_check(dev, vol);
+    }
+}

@@ -83,8 +83,8 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Read file data: as [`BlockDevice::read`], but for blocks the metadata cache never
     /// holds, so a device may move them past any cache of its own (a `FileDevice` uses
-    /// `O_DIRECT`). A buffer aligned to [`BLOCK_SIZE`] in memory (see [`AlignedBuf`])
-    /// spares a copy.
+    /// `O_DIRECT`). A buffer aligned to [`BLOCK_SIZE`] in memory (as the crate's own
+    /// aligned buffers are) spares a copy.
     fn read_data(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         self.read(block, buf)
     }

@@ -39,7 +39,7 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
         let d = dirs[rng.gen_range(0..dirs.len())];
         let name = format!("f{}", rng.gen_range(0..12));
         // Errors (exists, not found, ...) are part of the workload, not failures.
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..12) {
             0 | 1 => {
                 if let Ok(a) = vol.create(d, name.as_bytes(), 0o644, 0, 0) {
                     files.push(a.ino);
@@ -75,6 +75,19 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
                 let f = files[rng.gen_range(0..files.len())];
                 let _ = vol.link(f, d, format!("l{step}").as_bytes());
                 let _ = vol.setxattr(f, b"user.k", &vec![1u8; rng.gen_range(0..200)], XattrMode::Any);
+            }
+            // Preallocation (allocated at once, in steps) and hole punching: extent-map
+            // and space changes that no write makes.
+            10 if !files.is_empty() => {
+                let f = files[rng.gen_range(0..files.len())];
+                let off = rng.gen_range(0..40_000u64);
+                let len = rng.gen_range(1..64_000u64);
+                let _ = vol.fallocate(f, off, len, rng.gen_range(0..2) == 0, false);
+            }
+            11 if !files.is_empty() => {
+                let f = files[rng.gen_range(0..files.len())];
+                let off = rng.gen_range(0..40_000u64);
+                let _ = vol.fallocate(f, off, rng.gen_range(1..20_000u64), true, true);
             }
             _ => {
                 let _ = vol.symlink(d, format!("s{step}").as_bytes(), &vec![b'x'; rng.gen_range(1..100)], 0, 0);

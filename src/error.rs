@@ -55,9 +55,9 @@ pub enum Error {
     /// (`engine::deferred`). Never returned by the library; EIO if it ever were.
     #[doc(hidden)]
     Missed,
-    /// Internal: an operation asked not to wait (`Volume::try_write`) would have had to
-    /// wait for room in the delta; nothing was changed. Never returned by the library;
-    /// EIO if it ever were.
+    /// Internal: an operation asked not to wait (`Volume::try_write`,
+    /// `Volume::unless_it_waits_for_requests`) would have had to wait; nothing was
+    /// changed. Never returned by the library; EIO if it ever were.
     #[doc(hidden)]
     WouldWait,
 }

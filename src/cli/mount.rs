@@ -108,7 +108,7 @@ fn mount_option(
     o: &mut FuseOptions,
     v: &mut dxfs::OpenOptions,
     lock_wait: &mut std::time::Duration,
-    blkdev: &mut Option<bool>,
+    blkdev: &mut bool,
     opt: &str,
 ) -> Result<(), String> {
     let (key, val) = match opt.split_once('=') {
@@ -155,8 +155,8 @@ fn mount_option(
         "flush_from" => v.flush_from = num(val)? as u64,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
         // Mount as fuseblk over the volume's block device (a loop device for an image).
-        "blkdev" => *blkdev = Some(true),
-        "noblkdev" => *blkdev = Some(false),
+        "blkdev" => *blkdev = true,
+        "noblkdev" => *blkdev = false,
         // Trim the blocks each committed delta frees.
         "discard" => v.discard = true,
         "nodiscard" => v.discard = false,
@@ -194,7 +194,7 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     // `blkdev`: a fuseblk mount, where `sync` reaches the daemon. Not yet the default:
     // near full, the syncfs that lowers the kernel's dirty bound failed with ENOSPC
     // now and then on a fuseblk mount (docs/DESIGN.md, "What is not done").
-    let mut blkdev: Option<bool> = None;
+    let mut blkdev = false;
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
         if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, &mut blkdev, opt) {
             return fail(e, 8);
@@ -302,7 +302,7 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),
     };
     let mut attached = None;
-    if blkdev == Some(true) {
+    if blkdev {
         if nbd {
             return fail("-o blkdev: an NBD export has no block device on this host", 8);
         }

@@ -928,38 +928,39 @@ impl Handler for Server {
     /// (tens to hundreds of milliseconds with several writers, docs/BENCHMARKS.md), and
     /// every request made on the same CPU would wait behind it on an io_uring queue.
     fn handle_unless_it_waits(&self, h: &InHeader, req: &Request<'_>, via_ring: bool) -> Option<Reply> {
-        let Request::Write { offset, write_flags, flags, data, .. } = *req else {
-            // These change the volume before their first call can fail, or must never be
-            // put off behind the request they may be waited for by.
-            let never_put_off = matches!(
-                req,
-                Request::Forget { .. }
-                    | Request::BatchForget { .. }
-                    | Request::Release { .. }
-                    | Request::Releasedir { .. }
-                    | Request::Interrupt { .. }
-            );
-            FIRST_CALL_SERVING.with(|c| c.set(!never_put_off));
-            PUT_OFF.with(|c| c.set(false));
-            let reply = self.handle(h, req, via_ring);
-            FIRST_CALL_SERVING.with(|c| c.set(false));
-            if PUT_OFF.with(|c| c.replace(false)) {
-                self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
-                return None;
+        // These change the volume before their first call can fail, or must never be put
+        // off behind the request they may be waited for by.
+        let may_put_off = !matches!(
+            req,
+            Request::Forget { .. }
+                | Request::BatchForget { .. }
+                | Request::Release { .. }
+                | Request::Releasedir { .. }
+                | Request::Interrupt { .. }
+        );
+        FIRST_CALL_SERVING.with(|c| c.set(may_put_off));
+        PUT_OFF.with(|c| c.set(false));
+        let reply = match *req {
+            Request::Write { offset, write_flags, flags, data, .. } => {
+                let start = std::time::Instant::now();
+                self.touched(h, req);
+                let reply = self.write(h, offset, write_flags, flags, data, false);
+                if reply.is_some() {
+                    drop(self.stats.timer_since(h.opcode, via_ring, start));
+                }
+                reply
             }
-            return Some(reply);
+            _ => Some(self.handle(h, req, via_ring)),
         };
-        let start = std::time::Instant::now();
-        self.touched(h, req);
-        FIRST_CALL_SERVING.with(|c| c.set(true));
-        let reply = self.write(h, offset, write_flags, flags, data, false);
         FIRST_CALL_SERVING.with(|c| c.set(false));
-        let Some(reply) = reply else {
-            self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        drop(self.stats.timer_since(h.opcode, via_ring, start));
-        Some(reply)
+        let put_off = PUT_OFF.with(|c| c.replace(false));
+        match reply {
+            Some(r) if !put_off => Some(r),
+            _ => {
+                self.stats.writes_waited.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
     }
 }
 

@@ -264,11 +264,20 @@ impl Server {
             return (COUNTED, open_flags);
         }
         *self.writers.lock().entry(ino).or_insert(0) += 1;
-        // Space that files removed moments ago will give back is not waited for (only
-        // this mount's serving threads can deliver their FORGET): until it is back, the
-        // volume may look near full, and this writer's writes are then exact.
-        if self.bound.get().is_some_and(|b| b.cushion() > 0) && self.near_full_check() {
-            open_flags |= fopen::DIRECT_IO;
+        if let Some(bound) = self.bound.get().filter(|b| b.cushion() > 0) {
+            // Files removed moments before may be about to give their space back: when
+            // the volume looks near full only without it, wait for them once before
+            // judging, which also raises the kernel's bound again. This still waits on a
+            // serving thread, for at most 200 ms and only then (docs/DESIGN.md, "What is
+            // not done").
+            let s = self.vol.statfs();
+            let near = |avail: u64| avail * u64::from(s.bsize) < 2 * bound.cushion() + NEAR_FULL_SLACK;
+            if s.settling > 0 && near(s.bavail.saturating_sub(s.settling)) && !near(s.bavail) {
+                self.vol.settle_unlinked();
+            }
+            if self.near_full_check() {
+                open_flags |= fopen::DIRECT_IO;
+            }
         }
         (COUNTED_WRITE, open_flags)
     }

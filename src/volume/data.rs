@@ -253,10 +253,10 @@ impl Volume {
     /// sends the FORGET of a file it drops at unlink right after the UNLINK, and the
     /// RELEASE of a close in the background, and a write short of space must count their
     /// blocks (once). One still held or open after that stays counted as used. Only a
-    /// thread that serves no requests may wait here (see
+    /// thread that serves no requests should wait here (see
     /// [`Volume::unless_it_waits_for_requests`]); `statfs` counts them instead
-    /// ([`Inner::settling_blocks`]).
-    pub(super) fn settle_unlinked(&self) {
+    /// (`StatFs::settling`).
+    pub fn settle_unlinked(&self) {
         let within = UNLINK_SETTLE;
         let deadline = std::time::Instant::now() + within;
         loop {

@@ -65,6 +65,10 @@ class LoopVolume:
                 f.write("Y\n")
         # Extra mkfs flags for A/B runs of on-disk features (e.g. --no-one-flush-commit).
         run([self.dxfs, "mkfs", "-f", self.dev] + os.environ.get("DXFS_MKFS_OPTS", "").split())
+        self._start_dxfs()
+        return self
+
+    def _start_dxfs(self):
         err = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
             self.daemon = subprocess.Popen(
@@ -76,11 +80,28 @@ class LoopVolume:
         for _ in range(1000):
             if os.path.ismount(self.mnt):
                 self.mounted = True
-                return self
+                return
             if self.daemon.poll() is not None:
                 raise RuntimeError(f"dxfs mount exited with {self.daemon.returncode}")
             time.sleep(0.01)
         raise RuntimeError("dxfs did not mount")
+
+    def remount(self):
+        """Unmount and mount again, with the page, dentry and inode caches dropped: the
+        next operations start cold, in the kernel and in the daemon."""
+        problems = []
+        self._unmount(problems)
+        if self.daemon is not None:
+            self.daemon.wait(timeout=300)
+        if problems:
+            raise RuntimeError("; ".join(problems))
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        if self.fs == "ext4":
+            run(["mount", self.dev, self.mnt])
+            self.mounted = True
+        else:
+            self._start_dxfs()
 
     def stats(self):
         """The mount's request counters (`dxfs stats --json`); {} for ext4."""

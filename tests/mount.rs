@@ -2956,3 +2956,163 @@ fn writes_past_the_dirty_limit_wait_off_the_queue() {
     m.unmount();
     s.fsck();
 }
+
+/// Paths under `root`, relative to it, sorted (symlinks not followed).
+fn tree_paths(root: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(list) = fs::read_dir(&d) else { continue };
+        for e in list.flatten() {
+            let p = e.path();
+            out.insert(p.strip_prefix(root).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// `dxfs rm -r` on a mount: the daemon removes the files (IOCTL, no UNLINK), and the
+/// kernel's caches stay true: every name it had cached (entries live 60 s) in a
+/// directory that stays is gone, a file held open still reads with no links, and a
+/// directory held open takes no new names, as after `rm -rf`. The removal runs as
+/// nobody, so a sticky directory of root's, with a file of root's in it, stays.
+#[test]
+fn dxfs_rm_keeps_the_kernels_caches_true() {
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        skipping("dxfs_rm_keeps_the_kernels_caches_true: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(64);
+    let m = s.mount(&["--allow-other"]);
+    let t = s.path("t");
+    let mut paths = Vec::new();
+    for d in 0..4 {
+        let dir = t.join(format!("d{d}")).join("sub");
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..60 {
+            let p = if f % 2 == 0 { dir.join(format!("f{f}")) } else { dir.parent().unwrap().join(format!("f{f}")) };
+            fs::write(&p, format!("{d}/{f}")).unwrap();
+            paths.push(p);
+        }
+    }
+    std::os::unix::fs::symlink("/etc", t.join("link")).unwrap();
+    for p in walk_all(&t).into_iter().chain([t.clone()]) {
+        std::os::unix::fs::lchown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    // d0 is root's and sticky, and holds a file of root's: it stays, emptied of the rest.
+    fs::write(t.join("d0/keep"), b"k").unwrap();
+    std::os::unix::fs::chown(t.join("d0"), Some(0), Some(0)).unwrap();
+    fs::set_permissions(t.join("d0"), fs::Permissions::from_mode(0o1777)).unwrap();
+    // The kernel caches every entry, and holds a file and a directory open.
+    for p in &paths {
+        fs::metadata(p).unwrap();
+    }
+    let held = File::open(t.join("d0/f1")).unwrap();
+    let held_dir = File::open(t.join("d2")).unwrap();
+    let before = mount_stats(&s.mnt);
+    let out = as_nobody(&format!("{} rm -r '{}'", env!("CARGO_BIN_EXE_dxfs"), t.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot remove") && err.contains("d0/keep': Operation not permitted"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let after = mount_stats(&s.mnt);
+    let n = |v: &serde_json::Value, op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
+    assert!(n(&after, "IOCTL") > n(&before, "IOCTL"), "the daemon was not asked");
+    assert_eq!(n(&after, "UNLINK"), n(&before, "UNLINK"), "files were unlinked one request each");
+    for p in &paths {
+        assert_eq!(errno(fs::symlink_metadata(p)), libc::ENOENT, "{} still seen", p.display());
+    }
+    let left: Vec<_> = tree_paths(&t).into_iter().collect();
+    assert_eq!(left, ["d0", "d0/keep"]);
+    // The open file: its data, no links left.
+    let mut data = String::new();
+    (&held).read_to_string(&mut data).unwrap();
+    assert_eq!(data, "0/1");
+    assert_eq!(held.metadata().unwrap().nlink(), 0);
+    // The open directory was removed: no new names in it.
+    let r = nix::fcntl::openat(
+        &held_dir,
+        "new",
+        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+        Mode::from_bits_truncate(0o644),
+    );
+    assert_eq!(r.err(), Some(nix::errno::Errno::ENOENT));
+    drop((held, held_dir));
+    m.unmount();
+    s.fsck();
+}
+
+/// An unprivileged `dxfs rm -r` meets the same refusals, at the same entries, as
+/// `rm -rf` on an identical tree, and leaves the same tree behind.
+#[test]
+fn dxfs_rm_refuses_what_rm_refuses() {
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        skipping("dxfs_rm_refuses_what_rm_refuses: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(64);
+    let m = s.mount(&["--allow-other"]);
+    let play = s.path("play");
+    fs::create_dir(&play).unwrap();
+    fs::set_permissions(&play, fs::Permissions::from_mode(0o777)).unwrap();
+    let nobody = Some(65534);
+    for side in ["a", "b"] {
+        let top = play.join(side);
+        fs::create_dir_all(top.join("own/deep")).unwrap();
+        for f in 0..20 {
+            fs::write(top.join(format!("own/f{f}")), b"x").unwrap();
+            fs::write(top.join(format!("own/deep/g{f}")), b"y").unwrap();
+        }
+        // Root's directory: its files stay (EACCES each).
+        fs::create_dir(top.join("roots")).unwrap();
+        fs::write(top.join("roots/r1"), b"r").unwrap();
+        fs::write(top.join("roots/r2"), b"r").unwrap();
+        // Sticky and world-writable: root's file stays (EPERM), nobody's goes.
+        fs::create_dir(top.join("sticky")).unwrap();
+        fs::write(top.join("sticky/root-file"), b"r").unwrap();
+        fs::write(top.join("sticky/nobody-file"), b"n").unwrap();
+        for p in walk_all(&top) {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if !p.starts_with(top.join("roots")) && name != "root-file" && name != "sticky" {
+                std::os::unix::fs::lchown(&p, nobody, nobody).unwrap();
+            }
+        }
+        std::os::unix::fs::lchown(&top, nobody, nobody).unwrap();
+        fs::set_permissions(top.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let q = |p: &Path| format!("'{}'", p.display());
+    let rm = as_nobody(&format!("cd {} && rm -rf a", q(&play)));
+    let ours = as_nobody(&format!("cd {} && {} rm -r b", q(&play), q(Path::new(env!("CARGO_BIN_EXE_dxfs")))));
+    // "rm: cannot remove 'a/x': Why" and "dxfs rm: cannot remove 'b/x': Why", by path.
+    let refusals = |out: &std::process::Output, side: &str| -> BTreeSet<String> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter_map(|l| l.split_once("cannot remove '").map(|(_, r)| r.to_string()))
+            .map(|r| r.replacen(&format!("{side}/"), "", 1))
+            .collect()
+    };
+    let (want, got) = (refusals(&rm, "a"), refusals(&ours, "b"));
+    assert!(!want.is_empty(), "rm -rf refused nothing: {}", String::from_utf8_lossy(&rm.stderr));
+    assert_eq!(
+        got,
+        want,
+        "rm -rf said:\n{}\ndxfs rm -r said:\n{}",
+        String::from_utf8_lossy(&rm.stderr),
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    assert_eq!(rm.status.code(), Some(1));
+    assert_eq!(ours.status.code(), Some(1));
+    assert_eq!(tree_paths(&play.join("b")), tree_paths(&play.join("a")));
+    m.unmount();
+    s.fsck();
+}
+
+/// Every path under `root`, `root` excluded.
+fn walk_all(root: &Path) -> Vec<PathBuf> {
+    tree_paths(root).into_iter().map(|p| root.join(p)).collect()
+}

@@ -43,6 +43,7 @@ mod inspect;
 mod mkfs;
 mod mount;
 mod resize;
+mod rm;
 mod stats;
 mod sync;
 mod trim;
@@ -54,6 +55,7 @@ use info::InfoArgs;
 use mkfs::MkfsArgs;
 use mount::{mount_helper_args, MountArgs};
 use resize::ResizeArgs;
+use rm::RmArgs;
 use stats::StatsArgs;
 use sync::SyncArgs;
 use trim::TrimArgs;
@@ -81,6 +83,9 @@ enum Cmd {
     Sync(SyncArgs),
     /// Grow an unmounted volume (an image file is extended; shrinking is refused).
     Resize(ResizeArgs),
+    /// Remove files and trees (`-r`); on a mount the daemon removes each directory's
+    /// files in steps, as the caller, instead of a request per file.
+    Rm(RmArgs),
     /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
     Trim(TrimArgs),
     /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
@@ -143,6 +148,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Sync(a) => sync::run(a),
         Cmd::Resize(a) => resize::run(a),
         Cmd::Trim(a) => trim::run(a),
+        Cmd::Rm(a) => rm::run(a),
         Cmd::Debug(c) => debug::run(c),
         Cmd::Export(a) => export::run(a),
     }

@@ -23,6 +23,7 @@
 use std::time::Duration;
 
 mod blockers;
+pub mod control;
 mod devfd;
 mod dirty_bound;
 mod fusermount;

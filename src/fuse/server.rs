@@ -301,6 +301,67 @@ impl Server {
         let _ = self.notify.set(dev);
     }
 
+    /// The control path (`control.rs`): one step of emptying directory `ino` as the
+    /// caller (`dxfs rm -r`). The kernel is told to drop every removed name it may hold
+    /// (it holds a dentry only for an inode it has looked up) and the attributes of the
+    /// removed inodes and of the directory, before the reply, so the caller's next look
+    /// sees what `rm` would have left.
+    fn ioctl(&self, op: u32, h: &InHeader, ino: u64, (flags, cmd, out_size): (u32, u32, u32), data: &[u8]) -> Reply {
+        use super::control::{EmptyReply, EmptyRequest, CONTROL_SIZE, IOC_EMPTY_STEP};
+        if cmd != IOC_EMPTY_STEP || flags & wire::IOCTL_DIR == 0 {
+            return Reply::Error(libc::ENOTTY);
+        }
+        let Some(req) = EmptyRequest::decode(data) else { return Reply::Error(libc::EINVAL) };
+        if (out_size as usize) < CONTROL_SIZE {
+            return Reply::Error(libc::EINVAL);
+        }
+        let caller = caller_of(h);
+        let max = req.max.clamp(1, 1 << 16) as usize;
+        let step = match self.call(op, |v| v.empty_step(ino, &caller, req.from, max, EmptyReply::ROOM)) {
+            Ok(s) => s,
+            Err(e) => return Reply::Error(e),
+        };
+        for (name, child) in &step.removed {
+            if self.lookups.holds(*child) {
+                self.send_notification(&wire::notify_inval_entry(h.nodeid, name));
+                self.send_notification(&wire::notify_inval_inode(self.node_id(*child), -1, 0));
+            }
+        }
+        if !step.removed.is_empty() {
+            self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
+        }
+        let reply = EmptyReply {
+            next: step.next,
+            done: step.done,
+            removed: step.removed.len() as u32,
+            subdirs: step.subdirs.into_iter().map(|(n, _)| n).collect(),
+            failed: step.failed.iter().map(|(n, e)| (e.errno(), n.clone())).collect(),
+        };
+        let mut out = Vec::with_capacity(16 + CONTROL_SIZE);
+        wire::encode_ioctl_out(0, &reply.encode(), &mut out);
+        Reply::Data(out)
+    }
+
+    /// Write a notification to the kernel; one it refuses (a name it no longer holds) is
+    /// of no consequence.
+    fn send_notification(&self, msg: &[u8]) {
+        use std::io::Write;
+        if let Some(dev) = self.notify.get() {
+            if let Err(e) = (&**dev).write_all(msg) {
+                tracing::debug!("notification: {e}");
+            }
+        }
+    }
+
+    /// The FUSE node id of volume inode `ino`.
+    fn node_id(&self, ino: u64) -> u64 {
+        if ino == self.root {
+            wire::ROOT_ID
+        } else {
+            ino
+        }
+    }
+
     /// Have the kernel drop node `nodeid`'s cached attributes before this request is
     /// answered. Attributes only: the kernel takes no page lock for that, so the serving
     /// thread may send it itself (page invalidations go through the invalidator thread).
@@ -829,6 +890,7 @@ impl Server {
             // Files the kernel dropped at an unlink are freed by their FORGET, which may
             // still be on its way: `statfs` counts them as free (`StatFs::settling`) rather
             // than wait for a request that only these threads can serve.
+            Request::Ioctl { flags, cmd, out_size, data, .. } => self.ioctl(op, h, ino, (flags, cmd, out_size), data),
             Request::Statfs => match self.call(op, |v| Ok(v.statfs())) {
                 Ok(s) => {
                     let mut out = Vec::with_capacity(StatfsOut::SIZE);
@@ -926,8 +988,10 @@ impl Handler for Server {
     }
 
     /// An fsync commits the volume and waits for the device.
+    /// A control ioctl tells the kernel to drop names, for which the kernel takes the
+    /// directory's lock, which a request waiting for a serving thread may hold.
     fn blocks(&self, req: &Request<'_>) -> bool {
-        matches!(req, Request::Fsync { .. } | Request::Syncfs | Request::Destroy)
+        matches!(req, Request::Fsync { .. } | Request::Syncfs | Request::Destroy | Request::Ioctl { .. })
     }
 
     /// A serving thread answers every request that need not wait for another request or

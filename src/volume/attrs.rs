@@ -42,6 +42,25 @@ fn acl_in(r: &mut (impl MetaRead + ?Sized), i: &Inode, idx: u8) -> Result<Option
     }
 }
 
+/// Whether `caller` may add or remove names in directory `d`: write and search
+/// permission by its mode and ACL (`AccessDenied` if not).
+pub(super) fn may_change_entries(r: &mut (impl MetaRead + ?Sized), d: &Inode, caller: &Caller) -> Result<()> {
+    // Root needs no ACL read: it may write and search every directory.
+    let acl = if caller.uid == 0 { None } else { acl_in(r, d, 2)? };
+    let in_group = |gid: u32| caller.in_group(gid);
+    if acl::permits(d.mode, (d.uid, d.gid), acl.as_deref(), (caller.uid, &in_group), 3) {
+        Ok(())
+    } else {
+        Err(Error::AccessDenied)
+    }
+}
+
+/// Whether the sticky bit of directory `d` lets `caller` remove or replace its entry
+/// `i`: only the owner of either may (and root), as the kernel's `check_sticky`.
+pub(super) fn sticky_allows(d: &Inode, i: &Inode, caller: &Caller) -> bool {
+    d.mode & libc::S_ISVTX == 0 || caller.uid == 0 || caller.uid == i.uid || caller.uid == d.uid
+}
+
 impl Inner {
     pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
         attr_of(&self.delta, i)

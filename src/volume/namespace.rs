@@ -7,7 +7,7 @@ use crate::fs::dir::{self};
 use crate::fs::file;
 use crate::fs::xattr;
 
-use super::attrs::attr_of;
+use super::attrs::{attr_of, may_change_entries, sticky_allows};
 use super::*;
 use crate::engine::store::read_inode;
 
@@ -485,7 +485,10 @@ impl Volume {
         g.attr(&i)
     }
 
-    pub(super) fn remove_entry(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+    /// Remove `name` from `parent`; with `caller`, only as unlink(2) and rmdir(2) would let
+    /// that caller (write and search on the directory, and its sticky bit), checked under
+    /// the directory's lock.
+    pub(super) fn remove_entry(&self, parent: u64, name: &[u8], want_dir: bool, caller: Option<&Caller>) -> Result<()> {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
@@ -494,9 +497,15 @@ impl Volume {
         let (g, mut p, f, i) = self.unlocked_reads(|| loop {
             let mut g = self.charged(&want, |_| Ok(Cost::new(0, 0, true)))?;
             let p = g.dir_inode(parent)?;
+            if let Some(c) = caller {
+                may_change_entries(&mut g.st.tx(), &p, c)?;
+            }
             let f = dir::lookup(&mut g.st.tx(), &p, name)?.ok_or(Error::NotFound)?;
             if g.add(f.ino, Mode::Write) {
                 let i = g.st.inode(f.ino)?;
+                if caller.is_some_and(|c| !sticky_allows(&p, &i, c)) {
+                    return Err(Error::NotPermitted);
+                }
                 dir::read_for_remove(&mut g.st.tx(), &p, f.key)?;
                 break Ok((g, p, f, i));
             }
@@ -525,7 +534,14 @@ impl Volume {
 
     /// Remove a non-directory entry.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.remove_entry(parent, name, false)
+        self.remove_entry(parent, name, false, None)
+    }
+
+    /// [`Volume::unlink`] as `caller`, with the kernel's rules: write and search
+    /// permission on `parent` (`AccessDenied`), and in a sticky directory only the
+    /// owner of the entry or of the directory (`NotPermitted`). Root may.
+    pub fn unlink_as(&self, parent: u64, name: &[u8], caller: &Caller) -> Result<()> {
+        self.remove_entry(parent, name, false, Some(caller))
     }
 
     /// Remove an empty directory.
@@ -536,7 +552,15 @@ impl Volume {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        self.remove_entry(parent, name, true)
+        self.remove_entry(parent, name, true, None)
+    }
+
+    /// [`Volume::rmdir`] as `caller`, with the rules of [`Volume::unlink_as`].
+    pub fn rmdir_as(&self, parent: u64, name: &[u8], caller: &Caller) -> Result<()> {
+        if name == b"." || name == b".." {
+            return self.rmdir(parent, name);
+        }
+        self.remove_entry(parent, name, true, Some(caller))
     }
 
     /// Rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.

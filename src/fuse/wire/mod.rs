@@ -318,6 +318,7 @@ pub fn op_in_size(opcode: u32) -> usize {
         opcode::LSEEK => 24,
         opcode::COPY_FILE_RANGE => 56,
         opcode::STATX => 24,
+        opcode::IOCTL => 32,
         _ => 0,
     }
 }
@@ -682,6 +683,34 @@ pub fn notify_inval_inode(ino: u64, offset: i64, len: i64) -> Vec<u8> {
     OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_INODE, unique: 0 }.encode(&mut out);
     out.extend_from_slice(&body);
     out
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY`: a message (unique 0) telling the kernel to drop its dentry
+/// for `name` in directory node `parent` (the name is gone, or leads elsewhere now).
+pub fn notify_inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
+    const NOTIFY_INVAL_ENTRY: i32 = 3;
+    let mut body = Vec::with_capacity(16 + name.len() + 1);
+    put_u64(&mut body, parent);
+    put_u32(&mut body, name.len() as u32);
+    put_u32(&mut body, 0);
+    body.extend_from_slice(name);
+    body.push(0);
+    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
+    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_ENTRY, unique: 0 }.encode(&mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// `FUSE_IOCTL_DIR`: the ioctl was made on a directory.
+pub const IOCTL_DIR: u32 = 1 << 4;
+
+/// `struct fuse_ioctl_out` for a plain answer (no retry, no iovecs), then `data`.
+pub fn encode_ioctl_out(result: i32, data: &[u8], out: &mut Vec<u8>) {
+    put_u32(out, result as u32);
+    put_u32(out, 0);
+    put_u32(out, 0);
+    put_u32(out, 0);
+    out.extend_from_slice(data);
 }
 
 /// `struct fuse_lseek_out`.

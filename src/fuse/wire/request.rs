@@ -304,6 +304,20 @@ pub enum Request<'a> {
         /// Bytes.
         len: u64,
     },
+    /// An ioctl on an open file or directory (restricted: its data sizes come from the
+    /// command's encoding).
+    Ioctl {
+        /// File handle.
+        fh: u64,
+        /// `FUSE_IOCTL_*` (`FUSE_IOCTL_DIR` for a directory).
+        flags: u32,
+        /// The command.
+        cmd: u32,
+        /// The most bytes the reply may carry back.
+        out_size: u32,
+        /// The bytes the caller passed in.
+        data: &'a [u8],
+    },
     /// File system statistics.
     Statfs,
     /// The connection is going away (fuseblk and virtiofs only).
@@ -506,6 +520,18 @@ impl<'a> Request<'a> {
                     nodeid_out: u64_at(arg, 16),
                     off_out: u64_at(arg, 32),
                     len: u64_at(arg, 40),
+                }
+            }
+            opcode::IOCTL => {
+                need("fuse_ioctl_in", arg, 32)?;
+                let in_size = u32_at(arg, 24) as usize;
+                need("IOCTL data", rest, in_size)?;
+                Request::Ioctl {
+                    fh: u64_at(arg, 0),
+                    flags: u32_at(arg, 8),
+                    cmd: u32_at(arg, 12),
+                    out_size: u32_at(arg, 28),
+                    data: &rest[..in_size],
                 }
             }
             opcode::STATFS => Request::Statfs,

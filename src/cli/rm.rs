@@ -1,0 +1,247 @@
+//! `dxfs rm [-r] [-f] PATH…`: remove files and trees. On a dxfs mount the daemon empties
+//! each directory in steps of many entries (`dxfs::fuse::control`), as the caller, so a
+//! tree costs a few requests per directory instead of several per file; this command
+//! walks the directories, removes the emptied ones with rmdir(2) and prints what stayed
+//! as `rm -rf` would. Elsewhere it removes entry by entry. With `--image` the paths name
+//! entries inside an unmounted volume, removed through the library.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use dxfs::fuse::control::{self, EmptyRequest};
+use dxfs::{Caller, OpenOptions, Volume};
+
+use super::fail;
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    /// Remove directories and their contents.
+    #[arg(short = 'r', short_alias = 'R', long)]
+    recursive: bool,
+    /// Ignore paths that do not exist; never prompt.
+    #[arg(short, long)]
+    force: bool,
+    /// The paths are inside this unmounted volume (image file, device or nbd:// URI),
+    /// from its root; removed through the library, as root.
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// What to remove.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+}
+
+/// Entries the daemon looks at per step: a step's reply carries the subdirectory names
+/// and failures it met, and the progress line moves once per step.
+const STEP_ENTRIES: u32 = 4096;
+
+struct Walk {
+    removed: u64,
+    ok: bool,
+    /// Paths named as failed so far.
+    failures: u64,
+    bar: indicatif::ProgressBar,
+}
+
+impl Walk {
+    fn failed(&mut self, path: &Path, e: impl std::fmt::Display) {
+        self.bar.suspend(|| eprintln!("dxfs rm: cannot remove '{}': {e}", path.display()));
+        self.ok = false;
+        self.failures += 1;
+    }
+
+    fn tick(&self) {
+        self.bar.set_message(format!("{} removed", self.removed));
+    }
+}
+
+pub fn run(a: RmArgs) -> i32 {
+    for p in &a.paths {
+        // What rm refuses: the root, and "." or ".." as the last component.
+        let last = p.components().next_back();
+        if matches!(last, Some(Component::RootDir) | Some(Component::CurDir) | Some(Component::ParentDir))
+            || p.as_os_str().as_bytes().ends_with(b"/.")
+            || p.as_os_str().as_bytes().ends_with(b"/..")
+        {
+            return fail(format!("rm: refusing to remove '{}'", p.display()), 1);
+        }
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let mut w = Walk { removed: 0, ok: true, failures: 0, bar };
+    if let Some(image) = &a.image {
+        return in_image(image, &a, &mut w);
+    }
+    for p in &a.paths {
+        remove(p, &a, &mut w);
+    }
+    w.bar.finish_and_clear();
+    i32::from(!w.ok)
+}
+
+/// Remove `path` as rm(1) would.
+fn remove(path: &Path, a: &RmArgs, w: &mut Walk) {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => return,
+        Err(e) => return w.failed(path, errno_text(&e)),
+    };
+    if !meta.is_dir() {
+        match std::fs::remove_file(path) {
+            Ok(()) => w.removed += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => {}
+            Err(e) => w.failed(path, errno_text(&e)),
+        }
+        return;
+    }
+    if !a.recursive {
+        return w.failed(path, "Is a directory");
+    }
+    let before = w.failures;
+    empty(path, a, w);
+    match std::fs::remove_dir(path) {
+        Ok(()) => w.removed += 1,
+        // Something inside stayed and was named already.
+        Err(_) if w.failures > before => {}
+        Err(e) => w.failed(path, errno_text(&e)),
+    }
+    w.tick();
+}
+
+/// Remove everything inside directory `path`: its files in steps done by the daemon,
+/// then each subdirectory, depth first.
+fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
+    let dir = match open_dir(path) {
+        Ok(d) => d,
+        Err(e) => return w.failed(path, errno_text(&e)),
+    };
+    let mut subdirs = Vec::new();
+    let mut from = 0;
+    loop {
+        match control::empty_step(dir.as_fd(), EmptyRequest { from, max: STEP_ENTRIES }) {
+            Ok(r) => {
+                w.removed += u64::from(r.removed);
+                for (errno, name) in r.failed {
+                    let e = io::Error::from_raw_os_error(errno);
+                    w.failed(&path.join(OsStr::from_bytes(&name)), errno_text(&e));
+                }
+                subdirs.extend(r.subdirs);
+                from = r.next;
+                w.tick();
+                if r.done {
+                    break;
+                }
+            }
+            // Not a dxfs mount (or an older daemon): entry by entry.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
+                drop(dir);
+                return empty_by_entries(path, a, w);
+            }
+            Err(e) => return w.failed(path, errno_text(&e)),
+        }
+    }
+    drop(dir);
+    for name in subdirs {
+        remove(&path.join(OsStr::from_bytes(&name)), a, w);
+    }
+}
+
+/// [`empty`] without the daemon: list, then remove each entry.
+fn empty_by_entries(path: &Path, a: &RmArgs, w: &mut Walk) {
+    let list = match std::fs::read_dir(path) {
+        Ok(l) => l,
+        Err(e) => return w.failed(path, errno_text(&e)),
+    };
+    let names: Vec<_> = list.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
+    for n in names {
+        remove(&path.join(n), a, w);
+    }
+}
+
+fn open_dir(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// An error as rm prints it: the system's text without Rust's "(os error N)".
+fn errno_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// `--image`: remove through the library, as root of the volume.
+fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
+    let dev = match dxfs::block::open_device(image, false) {
+        Ok(d) => d,
+        Err(e) => return fail(format!("{image}: {e}"), 8),
+    };
+    let vol = match Volume::open(dev, OpenOptions::default()) {
+        Ok(v) => v,
+        Err(e) => return fail(format!("{image}: {e}"), 8),
+    };
+    let root = Caller { uid: 0, gid: 0, groups: Vec::new() };
+    for p in &a.paths {
+        let Some((parent, name)) = resolve_parent(&vol, p) else {
+            if !a.force {
+                w.failed(p, "No such file or directory");
+            }
+            continue;
+        };
+        match vol.lookup(parent, &name) {
+            Err(dxfs::Error::NotFound) if a.force => continue,
+            Err(e) => {
+                w.failed(p, e);
+                continue;
+            }
+            Ok(at) if at.kind == dxfs::FileType::Directory && !a.recursive => {
+                w.failed(p, "Is a directory");
+                continue;
+            }
+            Ok(_) => {}
+        }
+        let base = w.removed;
+        let bar = w.bar.clone();
+        match vol.remove_tree(parent, &name, &root, &mut |n| bar.set_message(format!("{} removed", base + n))) {
+            Ok(r) => {
+                w.removed += r.removed;
+                let dir = p.parent().unwrap_or(Path::new(""));
+                for (path, e) in r.failed {
+                    w.failed(&dir.join(OsStr::from_bytes(&path)), e);
+                }
+            }
+            Err(e) => w.failed(p, e),
+        }
+    }
+    w.bar.finish_and_clear();
+    if let Err(e) = vol.close() {
+        return fail(format!("{image}: {e}"), 8);
+    }
+    i32::from(!w.ok)
+}
+
+/// The directory holding `p` (relative to the volume's root) and `p`'s last name.
+fn resolve_parent(vol: &Volume, p: &Path) -> Option<(u64, Vec<u8>)> {
+    let mut names: Vec<&[u8]> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => names.push(n.as_bytes()),
+            Component::ParentDir => {
+                names.pop();
+            }
+            _ => {}
+        }
+    }
+    let last = names.pop()?.to_vec();
+    let mut dir = vol.root();
+    for n in names {
+        dir = vol.lookup(dir, n).ok()?.ino;
+    }
+    Some((dir, last))
+}

@@ -1,0 +1,191 @@
+//! The control path from the `dxfs` command to the daemon serving a mount: ioctls on a
+//! directory the caller has opened. The kernel resolved the path and checked that the
+//! caller may open it, and each request carries the caller's uid, gid and pid; the
+//! daemon never opens a host path for anyone. Both ends are here: the message layouts,
+//! the daemon's decoding and the client's call. The one unsafe line is the ioctl.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Bytes an ioctl carries each way: the size encoded in the command, which is all a
+/// FUSE server may use (restricted ioctls).
+pub const CONTROL_SIZE: usize = 12 * 1024;
+/// The ioctl type byte of dxfs's commands.
+const IOC_TYPE: u8 = 0xDF;
+/// Empty a directory one step: remove its entries that are not directories, as the
+/// caller, and name its subdirectories. `_IOWR(0xDF, 1, [u8; CONTROL_SIZE])`.
+pub const IOC_EMPTY_STEP: u32 = ioc_readwrite(IOC_TYPE, 1, CONTROL_SIZE);
+/// The reply's fixed part: next (8), flags (4), removed, subdirs, failed (4 each).
+const REPLY_HEAD: usize = 24;
+/// The request's layout version (its first u32).
+const VERSION: u32 = 1;
+
+const fn ioc_readwrite(ty: u8, nr: u8, size: usize) -> u32 {
+    // Linux's generic encoding: direction (read | write = 3) << 30, size << 16, type, nr.
+    (3 << 30) | ((size as u32) << 16) | ((ty as u32) << 8) | nr as u32
+}
+
+/// Ask for one step of emptying a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmptyRequest {
+    /// The listing position to start from (0, then the previous reply's `next`).
+    pub from: u64,
+    /// Most entries to look at in this step.
+    pub max: u32,
+}
+
+impl EmptyRequest {
+    pub fn encode(&self, buf: &mut [u8]) {
+        buf[..4].copy_from_slice(&VERSION.to_le_bytes());
+        buf[4..8].copy_from_slice(&0u32.to_le_bytes());
+        buf[8..16].copy_from_slice(&self.from.to_le_bytes());
+        buf[16..20].copy_from_slice(&self.max.to_le_bytes());
+    }
+
+    /// `None` for a request of another layout or too short.
+    pub fn decode(buf: &[u8]) -> Option<EmptyRequest> {
+        if buf.len() < 20 || u32_at(buf, 0) != VERSION {
+            return None;
+        }
+        Some(EmptyRequest { from: u64::from_le_bytes(buf[8..16].try_into().ok()?), max: u32_at(buf, 16) })
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EmptyReply {
+    /// Where the next step starts.
+    pub next: u64,
+    /// The listing reached the end of the directory.
+    pub done: bool,
+    /// Entries removed in this step.
+    pub removed: u32,
+    /// Subdirectories met (left for the caller to empty and remove).
+    pub subdirs: Vec<Vec<u8>>,
+    /// Entries that stayed, with the errno unlink(2) would have given.
+    pub failed: Vec<(i32, Vec<u8>)>,
+}
+
+impl EmptyReply {
+    /// Bytes a reported name takes in a reply (the most, a failure's).
+    pub fn cost(name: &[u8]) -> usize {
+        6 + name.len()
+    }
+
+    /// Bytes the names of a reply may take in all.
+    pub const ROOM: usize = CONTROL_SIZE - REPLY_HEAD;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(CONTROL_SIZE);
+        b.extend_from_slice(&self.next.to_le_bytes());
+        b.extend_from_slice(&u32::from(self.done).to_le_bytes());
+        b.extend_from_slice(&self.removed.to_le_bytes());
+        b.extend_from_slice(&(self.subdirs.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.failed.len() as u32).to_le_bytes());
+        for n in &self.subdirs {
+            b.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            b.extend_from_slice(n);
+        }
+        for (errno, n) in &self.failed {
+            b.extend_from_slice(&errno.to_le_bytes());
+            b.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            b.extend_from_slice(n);
+        }
+        b
+    }
+
+    /// `None` for a reply that does not parse (a daemon of another version).
+    pub fn decode(b: &[u8]) -> Option<EmptyReply> {
+        let mut r = Reader { b, at: 0 };
+        let next = r.u64()?;
+        let done = r.u32()? != 0;
+        let removed = r.u32()?;
+        let (nsub, nfail) = (r.u32()?, r.u32()?);
+        let mut out = EmptyReply { next, done, removed, ..EmptyReply::default() };
+        for _ in 0..nsub {
+            out.subdirs.push(r.name()?);
+        }
+        for _ in 0..nfail {
+            let errno = r.u32()? as i32;
+            out.failed.push((errno, r.name()?));
+        }
+        Some(out)
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn name(&mut self) -> Option<Vec<u8>> {
+        let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
+        Some(self.take(n)?.to_vec())
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+nix::ioctl_readwrite_buf!(ioc_empty_step, IOC_TYPE, 1, u8);
+
+/// One step of emptying the directory open as `dir`, done by the daemon serving its
+/// mount. ENOTTY (`ErrorKind::Unsupported` is not used: the raw errno is kept) when the
+/// directory is not on a dxfs mount.
+pub fn empty_step(dir: BorrowedFd<'_>, req: EmptyRequest) -> io::Result<EmptyReply> {
+    let mut buf = vec![0u8; CONTROL_SIZE];
+    req.encode(&mut buf);
+    // SAFETY: the command's encoded size is `buf.len()` (CONTROL_SIZE), and the kernel
+    // reads and writes at most that many bytes through the pointer, into `buf`, which
+    // lives for the whole call; `dir` is an open descriptor the caller lends.
+    unsafe { ioc_empty_step(dir.as_raw_fd(), &mut buf) }.map_err(io::Error::from)?;
+    EmptyReply::decode(&buf)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a control reply that does not parse"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_number_is_the_generic_iowr_encoding() {
+        // _IOWR(0xDF, 1, 12288) as the kernel's macros compute it.
+        assert_eq!(IOC_EMPTY_STEP, 0xC000_0000 | (12288 << 16) | (0xDF << 8) | 1);
+        assert_eq!(u64::from(IOC_EMPTY_STEP), nix::request_code_readwrite!(IOC_TYPE, 1, CONTROL_SIZE));
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let req = EmptyRequest { from: 0x1234_5678_9abc, max: 4096 };
+        let mut buf = vec![0u8; CONTROL_SIZE];
+        req.encode(&mut buf);
+        assert_eq!(EmptyRequest::decode(&buf), Some(req));
+        buf[0] = 9;
+        assert_eq!(EmptyRequest::decode(&buf), None);
+        let rep = EmptyReply {
+            next: 77,
+            done: true,
+            removed: 5,
+            subdirs: vec![b"a".to_vec(), vec![b'x'; 255]],
+            failed: vec![(13, b"secret".to_vec())],
+        };
+        let b = rep.encode();
+        assert!(b.len() <= CONTROL_SIZE);
+        assert_eq!(EmptyReply::decode(&b), Some(rep));
+        assert_eq!(EmptyReply::decode(&b[..b.len() - 1]), None);
+    }
+}

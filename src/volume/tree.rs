@@ -1,0 +1,160 @@
+//! Whole-tree jobs done in process: removing a directory's contents in bounded steps, as
+//! a caller with the kernel's permission rules. The mount serves them to `dxfs rm -r`
+//! through an ioctl (one request per step, not a round trip per file); a program that
+//! embeds the library calls them directly.
+
+use crate::error::{Error, Result};
+use crate::fs::dir::DirEntry;
+
+use super::{Caller, FileType, Volume};
+
+/// What one step of emptying a directory did ([`Volume::empty_step`]).
+#[derive(Debug, Default)]
+pub struct EmptyStep {
+    /// The listing position the next step starts from.
+    pub next: u64,
+    /// The listing reached the directory's end.
+    pub done: bool,
+    /// Entries removed: name and inode (whose caches a frontend may have to drop).
+    pub removed: Vec<(Vec<u8>, u64)>,
+    /// Subdirectories met, left in place for the caller to empty and remove: name and
+    /// inode.
+    pub subdirs: Vec<(Vec<u8>, u64)>,
+    /// Entries that could not be removed, and why (as unlink(2) would have failed).
+    pub failed: Vec<(Vec<u8>, Error)>,
+}
+
+/// What [`Volume::remove_tree`] removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct TreeRemoval {
+    /// Entries removed, directories included.
+    pub removed: u64,
+    /// Paths (relative to the directory the removal started in) that stayed, and why.
+    pub failed: Vec<(Vec<u8>, Error)>,
+}
+
+impl Volume {
+    /// One step of emptying directory `dir` as `caller`: list at most `max` entries from
+    /// position `from` and unlink every one that is not a directory, each with the
+    /// rules of [`Volume::unlink_as`]; subdirectories are reported, not entered. Every
+    /// unlink is its own operation, so a crash leaves a consistent, partly emptied
+    /// directory, as `rm -r` would. Positions stay valid while entries go, so the next
+    /// step starts at `next` and meets each remaining entry once. The step also ends
+    /// before an entry when the names reported so far, at `name.len() + 8` bytes each,
+    /// could pass `room` with it (a reply of bounded size).
+    pub fn empty_step(&self, dir: u64, caller: &Caller, from: u64, max: usize, room: usize) -> Result<EmptyStep> {
+        let entries = self.readdir(dir, from, max.max(1))?;
+        let mut step = EmptyStep { next: from, done: entries.len() < max.max(1), ..EmptyStep::default() };
+        let mut left = room;
+        for DirEntry { ino, ft, name, next } in entries {
+            // Stop while a report of this entry would still fit.
+            let cost = name.len() + 8;
+            if cost > left {
+                step.done = false;
+                break;
+            }
+            step.next = next;
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if ft == FileType::Directory {
+                step.subdirs.push((name, ino));
+                left -= cost;
+                continue;
+            }
+            match self.unlink_as(dir, &name, caller) {
+                Ok(()) => step.removed.push((name, ino)),
+                // Gone meanwhile: what rm -rf would make of it too.
+                Err(Error::NotFound) => {}
+                Err(e) => {
+                    step.failed.push((name, e));
+                    left -= cost;
+                }
+            }
+        }
+        Ok(step)
+    }
+
+    /// Remove `name` in directory `parent` and, if it is a directory, everything under
+    /// it, as `caller` (see [`Volume::empty_step`]); `progress` hears the count of
+    /// entries removed so far after each step. What cannot be removed stays, with its
+    /// ancestors, and is listed; the rest goes, as with `rm -rf`.
+    pub fn remove_tree(
+        &self,
+        parent: u64,
+        name: &[u8],
+        caller: &Caller,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<TreeRemoval> {
+        let top = self.lookup(parent, name)?;
+        let mut out = TreeRemoval::default();
+        if top.kind != FileType::Directory {
+            self.unlink_as(parent, name, caller)?;
+            out.removed = 1;
+            return Ok(out);
+        }
+        // Depth first, without recursion: each frame is a directory being emptied.
+        struct Frame {
+            parent: u64,
+            name: Vec<u8>,
+            ino: u64,
+            path: Vec<u8>,
+            pos: u64,
+            subdirs: Vec<(Vec<u8>, u64)>,
+            listed: bool,
+        }
+        let mut stack = vec![Frame {
+            parent,
+            name: name.to_vec(),
+            ino: top.ino,
+            path: name.to_vec(),
+            pos: 0,
+            subdirs: Vec::new(),
+            listed: false,
+        }];
+        while let Some(f) = stack.last_mut() {
+            if !f.listed {
+                let step = match self.empty_step(f.ino, caller, f.pos, 1024, usize::MAX) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let f = stack.pop().expect("a frame");
+                        out.failed.push((f.path, e));
+                        continue;
+                    }
+                };
+                out.removed += step.removed.len() as u64;
+                for (n, e) in step.failed {
+                    out.failed.push((join(&f.path, &n), e));
+                }
+                f.subdirs.extend(step.subdirs);
+                f.pos = step.next;
+                f.listed = step.done;
+                progress(out.removed);
+                continue;
+            }
+            if let Some((n, ino)) = f.subdirs.pop() {
+                let path = join(&f.path, &n);
+                let child = Frame { parent: f.ino, name: n, ino, path, pos: 0, subdirs: Vec::new(), listed: false };
+                stack.push(child);
+                continue;
+            }
+            let f = stack.pop().expect("a frame");
+            match self.rmdir_as(f.parent, &f.name, caller) {
+                Ok(()) => out.removed += 1,
+                Err(Error::NotFound) => {}
+                // Something inside stayed and is listed already.
+                Err(Error::NotEmpty) if !out.failed.is_empty() => {}
+                Err(e) => out.failed.push((f.path, e)),
+            }
+        }
+        progress(out.removed);
+        Ok(out)
+    }
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    p.push(b'/');
+    p.extend_from_slice(name);
+    p
+}

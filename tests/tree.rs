@@ -1,0 +1,239 @@
+//! Whole-tree removal in the library (`Volume::empty_step`, `Volume::remove_tree`) and
+//! the caller's permission rules it applies (`unlink_as`, `rmdir_as`): compared with a
+//! model of the kernel's rules, stepped in small pieces, and cut at every write.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use common::*;
+use dxfs::block::{CrashMode, FaultDevice, MemDevice};
+use dxfs::{Caller, Error, MkfsOptions, OpenOptions, SetAttr, Volume, XattrMode};
+
+fn user(uid: u32) -> Caller {
+    Caller { uid, gid: uid, groups: Vec::new() }
+}
+
+fn chmod(vol: &Volume, ino: u64, mode: u32) {
+    vol.setattr(ino, &SetAttr { mode: Some(mode), ..SetAttr::default() }).unwrap();
+}
+
+#[test]
+fn unlink_as_follows_the_kernels_rules() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    chmod(&vol, root, 0o777);
+    // A directory of user 1000, and one of root that others may not write.
+    let mine = vol.mkdir(root, b"mine", 0o755, 1000, 1000).unwrap().ino;
+    let closed = vol.mkdir(root, b"closed", 0o755, 0, 0).unwrap().ino;
+    let tmp = vol.mkdir(root, b"tmp", 0o1777, 0, 0).unwrap().ino;
+    for d in [mine, closed, tmp] {
+        vol.create(d, b"of-1000", 0o644, 1000, 1000).unwrap();
+        vol.create(d, b"of-2000", 0o644, 2000, 2000).unwrap();
+    }
+    let u = user(1000);
+    // Write and search on the directory decide, not the file's owner.
+    vol.unlink_as(mine, b"of-2000", &u).unwrap();
+    assert!(matches!(vol.unlink_as(closed, b"of-1000", &u), Err(Error::AccessDenied)));
+    // Sticky: only the owner of the file or of the directory.
+    assert!(matches!(vol.unlink_as(tmp, b"of-2000", &u), Err(Error::NotPermitted)));
+    vol.unlink_as(tmp, b"of-1000", &u).unwrap();
+    vol.unlink_as(tmp, b"of-2000", &user(0)).unwrap();
+    // Group write through the mode, and a named user's entry in an ACL.
+    chmod(&vol, closed, 0o775);
+    assert!(vol.unlink_as(closed, b"of-1000", &Caller { uid: 1000, gid: 7, groups: vec![0] }).is_ok());
+    chmod(&vol, closed, 0o755);
+    let acl = dxfs::acl::encode(&[
+        dxfs::acl::Entry { tag: dxfs::acl::USER_OBJ, perm: 7, id: u32::MAX },
+        dxfs::acl::Entry { tag: dxfs::acl::USER, perm: 3, id: 1000 },
+        dxfs::acl::Entry { tag: dxfs::acl::GROUP_OBJ, perm: 5, id: u32::MAX },
+        dxfs::acl::Entry { tag: dxfs::acl::MASK, perm: 7, id: u32::MAX },
+        dxfs::acl::Entry { tag: dxfs::acl::OTHER, perm: 5, id: u32::MAX },
+    ]);
+    vol.setxattr(closed, b"system.posix_acl_access", &acl, XattrMode::Any).unwrap();
+    vol.unlink_as(closed, b"of-2000", &u).unwrap();
+    // rmdir as well.
+    let sub = vol.mkdir(tmp, b"sub", 0o755, 2000, 2000).unwrap();
+    assert!(matches!(vol.rmdir_as(tmp, b"sub", &u), Err(Error::NotPermitted)));
+    assert!(vol.lookup(tmp, b"sub").unwrap().ino == sub.ino);
+    vol.rmdir_as(tmp, b"sub", &user(2000)).unwrap();
+    close_and_check(dev, vol);
+}
+
+/// Empty a directory in steps of a few entries and a small reply: every entry is met
+/// exactly once (removed, reported as a subdirectory, or failed), and the failures are
+/// exactly what the sticky rule refuses.
+#[test]
+fn empty_steps_meet_each_entry_once() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o1777, 0, 0).unwrap().ino;
+    let mut want_failed = BTreeSet::new();
+    let mut want_subdirs = BTreeSet::new();
+    let mut want_removed = BTreeSet::new();
+    for i in 0..600u32 {
+        let name = format!("entry-{i:04}-{}", "x".repeat((i % 40) as usize));
+        let owner = if i % 7 == 0 { 2000 } else { 1000 };
+        if i % 11 == 0 {
+            vol.mkdir(d, name.as_bytes(), 0o755, owner, owner).unwrap();
+            want_subdirs.insert(name);
+        } else if i % 13 == 0 {
+            vol.symlink(d, name.as_bytes(), b"target", owner, owner).unwrap();
+            (if owner == 2000 { &mut want_failed } else { &mut want_removed }).insert(name);
+        } else {
+            vol.create(d, name.as_bytes(), 0o644, owner, owner).unwrap();
+            (if owner == 2000 { &mut want_failed } else { &mut want_removed }).insert(name);
+        }
+    }
+    let (mut removed, mut subdirs, mut failed) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let mut pos = 0;
+    let mut steps = 0;
+    loop {
+        let s = vol.empty_step(d, &user(1000), pos, 7, 200).unwrap();
+        steps += 1;
+        assert!(steps < 10_000, "no progress");
+        let reported: usize =
+            s.subdirs.iter().map(|(n, _)| n).chain(s.failed.iter().map(|(n, _)| n)).map(|n| n.len() + 8).sum();
+        assert!(reported <= 200, "a step reported {reported} bytes of names");
+        for (n, _) in s.removed {
+            assert!(removed.insert(String::from_utf8(n).unwrap()), "removed twice");
+        }
+        for (n, _) in s.subdirs {
+            assert!(subdirs.insert(String::from_utf8(n).unwrap()), "subdirectory reported twice");
+        }
+        for (n, e) in s.failed {
+            assert!(matches!(e, Error::NotPermitted), "{e}");
+            assert!(failed.insert(String::from_utf8(n).unwrap()), "failure reported twice");
+        }
+        pos = s.next;
+        if s.done {
+            break;
+        }
+    }
+    assert_eq!(removed, want_removed);
+    assert_eq!(subdirs, want_subdirs);
+    assert_eq!(failed, want_failed);
+    let left: BTreeSet<String> = vol
+        .readdir(d, 0, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    assert_eq!(left, &want_subdirs | &want_failed);
+    close_and_check(dev, vol);
+}
+
+#[test]
+fn remove_tree_removes_what_it_may_and_names_the_rest() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    chmod(&vol, root, 0o777);
+    let top = vol.mkdir(root, b"top", 0o755, 1000, 1000).unwrap().ino;
+    let outside = vol.mkdir(root, b"outside", 0o755, 0, 0).unwrap().ino;
+    let mut dirs = vec![top];
+    for i in 0..40u32 {
+        let parent = dirs[(i as usize * 7) % dirs.len()];
+        let sub = vol.mkdir(parent, format!("dir{i}").as_bytes(), 0o755, 1000, 1000).unwrap().ino;
+        dirs.push(sub);
+        for j in 0..25u32 {
+            let f = vol.create(sub, format!("f{j}").as_bytes(), 0o644, 1000, 1000).unwrap().ino;
+            vol.write(f, 0, &vec![j as u8; (j as usize) * 300]).unwrap();
+            if j == 3 {
+                vol.setxattr(f, b"user.k", b"v", XattrMode::Any).unwrap();
+                // A second name outside the tree keeps the file.
+                vol.link(f, outside, format!("keep{i}").as_bytes()).unwrap();
+            }
+        }
+    }
+    // One directory the caller may not write: its file stays, and so do its ancestors.
+    let locked = vol.mkdir(dirs[5], b"locked", 0o755, 2000, 2000).unwrap().ino;
+    vol.create(locked, b"stays", 0o644, 2000, 2000).unwrap();
+    vol.sync().unwrap();
+    let under_top = |d: &Dump| -> BTreeSet<String> { d.keys().filter(|p| p.starts_with("/top/")).cloned().collect() };
+    let before = under_top(&dump(&vol));
+    let mut seen = Vec::new();
+    let r = vol.remove_tree(root, b"top", &user(1000), &mut |n| seen.push(n)).unwrap();
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "progress went back");
+    let failed: Vec<_> = r.failed.iter().map(|(p, e)| (String::from_utf8_lossy(p).into_owned(), e.errno())).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].0.starts_with("top/") && failed[0].0.ends_with("/locked/stays"), "{failed:?}");
+    assert_eq!(failed[0].1, libc::EACCES);
+    // What is left under top is exactly the path to the file that stayed.
+    let left = under_top(&dump(&vol));
+    let stays = format!("/{}", failed[0].0);
+    assert!(left.contains(&stays));
+    for p in &left {
+        assert!(stays.starts_with(&format!("{p}/")) || *p == stays, "{p} should be gone");
+    }
+    assert_eq!(r.removed, (before.len() - left.len()) as u64);
+    // The files linked from outside are intact, with one link each.
+    for i in 0..40 {
+        let a = vol.lookup(outside, format!("keep{i}").as_bytes()).unwrap();
+        assert_eq!(a.nlink, 1);
+        assert_eq!(vol.read(a.ino, 0, 10_000).unwrap(), vec![3u8; 900]);
+        assert_eq!(vol.getxattr(a.ino, b"user.k").unwrap(), b"v");
+    }
+    // As root, the rest goes.
+    let r = vol.remove_tree(root, b"top", &user(0), &mut |_| {}).unwrap();
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert!(matches!(vol.lookup(root, b"top"), Err(Error::NotFound)));
+    close_and_check(dev, vol);
+}
+
+/// A removal over many deltas (committed between its steps), cut at every
+/// write: each image recovers fsck clean to a part of the tree, every path in it as it
+/// was, and no directory without its parent.
+#[test]
+fn crash_anywhere_in_a_tree_removal_leaves_part_of_the_tree() {
+    let base = Arc::new(MemDevice::new(2048));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    let top = vol.mkdir(root, b"top", 0o755, 0, 0).unwrap().ino;
+    for i in 0..12u32 {
+        let sub = vol.mkdir(top, format!("d{i}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+        let deeper = vol.mkdir(sub, b"deeper", 0o755, 0, 0).unwrap().ino;
+        for j in 0..20u32 {
+            let f = vol.create(if j % 2 == 0 { sub } else { deeper }, format!("f{j}").as_bytes(), 0o644, 0, 0).unwrap();
+            vol.write(f.ino, 0, &vec![(i * 20 + j) as u8; 100 + j as usize * 50]).unwrap();
+        }
+    }
+    vol.sync().unwrap();
+    let before = simple(&dump(&vol));
+    let start = dev.events();
+    // Commits between the steps too, as the delta's timer would make them.
+    vol.remove_tree(root, b"top", &user(0), &mut |_| vol.sync().unwrap()).unwrap();
+    vol.sync().unwrap();
+    let after = simple(&dump(&vol));
+    drop(vol);
+    let n = dev.events();
+    assert!(n - start > 100, "too few writes to mean anything: {}", n - start);
+    for mode in [CrashMode::All, CrashMode::DropUnflushed] {
+        for at in start..=n {
+            let got = simple(&recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at {at}: {e}")));
+            for (p, v) in &got {
+                assert_eq!(before.get(p), Some(v), "{mode:?} at {at}: {p} is not as it was");
+                if let Some((parent, _)) = p.rsplit_once('/') {
+                    assert!(parent.is_empty() || got.contains_key(parent), "{mode:?} at {at}: {p} without its parent");
+                }
+            }
+            assert!(after.keys().all(|p| got.contains_key(p)));
+        }
+    }
+}
+
+/// Paths with their type and contents (link counts change as a tree goes).
+fn simple(d: &Dump) -> BTreeMap<String, String> {
+    d.iter()
+        .map(|(p, (node, xs))| {
+            let v = match node {
+                Node::File { data, .. } => format!("file {data:?} {xs:?}"),
+                other => format!("{other:?} {xs:?}"),
+            };
+            (p.clone(), v)
+        })
+        .collect()
+}

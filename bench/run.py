@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark dxfs side by side with kernel ext4, XFS, btrfs and fuse2fs.
 
-    python3 bench/run.py --quick --report docs/BENCHMARKS.md
+    python3 bench/run.py --quick --report docs/bench/NAME.md
     python3 bench/run.py --full --fs dxfs,ext4 --workloads lsrm,steady
-    python3 bench/run.py --from-json bench/results/run-....json --report docs/BENCHMARKS.md
+    python3 bench/run.py --from-json bench/results/run-....json --report docs/bench/NAME.md
 
 Every filesystem gets a fresh volume of the same size per workload, on a loop device
 backed by a sparse file on /dev/shm. Needs root. See bench/README.md.
@@ -49,7 +49,7 @@ def parse_args(argv):
     )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {','.join(WORKLOADS)}")
     p.add_argument("--out", default=os.path.join(repo_root(), "bench", "results"), help="directory for the JSON")
-    p.add_argument("--report", help="Markdown file whose generated section to (re)write, e.g. docs/BENCHMARKS.md")
+    p.add_argument("--report", help="Markdown file whose generated section to (re)write, e.g. docs/bench/NAME.md")
     p.add_argument("--plots", help="directory for the PNGs (default: bench/ beside the report, else OUT/plots)")
     p.add_argument("--dxfs-bin", default=default_dxfs_binary(), help="the dxfs binary (default: %(default)s)")
     p.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")

@@ -25,8 +25,8 @@
 //! assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"hello.txt".to_vec()]);
 //! ```
 // Unsafe code is denied everywhere; the exceptions are in `fuse`: `uring` (the io_uring
-// buffers the kernel writes into), `devfd` (one ioctl) and `fusermount` (taking a
-// descriptor passed over a socket), which allow it explicitly, block by block.
+// buffers the kernel writes into), `devfd` and `control` (one ioctl each) and
+// `fusermount` (taking a descriptor passed over a socket), which allow it explicitly.
 #![deny(unsafe_code)]
 
 mod disk;
@@ -56,8 +56,8 @@ pub use fs::acl;
 pub use fs::dir::DirEntry;
 pub use volume::{
     grow, mkfs, mount_mark_status, read_superblock, AtimePolicy, Attr, Caller, EmptyStep, Grown, LockStats,
-    MkfsOptions, NewNode, OpenOptions, ReadStats, RenameFlags, SetAttr, SetTime, StatFs, Time, TreeRemoval, Volume,
-    WriteAs, XattrMode, LEAF_LOCK_NAMES,
+    MkfsOptions, NewNode, OpenOptions, ReadStats, RenameFlags, SetAttr, SetTime, StatFs, SumStep, Time, TreeRemoval,
+    Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES,
 };
 
 /// Internals that the project's own tests, benchmarks and tools reach into (on-disk

@@ -3116,3 +3116,42 @@ fn dxfs_rm_refuses_what_rm_refuses() {
 fn walk_all(root: &Path) -> Vec<PathBuf> {
     tree_paths(root).into_iter().map(|p| root.join(p)).collect()
 }
+
+/// `dxfs du` prints what du(1) prints, for every combination of -s, -h and
+/// --apparent-size, on a tree with hard links (counted once), a sparse file, symlinks
+/// and nested directories; the daemon sums the entries (IOCTL) instead of a stat each.
+#[test]
+fn dxfs_du_prints_what_du_prints() {
+    require_fuse!();
+    let s = Scratch::new(128);
+    let m = s.mount(&[]);
+    let t = s.path("t");
+    fs::create_dir_all(t.join("a/b/c")).unwrap();
+    fs::create_dir_all(t.join("empty")).unwrap();
+    for i in 0..400usize {
+        let dir = ["a", "a/b", "a/b/c"][i % 3];
+        fs::write(t.join(dir).join(format!("f{i}")), vec![7u8; i * 97]).unwrap();
+    }
+    fs::write(t.join("a/big"), vec![1u8; 3 << 20]).unwrap();
+    fs::hard_link(t.join("a/big"), t.join("a/b/big-again")).unwrap();
+    fs::hard_link(t.join("a/f3"), t.join("a/b/c/f3-again")).unwrap();
+    std::os::unix::fs::symlink("/nowhere/at/all", t.join("a/link")).unwrap();
+    File::create(t.join("a/sparse")).unwrap().set_len(50 << 20).unwrap();
+    Command::new("sync").status().unwrap();
+    let before = mount_stats(&s.mnt);
+    for flags in [&[][..], &["-s"], &["--apparent-size"], &["-h"], &["-s", "-h"], &["-s", "--apparent-size", "-h"]] {
+        let theirs = Command::new("du").args(flags).arg("t").current_dir(&s.mnt).output().unwrap();
+        let ours = dxfs().arg("du").args(flags).arg("t").current_dir(&s.mnt).output().unwrap();
+        assert!(theirs.status.success() && ours.status.success(), "{}", String::from_utf8_lossy(&ours.stderr));
+        let lines = |o: &std::process::Output| -> BTreeSet<String> {
+            String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect()
+        };
+        assert_eq!(lines(&ours), lines(&theirs), "du {flags:?}");
+        assert!(lines(&ours).len() >= if flags.contains(&"-s") { 1 } else { 5 });
+    }
+    let after = mount_stats(&s.mnt);
+    let n = |v: &serde_json::Value, op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
+    assert!(n(&after, "IOCTL") > n(&before, "IOCTL"), "the daemon was not asked");
+    m.unmount();
+    s.fsck();
+}

@@ -237,3 +237,58 @@ fn simple(d: &Dump) -> BTreeMap<String, String> {
         })
         .collect()
 }
+
+/// Summing a directory in small steps counts every entry once: files with one link in
+/// the totals, the others by inode, subdirectories by name; the totals equal the sum
+/// of each entry's attributes.
+#[test]
+fn sum_steps_count_each_entry_once() {
+    let (dev, vol) = mem_volume(8192);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let (mut blocks, mut bytes, mut files) = (0, 0, 0);
+    let mut linked = BTreeSet::new();
+    let mut subdirs = BTreeSet::new();
+    for i in 0..300u32 {
+        let name = format!("e{i:03}");
+        if i % 17 == 0 {
+            vol.mkdir(d, name.as_bytes(), 0o755, 0, 0).unwrap();
+            subdirs.insert(name);
+            continue;
+        }
+        let f = vol.create(d, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        vol.write(f, 0, &vec![1u8; i as usize * 61]).unwrap();
+        if i % 10 == 0 {
+            vol.link(f, root, format!("other{i}").as_bytes()).unwrap();
+            linked.insert(f);
+        } else {
+            let a = vol.getattr(f).unwrap();
+            (blocks, bytes, files) = (blocks + a.blocks, bytes + a.size, files + 1);
+        }
+    }
+    let mut got = (0, 0, 0, BTreeSet::new(), BTreeSet::new());
+    let mut pos = 0;
+    loop {
+        let s = vol.sum_step(d, &user(0), pos, 9, 120).unwrap();
+        got.0 += s.blocks;
+        got.1 += s.bytes;
+        got.2 += s.files;
+        for (ino, b, n) in s.linked {
+            let a = vol.getattr(ino).unwrap();
+            assert_eq!((b, n), (a.blocks, a.size));
+            assert!(got.3.insert(ino), "a linked file twice");
+        }
+        for (n, _) in s.subdirs {
+            assert!(got.4.insert(String::from_utf8(n).unwrap()), "a subdirectory twice");
+        }
+        pos = s.next;
+        if s.done {
+            break;
+        }
+    }
+    assert_eq!(got, (blocks, bytes, files, linked, subdirs));
+    // Search permission on the directory is needed.
+    chmod(&vol, d, 0o700);
+    assert!(matches!(vol.sum_step(d, &user(1000), 0, 10, 1000), Err(Error::AccessDenied)));
+    close_and_check(dev, vol);
+}

@@ -36,6 +36,7 @@ pub fn out(args: std::fmt::Arguments) {
 }
 
 mod debug;
+mod du;
 mod export;
 mod fsck;
 mod info;
@@ -49,6 +50,7 @@ mod sync;
 mod trim;
 
 use debug::DebugCmd;
+use du::DuArgs;
 use export::ExportArgs;
 use fsck::FsckArgs;
 use info::InfoArgs;
@@ -83,6 +85,9 @@ enum Cmd {
     Sync(SyncArgs),
     /// Grow an unmounted volume (an image file is extended; shrinking is refused).
     Resize(ResizeArgs),
+    /// Disk usage, as du(1) prints it; on a mount the daemon sums each directory's
+    /// entries in steps instead of a stat per file.
+    Du(DuArgs),
     /// Remove files and trees (`-r`); on a mount the daemon removes each directory's
     /// files in steps, as the caller, instead of a request per file.
     Rm(RmArgs),
@@ -149,6 +154,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Resize(a) => resize::run(a),
         Cmd::Trim(a) => trim::run(a),
         Cmd::Rm(a) => rm::run(a),
+        Cmd::Du(a) => du::run(a),
         Cmd::Debug(c) => debug::run(c),
         Cmd::Export(a) => export::run(a),
     }

@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use dxfs::fuse::control::{self, EmptyRequest};
+use dxfs::fuse::control::{self, StepRequest};
 use dxfs::{Caller, OpenOptions, Volume};
 
 use super::fail;
@@ -120,7 +120,7 @@ fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
     let mut subdirs = Vec::new();
     let mut from = 0;
     loop {
-        match control::empty_step(dir.as_fd(), EmptyRequest { from, max: STEP_ENTRIES }) {
+        match control::empty_step(dir.as_fd(), StepRequest { from, max: STEP_ENTRIES }) {
             Ok(r) => {
                 w.removed += u64::from(r.removed);
                 for (errno, name) in r.failed {

@@ -16,6 +16,9 @@ const IOC_TYPE: u8 = 0xDF;
 /// Empty a directory one step: remove its entries that are not directories, as the
 /// caller, and name its subdirectories. `_IOWR(0xDF, 1, [u8; CONTROL_SIZE])`.
 pub const IOC_EMPTY_STEP: u32 = ioc_readwrite(IOC_TYPE, 1, CONTROL_SIZE);
+/// Sum a directory one step: its files' sizes, those with several links by inode, and
+/// its subdirectories' names. `_IOWR(0xDF, 2, [u8; CONTROL_SIZE])`.
+pub const IOC_SUM_STEP: u32 = ioc_readwrite(IOC_TYPE, 2, CONTROL_SIZE);
 /// The reply's fixed part: next (8), flags (4), removed, subdirs, failed (4 each).
 const REPLY_HEAD: usize = 24;
 /// The request's layout version (its first u32).
@@ -26,16 +29,16 @@ const fn ioc_readwrite(ty: u8, nr: u8, size: usize) -> u32 {
     (3 << 30) | ((size as u32) << 16) | ((ty as u32) << 8) | nr as u32
 }
 
-/// Ask for one step of emptying a directory.
+/// Ask for one step of a job on a directory (emptying it, summing it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EmptyRequest {
+pub struct StepRequest {
     /// The listing position to start from (0, then the previous reply's `next`).
     pub from: u64,
     /// Most entries to look at in this step.
     pub max: u32,
 }
 
-impl EmptyRequest {
+impl StepRequest {
     pub fn encode(&self, buf: &mut [u8]) {
         buf[..4].copy_from_slice(&VERSION.to_le_bytes());
         buf[4..8].copy_from_slice(&0u32.to_le_bytes());
@@ -44,11 +47,11 @@ impl EmptyRequest {
     }
 
     /// `None` for a request of another layout or too short.
-    pub fn decode(buf: &[u8]) -> Option<EmptyRequest> {
+    pub fn decode(buf: &[u8]) -> Option<StepRequest> {
         if buf.len() < 20 || u32_at(buf, 0) != VERSION {
             return None;
         }
-        Some(EmptyRequest { from: u64::from_le_bytes(buf[8..16].try_into().ok()?), max: u32_at(buf, 16) })
+        Some(StepRequest { from: u64::from_le_bytes(buf[8..16].try_into().ok()?), max: u32_at(buf, 16) })
     }
 }
 
@@ -114,6 +117,71 @@ impl EmptyReply {
     }
 }
 
+/// What one step of summing found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SumReply {
+    /// Where the next step starts.
+    pub next: u64,
+    /// The listing reached the end of the directory.
+    pub done: bool,
+    /// Entries that are not directories and have one link: how many, their st_blocks
+    /// and st_size summed.
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Entries with several links: inode, st_blocks, st_size (counted once by the caller).
+    pub linked: Vec<(u64, u64, u64)>,
+    /// Subdirectories met.
+    pub subdirs: Vec<Vec<u8>>,
+    /// Entries whose inode could not be read.
+    pub unreadable: Vec<Vec<u8>>,
+}
+
+impl SumReply {
+    /// Bytes the names and records of a reply may take in all.
+    pub const ROOM: usize = CONTROL_SIZE - 48;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(CONTROL_SIZE);
+        for v in [self.next, u64::from(self.done), self.files, self.blocks, self.bytes] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for n in [self.linked.len(), self.subdirs.len(), self.unreadable.len()] {
+            b.extend_from_slice(&(n as u16).to_le_bytes());
+        }
+        b.extend_from_slice(&[0; 2]);
+        for (i, k, s) in &self.linked {
+            for v in [i, k, s] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        for n in self.subdirs.iter().chain(&self.unreadable) {
+            b.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            b.extend_from_slice(n);
+        }
+        b
+    }
+
+    /// `None` for a reply that does not parse.
+    pub fn decode(b: &[u8]) -> Option<SumReply> {
+        let mut r = Reader { b, at: 0 };
+        let (next, done, files, blocks, bytes) = (r.u64()?, r.u64()? != 0, r.u64()?, r.u64()?, r.u64()?);
+        let mut out = SumReply { next, done, files, blocks, bytes, ..SumReply::default() };
+        let (nl, ns, nu) = (r.u16()?, r.u16()?, r.u16()?);
+        r.take(2)?;
+        for _ in 0..nl {
+            out.linked.push((r.u64()?, r.u64()?, r.u64()?));
+        }
+        for _ in 0..ns {
+            out.subdirs.push(r.name()?);
+        }
+        for _ in 0..nu {
+            out.unreadable.push(r.name()?);
+        }
+        Some(out)
+    }
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
@@ -127,6 +195,9 @@ impl Reader<'_> {
     }
     fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
     }
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
@@ -142,19 +213,40 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 nix::ioctl_readwrite_buf!(ioc_empty_step, IOC_TYPE, 1, u8);
+nix::ioctl_readwrite_buf!(ioc_sum_step, IOC_TYPE, 2, u8);
 
-/// One step of emptying the directory open as `dir`, done by the daemon serving its
-/// mount. ENOTTY (`ErrorKind::Unsupported` is not used: the raw errno is kept) when the
-/// directory is not on a dxfs mount.
-pub fn empty_step(dir: BorrowedFd<'_>, req: EmptyRequest) -> io::Result<EmptyReply> {
+/// Send control command `nr` (1 empty, 2 sum) with `req` on directory `dir`; the reply's
+/// bytes. ENOTTY (the raw errno kept) when the directory is not on a dxfs mount.
+fn call(dir: BorrowedFd<'_>, nr: u8, req: StepRequest) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; CONTROL_SIZE];
     req.encode(&mut buf);
-    // SAFETY: the command's encoded size is `buf.len()` (CONTROL_SIZE), and the kernel
+    // SAFETY: each command's encoded size is `buf.len()` (CONTROL_SIZE), and the kernel
     // reads and writes at most that many bytes through the pointer, into `buf`, which
     // lives for the whole call; `dir` is an open descriptor the caller lends.
-    unsafe { ioc_empty_step(dir.as_raw_fd(), &mut buf) }.map_err(io::Error::from)?;
-    EmptyReply::decode(&buf)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a control reply that does not parse"))
+    let r = unsafe {
+        match nr {
+            1 => ioc_empty_step(dir.as_raw_fd(), &mut buf),
+            _ => ioc_sum_step(dir.as_raw_fd(), &mut buf),
+        }
+    };
+    r.map_err(io::Error::from)?;
+    Ok(buf)
+}
+
+fn unparsable() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "a control reply that does not parse")
+}
+
+/// One step of emptying the directory open as `dir`, done by the daemon serving its
+/// mount.
+pub fn empty_step(dir: BorrowedFd<'_>, req: StepRequest) -> io::Result<EmptyReply> {
+    EmptyReply::decode(&call(dir, 1, req)?).ok_or_else(unparsable)
+}
+
+/// One step of summing the directory open as `dir`, done by the daemon serving its
+/// mount.
+pub fn sum_step(dir: BorrowedFd<'_>, req: StepRequest) -> io::Result<SumReply> {
+    SumReply::decode(&call(dir, 2, req)?).ok_or_else(unparsable)
 }
 
 #[cfg(test)]
@@ -170,12 +262,12 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        let req = EmptyRequest { from: 0x1234_5678_9abc, max: 4096 };
+        let req = StepRequest { from: 0x1234_5678_9abc, max: 4096 };
         let mut buf = vec![0u8; CONTROL_SIZE];
         req.encode(&mut buf);
-        assert_eq!(EmptyRequest::decode(&buf), Some(req));
+        assert_eq!(StepRequest::decode(&buf), Some(req));
         buf[0] = 9;
-        assert_eq!(EmptyRequest::decode(&buf), None);
+        assert_eq!(StepRequest::decode(&buf), None);
         let rep = EmptyReply {
             next: 77,
             done: true,
@@ -187,5 +279,18 @@ mod tests {
         assert!(b.len() <= CONTROL_SIZE);
         assert_eq!(EmptyReply::decode(&b), Some(rep));
         assert_eq!(EmptyReply::decode(&b[..b.len() - 1]), None);
+        let sum = SumReply {
+            next: 9,
+            done: false,
+            files: 3,
+            blocks: 24,
+            bytes: 12_000,
+            linked: vec![(42, 8, 4096)],
+            subdirs: vec![b"d".to_vec()],
+            unreadable: vec![b"bad".to_vec()],
+        };
+        let b = sum.encode();
+        assert_eq!(SumReply::decode(&b), Some(sum));
+        assert_eq!(SumReply::decode(&b[..b.len() - 1]), None);
     }
 }

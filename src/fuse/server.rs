@@ -301,26 +301,41 @@ impl Server {
         let _ = self.notify.set(dev);
     }
 
-    /// The control path (`control.rs`): one step of emptying directory `ino` as the
-    /// caller (`dxfs rm -r`). The kernel is told to drop every removed name it may hold
-    /// (it holds a dentry only for an inode it has looked up) and the attributes of the
-    /// removed inodes and of the directory, before the reply, so the caller's next look
-    /// sees what `rm` would have left.
+    /// The control path (`control.rs`): one step of a whole-tree job on directory `ino`,
+    /// as the caller: emptying it (`dxfs rm -r`) or summing it (`dxfs du`).
     fn ioctl(&self, op: u32, h: &InHeader, ino: u64, (flags, cmd, out_size): (u32, u32, u32), data: &[u8]) -> Reply {
-        use super::control::{EmptyReply, EmptyRequest, CONTROL_SIZE, IOC_EMPTY_STEP};
-        if cmd != IOC_EMPTY_STEP || flags & wire::IOCTL_DIR == 0 {
+        use super::control::{StepRequest, CONTROL_SIZE, IOC_EMPTY_STEP, IOC_SUM_STEP};
+        if !(cmd == IOC_EMPTY_STEP || cmd == IOC_SUM_STEP) || flags & wire::IOCTL_DIR == 0 {
             return Reply::Error(libc::ENOTTY);
         }
-        let Some(req) = EmptyRequest::decode(data) else { return Reply::Error(libc::EINVAL) };
+        let Some(req) = StepRequest::decode(data) else { return Reply::Error(libc::EINVAL) };
         if (out_size as usize) < CONTROL_SIZE {
             return Reply::Error(libc::EINVAL);
         }
         let caller = caller_of(h);
         let max = req.max.clamp(1, 1 << 16) as usize;
-        let step = match self.call(op, |v| v.empty_step(ino, &caller, req.from, max, EmptyReply::ROOM)) {
-            Ok(s) => s,
-            Err(e) => return Reply::Error(e),
+        let body = if cmd == IOC_EMPTY_STEP {
+            self.empty_step(op, h, ino, &caller, req.from, max)
+        } else {
+            self.sum_step(op, ino, &caller, req.from, max)
         };
+        match body {
+            Ok(body) => {
+                let mut out = Vec::with_capacity(16 + body.len());
+                wire::encode_ioctl_out(0, &body, &mut out);
+                Reply::Data(out)
+            }
+            Err(e) => Reply::Error(e),
+        }
+    }
+
+    /// One step of emptying a directory. The kernel is told to drop every removed name
+    /// it may hold (it holds a dentry only for an inode it has looked up) and the
+    /// attributes of the removed inodes and of the directory, before the reply, so the
+    /// caller's next look sees what `rm` would have left.
+    fn empty_step(&self, op: u32, h: &InHeader, ino: u64, caller: &Caller, from: u64, max: usize) -> Res<Vec<u8>> {
+        use super::control::EmptyReply;
+        let step = self.call(op, |v| v.empty_step(ino, caller, from, max, EmptyReply::ROOM))?;
         for (name, child) in &step.removed {
             if self.lookups.holds(*child) {
                 self.send_notification(&wire::notify_inval_entry(h.nodeid, name));
@@ -337,9 +352,24 @@ impl Server {
             subdirs: step.subdirs.into_iter().map(|(n, _)| n).collect(),
             failed: step.failed.iter().map(|(n, e)| (e.errno(), n.clone())).collect(),
         };
-        let mut out = Vec::with_capacity(16 + CONTROL_SIZE);
-        wire::encode_ioctl_out(0, &reply.encode(), &mut out);
-        Reply::Data(out)
+        Ok(reply.encode())
+    }
+
+    /// One step of summing a directory (`du`).
+    fn sum_step(&self, op: u32, ino: u64, caller: &Caller, from: u64, max: usize) -> Res<Vec<u8>> {
+        use super::control::SumReply;
+        let s = self.call(op, |v| v.sum_step(ino, caller, from, max, SumReply::ROOM))?;
+        let reply = SumReply {
+            next: s.next,
+            done: s.done,
+            files: s.files,
+            blocks: s.blocks,
+            bytes: s.bytes,
+            linked: s.linked,
+            subdirs: s.subdirs.into_iter().map(|(n, _)| n).collect(),
+            unreadable: s.unreadable,
+        };
+        Ok(reply.encode())
     }
 
     /// Write a notification to the kernel; one it refuses (a name it no longer holds) is
@@ -964,8 +994,8 @@ impl Server {
                 Err(e) => Reply::Error(e),
             },
             // INIT is answered by the session before any thread serves; everything else
-            // (locks, ioctl, poll, bmap, lseek, statx) is left to the kernel's defaults or
-            // refused, as ENOSYS tells it.
+            // (locks, poll, bmap, lseek) is left to the kernel's defaults or refused, as
+            // ENOSYS tells it (an ioctl other than dxfs's own gets ENOTTY).
             Request::Init(_) | Request::Lseek { .. } | Request::Other(_) => Reply::Error(libc::ENOSYS),
         }
     }

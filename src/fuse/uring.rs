@@ -1,8 +1,8 @@
 //! FUSE over io_uring: one queue's ring and the buffers the kernel writes requests into.
 //!
-//! This is the only module of the crate with unsafe code: the kernel reads and writes the
-//! entries' buffers through raw addresses while commands are in flight, and `io-uring`'s
-//! `push` is unsafe for that reason. Everything else (the wire format, what to answer)
+//! The module has unsafe code (as do `devfd`, `fusermount` and `control`, one call each):
+//! the kernel reads and writes the entries' buffers through raw addresses while commands
+//! are in flight, and `io-uring`'s `push` is unsafe for that reason. Everything else (the wire format, what to answer)
 //! lives in safe code ([`super::wire`]).
 //!
 //! A queue serves the requests made on one CPU (`qid` = CPU number). It owns an io_uring

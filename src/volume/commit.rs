@@ -371,7 +371,7 @@ impl Volume {
     }
 
     /// Test hook: deltas committed part way through a commit's write-back because the
-    /// log filled (docs/DESIGN.md, "Known limits").
+    /// log filled (docs/DESIGN.md, "Deltas and the crash model").
     #[doc(hidden)]
     pub fn split_commits(&self) -> u64 {
         self.s.inner.read_inner().delta.split_commits()

@@ -49,7 +49,7 @@ pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub use resize::{grow, Grown};
-pub use tree::{EmptyStep, TreeRemoval};
+pub use tree::{EmptyStep, SumStep, TreeRemoval};
 pub use types::*;
 
 /// Depth of a file's extent tree (0 while the map is inline).
@@ -220,7 +220,8 @@ pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
 ///
-/// Lock order: `journal`, `inner`, `rename`, the inode locks, then leaf locks
+/// Lock order: `rename` (taken first, by a rename between directories), `journal`,
+/// `inner`, the inode locks, then leaf locks
 /// (docs/DESIGN.md, "Concurrency"). Front-end operations share `inner` and hold the
 /// inode locks of what they touch; a commit takes `journal` for its whole length and
 /// `inner` exclusively only to snapshot the delta and to finish, so the front end goes

@@ -158,3 +158,68 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     p.extend_from_slice(name);
     p
 }
+
+/// What one step of summing a directory found ([`Volume::sum_step`]).
+#[derive(Debug, Default)]
+pub struct SumStep {
+    /// The listing position the next step starts from.
+    pub next: u64,
+    /// The listing reached the directory's end.
+    pub done: bool,
+    /// Entries that are not directories and have one link.
+    pub files: u64,
+    /// Their allocated size, in 512-byte units (st_blocks).
+    pub blocks: u64,
+    /// Their apparent size in bytes (st_size).
+    pub bytes: u64,
+    /// Entries with more than one link, which a sum counts once: inode, st_blocks,
+    /// st_size.
+    pub linked: Vec<(u64, u64, u64)>,
+    /// Subdirectories met, for the caller to sum: name and inode.
+    pub subdirs: Vec<(Vec<u8>, u64)>,
+    /// Entries whose inode could not be read.
+    pub unreadable: Vec<Vec<u8>>,
+}
+
+impl Volume {
+    /// One step of summing directory `dir`'s entries as `caller` may (`du`): search
+    /// permission on it is needed (`AccessDenied`), as for stat(2) of its entries. Lists
+    /// at most `max` entries from position `from` with their attributes (read in disk
+    /// order, as readdirplus), and ends early as [`Volume::empty_step`] does when its
+    /// report would pass `room` bytes (a subdirectory or unreadable entry costs its name
+    /// and 8, a linked one 24).
+    pub fn sum_step(&self, dir: u64, caller: &Caller, from: u64, max: usize, room: usize) -> Result<SumStep> {
+        self.access(dir, caller, 1)?;
+        let entries = self.readdir_plus(dir, from, max.max(1))?;
+        let mut step = SumStep { next: from, done: entries.len() < max.max(1), ..SumStep::default() };
+        let mut left = room;
+        for (DirEntry { ino, ft, name, next }, attr) in entries {
+            let cost = name.len().max(16) + 8;
+            if cost > left {
+                step.done = false;
+                break;
+            }
+            step.next = next;
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let Some(a) = attr else {
+                step.unreadable.push(name);
+                left -= cost;
+                continue;
+            };
+            if ft == FileType::Directory {
+                step.subdirs.push((name, ino));
+                left -= cost;
+            } else if a.nlink > 1 {
+                step.linked.push((ino, a.blocks, a.size));
+                left -= cost;
+            } else {
+                step.files += 1;
+                step.blocks += a.blocks;
+                step.bytes += a.size;
+            }
+        }
+        Ok(step)
+    }
+}

@@ -3013,6 +3013,10 @@ fn dxfs_rm_keeps_the_kernels_caches_true() {
     }
     let held = File::open(t.join("d0/f1")).unwrap();
     let held_dir = File::open(t.join("d2")).unwrap();
+    // A file with a second name outside the tree, both cached: it keeps one link.
+    fs::hard_link(t.join("d3/f3"), s.path("outside")).unwrap();
+    assert_eq!(fs::metadata(s.path("outside")).unwrap().nlink(), 2);
+    fs::metadata(t.join("d3/f3")).unwrap();
     let before = mount_stats(&s.mnt);
     let out = as_nobody(&format!("{} rm -r '{}'", env!("CARGO_BIN_EXE_dxfs"), t.display()));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -3028,6 +3032,9 @@ fn dxfs_rm_keeps_the_kernels_caches_true() {
     }
     let left: Vec<_> = tree_paths(&t).into_iter().collect();
     assert_eq!(left, ["d0", "d0/keep"]);
+    let outside = fs::metadata(s.path("outside")).unwrap();
+    assert_eq!(outside.nlink(), 1, "the kernel was told the last link went");
+    assert_eq!(fs::read(s.path("outside")).unwrap(), b"3/3");
     // The open file: its data, no links left.
     let mut data = String::new();
     (&held).read_to_string(&mut data).unwrap();

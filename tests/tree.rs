@@ -96,7 +96,7 @@ fn empty_steps_meet_each_entry_once() {
         let reported: usize =
             s.subdirs.iter().map(|(n, _)| n).chain(s.failed.iter().map(|(n, _)| n)).map(|n| n.len() + 8).sum();
         assert!(reported <= 200, "a step reported {reported} bytes of names");
-        for (n, _) in s.removed {
+        for (n, _, _) in s.removed {
             assert!(removed.insert(String::from_utf8(n).unwrap()), "removed twice");
         }
         for (n, _) in s.subdirs {
@@ -273,7 +273,7 @@ fn sum_steps_count_each_entry_once() {
         got.0 += s.blocks;
         got.1 += s.bytes;
         got.2 += s.files;
-        for (ino, b, n) in s.linked {
+        for (ino, b, n, _) in s.linked {
             let a = vol.getattr(ino).unwrap();
             assert_eq!((b, n), (a.blocks, a.size));
             assert!(got.3.insert(ino), "a linked file twice");

@@ -29,6 +29,12 @@ pub struct DuArgs {
     paths: Vec<PathBuf>,
 }
 
+/// A file with several links or a subdirectory, met in listing order.
+enum Next {
+    Linked { ino: u64, blocks: u64, bytes: u64 },
+    Dir(PathBuf),
+}
+
 /// Entries the daemon looks at per step.
 const STEP_ENTRIES: u32 = 4096;
 
@@ -117,22 +123,27 @@ impl Walk<'_> {
                 return total;
             }
         };
-        let mut subdirs = Vec::new();
+        // What comes after the one-link files, in listing order: du counts a file with
+        // several names under the first it meets, descending into each subdirectory as
+        // it meets it.
+        let mut next: Vec<Next> = Vec::new();
         let mut from = 0;
         loop {
             match control::sum_step(dir.as_fd(), StepRequest { from, max: STEP_ENTRIES }) {
                 Ok(r) => {
                     total.add(r.blocks, r.bytes);
-                    for (ino, blocks, bytes) in r.linked {
-                        if self.seen.insert(ino) {
-                            total.add(blocks, bytes);
-                        }
-                    }
                     for n in r.unreadable {
                         let e = io::Error::from_raw_os_error(libc::EIO);
                         self.failed("cannot access", &path.join(OsStr::from_bytes(&n)), &e);
                     }
-                    subdirs.extend(r.subdirs.into_iter().map(|n| path.join(OsStr::from_bytes(&n))));
+                    let mut linked = r.linked.into_iter().peekable();
+                    for (k, name) in r.subdirs.into_iter().enumerate() {
+                        while let Some((ino, blocks, bytes, _)) = linked.next_if(|l| l.3 as usize <= k) {
+                            next.push(Next::Linked { ino, blocks, bytes });
+                        }
+                        next.push(Next::Dir(path.join(OsStr::from_bytes(&name))));
+                    }
+                    next.extend(linked.map(|(ino, blocks, bytes, _)| Next::Linked { ino, blocks, bytes }));
                     from = r.next;
                     if r.done {
                         break;
@@ -147,9 +158,18 @@ impl Walk<'_> {
             }
         }
         drop(dir);
-        for sub in subdirs {
-            let s = self.path(&sub, false);
-            total.add(s.allocated / 512, s.apparent);
+        for n in next {
+            match n {
+                Next::Linked { ino, blocks, bytes } => {
+                    if self.seen.insert(ino) {
+                        total.add(blocks, bytes);
+                    }
+                }
+                Next::Dir(sub) => {
+                    let s = self.path(&sub, false);
+                    total.add(s.allocated / 512, s.apparent);
+                }
+            }
         }
         total
     }

@@ -129,8 +129,9 @@ pub struct SumReply {
     pub files: u64,
     pub blocks: u64,
     pub bytes: u64,
-    /// Entries with several links: inode, st_blocks, st_size (counted once by the caller).
-    pub linked: Vec<(u64, u64, u64)>,
+    /// Entries with several links: inode, st_blocks, st_size (counted once by the
+    /// caller), and how many of this reply's `subdirs` came before it in the listing.
+    pub linked: Vec<(u64, u64, u64, u32)>,
     /// Subdirectories met.
     pub subdirs: Vec<Vec<u8>>,
     /// Entries whose inode could not be read.
@@ -150,10 +151,11 @@ impl SumReply {
             b.extend_from_slice(&(n as u16).to_le_bytes());
         }
         b.extend_from_slice(&[0; 2]);
-        for (i, k, s) in &self.linked {
+        for (i, k, s, at) in &self.linked {
             for v in [i, k, s] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
+            b.extend_from_slice(&at.to_le_bytes());
         }
         for n in self.subdirs.iter().chain(&self.unreadable) {
             b.extend_from_slice(&(n.len() as u16).to_le_bytes());
@@ -170,7 +172,7 @@ impl SumReply {
         let (nl, ns, nu) = (r.u16()?, r.u16()?, r.u16()?);
         r.take(2)?;
         for _ in 0..nl {
-            out.linked.push((r.u64()?, r.u64()?, r.u64()?));
+            out.linked.push((r.u64()?, r.u64()?, r.u64()?, r.u32()?));
         }
         for _ in 0..ns {
             out.subdirs.push(r.name()?);
@@ -285,7 +287,7 @@ mod tests {
             files: 3,
             blocks: 24,
             bytes: 12_000,
-            linked: vec![(42, 8, 4096)],
+            linked: vec![(42, 8, 4096, 1)],
             subdirs: vec![b"d".to_vec()],
             unreadable: vec![b"bad".to_vec()],
         };

@@ -336,8 +336,14 @@ impl Server {
     fn empty_step(&self, op: u32, h: &InHeader, ino: u64, caller: &Caller, from: u64, max: usize) -> Res<Vec<u8>> {
         use super::control::EmptyReply;
         let step = self.call(op, |v| v.empty_step(ino, caller, from, max, EmptyReply::ROOM))?;
-        for (name, child) in &step.removed {
-            if self.lookups.holds(*child) {
+        for (name, child, links) in &step.removed {
+            if !self.lookups.holds(*child) {
+                continue;
+            }
+            if *links == 0 {
+                // One message: the kernel drops the name and sets the inode's links to 0.
+                self.send_notification(&wire::notify_delete(h.nodeid, self.node_id(*child), name));
+            } else {
                 self.send_notification(&wire::notify_inval_entry(h.nodeid, name));
                 self.send_notification(&wire::notify_inval_inode(self.node_id(*child), -1, 0));
             }

@@ -487,8 +487,14 @@ impl Volume {
 
     /// Remove `name` from `parent`; with `caller`, only as unlink(2) and rmdir(2) would let
     /// that caller (write and search on the directory, and its sticky bit), checked under
-    /// the directory's lock.
-    pub(super) fn remove_entry(&self, parent: u64, name: &[u8], want_dir: bool, caller: Option<&Caller>) -> Result<()> {
+    /// the directory's lock. Returns the links the inode has left.
+    pub(super) fn remove_entry(
+        &self,
+        parent: u64,
+        name: &[u8],
+        want_dir: bool,
+        caller: Option<&Caller>,
+    ) -> Result<u32> {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
@@ -529,19 +535,21 @@ impl Volume {
             p.nlink -= 1;
         }
         g.st.put_inode(&p)?;
-        g.drop_link(i)
+        let left = i.nlink.saturating_sub(if want_dir { 2 } else { 1 });
+        g.drop_link(i)?;
+        Ok(left)
     }
 
     /// Remove a non-directory entry.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.remove_entry(parent, name, false, None)
+        self.remove_entry(parent, name, false, None).map(drop)
     }
 
     /// [`Volume::unlink`] as `caller`, with the kernel's rules: write and search
     /// permission on `parent` (`AccessDenied`), and in a sticky directory only the
     /// owner of the entry or of the directory (`NotPermitted`). Root may.
     pub fn unlink_as(&self, parent: u64, name: &[u8], caller: &Caller) -> Result<()> {
-        self.remove_entry(parent, name, false, Some(caller))
+        self.remove_entry(parent, name, false, Some(caller)).map(drop)
     }
 
     /// Remove an empty directory.
@@ -552,7 +560,7 @@ impl Volume {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        self.remove_entry(parent, name, true, None)
+        self.remove_entry(parent, name, true, None).map(drop)
     }
 
     /// [`Volume::rmdir`] as `caller`, with the rules of [`Volume::unlink_as`].
@@ -560,7 +568,7 @@ impl Volume {
         if name == b"." || name == b".." {
             return self.rmdir(parent, name);
         }
-        self.remove_entry(parent, name, true, Some(caller))
+        self.remove_entry(parent, name, true, Some(caller)).map(drop)
     }
 
     /// Rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.

@@ -15,8 +15,9 @@ pub struct EmptyStep {
     pub next: u64,
     /// The listing reached the directory's end.
     pub done: bool,
-    /// Entries removed: name and inode (whose caches a frontend may have to drop).
-    pub removed: Vec<(Vec<u8>, u64)>,
+    /// Entries removed: name, inode (whose caches a frontend may have to drop) and the
+    /// links the inode has left.
+    pub removed: Vec<(Vec<u8>, u64, u32)>,
     /// Subdirectories met, left in place for the caller to empty and remove: name and
     /// inode.
     pub subdirs: Vec<(Vec<u8>, u64)>,
@@ -62,8 +63,8 @@ impl Volume {
                 left -= cost;
                 continue;
             }
-            match self.unlink_as(dir, &name, caller) {
-                Ok(()) => step.removed.push((name, ino)),
+            match self.remove_entry(dir, &name, false, Some(caller)) {
+                Ok(left) => step.removed.push((name, ino, left)),
                 // Gone meanwhile: what rm -rf would make of it too.
                 Err(Error::NotFound) => {}
                 Err(e) => {
@@ -173,8 +174,9 @@ pub struct SumStep {
     /// Their apparent size in bytes (st_size).
     pub bytes: u64,
     /// Entries with more than one link, which a sum counts once: inode, st_blocks,
-    /// st_size.
-    pub linked: Vec<(u64, u64, u64)>,
+    /// st_size, and how many of `subdirs` came before it in the listing (du counts a
+    /// file under the first of its names it meets, walking in listing order).
+    pub linked: Vec<(u64, u64, u64, u32)>,
     /// Subdirectories met, for the caller to sum: name and inode.
     pub subdirs: Vec<(Vec<u8>, u64)>,
     /// Entries whose inode could not be read.
@@ -187,14 +189,14 @@ impl Volume {
     /// at most `max` entries from position `from` with their attributes (read in disk
     /// order, as readdirplus), and ends early as [`Volume::empty_step`] does when its
     /// report would pass `room` bytes (a subdirectory or unreadable entry costs its name
-    /// and 8, a linked one 24).
+    /// and 8, a linked one 32).
     pub fn sum_step(&self, dir: u64, caller: &Caller, from: u64, max: usize, room: usize) -> Result<SumStep> {
         self.access(dir, caller, 1)?;
         let entries = self.readdir_plus(dir, from, max.max(1))?;
         let mut step = SumStep { next: from, done: entries.len() < max.max(1), ..SumStep::default() };
         let mut left = room;
         for (DirEntry { ino, ft, name, next }, attr) in entries {
-            let cost = name.len().max(16) + 8;
+            let cost = name.len().max(24) + 8;
             if cost > left {
                 step.done = false;
                 break;
@@ -212,7 +214,7 @@ impl Volume {
                 step.subdirs.push((name, ino));
                 left -= cost;
             } else if a.nlink > 1 {
-                step.linked.push((ino, a.blocks, a.size));
+                step.linked.push((ino, a.blocks, a.size, step.subdirs.len() as u32));
                 left -= cost;
             } else {
                 step.files += 1;

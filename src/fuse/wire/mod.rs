@@ -704,6 +704,24 @@ pub fn notify_inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
 /// `FUSE_IOCTL_DIR`: the ioctl was made on a directory.
 pub const IOCTL_DIR: u32 = 1 << 4;
 
+/// `FUSE_NOTIFY_DELETE`: a message (unique 0) telling the kernel that `name` in directory
+/// node `parent`, which led to node `child`, is gone: it drops the dentry and sets the
+/// inode's link count to 0 (so only for a last link).
+pub fn notify_delete(parent: u64, child: u64, name: &[u8]) -> Vec<u8> {
+    const NOTIFY_DELETE: i32 = 6;
+    let mut body = Vec::with_capacity(24 + name.len() + 1);
+    put_u64(&mut body, parent);
+    put_u64(&mut body, child);
+    put_u32(&mut body, name.len() as u32);
+    put_u32(&mut body, 0);
+    body.extend_from_slice(name);
+    body.push(0);
+    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
+    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_DELETE, unique: 0 }.encode(&mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
 /// `struct fuse_ioctl_out` for a plain answer (no retry, no iovecs), then `data`.
 pub fn encode_ioctl_out(result: i32, data: &[u8], out: &mut Vec<u8>) {
     put_u32(out, result as u32);

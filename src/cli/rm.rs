@@ -34,10 +34,17 @@ pub struct RmArgs {
 }
 
 /// Entries the daemon looks at per step: a step's reply carries the subdirectory names
-/// and failures it met, and the progress line moves once per step.
-const STEP_ENTRIES: u32 = 4096;
+/// and failures it met, and the progress line moves once per step. `DXFS_RM_STEP` sets
+/// another count (the tests interrupt a removal between small steps).
+fn step_entries() -> u32 {
+    std::env::var("DXFS_RM_STEP").ok().and_then(|v| v.parse().ok()).unwrap_or(4096)
+}
 
 struct Walk {
+    /// Ctrl-C (SIGINT, blocked and read from here): the walk stops after the step in
+    /// progress, which the daemon finishes whole.
+    interrupt: Option<nix::sys::signalfd::SignalFd>,
+    stopped: bool,
     removed: u64,
     ok: bool,
     /// Paths named as failed so far.
@@ -55,6 +62,14 @@ impl Walk {
     fn tick(&self) {
         self.bar.set_message(format!("{} removed", self.removed));
     }
+
+    /// Whether Ctrl-C was pressed: then nothing more is removed.
+    fn stop(&mut self) -> bool {
+        if !self.stopped {
+            self.stopped = self.interrupt.as_ref().is_some_and(|fd| matches!(fd.read_signal(), Ok(Some(_))));
+        }
+        self.stopped
+    }
 }
 
 pub fn run(a: RmArgs) -> i32 {
@@ -70,19 +85,39 @@ pub fn run(a: RmArgs) -> i32 {
     }
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
-    let mut w = Walk { removed: 0, ok: true, failures: 0, bar };
+    let mut w = Walk { interrupt: None, stopped: false, removed: 0, ok: true, failures: 0, bar };
     if let Some(image) = &a.image {
         return in_image(image, &a, &mut w);
     }
+    w.interrupt = catch_interrupt();
     for p in &a.paths {
         remove(p, &a, &mut w);
     }
     w.bar.finish_and_clear();
+    if w.stopped {
+        eprintln!("dxfs rm: interrupted after removing {} entries; the rest is as it was", w.removed);
+        return 130;
+    }
     i32::from(!w.ok)
+}
+
+/// SIGINT blocked and readable from a descriptor, so the walk can stop between steps
+/// (None if that cannot be set up: Ctrl-C then ends the command at once, which leaves the
+/// tree as consistent, only the progress line unfinished).
+fn catch_interrupt() -> Option<nix::sys::signalfd::SignalFd> {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGINT);
+    mask.thread_block().ok()?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
 /// Remove `path` as rm(1) would.
 fn remove(path: &Path, a: &RmArgs, w: &mut Walk) {
+    if w.stop() {
+        return;
+    }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => return,
@@ -101,6 +136,9 @@ fn remove(path: &Path, a: &RmArgs, w: &mut Walk) {
     }
     let before = w.failures;
     empty(path, a, w);
+    if w.stop() {
+        return;
+    }
     match std::fs::remove_dir(path) {
         Ok(()) => w.removed += 1,
         // Something inside stayed and was named already.
@@ -120,7 +158,7 @@ fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
     let mut subdirs = Vec::new();
     let mut from = 0;
     loop {
-        match control::empty_step(dir.as_fd(), StepRequest { from, max: STEP_ENTRIES }) {
+        match control::empty_step(dir.as_fd(), StepRequest { from, max: step_entries() }) {
             Ok(r) => {
                 w.removed += u64::from(r.removed);
                 for (errno, name) in r.failed {
@@ -130,7 +168,7 @@ fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
                 subdirs.extend(r.subdirs);
                 from = r.next;
                 w.tick();
-                if r.done {
+                if r.done || w.stop() {
                     break;
                 }
             }

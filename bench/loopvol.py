@@ -25,13 +25,19 @@ class LoopVolume:
     `preallocate=True`: the image's memory is allocated up front, as a real device has
     every block; a sparse image makes each first write of a block allocate (and zero) a
     page of tmpfs, which a redirect-on-write filesystem pays far more often than one that
-    overwrites in place."""
+    overwrites in place.
+    `delay_ms=D`: storage with latency instead: the image is served by `nbdkit file`
+    behind its delay filter (D ms on every read and write, flushes not delayed) on a
+    Unix socket; ext4 sits on a loop device over `nbdfuse`'s view of the export, dxfs
+    uses its own NBD client on the same kind of export."""
 
     def __init__(self, fs, size_gib, dxfs=None, transport="auto", options=(), log=None, fsck=False,
-                 preallocate=False):
+                 preallocate=False, delay_ms=None):
         self.fs, self.size_gib, self.dxfs = fs, size_gib, dxfs
         self.transport, self.options = transport, list(options)
         self.log, self.fsck, self.preallocate = log, fsck, preallocate
+        self.delay_ms = delay_ms
+        self.nbdkit = self.nbdfuse = self.nbdfuse_dir = None
         self.fsck_result = None
         self.daemon = None
         self.old_param = None
@@ -53,7 +59,13 @@ class LoopVolume:
             f.truncate(self.size_gib << 30)
             if self.preallocate:
                 os.posix_fallocate(f.fileno(), 0, self.size_gib << 30)
-        self.dev = run(["losetup", "--find", "--show", self.img]).stdout.strip()
+        backing = self.img
+        if self.delay_ms is not None:
+            backing = self._serve_nbd()
+        if backing.startswith("nbd"):
+            self.dev = backing
+        else:
+            self.dev = run(["losetup", "--find", "--show", backing]).stdout.strip()
         if self.fs == "ext4":
             run(["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.dev])
             run(["mount", self.dev, self.mnt])
@@ -67,6 +79,42 @@ class LoopVolume:
         run([self.dxfs, "mkfs", "-f", self.dev] + os.environ.get("DXFS_MKFS_OPTS", "").split())
         self._start_dxfs()
         return self
+
+    def _serve_nbd(self):
+        """Serve the image through nbdkit's delay filter; what the filesystem goes on: the
+        export's URI for dxfs, nbdfuse's file for ext4 (under a loop device)."""
+        sock = os.path.join(self.tmp, "nbd.sock")
+        cmd = ["nbdkit", "-f", "-U", sock]
+        if self.delay_ms:
+            cmd += ["--filter=delay"]
+        cmd += ["file", f"file={self.img}"]
+        if self.delay_ms:
+            cmd += [f"delay-read={self.delay_ms}ms", f"delay-write={self.delay_ms}ms"]
+        self.nbdkit = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(500):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        else:
+            raise RuntimeError("nbdkit did not start")
+        uri = f"nbd+unix:///?socket={sock}"
+        if self.fs == "dxfs":
+            return uri
+        self.nbdfuse_dir = os.path.join(self.tmp, "nbdfuse")
+        os.mkdir(self.nbdfuse_dir)
+        pidfile = os.path.join(self.tmp, "nbdfuse.pid")
+        # nbdfuse stays in the foreground and writes its pid once it serves.
+        self.nbdfuse = subprocess.Popen(["nbdfuse", "-P", pidfile, self.nbdfuse_dir, uri],
+                                        stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(500):
+            if os.path.exists(pidfile) and os.path.getsize(pidfile) > 0:
+                break
+            if self.nbdfuse.poll() is not None:
+                raise RuntimeError(f"nbdfuse exited with {self.nbdfuse.returncode}")
+            time.sleep(0.01)
+        else:
+            raise RuntimeError("nbdfuse did not start")
+        return os.path.join(self.nbdfuse_dir, "nbd")
 
     def _start_dxfs(self):
         err = open(self.log, "ab") if self.log else subprocess.DEVNULL
@@ -144,6 +192,8 @@ class LoopVolume:
                 with open(URING_PARAM, "w") as f:
                     f.write(self.old_param + "\n")
                 self.old_param = None
+            if self.dev and self.dev.startswith("nbd"):
+                self.dev = None
             if self.dev:
                 for _ in range(50):
                     if subprocess.run(["losetup", "-d", self.dev], capture_output=True).returncode == 0:
@@ -152,7 +202,28 @@ class LoopVolume:
                 else:
                     problems.append(f"losetup -d {self.dev} failed")
                 self.dev = None
-            for path, rm in ((self.img, os.unlink), (self.mnt, os.rmdir), (self.tmp, os.rmdir)):
+            if self.nbdfuse_dir:
+                if subprocess.run(["fusermount3", "-u", self.nbdfuse_dir], capture_output=True).returncode != 0:
+                    problems.append(f"fusermount3 -u {self.nbdfuse_dir} failed")
+                if self.nbdfuse is not None:
+                    try:
+                        self.nbdfuse.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        problems.append(f"nbdfuse {self.nbdfuse.pid} still running: killed")
+                        self.nbdfuse.kill()
+                        self.nbdfuse.wait()
+                    self.nbdfuse = None
+                if not os.path.ismount(self.nbdfuse_dir):
+                    os.rmdir(self.nbdfuse_dir)
+                self.nbdfuse_dir = None
+            if self.nbdkit is not None:
+                self.nbdkit.terminate()
+                self.nbdkit.wait()
+                self.nbdkit = None
+            sock = os.path.join(self.tmp, "nbd.sock") if self.tmp else None
+            pidfile = os.path.join(self.tmp, "nbdfuse.pid") if self.tmp else None
+            for path, rm in ((sock, os.unlink), (pidfile, os.unlink), (self.img, os.unlink), (self.mnt, os.rmdir),
+                             (self.tmp, os.rmdir)):
                 if path and os.path.exists(path):
                     try:
                         rm(path)

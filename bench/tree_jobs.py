@@ -5,6 +5,11 @@ over a sparse file in /dev/shm.
 
     python3 bench/tree_jobs.py [--files 100000] [--dirs 100] [--runs 3] [--bytes 16]
                                [--dxfs-bin target/release/dxfs] [--transport auto]
+                               [--delay-ms D]
+
+`--delay-ms D`: on storage with latency: every volume sits on an nbdkit export with its
+delay filter at D ms per read and write (ext4 through nbdfuse and a loop device, dxfs
+through its own NBD client); see bench/loopvol.py.
 
 Each run builds the tree (files of --bytes bytes, spread over --dirs directories), then
 sums it (du -s) and removes it warm (right after building: the kernel holds every dentry,
@@ -68,7 +73,7 @@ def one_run(target, a, dxfs):
     _, fs, du, rm = target
     out = {}
     size = max(2, a.files * (4096 + 512) // (1 << 30) + 2)
-    with LoopVolume(fs, size, dxfs, a.transport, fsck=True) as v:
+    with LoopVolume(fs, size, dxfs, a.transport, fsck=True, delay_ms=a.delay_ms) as v:
         for state in ("warm", "cold"):
             root = os.path.join(v.mnt, f"tree-{state}")
             build(root, a.files, a.dirs, a.bytes)
@@ -96,6 +101,7 @@ def main():
     ap.add_argument("--bytes", type=int, default=16)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--transport", default="auto")
+    ap.add_argument("--delay-ms", type=float, default=None, help="storage with latency (nbdkit delay filter)")
     ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
     a = ap.parse_args()
     dxfs = os.path.abspath(a.dxfs_bin)
@@ -107,6 +113,7 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"{time.strftime('%Y-%m-%d')}, {platform.release()}, {os.cpu_count()} vCPUs ({cpu}); "
           f"{a.files:,} files of {a.bytes} B in {a.dirs} directories; dxfs transport {a.transport}; "
+          f"{'storage: nbdkit, %g ms a request; ' % a.delay_ms if a.delay_ms is not None else ''}"
           f"median of {a.runs} runs; seconds (× ext4's)\n")
     for job, title in (("du", "sum (du -s)"), ("rm", "removal")):
         print(f"| {title} | command | warm | cold | dxfs requests (cold) |")

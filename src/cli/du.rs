@@ -15,7 +15,12 @@ use std::path::{Path, PathBuf};
 use dxfs::fuse::control::{self, StepRequest};
 
 #[derive(clap::Args)]
+// `-h` is du's human-readable sizes, so help is `--help` only, as in du.
+#[command(disable_help_flag = true)]
 pub struct DuArgs {
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    help: Option<bool>,
     /// Print only a total for each path.
     #[arg(short, long)]
     summarize: bool,

@@ -164,6 +164,14 @@ pub fn run(args: Vec<OsString>) -> i32 {
 mod tests {
     use super::parse_size;
 
+    /// clap's own checks of the command line's definition (unique flags and the like),
+    /// which otherwise run only in debug builds, at the first use of a subcommand.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("512M"), Some(512 << 20));

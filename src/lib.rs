@@ -42,7 +42,7 @@ mod volume;
 /// Block devices: the trait the volume stores its blocks through, image files and block
 /// devices, memory, NBD servers, and the fault-injecting device of the crash tests.
 pub mod block {
-    pub use crate::disk::device::{BlockDevice, FileDevice, IoStats, MemDevice};
+    pub use crate::disk::device::{AlignedBuf, BlockDevice, FileDevice, IoStats, MemDevice};
     pub use crate::disk::fault::{CrashImages, CrashMode, FaultDevice};
     pub use crate::disk::nbd::{is_nbd_uri, NbdDevice, NbdEndpoint, NbdTarget};
     pub use crate::disk::open_device;

@@ -89,7 +89,7 @@ pub fn run(a: InfoArgs) -> i32 {
         }
         println!("Block size:               4096");
         println!("Block count:              {}", l.block_count);
-        println!("Log areas:                2 x {} blocks at {}", l.log_blocks, dxfs::internals::LOG_START);
+        println!("Log areas:                2 x {} blocks at {}", l.log_blocks, l.log_area(0));
         let spilled = l.bitmap_count() - l.bitmap_blocks;
         println!(
             "Bitmap:                   {} blocks at {}{}",

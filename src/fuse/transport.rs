@@ -57,7 +57,7 @@ pub enum Reply {
     /// Success, with the reply struct(s) encoded.
     Data(Vec<u8>),
     /// Success: file data read into an aligned buffer, sent from where it was read.
-    Aligned(crate::disk::device::AlignedBuf),
+    Aligned(crate::block::AlignedBuf),
     /// A positive errno.
     Error(i32),
 }

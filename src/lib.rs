@@ -43,6 +43,7 @@ mod volume;
 /// devices, memory, NBD servers, and the fault-injecting device of the crash tests.
 pub mod block {
     pub use crate::disk::device::{AlignedBuf, BlockDevice, FileDevice, IoStats, MemDevice};
+    #[cfg(feature = "testing")]
     pub use crate::disk::fault::{CrashImages, CrashMode, FaultDevice};
     pub use crate::disk::nbd::{is_nbd_uri, NbdDevice, NbdEndpoint, NbdTarget};
     pub use crate::disk::open_device;

@@ -4,6 +4,7 @@
 
 pub(crate) mod codec;
 pub mod device;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub(crate) mod format;
 pub mod hash;

@@ -147,6 +147,7 @@ impl ReadAhead {
         self.hits.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[cfg(feature = "testing")]
     /// Device runs served from pieces read ahead, since the volume was opened.
     pub(super) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
@@ -226,6 +227,7 @@ impl ReadAhead {
         }
     }
 
+    #[cfg(feature = "testing")]
     /// Wait until every piece under way has been read.
     pub(super) fn settle(&self) {
         let pieces: Vec<Arc<Piece>> = self.streams.lock().iter().filter_map(|s| s.piece.clone()).collect();

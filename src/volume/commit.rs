@@ -352,6 +352,7 @@ impl Shared {
 }
 
 impl Volume {
+    #[cfg(feature = "testing")]
     /// Test hook (issue 14's concurrency harness): from now on, remember for every delta
     /// sealed for the log its sequence number and the linearization stamp (see
     /// [`Volume::last_stamp`]) of the lock hold that sealed it, so a test can tell which
@@ -361,6 +362,7 @@ impl Volume {
         self.lock().commit_stamps.lock().get_or_insert_with(Vec::new);
     }
 
+    #[cfg(feature = "testing")]
     /// Test hook: the `(sequence number, stamp)` of every delta sealed since
     /// [`Volume::record_commit_stamps`], in order.
     #[doc(hidden)]
@@ -370,6 +372,7 @@ impl Volume {
         stamps
     }
 
+    #[cfg(feature = "testing")]
     /// Test hook: deltas committed part way through a commit's write-back because the
     /// log filled (docs/DESIGN.md, "Deltas and the crash model").
     #[doc(hidden)]

@@ -473,11 +473,13 @@ impl Volume {
         }
     }
 
+    #[cfg(feature = "testing")]
     /// Device runs served from data read ahead (`ahead.rs`) since the volume was opened.
     pub fn read_ahead_hits(&self) -> u64 {
         self.s.ahead.hits()
     }
 
+    #[cfg(feature = "testing")]
     /// Wait until the data being read ahead has been read (for tests that change a file
     /// behind a piece read ahead).
     pub fn settle_read_ahead(&self) {

@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::disk::codec::*;
 use crate::disk::device::{BlockDevice, IoStats};
 use crate::disk::format::*;
+#[cfg(feature = "testing")]
 use crate::engine::btree;
 use crate::engine::leaf::{Leaf, LeafKind, Padded, Sharded, SlotCounter, SLOTS};
 use crate::engine::log::Journal;
@@ -537,6 +538,7 @@ impl Volume {
         }
     }
 
+    #[cfg(feature = "testing")]
     /// Number of entries in a directory (without . and ..), and its index depth.
     pub fn dir_stats(&self, ino: u64) -> Result<(u64, u16)> {
         let d = self.op(&[(ino, Mode::Read)]).dir_inode(ino)?;
@@ -544,6 +546,7 @@ impl Volume {
         Ok((di.entries, di.tree.depth))
     }
 
+    #[cfg(feature = "testing")]
     /// Blocks of a file's extent tree (none while its map is inline; tests and tools).
     pub fn extent_tree_blocks(&self, ino: u64) -> Result<Vec<u64>> {
         let g = self.op(&[(ino, Mode::Read)]);
@@ -554,6 +557,7 @@ impl Volume {
         }
     }
 
+    #[cfg(feature = "testing")]
     /// Blocks of a directory's index (for readahead experiments and tests).
     pub fn dir_blocks(&self, ino: u64) -> Result<Vec<u64>> {
         let g = self.op(&[(ino, Mode::Read)]);
@@ -582,12 +586,14 @@ impl Volume {
         r
     }
 
+    #[cfg(feature = "testing")]
     /// How many xattr lists were read from xattr blocks so far (the storage reads the
     /// bloom filter exists to avoid).
     pub fn xattr_block_reads(&self) -> u64 {
         self.s.inner.read_inner().st.xattr_block_reads.load(Ordering::Relaxed)
     }
 
+    #[cfg(feature = "testing")]
     /// Drop clean cached metadata (a cold-cache start without remounting).
     pub fn drop_caches(&self) -> Result<()> {
         // Holding the journal lock keeps any commit from being in flight while the cache

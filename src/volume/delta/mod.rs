@@ -197,6 +197,7 @@ impl Delta {
         (self.log_capacity as usize).saturating_sub(OP_LOG_BLOCKS as usize + WRITEBACK_HEADROOM)
     }
 
+    #[cfg(feature = "testing")]
     /// Deltas committed part way through a write-back because the log filled.
     pub(super) fn split_commits(&self) -> u64 {
         self.split_commits

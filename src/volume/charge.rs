@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 
-use super::contention::Op;
+use super::contention::{Op, RetriedCost};
 use super::delta::{Cost, Short};
 use super::*;
 use crate::engine::deferred;
@@ -107,7 +107,7 @@ impl Volume {
         &self,
         ino: u64,
         want: &[(u64, Mode)],
-        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
+        cost: impl RetriedCost<T>,
     ) -> Result<(Op<'_>, T)> {
         loop {
             let seen = self.s.landed.generation();
@@ -123,11 +123,7 @@ impl Volume {
 
     /// [`Volume::charged`], also handing back what the cost function read (typically the
     /// decoded inodes), so the operation does not read them again.
-    pub(super) fn charged_with<T>(
-        &self,
-        want: &[(u64, Mode)],
-        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
-    ) -> Result<(Op<'_>, T)> {
+    pub(super) fn charged_with<T>(&self, want: &[(u64, Mode)], cost: impl RetriedCost<T>) -> Result<(Op<'_>, T)> {
         // The cost's reads are put off when they miss (`engine::deferred`); commits and
         // waits here never run twice. Inside a caller's `Volume::unlocked_reads` the
         // caller reads what was missed; otherwise this does.
@@ -175,12 +171,7 @@ impl Volume {
         }
     }
 
-    fn charge<T>(
-        &self,
-        want: &[(u64, Mode)],
-        cost: impl Fn(&Inner) -> Result<(Cost, T)>,
-        outer: bool,
-    ) -> Result<(Op<'_>, T)> {
+    fn charge<T>(&self, want: &[(u64, Mode)], cost: impl RetriedCost<T>, outer: bool) -> Result<(Op<'_>, T)> {
         let mut commits = 0;
         let mut waits = 0;
         let mut settled = false;

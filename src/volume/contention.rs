@@ -22,6 +22,25 @@ use super::delta::Cost;
 use super::locks::{Locked, Mode};
 use super::{Delta, Inner, OpenOptions, Shared, Volume};
 use crate::engine::deferred;
+
+/// Marks what a closure's callers may do to it: **run it again**, up to
+/// `deferred::MAX_ROUNDS` + 1 times. A run that meets a block the cache lacks fails with
+/// `Missed`, having let go of every lock; the block is read with nothing held, and the
+/// closure runs from the start (docs/DESIGN.md, "No lock across a metadata read"). So it
+/// must change nothing before its last read, and compute the same thing from the same
+/// state each time. Every closure handed to [`Volume::unlocked_reads`],
+/// [`Volume::reading`] or a `Volume::charged*` cost function has one of these types.
+pub(super) trait Retried<T>: FnMut() -> Result<T> {}
+impl<T, F: FnMut() -> Result<T>> Retried<T> for F {}
+
+/// A read-only operation over locked inodes that may run again (see [`Retried`]).
+pub(super) trait RetriedRead<T>: Fn(&mut dyn MetaRead, &Seen) -> Result<T> {}
+impl<T, F: Fn(&mut dyn MetaRead, &Seen) -> Result<T>> RetriedRead<T> for F {}
+
+/// An operation's cost function, which may run again (see [`Retried`]): the worst case
+/// it reserves, and what it read to compute it.
+pub(super) trait RetriedCost<T>: Fn(&Inner) -> Result<(Cost, T)> {}
+impl<T, F: Fn(&Inner) -> Result<(Cost, T)>> RetriedCost<T> for F {}
 use crate::engine::leaf::LEAF_KINDS;
 pub use crate::engine::leaf::LEAF_NAMES as LEAF_LOCK_NAMES;
 use crate::engine::store::MetaRead;
@@ -383,11 +402,7 @@ impl Volume {
     /// not wait for each other, only for writers of what they read. `f` must not change
     /// anything but what it returns: a block the cache lacks is read with nothing held,
     /// and `f` runs again (see [`Volume::unlocked_reads`]).
-    pub(super) fn reading<T>(
-        &self,
-        want: &[(u64, Mode)],
-        f: impl Fn(&mut dyn MetaRead, &Seen) -> Result<T>,
-    ) -> Result<T> {
+    pub(super) fn reading<T>(&self, want: &[(u64, Mode)], f: impl RetriedRead<T>) -> Result<T> {
         self.unlocked_reads(|| {
             let op = self.op(want);
             let r = f(&mut op.st.tx(), &op.seen());
@@ -400,7 +415,7 @@ impl Volume {
     /// with `Missed` it has let go of all it held; what it missed is read, with nothing
     /// held, and it runs again. Reads it noted but did not wait for (readahead) are done
     /// after it, also with nothing held.
-    pub(super) fn unlocked_reads<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    pub(super) fn unlocked_reads<T>(&self, mut f: impl Retried<T>) -> Result<T> {
         let r = loop {
             match deferred::defer_misses(&mut f) {
                 Err(Error::Missed) => {

@@ -313,7 +313,7 @@ impl Server {
             return Reply::Error(libc::EINVAL);
         }
         let caller = caller_of(h);
-        // A step read-locks the inodes it lists: a few thousand at most.
+        // A summing step read-locks the inodes it lists: a few thousand at most.
         let max = req.max.clamp(1, 4096) as usize;
         let body = if cmd == IOC_EMPTY_STEP {
             self.empty_step(op, h, ino, &caller, req.from, max)

@@ -44,9 +44,8 @@ impl Volume {
     /// before an entry when the names reported so far, at `name.len() + 8` bytes each,
     /// could pass `room` with it (a reply of bounded size).
     pub fn empty_step(&self, dir: u64, caller: &Caller, from: u64, max: usize, room: usize) -> Result<EmptyStep> {
-        // A plain listing: readdirplus's sweep over the inode blocks helped little on 1 ms
-        // storage (0.58× to 0.53× ext4's `rm -rf`, one run) and cost half as much again in
-        // memory (0.15× to 0.23×), for its locks and attributes.
+        // A plain listing: readdirplus's sweep over the inode blocks saved little on slow
+        // storage and cost more than it saved in memory, for its locks and attributes.
         let entries = self.readdir(dir, from, max.max(1))?;
         let mut step = EmptyStep { next: from, done: entries.len() < max.max(1), ..EmptyStep::default() };
         let mut left = room;

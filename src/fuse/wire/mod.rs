@@ -670,57 +670,55 @@ pub fn encode_dirent(out: &mut Vec<u8>, ino: u64, next: u64, dtype: u32, name: &
     out.resize(start + dirent_size(name.len(), false), 0);
 }
 
-/// `FUSE_NOTIFY_INVAL_INODE`: a message (unique 0) telling the kernel to drop node
-/// `ino`'s cached attributes and the pages of `[offset, offset + len)` (len 0: to the end).
+/// A notification: a message with unique 0 whose code travels in the header's error
+/// field, positive, then `body`.
+fn notification(code: i32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
+    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: code, unique: 0 }.encode(&mut out);
+    out.extend_from_slice(body);
+    out
+}
+
+/// `FUSE_NOTIFY_INVAL_INODE`: tell the kernel to drop node `ino`'s cached attributes and
+/// the pages of `[offset, offset + len)` (len 0: to the end).
 pub fn notify_inval_inode(ino: u64, offset: i64, len: i64) -> Vec<u8> {
-    const NOTIFY_INVAL_INODE: i32 = 2;
     let mut body = Vec::with_capacity(24);
     put_u64(&mut body, ino);
     put_u64(&mut body, offset as u64);
     put_u64(&mut body, len as u64);
-    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
-    // A notification's code travels in the error field, positive.
-    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_INODE, unique: 0 }.encode(&mut out);
-    out.extend_from_slice(&body);
-    out
+    notification(2, &body)
 }
 
-/// `FUSE_NOTIFY_INVAL_ENTRY`: a message (unique 0) telling the kernel to drop its dentry
-/// for `name` in directory node `parent` (the name is gone, or leads elsewhere now).
+/// `FUSE_NOTIFY_INVAL_ENTRY`: tell the kernel to drop its dentry for `name` in directory
+/// node `parent` (the name is gone, or leads elsewhere now).
 pub fn notify_inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
-    const NOTIFY_INVAL_ENTRY: i32 = 3;
     let mut body = Vec::with_capacity(16 + name.len() + 1);
     put_u64(&mut body, parent);
-    put_u32(&mut body, name.len() as u32);
-    put_u32(&mut body, 0);
+    put_name(&mut body, name);
+    notification(3, &body)
+}
+
+/// `FUSE_NOTIFY_DELETE`: tell the kernel that `name` in directory node `parent`, which led
+/// to node `child`, is gone: it drops the dentry and sets the inode's link count to 0
+/// (so only for a last link).
+pub fn notify_delete(parent: u64, child: u64, name: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24 + name.len() + 1);
+    put_u64(&mut body, parent);
+    put_u64(&mut body, child);
+    put_name(&mut body, name);
+    notification(6, &body)
+}
+
+/// A notification's name: its length, padding, the bytes and a NUL.
+fn put_name(body: &mut Vec<u8>, name: &[u8]) {
+    put_u32(body, name.len() as u32);
+    put_u32(body, 0);
     body.extend_from_slice(name);
     body.push(0);
-    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
-    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_INVAL_ENTRY, unique: 0 }.encode(&mut out);
-    out.extend_from_slice(&body);
-    out
 }
 
 /// `FUSE_IOCTL_DIR`: the ioctl was made on a directory.
 pub const IOCTL_DIR: u32 = 1 << 4;
-
-/// `FUSE_NOTIFY_DELETE`: a message (unique 0) telling the kernel that `name` in directory
-/// node `parent`, which led to node `child`, is gone: it drops the dentry and sets the
-/// inode's link count to 0 (so only for a last link).
-pub fn notify_delete(parent: u64, child: u64, name: &[u8]) -> Vec<u8> {
-    const NOTIFY_DELETE: i32 = 6;
-    let mut body = Vec::with_capacity(24 + name.len() + 1);
-    put_u64(&mut body, parent);
-    put_u64(&mut body, child);
-    put_u32(&mut body, name.len() as u32);
-    put_u32(&mut body, 0);
-    body.extend_from_slice(name);
-    body.push(0);
-    let mut out = Vec::with_capacity(OutHeader::SIZE + body.len());
-    OutHeader { len: (OutHeader::SIZE + body.len()) as u32, error: NOTIFY_DELETE, unique: 0 }.encode(&mut out);
-    out.extend_from_slice(&body);
-    out
-}
 
 /// `struct fuse_ioctl_out` for a plain answer (no retry, no iovecs), then `data`.
 pub fn encode_ioctl_out(result: i32, data: &[u8], out: &mut Vec<u8>) {

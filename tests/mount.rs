@@ -3196,3 +3196,70 @@ fn dxfs_rm_stops_cleanly_at_ctrl_c() {
     m.unmount();
     s.fsck();
 }
+
+/// A tmpfs of a given size mounted on a directory, unmounted when dropped: a host file
+/// system that fills.
+struct SmallHost(PathBuf);
+
+impl SmallHost {
+    fn mount(dir: PathBuf, mib: u64) -> SmallHost {
+        fs::create_dir_all(&dir).unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={mib}M"), "tmpfs"]).arg(&dir).status();
+        assert!(st.unwrap().success(), "mount tmpfs");
+        SmallHost(dir)
+    }
+
+    /// Fill it but for about `leave` bytes.
+    fn fill(&self, leave: u64) {
+        let st = nix::sys::statvfs::statvfs(&self.0).unwrap();
+        let avail = st.blocks_available() * st.fragment_size();
+        fs::write(self.0.join("filler"), vec![0u8; avail.saturating_sub(leave) as usize]).unwrap();
+    }
+}
+
+impl Drop for SmallHost {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The file system holding a sparse image fills (issue 39, item 15): the writer's fsync
+/// gets ENOSPC, changes get ENOSPC, reads go on, nothing committed is lost, and once the
+/// host has room again `dxfs sync` commits what waited, without a remount.
+#[test]
+fn a_full_host_file_system_gives_enospc_and_the_mount_goes_on() {
+    require_fuse!();
+    not_over_nbd!("the image lies on a small tmpfs");
+    let tmp = tempfile::tempdir().unwrap();
+    let host = SmallHost::mount(tmp.path().join("host"), 40);
+    let image = host.0.join("image");
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mkfs(Arc::new(FileDevice::create(&image, 256 << 20).unwrap()), &MkfsOptions::default()).unwrap();
+    let s = Scratch { tmp, image, mnt, nbd: std::sync::Mutex::new(None) };
+    let m = s.mount(&["-o", "commit=3600"]);
+    fs::write(s.path("keep"), pattern(1, 100_000)).unwrap();
+    assert!(dxfs().arg("sync").arg(&s.mnt).status().unwrap().success());
+    host.fill(2 << 20);
+    let big = pattern(2, 16 << 20);
+    let mut f = File::create(s.path("big")).unwrap();
+    f.write_all(&big).unwrap();
+    assert_eq!(errno(f.sync_all()), libc::ENOSPC, "fsync on a full host");
+    drop(f);
+    assert_eq!(errno(File::create(s.path("new"))), libc::ENOSPC, "a create while the host is full");
+    assert_eq!(fs::read(s.path("keep")).unwrap(), pattern(1, 100_000));
+    let out = dxfs().arg("sync").arg(&s.mnt).output().unwrap();
+    assert!(!out.status.success(), "dxfs sync on a full host succeeded");
+    fs::remove_file(host.0.join("filler")).unwrap();
+    let st = dxfs().arg("sync").arg(&s.mnt).status().unwrap();
+    assert!(st.success(), "dxfs sync once there is room: {st}");
+    fs::write(s.path("new"), b"after").unwrap();
+    assert!(fs::read(s.path("big")).unwrap() == big, "the data that waited");
+    m.unmount();
+    s.fsck();
+    let m = s.mount(&[]);
+    assert!(fs::read(s.path("big")).unwrap() == big, "the data after a remount");
+    assert_eq!(fs::read(s.path("new")).unwrap(), b"after");
+    m.unmount();
+    s.fsck();
+}

@@ -318,6 +318,56 @@ fn error_filter_eio_surfaces_and_fsck_is_clean() {
     assert_clean(file);
 }
 
+/// A server whose disk is full (nbdkit's error filter: every write ENOSPC while a file
+/// exists) stalls the commit: fsync and changes get ENOSPC, reads go on, and once it takes
+/// writes again a sync commits what waited; the image is clean and holds it.
+#[test]
+fn a_full_server_stalls_the_commit_until_it_has_room() {
+    need!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    sparse_image(&img, 64 << 20);
+    {
+        let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+        mkfs(file, &MkfsOptions::default()).unwrap();
+    }
+    let sock = dir.path().join("s");
+    let full = dir.path().join("full");
+    let img_arg = format!("file={}", img.display());
+    let trigger = format!("error-pwrite-file={}", full.display());
+    {
+        let srv = nbdkit(
+            &sock,
+            &["--filter=error", "file", &img_arg, "error-pwrite=ENOSPC", "error-pwrite-rate=100%", &trigger],
+        );
+        let dev = open_device(&srv.uri("", 5), false).unwrap();
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        let root = vol.root();
+        let a = vol.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+        vol.write(a, 0, &content(1, 9000)).unwrap();
+        vol.fsync(a).unwrap();
+        std::fs::write(&full, b"").unwrap();
+        let b = vol.create(root, b"b", 0o644, 0, 0).unwrap().ino;
+        vol.write(b, 0, &content(2, 50_000)).unwrap();
+        assert!(matches!(vol.fsync(b), Err(Error::NoSpace)));
+        assert!(matches!(vol.create(root, b"c", 0o644, 0, 0), Err(Error::NoSpace)));
+        assert_eq!(vol.read(a, 0, 9000).unwrap(), content(1, 9000));
+        assert_eq!(vol.read(b, 0, 50_000).unwrap(), content(2, 50_000));
+        std::fs::remove_file(&full).unwrap();
+        vol.sync().unwrap();
+        vol.create(root, b"c", 0o644, 0, 0).unwrap();
+        vol.close().unwrap();
+    }
+    let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+    assert_clean(file.clone());
+    let vol = Volume::open(file.clone(), OpenOptions::default()).unwrap();
+    let b = vol.lookup(vol.root(), b"b").unwrap().ino;
+    assert_eq!(vol.read(b, 0, 50_000).unwrap(), content(2, 50_000));
+    assert!(vol.lookup(vol.root(), b"c").is_ok());
+    vol.close().unwrap();
+    assert_clean(file);
+}
+
 /// Kill the server mid-workload (nbdkit's file plugin, then qemu-nbd). Restarted within
 /// the timeout, the client reconnects and the workload goes on; left down, requests fail
 /// with EIO after the timeout. Either way the image is clean and every file fsynced

@@ -65,6 +65,9 @@ impl Drop for NoWait {
 /// back what they reserved (20 µs each) before it commits or fails.
 const SETTLE_WAITS: u32 = 500;
 
+/// How often a change tries a commit stalled for want of room again.
+const STALL_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Volume {
     /// Begin an operation on `want` that reads file `ino`'s data: as [`Volume::op`], but
     /// first waiting (with nothing held) until no commit or flush is writing that file's
@@ -77,6 +80,7 @@ impl Volume {
             if !op.delta.in_flight(ino) {
                 return Ok(op);
             }
+            self.stalled_data()?;
             op.wait_past(&self.s.landed, seen, None);
             if self.s.inner.read_inner().is_failed() {
                 return Err(Error::Failed);
@@ -115,6 +119,7 @@ impl Volume {
             if !op.delta.in_flight(ino) {
                 return Ok((op, read));
             }
+            self.stalled_data()?;
             may_wait()?;
             // Everything is let go while waiting, so the charge is made again.
             op.wait_past(&self.s.landed, seen, None);
@@ -135,6 +140,42 @@ impl Volume {
             }
             r
         })
+    }
+
+    /// While a commit waits for the storage's room (`Shared::stall`), changes fail with
+    /// ENOSPC at once; every `STALL_RETRY` one of them first has the background
+    /// committer try that commit again, so the volume goes on by itself once the storage
+    /// has room.
+    fn storage_room(&self) -> Result<()> {
+        if !self.s.storage_full.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let due = {
+            let mut t = self.s.stall_tried.lock();
+            let due = t.elapsed() >= STALL_RETRY;
+            if due {
+                *t = std::time::Instant::now();
+            }
+            due
+        };
+        if due {
+            may_wait()?;
+            self.commit_soon()?;
+        }
+        if self.s.storage_full.load(Ordering::Acquire) {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// A file's data that waits with a stalled commit (its overwrites in place, written
+    /// only after the commit) cannot be read until the storage has room: ENOSPC rather
+    /// than a wait of unknown length.
+    fn stalled_data(&self) -> Result<()> {
+        if self.s.storage_full.load(Ordering::Acquire) {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 
     /// ENOSPC for the operation `op` — unless files lost their last link moments ago
@@ -176,6 +217,7 @@ impl Volume {
         let mut waits = 0;
         let mut settled = false;
         loop {
+            self.storage_room()?;
             let mut op = self.op(want);
             op.check_writable()?;
             let (c, read) = match deferred::defer_misses(|| cost(&op)) {

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::disk::device::storage_full;
 use crate::error::{Error, Result};
 use crate::fs::file;
 
@@ -87,6 +88,8 @@ impl Shared {
             // as after a failed write, and they are woken to find it so.
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(served))) {
                 Ok(Ok(())) => {}
+                // A commit stalled for want of room said so once (`stall`).
+                Ok(Err(Error::NoSpace)) if self.storage_full.load(Ordering::Acquire) => {}
                 Ok(Err(e)) => tracing::error!("background commit failed: {e}"),
                 Err(_) => {
                     tracing::error!("background commit panicked; no further changes will be committed");
@@ -174,7 +177,12 @@ impl Shared {
         let _flushing = Flushing::start(&self.flushing);
         let data = {
             let mut g = self.lock();
-            if g.is_failed() || g.opts.read_only || !g.delta.wants_more_flushing(&g.st) {
+            // While a commit waits for the storage's room, nothing more is written ahead.
+            if g.is_failed()
+                || g.opts.read_only
+                || self.storage_full.load(Ordering::Acquire)
+                || !g.delta.wants_more_flushing(&g.st)
+            {
                 return Ok(false);
             }
             // As a commit: a volume left clean by `shutdown` takes its mount mark back
@@ -245,6 +253,7 @@ impl Shared {
     /// delta is snapshotted (the front end is free to go on), before the writes.
     fn commit(&self, snapshotted: impl Fn()) -> Result<()> {
         let mut journal = self.journal.lock();
+        self.resume_stalled(&mut journal)?;
         let mut flight = {
             let mut g = self.lock();
             if g.is_failed() {
@@ -301,9 +310,10 @@ impl Shared {
             if !home.get() {
                 // As a failed data write: no reader waits for data that will not come.
                 self.data_done(&self.inner.read_inner(), false);
-            } else if !late.is_empty() {
+            } else if !late.is_empty() && !stalls(&r) {
                 self.data_done(&self.inner.read_inner(), r.is_ok());
             }
+            flight.late = late;
             return self.committed(flight, r);
         }
         let pages: u64 = data.iter().map(|w| w.pages.len() as u64).sum();
@@ -322,16 +332,59 @@ impl Shared {
         }
         wrote?;
         let r = journal.commit(&*dev, &flight.blocks, &late_refs(&late));
-        if !late.is_empty() {
+        if !late.is_empty() && !stalls(&r) {
             // Overwrites in place are home only now.
             self.data_done(&self.inner.read_inner(), r.is_ok());
         }
+        flight.late = late;
         self.committed(flight, r)
+    }
+
+    /// Commit the flight that stalled for want of room, if there is one, before anything
+    /// else: it is the delta after the last committed one, and every later one builds on
+    /// it. Its data is written or held (`HeldWrites`), so only the log and home writes are
+    /// made again, with the same sequence number (nothing of its first try is committed:
+    /// its flush or commit block failed). `Error::NoSpace` while the storage is still full.
+    fn resume_stalled(&self, journal: &mut Journal) -> Result<()> {
+        let Some(mut flight) = self.stalled.lock().take() else { return Ok(()) };
+        *self.stall_tried.lock() = std::time::Instant::now();
+        let late = std::mem::take(&mut flight.late);
+        let r = journal.commit(&*self.dev, &flight.blocks, &late_refs(&late));
+        if !late.is_empty() && !stalls(&r) {
+            self.data_done(&self.inner.read_inner(), r.is_ok());
+        }
+        flight.late = late;
+        if r.is_ok() && self.storage_full.swap(false, Ordering::AcqRel) {
+            tracing::info!("the storage has room again: the stalled commit {} is done", journal.seq);
+        }
+        self.committed(flight, r)
+    }
+
+    /// A commit found the storage full: keep its flight whole for `resume_stalled`, and
+    /// have changes fail with ENOSPC until then. The volume does not fail: the disk holds
+    /// the last committed delta, and memory this one and what follows it.
+    fn stall(&self, flight: Flight, e: &Error) -> Result<()> {
+        *self.stalled.lock() = Some(flight);
+        *self.stall_tried.lock() = std::time::Instant::now();
+        if !self.storage_full.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "a commit waits for room on the storage ({e}): until there is room, changes fail with \
+                 ENOSPC, and each sync tries the commit again; nothing committed is lost"
+            );
+        }
+        // Readers of files whose data waits with it stop waiting (`Volume::op_landed`).
+        self.landed.notify_all();
+        Err(Error::NoSpace)
     }
 
     /// A flight's log and home writes are done (`r`): trim its frees and release what
     /// it held.
     fn committed(&self, flight: Flight, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            if storage_full(e) {
+                return self.stall(flight, e);
+            }
+        }
         if r.is_ok() && self.discard {
             // Durable: the freed runs are unreferenced, and still held, so nothing can
             // reuse them before the trim is done.
@@ -415,7 +468,11 @@ impl Volume {
             if g.is_failed() {
                 return Err(Error::Failed);
             }
-            if ino != g.st.sb.root_ino && g.delta.page_count(ino) == 0 && !g.st.inode_changed(ino) {
+            if ino != g.st.sb.root_ino
+                && g.delta.page_count(ino) == 0
+                && !g.st.inode_changed(ino)
+                && !self.s.storage_full.load(Ordering::Acquire)
+            {
                 return Ok(());
             }
         }
@@ -450,6 +507,10 @@ impl Volume {
     /// rewrite the whole last delta).
     pub(super) fn checkpoint(&self) -> Result<()> {
         let mut journal = self.s.journal.lock();
+        // The stalled delta, not an empty one, must take the next sequence number.
+        if self.s.stalled.lock().is_some() {
+            return Err(Error::NoSpace);
+        }
         let mut g = self.lock();
         if g.is_failed() || g.opts.read_only || journal.last_blocks == 0 || g.st.dirty_count() > 0 {
             return Ok(());
@@ -460,6 +521,11 @@ impl Volume {
         g.delta.checkpointed(journal.seq);
         Ok(())
     }
+}
+
+/// Whether a commit's result says the storage was full (the commit stalls).
+fn stalls(r: &Result<()>) -> bool {
+    matches!(r, Err(e) if storage_full(e))
 }
 
 /// Marks a flush under way (see `Shared::flushing`) until dropped.

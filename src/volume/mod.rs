@@ -44,7 +44,7 @@ mod types;
 
 use contention::LockCounters;
 pub use contention::{LockStats, ReadStats, LEAF_LOCK_NAMES};
-use delta::{Cost, Delta};
+use delta::{Cost, Delta, Flight};
 use locks::{InodeLocks, Mode};
 pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
@@ -266,6 +266,13 @@ struct Shared {
     /// Runs of file data (one device request or more each) a commit has snapshotted and
     /// not yet written: scattered pages are held back by runs, not by pages.
     in_flight_runs: std::sync::atomic::AtomicU64,
+    /// A flight whose commit found the storage full (`disk::device::HeldWrites`): kept
+    /// whole and committed again before anything else (`Shared::resume_stalled`).
+    stalled: Mutex<Option<Flight>>,
+    /// `stalled` holds a flight: every change looks at this, and fails with ENOSPC.
+    storage_full: std::sync::atomic::AtomicBool,
+    /// When the stalled commit was last tried.
+    stall_tried: Mutex<std::time::Instant>,
     read_only: bool,
     discard: bool,
     atime: AtimePolicy,
@@ -380,6 +387,11 @@ impl Volume {
         // A read-write open takes the mount mark before it writes anything (the log
         // replay): another host's fresh mark refuses it.
         let mark = if opts.read_only { None } else { mark::acquire(&dev, &sb, opts.mark_interval_ms)? };
+        // A write the storage refuses for want of room is held until it has room again,
+        // so a full host file system stalls a commit instead of failing the volume. (The
+        // mark goes by the caller's device: opens of one handle share one holder.)
+        let dev: Arc<dyn BlockDevice> =
+            if opts.read_only { dev } else { Arc::new(crate::disk::device::HeldWrites::new(dev)) };
         let opened = if opts.read_only {
             // A damaged free-space map or state block does not keep a read-only open from
             // reading the namespace (fsck rebuilds both from the tree).
@@ -457,6 +469,9 @@ impl Volume {
                 flushing: Default::default(),
                 in_flight_pages: Default::default(),
                 in_flight_runs: Default::default(),
+                stalled: Mutex::new(None),
+                storage_full: Default::default(),
+                stall_tried: Mutex::new(std::time::Instant::now()),
                 read_only,
                 discard,
                 atime,
@@ -623,7 +638,14 @@ impl Drop for Volume {
         };
         if !ro && !failed {
             if let Err(e) = self.commit().and_then(|_| self.checkpoint()) {
-                tracing::error!("commit at close failed: {e}");
+                if self.s.storage_full.load(Ordering::Acquire) {
+                    tracing::error!(
+                        "closed while the storage is full: the changes since the last commit are lost \
+                         (what was committed is intact)"
+                    );
+                } else {
+                    tracing::error!("commit at close failed: {e}");
+                }
             }
         }
     }

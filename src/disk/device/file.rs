@@ -168,16 +168,12 @@ impl FileDevice {
     }
 
     /// A failed write, said plainly when the file system holding a sparse image is full
-    /// (the volume cannot go on: the delta being written is lost, the last committed one
-    /// is intact).
+    /// (a volume holds such writes until there is room: `HeldWrites`).
     fn write_error(&self, e: io::Error) -> Error {
         if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
             return Error::Io(io::Error::new(
                 e.kind(),
-                format!(
-                    "{}: the file system holding the image is full ({e}); free space there, then remount",
-                    self.path.display()
-                ),
+                format!("{}: the file system holding the image is full ({e})", self.path.display()),
             ));
         }
         path_error(&self.path, e)

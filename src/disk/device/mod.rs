@@ -15,10 +15,12 @@
 
 mod aligned;
 mod file;
+mod held;
 mod mem;
 
 pub use aligned::{AlignedBuf, BufferPool};
 pub use file::FileDevice;
+pub use held::{storage_full, HeldWrites};
 pub use mem::MemDevice;
 
 use std::sync::atomic::{AtomicU64, Ordering};

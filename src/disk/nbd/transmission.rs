@@ -184,13 +184,13 @@ pub(super) fn complete(sh: &Shared, cookie: u64, error: u32, data: Vec<u8>, msg:
         let what = ["read", "write", "disc", "flush", "trim"].get(p.cmd as usize).copied().unwrap_or("request");
         let detail = if msg.is_empty() { String::new() } else { format!(" ({msg})") };
         tracing::warn!("{}: the server failed a {what} at byte {} with error {error}{detail}", sh.target, p.offset);
-        Err(Error::Io(io::Error::other(format!(
-            "{}: the server failed a {what} of {} bytes at byte {}: {}{detail}",
-            sh.target,
-            p.len,
-            p.offset,
-            io::Error::from_raw_os_error(error as i32)
-        ))))
+        // NBD's error codes are Linux errnos: the kind says what happened (NBD_ENOSPC
+        // is a full server disk, which `HeldWrites` waits out).
+        let os = io::Error::from_raw_os_error(error as i32);
+        Err(Error::Io(io::Error::new(
+            os.kind(),
+            format!("{}: the server failed a {what} of {} bytes at byte {}: {os}{detail}", sh.target, p.len, p.offset),
+        )))
     };
     let _ = p.done.send(result);
 }

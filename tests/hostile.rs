@@ -488,3 +488,26 @@ fn a_name_with_a_slash_leads_nowhere() {
     beside.sort();
     assert_eq!(beside, ["out", "vol.img"], "export wrote outside its destination");
 }
+
+/// Found by the image fuzzer (seed 268453838): a symlink whose size field says 2^44 − 1
+/// made `readlink` allocate that much, and the process died (an allocation failure
+/// aborts). The size is now a validity rule (a target is at most 4,095 bytes): reading
+/// it is an error, and a repair cuts it to what its blocks hold.
+#[test]
+fn a_symlink_cannot_claim_a_huge_target() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let long = vec![b'x'; 300];
+    let l = vol.symlink(root, b"l", &long, 0, 0).unwrap().ino;
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    patch_inode(&mut img, l, |s| put_u64(s, 16, (1u64 << 44) - 1));
+    let (dev, vol) = open(img, true);
+    let vol = vol.unwrap();
+    assert!(is_corrupt(vol.readlink(l)), "a 16 TiB symlink target was read");
+    drop(vol);
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev, OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let t = vol.readlink(l).expect("readable after repair");
+    assert!(t.len() <= 4095 && t.starts_with(&long), "target after repair: {} bytes", t.len());
+}

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use dxfs::fuse::control::{self, StepRequest};
 
+use super::{errno_text, open_dir};
+
 #[derive(clap::Args)]
 // `-h` is du's human-readable sizes, so help is `--help` only, as in du.
 #[command(disable_help_flag = true)]
@@ -77,11 +79,7 @@ pub fn run(mut a: DuArgs) -> i32 {
 
 impl Walk<'_> {
     fn failed(&mut self, what: &str, path: &Path, e: &io::Error) {
-        let text = match e.raw_os_error() {
-            Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
-            None => e.to_string(),
-        };
-        eprintln!("dxfs du: {what} '{}': {text}", path.display());
+        eprintln!("dxfs du: {what} '{}': {}", path.display(), errno_text(e));
         self.ok = false;
     }
 
@@ -194,14 +192,6 @@ impl Walk<'_> {
         }
         total
     }
-}
-
-fn open_dir(path: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
 }
 
 /// A size as `du -h` prints it: bytes below 1 KiB, else powers of 1024 rounded up, with

@@ -113,6 +113,23 @@ pub fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
+/// Open a directory for the whole-tree commands' ioctls, never through a symlink.
+pub(crate) fn open_dir(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// An error as rm and du print it: the system's text without Rust's "(os error N)".
+pub(crate) fn errno_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
+        None => e.to_string(),
+    }
+}
+
 pub(crate) fn fail(msg: impl std::fmt::Display, code: i32) -> i32 {
     eprintln!("dxfs: {msg}");
     code

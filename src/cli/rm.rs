@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use dxfs::fuse::control::{self, StepRequest};
 use dxfs::{Caller, OpenOptions, Volume};
 
-use super::fail;
+use super::{errno_text, fail, open_dir};
 
 #[derive(clap::Args)]
 pub struct RmArgs {
@@ -195,22 +195,6 @@ fn empty_by_entries(path: &Path, a: &RmArgs, w: &mut Walk) {
     let names: Vec<_> = list.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
     for n in names {
         remove(&path.join(n), a, w);
-    }
-}
-
-fn open_dir(path: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-}
-
-/// An error as rm prints it: the system's text without Rust's "(os error N)".
-fn errno_text(e: &io::Error) -> String {
-    match e.raw_os_error() {
-        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
-        None => e.to_string(),
     }
 }
 

@@ -107,6 +107,8 @@ pub const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - BITMAP_HEADER) * 8) as u64
 pub const NAME_MAX: usize = 255;
 /// Largest file: 2^32 blocks of 4 KiB (extents address logical blocks with 32 bits).
 pub const MAX_FILE_SIZE: u64 = (1u64 << 32) * BLOCK_SIZE as u64;
+/// Longest symlink target (Linux's: below a page).
+pub const MAX_SYMLINK: u64 = 4095;
 /// Inline symlink target / xattr area sizes in the inode.
 pub const INLINE_DATA: usize = 64;
 pub const INLINE_XATTR: usize = 64;

@@ -145,6 +145,10 @@ impl Inode {
         if self.size > MAX_FILE_SIZE {
             return bad(format!("size {} is beyond the largest file ({MAX_FILE_SIZE})", self.size));
         }
+        // A target is read whole into memory: a wild size must not become an allocation.
+        if self.file_type() == Some(FileType::Symlink) && self.size > MAX_SYMLINK {
+            return bad(format!("symlink target of {} bytes is longer than {MAX_SYMLINK}", self.size));
+        }
         if self.blocks > layout.block_count {
             return bad(format!("owns {} blocks, more than the volume has", self.blocks));
         }

@@ -425,18 +425,45 @@ impl Space {
     /// Allocate a run of between `min` and `want` blocks, as close after `goal` as
     /// possible: the first free run of at least `min` blocks, extended up to `want`.
     pub fn alloc(&mut self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+        self.alloc_where(goal, want, min, &|_, _| None)
+    }
+
+    /// [`Space::alloc`], but a run is first shown to `live`, which names a block of it
+    /// that live metadata holds, if any: the map said it free, so the map is wrong (a
+    /// damaged image). That block is marked used, said once, and the search goes on, so
+    /// nothing is ever written over it.
+    pub fn alloc_where(
+        &mut self,
+        goal: u64,
+        want: u64,
+        min: u64,
+        live: &dyn Fn(u64, u64) -> Option<u64>,
+    ) -> Option<(u64, u64)> {
         debug_assert!(min >= 1 && min <= want);
-        if self.free < min {
-            return None;
-        }
-        let (first, count) = (self.layout.first_free(), self.layout.block_count);
-        let goal = if goal < first || goal >= count { self.cursor.clamp(first, count - 1) } else { goal };
-        // After the goal, then from the start (a run that began before the goal too).
-        let b = self
-            .find_run(goal, count, min)
-            .or_else(|| self.find_run(first, goal.saturating_add(min).min(count), min))?;
-        let run = self.run_at(b, want);
-        debug_assert!(run >= min);
+        let (b, run) = loop {
+            if self.free < min {
+                return None;
+            }
+            let (first, count) = (self.layout.first_free(), self.layout.block_count);
+            let goal = if goal < first || goal >= count { self.cursor.clamp(first, count - 1) } else { goal };
+            // After the goal, then from the start (a run that began before the goal too).
+            let b = self
+                .find_run(goal, count, min)
+                .or_else(|| self.find_run(first, goal.saturating_add(min).min(count), min))?;
+            let run = self.run_at(b, want);
+            debug_assert!(run >= min);
+            match live(b, run) {
+                Some(x) if x >= b && x < b + run => {
+                    tracing::error!(
+                        "block {x} holds live metadata but the free-space map says it is free: \
+                         marked in use (run dxfs fsck)"
+                    );
+                    self.set(x);
+                    self.free -= 1;
+                }
+                _ => break (b, run),
+            }
+        };
         for x in b..b + run {
             self.set(x);
         }

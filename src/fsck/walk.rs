@@ -285,6 +285,9 @@ impl Walk<'_> {
         }
         let mut sound = *i;
         sound.size = sound.size.min(MAX_FILE_SIZE);
+        if i.file_type() == Some(FileType::Symlink) {
+            sound.size = sound.size.min(MAX_SYMLINK);
+        }
         sound.blocks = sound.blocks.min(layout.block_count);
         if let InodeData::Extents { n, .. } = &mut sound.data {
             *n = 0; // checked one by one below
@@ -375,7 +378,15 @@ impl Walk<'_> {
                             let m = format!("inode {ino}: {} bad extent records dropped", dropped.len());
                             self.fix(ino, InodeFix::DropExtents(dropped), m);
                         }
-                        if i.size > MAX_FILE_SIZE {
+                        let symlink = i.file_type() == Some(FileType::Symlink);
+                        if symlink && i.size > MAX_SYMLINK {
+                            let want = (mapped_end * BLOCK_SIZE as u64).min(MAX_SYMLINK);
+                            let m = format!(
+                                "inode {ino}: symlink target of {} bytes is longer than {MAX_SYMLINK}: cut to {want}",
+                                i.size
+                            );
+                            self.fix(ino, InodeFix::Size(want), m);
+                        } else if i.size > MAX_FILE_SIZE {
                             let want = (mapped_end * BLOCK_SIZE as u64).min(MAX_FILE_SIZE);
                             let m = format!(
                                 "inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE}): set to {want}",

@@ -67,7 +67,7 @@ fn type_of(mode: u32) -> Result<FileType> {
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65_000;
 /// Longest symlink target.
-pub const SYMLINK_MAX: usize = 4095;
+pub const SYMLINK_MAX: usize = MAX_SYMLINK as usize;
 /// Largest piece of a write charged at once (bytes).
 const WRITE_CHUNK: usize = 4 << 20;
 /// Largest piece of a preallocation charged at once (blocks).

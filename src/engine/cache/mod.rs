@@ -389,6 +389,23 @@ impl MetaCache {
         self.shard(blockno).read().blocks.contains_key(&blockno)
     }
 
+    /// The first of `len` blocks from `start` held in memory as live metadata (read or
+    /// written, not freed), looking at each shard once.
+    pub fn first_held(&self, start: u64, len: u64) -> Option<u64> {
+        let end = start.saturating_add(len);
+        let mut b = start;
+        while b < end {
+            // Shards hold runs of neighbouring blocks: one lock per run.
+            let run_end = ((b >> SHARD_RUN) + 1).saturating_mul(1 << SHARD_RUN).min(end);
+            let s = self.shard(b).read();
+            if let Some(x) = (b..run_end).find(|x| s.blocks.contains_key(x)) {
+                return Some(x);
+            }
+            b = run_end;
+        }
+        None
+    }
+
     /// Whether the block is in memory or tombstoned: either way not to be read again.
     fn known(&self, blockno: u64) -> bool {
         let s = self.shard(blockno).read();

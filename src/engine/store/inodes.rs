@@ -82,7 +82,7 @@ impl Tx<'_> {
                     }
                 }
             }
-            let (b, _) = self.space().alloc(0, 1, 1).ok_or(Error::NoSpace)?;
+            let (b, _) = self.space().alloc_where(0, 1, 1, &|b, n| st.cache.first_held(b, n)).ok_or(Error::NoSpace)?;
             self.init_inode_block(b, 0);
             *shared = Some(b);
             return self.take_slot(b, make)?.ok_or_else(|| Error::corrupt("a fresh inode block has no free slot"));
@@ -107,7 +107,7 @@ impl Tx<'_> {
                 // Near full, a region takes no more than an eighth of what is left, so
                 // reservation never turns into an early ENOSPC (one block is charged).
                 let want = want.min((space.available(false) / 8).max(1));
-                space.alloc(goal, want, 1).ok_or(Error::NoSpace)?
+                space.alloc_where(goal, want, 1, &|b, n| st.cache.first_held(b, n)).ok_or(Error::NoSpace)?
             };
             d.region_start = start;
             d.region_len = len as u32;
@@ -245,6 +245,11 @@ impl Tx<'_> {
             // have been reserved by a committed delta, so release them with the delta.
             // They are nobody's: not counted as this handle's frees.
             self.space().free_deferred(tail, (d.region_len - d.region_used) as u64);
+            // A window read may have cached what they held before (an older inode
+            // block): once free, nothing in memory may say they hold metadata.
+            for b in tail..d.region_start + d.region_len as u64 {
+                st.cache.forget(b);
+            }
         }
         for k in 0..d.region_used as u64 {
             let b = d.region_start + k;

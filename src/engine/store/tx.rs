@@ -140,7 +140,8 @@ impl<'a> Tx<'a> {
     /// [`Space::alloc`]), counted as this operation's.
     pub fn alloc(&mut self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
         deferred::check_change();
-        let got = self.space().alloc(goal, want, min);
+        let st = self.st;
+        let got = self.space().alloc_where(goal, want, min, &|b, n| st.cache.first_held(b, n));
         if let Some((_, n)) = got {
             self.net += n as i64;
         }

@@ -511,3 +511,29 @@ fn a_symlink_cannot_claim_a_huge_target() {
     let t = vol.readlink(l).expect("readable after repair");
     assert!(t.len() <= 4095 && t.starts_with(&long), "target after repair: {} bytes", t.len());
 }
+
+/// Found by the image fuzzer (seeds 536871117 and 12 more): an extent tree whose stored
+/// count says 0 made the next write-back shrink the map back into the inode with all
+/// of the tree's extents (a panic in the commit). The tree decides; the count is
+/// corrected.
+#[test]
+fn a_wrong_extent_count_never_shrinks_a_big_map_into_the_inode() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    for i in 0..20u64 {
+        vol.write(f, 2 * i * 4096, &[i as u8 + 1; 4096]).unwrap();
+    }
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    patch_inode(&mut img, f, |s| s[140..144].copy_from_slice(&0u32.to_le_bytes()));
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    // Into a hole: a new extent, so the map changes at the write-back.
+    vol.write(f, 4096, &[9u8; 4096]).unwrap();
+    vol.sync().expect("the write-back commits");
+    assert_eq!(vol.read(f, 4096, 4096).unwrap(), vec![9u8; 4096]);
+    for i in 0..20u64 {
+        assert_eq!(vol.read(f, 2 * i * 4096, 4096).unwrap(), vec![i as u8 + 1; 4096], "page {}", 2 * i);
+    }
+    close_and_check(dev, vol);
+}

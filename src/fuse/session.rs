@@ -474,8 +474,11 @@ impl Mounted {
         let interval = self.sync_interval;
         let syncer = std::thread::Builder::new().name("dxfs-sync".into()).spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                if let Err(e) = vol.sync() {
-                    tracing::error!("periodic commit failed: {e}");
+                match vol.sync() {
+                    Ok(()) => {}
+                    // Only a commit waiting for the storage's room fails so; it said so.
+                    Err(e @ crate::Error::NoSpace) => tracing::debug!("periodic commit: {e}"),
+                    Err(e) => tracing::error!("periodic commit failed: {e}"),
                 }
             }
         })?;

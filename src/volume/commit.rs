@@ -349,7 +349,9 @@ impl Shared {
         let Some(mut flight) = self.stalled.lock().take() else { return Ok(()) };
         *self.stall_tried.lock() = std::time::Instant::now();
         let late = std::mem::take(&mut flight.late);
-        let r = journal.commit(&*self.dev, &flight.blocks, &late_refs(&late));
+        // The held writes first (a flush drains them): while the storage is still full
+        // that fails at once, before the log body is written again for nothing.
+        let r = self.dev.flush().and_then(|()| journal.commit(&*self.dev, &flight.blocks, &late_refs(&late)));
         if !late.is_empty() && !stalls(&r) {
             self.data_done(&self.inner.read_inner(), r.is_ok());
         }

@@ -379,6 +379,10 @@ struct Watch {
     phase: String,
     /// Blocks holding live metadata when the user writes began.
     live_meta: HashSet<u64>,
+    /// A superblock still says the volume has a mount mark (ro_compat MOUNT_MARK) as the
+    /// phase begins. A volume whose copies both lost the flag has none: its old mark
+    /// block is an ordinary block then, which a repair may free and a write may use.
+    mark_kept: bool,
     found: Vec<Finding>,
 }
 
@@ -400,6 +404,7 @@ impl Recorder {
                 mode: Mode::ReadOnly,
                 phase: String::new(),
                 live_meta: HashSet::new(),
+                mark_kept: true,
                 found: Vec::new(),
             }),
         }
@@ -410,10 +415,15 @@ impl Recorder {
             Mode::User { trust_bitmap } => self.live_metadata(trust_bitmap),
             _ => HashSet::new(),
         };
+        let mark_kept = [0, self.geo.backup()].iter().any(|&b| {
+            let mut sb = vec![0u8; BS];
+            self.inner.read(b, &mut sb).is_ok() && u32::from_le_bytes(sb[28..32].try_into().unwrap()) & 16 != 0
+        });
         let mut w = self.watch.lock().unwrap_or_else(|e| e.into_inner());
         w.mode = mode;
         w.phase = phase.to_string();
         w.live_meta = live_meta;
+        w.mark_kept = mark_kept;
     }
 
     fn take(&self) -> Vec<Finding> {
@@ -470,7 +480,9 @@ impl Recorder {
                 } else if !is(Kind::Superblock) {
                     add(&mut w, Prop::SuperblockOverwritten, format!("{what} of {desc} over block {b} (a superblock)"));
                 }
-            } else if let Some(kind @ (Kind::State | Kind::Bitmap | Kind::Mark | Kind::Commit)) = g.fixed_kind(b) {
+            } else if let Some(kind @ (Kind::State | Kind::Bitmap | Kind::Mark | Kind::Commit)) =
+                g.fixed_kind(b).filter(|k| *k != Kind::Mark || w.mark_kept)
+            {
                 if !is(kind) {
                     add(&mut w, Prop::MisplacedWrite, format!("{what} of {desc} over block {b} (the {kind})"));
                 }

@@ -180,12 +180,17 @@ fn replace(st: &mut Tx, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Re
             // The stored count is only what the tree says it holds: a wrong one must not wrap.
             *count = u32::try_from((*count as usize + new.len()).saturating_sub(old.len())).unwrap_or(u32::MAX);
             if (*count as usize) <= INLINE_EXTENTS / 2 {
-                // Shrink back into the inode.
+                // Shrink back into the inode, if the tree agrees: a damaged count may
+                // say few where there are many, and then the tree's own number is kept.
                 let t = *tree;
                 let list = all_extents(st, inode)?;
-                let mut t2 = t;
-                btree::destroy(st, &mut t2, ino)?;
-                set_inline(inode, &list);
+                if list.len() <= INLINE_EXTENTS {
+                    let mut t2 = t;
+                    btree::destroy(st, &mut t2, ino)?;
+                    set_inline(inode, &list);
+                } else if let InodeData::ExtentTree { count, .. } = &mut inode.data {
+                    *count = u32::try_from(list.len()).unwrap_or(u32::MAX);
+                }
             }
         }
         _ => return Err(Error::Invalid("not a file".into())),

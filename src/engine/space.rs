@@ -429,9 +429,11 @@ impl Space {
     }
 
     /// [`Space::alloc`], but a run is first shown to `live`, which names a block of it
-    /// that live metadata holds, if any: the map said it free, so the map is wrong (a
-    /// damaged image). That block is marked used, said once, and the search goes on, so
-    /// nothing is ever written over it.
+    /// that memory holds as metadata, if any. The map says that block is free: either the
+    /// map is wrong (a damaged image) and the block is live metadata, or memory holds a
+    /// stale image of a block since freed (a window read of inode blocks may cache one).
+    /// Either way it is passed over, and only for this allocation: marking it used would
+    /// leak it in the second case.
     pub fn alloc_where(
         &mut self,
         goal: u64,
@@ -440,30 +442,42 @@ impl Space {
         live: &dyn Fn(u64, u64) -> Option<u64>,
     ) -> Option<(u64, u64)> {
         debug_assert!(min >= 1 && min <= want);
-        let (b, run) = loop {
+        let mut passed = Vec::new();
+        let found = loop {
             if self.free < min {
-                return None;
+                break None;
             }
             let (first, count) = (self.layout.first_free(), self.layout.block_count);
             let goal = if goal < first || goal >= count { self.cursor.clamp(first, count - 1) } else { goal };
             // After the goal, then from the start (a run that began before the goal too).
-            let b = self
+            let Some(b) = self
                 .find_run(goal, count, min)
-                .or_else(|| self.find_run(first, goal.saturating_add(min).min(count), min))?;
+                .or_else(|| self.find_run(first, goal.saturating_add(min).min(count), min))
+            else {
+                break None;
+            };
             let run = self.run_at(b, want);
             debug_assert!(run >= min);
             match live(b, run) {
                 Some(x) if x >= b && x < b + run => {
-                    tracing::error!(
-                        "block {x} holds live metadata but the free-space map says it is free: \
-                         marked in use (run dxfs fsck)"
+                    tracing::warn!(
+                        "block {x} is free in the free-space map but held in memory as metadata: \
+                         not allocated (if this repeats, run dxfs fsck)"
                     );
-                    self.set(x);
+                    // Set for the search only, never written: taken off again below.
+                    self.or_bit(x);
                     self.free -= 1;
+                    passed.push(x);
                 }
-                _ => break (b, run),
+                _ => break Some((b, run)),
             }
         };
+        for x in passed {
+            let i = (x / 64) as usize;
+            self.words.put(i, self.words.word(i) & !(1 << (x % 64)));
+            self.free += 1;
+        }
+        let (b, run) = found?;
         for x in b..b + run {
             self.set(x);
         }
@@ -576,6 +590,27 @@ impl Space {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alloc_passes_over_blocks_memory_holds_as_metadata() {
+        let l = Layout::for_blocks(100_000).unwrap();
+        let mut s = Space::fresh(l);
+        let f0 = s.free();
+        let goal = l.first_free() + 10;
+        let held = [goal + 3, goal + 40];
+        let live = |b: u64, n: u64| held.iter().copied().find(|&x| x >= b && x < b + n);
+        // Wanting 8: the run at the goal stops short of the first held block; then runs
+        // of at least 8 that hold neither.
+        let (a, n) = s.alloc_where(goal, 8, 8, &live).unwrap();
+        assert_eq!((a, n), (goal + 4, 8));
+        let (b, n) = s.alloc_where(goal, 40, 30, &live).unwrap();
+        assert_eq!((b, n), (goal + 41, 40));
+        // Passed over, never marked: the held blocks stay free, the count exact.
+        assert!(held.iter().all(|&x| !s.is_used(x)));
+        assert_eq!(s.free(), f0 - 48);
+        let (c, _) = s.alloc(goal, 3, 3).unwrap();
+        assert_eq!(c, goal, "an allocation that is not shown them may take them");
+    }
 
     #[test]
     fn alloc_free_and_deferred_release() {

@@ -235,6 +235,10 @@ impl Mounted {
             assert!(Instant::now() < deadline, "{} did not get mounted", self.mnt.display());
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The mount is in the table before the daemon has answered INIT; a stat waits for
+        // that. (An unmount before it, as a test that only mounts and unmounts did, ends
+        // the daemon's handshake with ENODEV: "cannot mount", exit 8.)
+        let _ = fs::metadata(&self.mnt);
     }
 
     /// `fusermount3 -u`, then the daemon must exit 0 (it commits first).

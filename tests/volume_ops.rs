@@ -268,7 +268,7 @@ fn writes_that_keep_the_times() {
     assert_eq!((a.mtime, a.ctime, a.size), ((1_000_000, 7), (1_000_000, 7), 5));
     assert_eq!(a.mode & 0o7777, 0o4755, "a privileged write keeps the setuid bit");
     // The privileges a caller without CAP_FSETID drops are a change: ctime moves, mtime not.
-    let unprivileged = WriteAs { unprivileged: true, keep_times: true };
+    let unprivileged = WriteAs { unprivileged: true, keep_times: true, ..WriteAs::default() };
     assert_eq!(vol.try_write(f, 5, b" world", unprivileged).unwrap(), Some(6));
     let a = vol.getattr(f).unwrap();
     assert_eq!(a.mode & 0o7777, 0o755);
@@ -303,6 +303,49 @@ fn full_volume_fails_cleanly_and_recovers_after_delete() {
     vol.write(g, 0, &chunk).unwrap();
     vol.sync().unwrap();
     assert_eq!(vol.read(g, 0, 1 << 20).unwrap(), chunk);
+    close_and_check(dev, vol);
+}
+
+/// Room kept for a cache's write-back (the FUSE server keeps the kernel's dirty bound):
+/// ordinary writes stop short of it, `statfs` does not show it as
+/// available, and only writes made as write-back (and deletions) use it.
+#[test]
+fn room_kept_for_write_back() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let before = vol.statfs();
+    let keep = 400u64;
+    vol.keep_for_write_back(keep * 4096 - 100);
+    let st = vol.statfs();
+    assert_eq!((st.bavail, st.kept), (before.bavail - keep, keep), "rounded up to blocks");
+    let f = vol.create(root, b"fill", 0o644, 0, 0).unwrap().ino;
+    let chunk = vec![5u8; 64 << 10];
+    let (big, err) = write_until_error(&vol, f, 0, &chunk);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    let (plain, err) = write_until_error(&vol, f, big, &chunk[..4096]);
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    let st = vol.statfs();
+    assert!(st.bavail < 64 && st.kept == keep, "{st:?}");
+    // The cache's write-back goes on into the kept room, and stops at the end of it.
+    let wb = WriteAs { write_back: true, ..WriteAs::default() };
+    let mut at = plain;
+    let err = loop {
+        match vol.write_with(f, at, &chunk, wb) {
+            Ok(n) => at += n as u64,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    assert!(at - plain >= (keep - 64) * 4096, "write-back got {} of the {keep} kept blocks", (at - plain) / 4096);
+    vol.sync().unwrap();
+    // A deletion may use it too, and gives everything back.
+    vol.unlink(root, b"fill").unwrap();
+    vol.sync().unwrap();
+    let st = vol.statfs();
+    assert_eq!(st.kept, keep);
+    assert!(before.bavail - keep - st.bavail < 8, "{st:?}, {before:?}");
+    vol.keep_for_write_back(0);
+    assert_eq!(vol.statfs().bavail, st.bavail + keep);
     close_and_check(dev, vol);
 }
 

@@ -5,8 +5,9 @@
 //! delta are only released when it commits, so a block referenced by the last committed
 //! state is never overwritten before the delta that stops referencing it is durable.
 //!
-//! Budget (seed 003, Tux3): `available = free − promised − reserve`. Front-end operations
-//! charge their worst-case cost before they are accepted; deletions may use the reserve.
+//! Budget (seed 003, Tux3): `available = free − promised − reserve − kept`. Front-end
+//! operations charge their worst-case cost before they are accepted; deletions may use the
+//! reserve, and a cache's write-back the room kept for it (see [`Claim`]).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,18 @@ use crate::engine::cache::{note_dirtied, MetaCache};
 use crate::error::Result;
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
+
+/// Which of the budget's kept room an operation may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// An ordinary change: neither the reserve nor the room kept for write-back.
+    Change,
+    /// A cache writing back data it already accepted (the kernel's writeback cache): may
+    /// use the room kept for it, never the reserve.
+    WriteBack,
+    /// A deletion: may use everything, the reserve included.
+    Deletion,
+}
 
 thread_local! {
     /// Blocks of the budget this thread has used up (see [`consumed_here`]).
@@ -127,6 +140,8 @@ pub struct Space {
     promises: Arc<Promises>,
     /// Kept free for deletions and commit-time metadata.
     reserve: u64,
+    /// Kept free for a cache's write-back (see [`Space::keep_for_write_back`]).
+    kept: u64,
     /// Blocks of the budget handed out to the per-thread leases (`Store::reserve_blocks`):
     /// what front-end operations now running reserved (each its worst case, settled when
     /// it ends, by then its real allocations count instead), and what the leases hold for
@@ -153,6 +168,7 @@ impl Space {
             pending: Arc::new(AtomicU64::new(layout.bitmap_count())),
             promises: Arc::default(),
             reserve: Self::reserve_for(layout.block_count),
+            kept: 0,
             reserved: 0,
             cursor: layout.first_free(),
         };
@@ -320,11 +336,27 @@ impl Space {
         self.promises.pages.load(Ordering::Acquire) + self.promises.meta.load(Ordering::Acquire)
     }
 
-    /// What the front end may still charge: free less promised and less what running
-    /// operations reserved, less the reserve unless the operation is a deletion.
-    pub fn available(&self, use_reserve: bool) -> u64 {
-        let r = if use_reserve { 0 } else { self.reserve };
-        self.free.saturating_sub(self.promised() + self.reserved).saturating_sub(r)
+    /// What the front end may still charge for a `claim`: free less promised and less what
+    /// running operations reserved, less the room the claim may not use.
+    pub fn available(&self, claim: Claim) -> u64 {
+        self.free.saturating_sub(self.promised() + self.reserved).saturating_sub(self.withheld(claim))
+    }
+
+    /// The room a claim may not use: the reserve unless a deletion, and the room kept for
+    /// write-back unless a write-back or a deletion.
+    fn withheld(&self, claim: Claim) -> u64 {
+        match claim {
+            Claim::Change => self.reserve + self.kept,
+            Claim::WriteBack => self.reserve,
+            Claim::Deletion => 0,
+        }
+    }
+
+    /// Keep `blocks` free for a cache's write-back: a cache that accepts writes before
+    /// they reach the volume (the kernel's writeback cache) must be able to land them, so
+    /// no other change may take that room (`Claim::Change` does not see it).
+    pub fn keep_for_write_back(&mut self, blocks: u64) {
+        self.kept = blocks;
     }
 
     /// Hand `n` blocks of the budget out to a lease (the caller checked `available`
@@ -348,20 +380,18 @@ impl Space {
     /// What the front end can charge once the deltas now open or in flight have
     /// committed: `available` plus their frees. An operation that needs those blocks
     /// commits first (see `could_fit_after_commit`), so `statfs` reports this.
-    pub fn available_after_commit(&self, use_reserve: bool) -> u64 {
-        let r = if use_reserve { 0 } else { self.reserve };
+    pub fn available_after_commit(&self, claim: Claim) -> u64 {
         (self.free + self.deferred_blocks + self.held_blocks)
             .saturating_sub(self.promised() + self.reserved)
-            .saturating_sub(r)
+            .saturating_sub(self.withheld(claim))
     }
 
     /// Whether `cost` could fit once the current delta and any commit in flight are
     /// durable: at best every promise turns out unused and every deferred or held free
     /// is released. If not, committing first is pointless and the operation fails with
     /// ENOSPC at once, which is what makes failing on a full volume fast.
-    pub fn could_fit_after_commit(&self, cost: u64, use_reserve: bool) -> bool {
-        let r = if use_reserve { 0 } else { self.reserve };
-        (self.free + self.deferred_blocks + self.held_blocks).saturating_sub(r) >= cost
+    pub fn could_fit_after_commit(&self, cost: u64, claim: Claim) -> bool {
+        (self.free + self.deferred_blocks + self.held_blocks).saturating_sub(self.withheld(claim)) >= cost
     }
 
     pub fn layout(&self) -> Layout {
@@ -610,6 +640,28 @@ mod tests {
         assert_eq!(s.free(), f0 - 48);
         let (c, _) = s.alloc(goal, 3, 3).unwrap();
         assert_eq!(c, goal, "an allocation that is not shown them may take them");
+    }
+
+    #[test]
+    fn room_kept_for_write_back_is_only_for_write_back_and_deletions() {
+        let l = Layout::for_blocks(100_000).unwrap();
+        let mut s = Space::fresh(l);
+        let (change, wb, del) =
+            (s.available(Claim::Change), s.available(Claim::WriteBack), s.available(Claim::Deletion));
+        assert_eq!((change, wb), (wb, del - s.reserve), "nothing kept: a change sees all but the reserve");
+        s.keep_for_write_back(500);
+        assert_eq!(s.available(Claim::Change), change - 500);
+        assert_eq!(s.available(Claim::WriteBack), wb);
+        assert_eq!(s.available(Claim::Deletion), del);
+        assert!(!s.could_fit_after_commit(change - 499, Claim::Change));
+        assert!(s.could_fit_after_commit(change - 499, Claim::WriteBack));
+        // Kept more than is free: changes see nothing, write-back what is there.
+        s.keep_for_write_back(u64::MAX / 2);
+        assert_eq!(s.available(Claim::Change), 0);
+        assert_eq!(s.available_after_commit(Claim::Change), 0);
+        assert_eq!(s.available(Claim::WriteBack), wb);
+        s.keep_for_write_back(0);
+        assert_eq!(s.available(Claim::Change), change);
     }
 
     #[test]

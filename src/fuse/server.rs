@@ -3,7 +3,7 @@
 //! lives here; the transports (`transport.rs`) carry the requests and replies.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +68,8 @@ pub(super) struct Server {
     bound: std::sync::OnceLock<Arc<DirtyBound>>,
     /// Free space is within two cushions of the end (see `near_full_check`).
     near_full: AtomicBool,
+    /// Bytes the volume keeps for the kernel's write-back (see `keep_cushion`).
+    kept: AtomicU64,
     /// The kernel granted the writeback cache: it keeps the times of the files it caches.
     kernel_keeps_times: AtomicBool,
     /// Files open for writing, with their handle counts.
@@ -188,6 +190,7 @@ impl Server {
             transport: std::sync::OnceLock::new(),
             bound: std::sync::OnceLock::new(),
             near_full: AtomicBool::new(false),
+            kept: AtomicU64::new(0),
             kernel_keeps_times: AtomicBool::new(false),
             writers: Default::default(),
         }
@@ -197,6 +200,18 @@ impl Server {
     /// the kernel may hold dirty.
     pub(super) fn set_dirty_bound(&self, bound: Arc<DirtyBound>) {
         let _ = self.bound.set(bound);
+        self.keep_cushion();
+    }
+
+    /// Keep the cushion and the slack free for the kernel's write-back: no other change
+    /// may take them (`Volume::keep_for_write_back`), so whatever a write() was let into
+    /// the page cache can land, and ENOSPC comes to every writer at one point, which is
+    /// also where `df` shows no room. Follows the cushion as the bound changes level.
+    fn keep_cushion(&self) {
+        let want = self.cushion() + NEAR_FULL_SLACK;
+        if self.kept.load(Ordering::Relaxed) != want && self.kept.swap(want, Ordering::SeqCst) != want {
+            self.vol.keep_for_write_back(want);
+        }
     }
 
     /// Bytes kept free for the kernel's dirty pages (0 without the writeback cache).
@@ -210,7 +225,7 @@ impl Server {
     /// and the kernel's cache must never take more than can land).
     fn available(&self) -> u64 {
         let s = self.vol.statfs();
-        s.bavail.saturating_sub(s.settling) * u64::from(s.bsize)
+        (s.bavail + s.kept).saturating_sub(s.settling) * u64::from(s.bsize)
     }
 
     /// With the writeback cache, the kernel takes a write() into its page cache without
@@ -227,6 +242,7 @@ impl Server {
         let available = self.available();
         // The kernel's bound shrinks as the volume fills (and grows as it empties).
         bound.adjust(available, NEAR_FULL_SLACK);
+        self.keep_cushion();
         let near = available < 2 * bound.cushion() + NEAR_FULL_SLACK;
         if near && !self.near_full.swap(true, Ordering::SeqCst) {
             tracing::info!("volume near full: writes through the page cache now ask first");
@@ -272,7 +288,8 @@ impl Server {
             // not done").
             let s = self.vol.statfs();
             let near = |avail: u64| avail * u64::from(s.bsize) < 2 * bound.cushion() + NEAR_FULL_SLACK;
-            if s.settling > 0 && near(s.bavail.saturating_sub(s.settling)) && !near(s.bavail) {
+            let room = s.bavail + s.kept;
+            if s.settling > 0 && near(room.saturating_sub(s.settling)) && !near(room) {
                 self.vol.settle_unlinked();
             }
             if self.near_full_check() {
@@ -656,6 +673,9 @@ impl Server {
             // of time. (Without it, a shared mmap's write-back is the only news of the
             // stores, and stamps the time.)
             keep_times: write_flags & wire::WRITE_CACHE != 0 && self.kernel_keeps_times.load(Ordering::Relaxed),
+            // Pages the kernel accepted into its cache: they may use the room kept for
+            // them (see `keep_cushion`).
+            write_back: write_flags & wire::WRITE_CACHE != 0,
         };
         let r = if wait {
             self.call(op, |v| v.write_with(ino, offset, data, how).map(Some))
@@ -928,7 +948,11 @@ impl Server {
             // still be on its way: `statfs` counts them as free (`StatFs::settling`) rather
             // than wait for a request that only these threads can serve.
             Request::Ioctl { flags, cmd, out_size, data, .. } => self.ioctl(op, h, ino, (flags, cmd, out_size), data),
-            Request::Statfs => match self.call(op, |v| Ok(v.statfs())) {
+            Request::Statfs => match self.call(op, |v| {
+                // The cushion may have changed level since the last write: keep it first.
+                self.keep_cushion();
+                Ok(v.statfs())
+            }) {
                 Ok(s) => {
                     let mut out = Vec::with_capacity(StatfsOut::SIZE);
                     StatfsOut {

@@ -233,7 +233,7 @@ impl Volume {
                     op.charged(c);
                     return Ok((op, read));
                 }
-                Err(Short::Space) if !op.st.space().could_fit_after_commit(c.meta + c.pages, c.deletion) => {
+                Err(Short::Space) if !op.st.space().could_fit_after_commit(c.meta + c.pages, c.claim) => {
                     self.out_of_space(op, &mut settled)?
                 }
                 // Operations running beside this one reserved their worst cases and give

@@ -571,7 +571,8 @@ impl Volume {
                 if i.file_type() == Some(FileType::Symlink) {
                     return Err(Error::Invalid("write to a symlink".into()));
                 }
-                Ok((g.write_cost(&i, off, chunk.len() as u64)?, i))
+                let c = g.write_cost(&i, off, chunk.len() as u64)?;
+                Ok((if how.write_back { c.as_write_back() } else { c }, i))
             };
             // A partial page is read, modified and written: it must have landed.
             let partial = off % bs != 0 || (off + chunk.len() as u64) % bs != 0;

@@ -21,6 +21,7 @@ use crate::disk::format::*;
 use crate::engine::btree;
 use crate::engine::leaf::{Leaf, LeafKind, Padded, Sharded, SlotCounter, SLOTS};
 use crate::engine::log::Journal;
+use crate::engine::space::Claim;
 use crate::engine::store::{Store, Tx};
 use crate::error::{Error, Result};
 
@@ -539,18 +540,31 @@ impl Volume {
         // What the leases hold for operations to come is free, and so is what files
         // removed moments ago give back when the kernel lets them go.
         let settling = g.settling_blocks();
-        let bavail = s.available_after_commit(false) + g.st.leased_idle() + settling;
+        let bavail = s.available_after_commit(Claim::Change) + g.st.leased_idle() + settling;
+        // Of the room kept for write-back, what is free.
+        let kept = s.available_after_commit(Claim::WriteBack) - s.available_after_commit(Claim::Change);
         let per_block = INODES_PER_BLOCK - 1;
         StatFs {
             blocks: g.st.sb.layout.block_count,
             bfree: (s.free() + s.deferred()).saturating_sub(s.promised()) + settling,
             bavail,
             settling,
+            kept,
             files: inodes + bavail * per_block,
             ffree: bavail * per_block,
             bsize: BLOCK_SIZE as u32,
             namelen: NAME_MAX as u32,
         }
+    }
+
+    /// Keep `bytes` free for a cache's write-back (rounded up to blocks; 0 keeps none):
+    /// the FUSE server keeps what the kernel's writeback cache may hold dirty, so that
+    /// everything its write() accepted can land. Only writes made as
+    /// [`WriteAs::write_back`] and deletions may use that room; `statfs` does not count
+    /// it as available (`StatFs::kept`).
+    pub fn keep_for_write_back(&self, bytes: u64) {
+        let g = self.s.inner.read_inner();
+        g.st.space().keep_for_write_back(bytes.div_ceil(BLOCK_SIZE as u64));
     }
 
     #[cfg(feature = "testing")]

@@ -76,6 +76,9 @@ pub struct WriteAs {
     /// times the cache keeps and sets itself (the kernel's writeback cache, which sends
     /// them as a SETATTR). Dropped privileges still move ctime.
     pub keep_times: bool,
+    /// The write is a cache's write-back of data it accepted: it may use the room kept
+    /// for write-back (`Volume::keep_for_write_back`).
+    pub write_back: bool,
 }
 
 /// What `Volume::make` creates.
@@ -125,6 +128,9 @@ pub struct StatFs {
     /// Of `bfree` and `bavail`: blocks of files removed moments ago that come back once
     /// the kernel lets them go (their FORGET is on its way).
     pub settling: u64,
+    /// Blocks kept free for a cache's write-back (`Volume::keep_for_write_back`) that
+    /// are free: in `bfree`, not in `bavail`.
+    pub kept: u64,
     pub files: u64,
     pub ffree: u64,
     pub bsize: u32,

@@ -106,7 +106,7 @@ impl Tx<'_> {
                 let mut space = self.space();
                 // Near full, a region takes no more than an eighth of what is left, so
                 // reservation never turns into an early ENOSPC (one block is charged).
-                let want = want.min((space.available(false) / 8).max(1));
+                let want = want.min((space.available(Claim::Change) / 8).max(1));
                 space.alloc_where(goal, want, 1, &|b, n| st.cache.first_held(b, n)).ok_or(Error::NoSpace)?
             };
             d.region_start = start;
@@ -152,7 +152,9 @@ impl Tx<'_> {
         // Recording the slot may allocate a tree node: only while space is plentiful
         // (the reserve belongs to deletions and commits), and never when the block is
         // written in this delta anyway.
-        if self.store().has_lazy_frees() && !self.is_dirty(b) && self.space().available(false) > LAZY_FREE_MIN_AVAILABLE
+        if self.store().has_lazy_frees()
+            && !self.is_dirty(b)
+            && self.space().available(Claim::Change) > LAZY_FREE_MIN_AVAILABLE
         {
             match self.set_lazy_freed(b, lazy) {
                 Err(Error::NoSpace) => {}

@@ -17,7 +17,7 @@ use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
 use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, LeafKind, Padded, Serial, Sharded, SLOTS};
 use crate::engine::log::Journal;
-use crate::engine::space::{Bitmap, Promises, Space};
+use crate::engine::space::{Bitmap, Claim, Promises, Space};
 use crate::error::{Error, Result};
 
 mod hints;
@@ -323,11 +323,11 @@ impl Store {
         self.space.get_mut()
     }
 
-    /// Reserve `n` blocks of the budget for an operation about to run (its worst case; a
-    /// `deletion` may use the reserve): from this thread's lease when it holds enough,
+    /// Reserve `n` blocks of the budget for an operation about to run (its worst case,
+    /// with the kept room its `claim` may use): from this thread's lease when it holds enough,
     /// else refilling the lease from the space map, else, short of space, after taking
     /// every lease back. `false` when the volume cannot take `n` blocks now.
-    pub fn reserve_blocks(&self, n: u64, deletion: bool) -> bool {
+    pub fn reserve_blocks(&self, n: u64, claim: Claim) -> bool {
         if n == 0 {
             return true;
         }
@@ -341,17 +341,17 @@ impl Store {
         }
         let mut space = self.space();
         space.unlease(lease.spent.swap(0, Ordering::AcqRel));
-        // Leases hold blocks beyond the reserve only: a deletion's refill must not hand
-        // the reserve to the operations after it.
-        let more = lease_size(space.available(false));
-        if more > 0 && space.available(false) >= n + more {
+        // Leases hold blocks beyond all kept room only: a deletion's or a write-back's
+        // refill must not hand that room to the operations after it.
+        let more = lease_size(space.available(Claim::Change));
+        if more > 0 && space.available(Claim::Change) >= n + more {
             space.lease(n + more);
             lease.idle.fetch_add(more, Ordering::AcqRel);
             return true;
         }
         // Short of space: what the leases hold counts again, and exactly `n` is taken.
         self.reclaim_leases(&mut space);
-        if space.available(deletion) >= n {
+        if space.available(claim) >= n {
             space.lease(n);
             return true;
         }

@@ -4,6 +4,7 @@
 
 use super::{Delta, RUN_LIMIT};
 use crate::disk::format::Inode;
+use crate::engine::space::Claim;
 use crate::engine::store::Store;
 use crate::volume::{Inner, OP_LOG_BLOCKS};
 
@@ -14,13 +15,20 @@ pub(in crate::volume) struct Cost {
     pub(in crate::volume) meta: u64,
     /// New data pages (delayed allocation: blocks promised until write-back).
     pub(in crate::volume) pages: u64,
-    /// Deletions may use the reserve.
-    pub(in crate::volume) deletion: bool,
+    /// The kept room it may use: deletions the reserve, write-back the room kept for it.
+    pub(in crate::volume) claim: Claim,
 }
 
 impl Cost {
     pub(in crate::volume) fn new(meta: u64, pages: u64, deletion: bool) -> Cost {
-        Cost { meta, pages, deletion }
+        Cost { meta, pages, claim: if deletion { Claim::Deletion } else { Claim::Change } }
+    }
+
+    /// The same cost, for a cache's write-back of data it accepted (not for a deletion,
+    /// which may use more).
+    pub(in crate::volume) fn as_write_back(self) -> Cost {
+        let claim = if self.claim == Claim::Change { Claim::WriteBack } else { self.claim };
+        Cost { claim, ..self }
     }
 }
 
@@ -44,8 +52,8 @@ impl Delta {
     /// already running: room in the log for this one and each of them, the dirty-data
     /// limit, and the space budget. Checks only; [`Delta::reserve`] takes the room.
     pub(in crate::volume) fn fits(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
-        self.check(st, c, dirty_factor, self.log_reserved(), |n, deletion| {
-            st.space().available(deletion) + st.leased_idle() >= n
+        self.check(st, c, dirty_factor, self.log_reserved(), |n, claim| {
+            st.space().available(claim) + st.leased_idle() >= n
         })
     }
 
@@ -57,7 +65,7 @@ impl Delta {
     pub(in crate::volume) fn reserve(&self, st: &Store, c: Cost, dirty_factor: u64) -> std::result::Result<(), Short> {
         self.log_reserved.add(OP_LOG_BLOCKS as i64);
         let others = self.log_reserved().saturating_sub(OP_LOG_BLOCKS);
-        let r = self.check(st, c, dirty_factor, others, |n, deletion| st.reserve_blocks(n, deletion));
+        let r = self.check(st, c, dirty_factor, others, |n, claim| st.reserve_blocks(n, claim));
         if r.is_err() {
             self.log_reserved.add(-(OP_LOG_BLOCKS as i64));
         }
@@ -66,14 +74,14 @@ impl Delta {
 
     /// The checks of [`Delta::fits`] and [`Delta::reserve`]: log room beside `others`
     /// blocks of it held by running operations, the dirty limits times `dirty_factor`,
-    /// then `blocks(n, deletion)` for the worst case of blocks.
+    /// then `blocks(n, claim)` for the worst case of blocks.
     fn check(
         &self,
         st: &Store,
         c: Cost,
         dirty_factor: u64,
         others: u64,
-        blocks: impl FnOnce(u64, bool) -> bool,
+        blocks: impl FnOnce(u64, Claim) -> bool,
     ) -> std::result::Result<(), Short> {
         // The write-back's worst case counts as already logged: a delta commits before
         // its write-back could overflow the log (see `Delta::writeback_log`).
@@ -90,7 +98,7 @@ impl Delta {
         {
             return Err(Short::Dirty);
         }
-        if self.accounting && !blocks(c.meta + c.pages, c.deletion) {
+        if self.accounting && !blocks(c.meta + c.pages, c.claim) {
             return Err(Short::Space);
         }
         Ok(())
@@ -160,7 +168,7 @@ mod tests {
         }
         assert!(d.fits(&st, Cost::new(0, 1, false), 1).is_ok());
         assert!(d.fits(&st, Cost::new(0, 2, false), 1) == Err(Short::Dirty), "past the dirty limit: commit first");
-        let avail = st.space_mut().available(false);
+        let avail = st.space_mut().available(Claim::Change);
         assert!(d.fits(&st, Cost::new(avail + 1, 0, false), 1) == Err(Short::Space));
         assert!(d.fits(&st, Cost::new(avail + 1, 0, true), 1).is_ok(), "deletions may use the reserve");
         let small_log = Delta::new(0, OP_LOG_BLOCKS, &opts);

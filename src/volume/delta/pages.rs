@@ -171,6 +171,7 @@ mod tests {
     use super::super::testing::{file, page, store};
     use super::super::RUN_LIMIT;
     use super::*;
+    use crate::engine::space::Claim;
     use crate::volume::delta::{Cost, Short};
     use crate::volume::OpenOptions;
 
@@ -179,7 +180,7 @@ mod tests {
         let mut st = store();
         let opts = OpenOptions::default();
         let d = Delta::new(7, 256, &opts);
-        let free = st.space_mut().available(false);
+        let free = st.space_mut().available(Claim::Change);
         let (a, b) = (file(33), file(34));
         for p in 0..3 {
             d.add_page(&st, &a, p, page());
@@ -189,7 +190,7 @@ mod tests {
         // page's extent-map change and one block per 64 pages, for each file.
         let meta = Delta::writeback_meta(0, 3, 0) + Delta::writeback_meta(0, 1, 0);
         assert_eq!(st.space_mut().promised(), 4 + meta);
-        assert_eq!(free - st.space_mut().available(false), st.space_mut().promised());
+        assert_eq!(free - st.space_mut().available(Claim::Change), st.space_mut().promised());
         assert_eq!((d.page_count(33), d.pages_in(33, 1, 5), d.page_count(34)), (3, 2, 1));
         d.drop_pages(&st, 33, |p| p >= 1);
         assert_eq!(d.page_count(33), 1);
@@ -197,7 +198,7 @@ mod tests {
         assert!(d.with_pages(34, |p| p.is_none()), "a file with no dirty page leaves the delta");
         assert_eq!(d.dirty_pages(), 1);
         st.space_mut().clear_promises();
-        assert_eq!(st.space_mut().available(false), free);
+        assert_eq!(st.space_mut().available(Claim::Change), free);
     }
 
     #[test]

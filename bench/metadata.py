@@ -4,7 +4,8 @@
     python3 bench/metadata.py [--n 100000] [--runs 3] [--targets ext4,classic,uring,uring-nowb]
                               [--dxfs-bin target/release/dxfs]
 
-A target `T-nowb` is transport T with the writeback cache off (`-o no_writeback_cache`).
+A target `T-nowb` is transport T with the writeback cache off (`-o no_writeback_cache`),
+`T-plain` a plain fuse mount rather than fuseblk (`-o noblkdev`).
 Each target gets a fresh volume on a loop device over a sparse file in /dev/shm (the
 same kind of device for all); the operations of bench/metaops.py run N times each, in
 one directory, from this process. Prints µs per operation (median over the runs), the
@@ -27,10 +28,11 @@ def requests(v):
 def one_run(kind, dxfs, n, size_gib):
     """{op label: (µs per op, {opcode: requests per op})} for one fresh volume."""
     out = {}
-    # "uring-nowb": the io_uring transport with the writeback cache off.
-    transport, _, nowb = kind.partition("-")
+    # "uring-nowb": the io_uring transport with the writeback cache off; "uring-plain": a
+    # plain fuse mount instead of fuseblk (the default as root over a block device).
+    transport, _, variant = kind.partition("-")
     fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", transport)
-    options = ["-o", "no_writeback_cache"] if nowb == "nowb" else []
+    options = {"nowb": ["-o", "no_writeback_cache"], "plain": ["-o", "noblkdev"]}.get(variant, [])
     with LoopVolume(fs, size_gib, dxfs, transport, options) as t:
         d = os.path.join(t.mnt, "d")
         os.mkdir(d)

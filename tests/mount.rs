@@ -1122,14 +1122,41 @@ fn full_volume_with_writeback_cache() {
     let fill = s.path("fill");
     let mut f = File::create(&fill).unwrap();
     let mut accepted = 0u64;
-    let err = loop {
-        match f.write(&pattern(accepted, 1 << 20)) {
-            Ok(n) => accepted += n as u64,
-            Err(e) => break e,
-        }
-        assert!(accepted < 200 << 20, "100 MiB more than the volume holds went into the page cache");
+    let mut fill_to_enospc = |f: &mut File| {
+        let err = loop {
+            match f.write(&pattern(accepted, 1 << 20)) {
+                Ok(n) => accepted += n as u64,
+                Err(e) => break e,
+            }
+            assert!(accepted < 200 << 20, "100 MiB more than the volume holds went into the page cache");
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     };
-    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    fill_to_enospc(&mut f);
+    if let Some(b) = bound() {
+        // Lowered once free space went below two bounds (after the kernel wrote its
+        // dirty pages back, in a thread of the daemon's: give it a moment).
+        let t = std::time::Instant::now();
+        while !bound().is_some_and(|b| about(b, 4 << 20)) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let now = bound().unwrap_or(0);
+        assert!(about(now, 4 << 20), "dirty bound of a full 64 MiB volume: {now} (was {b})");
+        // The daemon keeps the smaller room once the kernel has written back what it
+        // held under the large bound: free but not available, the bound, a sixteenth
+        // more, the slack, the reserve (32 blocks).
+        let kept = || {
+            let st = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
+            (st.blocks_free() - st.blocks_available()) * 4096
+        };
+        while kept() > 9 << 20 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(kept() <= 9 << 20, "{} bytes kept with a 4 MiB bound", kept());
+    }
+    // The bound is lowered, and with it the room kept: a write() may fit again, up to the
+    // new bound's room.
+    fill_to_enospc(&mut f);
     assert!(accepted > 16 << 20, "only {accepted} bytes accepted");
     // Before the kernel has written all of it back, another writer (a file opened now
     // bypasses the cache) and a mkdir try for the last blocks: they get what the serving
@@ -1153,16 +1180,6 @@ fn full_volume_with_writeback_cache() {
     drop(f);
     let st = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
     assert!(st.blocks_available() < 512, "{} blocks still available", st.blocks_available());
-    if let Some(b) = bound() {
-        // Lowered once free space went below two bounds (after the kernel wrote its
-        // dirty pages back, in a thread of the daemon's: give it a moment).
-        let t = std::time::Instant::now();
-        while !bound().is_some_and(|b| about(b, 4 << 20)) && t.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let now = bound().unwrap_or(0);
-        assert!(about(now, 4 << 20), "dirty bound of a full 64 MiB volume: {now} (was {b})");
-    }
     m.unmount();
     let m = s.mount(&[]);
     let back = fs::read(&fill).unwrap();
@@ -1614,16 +1631,24 @@ fn dxfs_sync_and_df_after_rm() {
 }
 
 /// Loop devices attached now (`losetup -a`, one line each).
-fn loop_devices() -> usize {
-    let out = Command::new("losetup").arg("-a").output().unwrap();
+/// The file system type of the mount at `mnt` ("fuse.dxfs", "fuseblk.dxfs").
+fn mount_type(mnt: &std::path::Path) -> String {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == mnt.to_str()).expect("not mounted");
+    line.split(" - ").nth(1).and_then(|t| t.split(' ').next()).unwrap_or_default().to_string()
+}
+
+fn loop_devices_of(image: &std::path::Path) -> usize {
+    let out = Command::new("losetup").arg("-j").arg(image).output().unwrap();
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// Whether the loop devices are back to `n` within 5 s (the kernel detaches an
-/// autoclear device from a work queue, a moment after its last user lets go).
-fn loop_devices_back_to(n: usize) -> bool {
+/// Whether no loop device is left over `image` within 5 s (the kernel detaches an
+/// autoclear device from a work queue, a moment after its last user lets go). Other
+/// tests' mounts have loop devices of their own meanwhile.
+fn no_loop_device_of(image: &std::path::Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while loop_devices() != n {
+    while loop_devices_of(image) != 0 {
         if Instant::now() > deadline {
             return false;
         }
@@ -1632,7 +1657,8 @@ fn loop_devices_back_to(n: usize) -> bool {
     true
 }
 
-/// A fuseblk mount (`-o blkdev`, as root; an image gets a loop device as its source):
+/// A fuseblk mount (the default as root, `-o blkdev`; an image gets a loop device as its
+/// source, `-o noblkdev` mounts plain):
 /// this kernel sends `sync(1)` to the daemon (FUSE_SYNCFS), so what was written before
 /// `sync` survives a SIGKILL of the daemon with no other commit; and `umount` returns
 /// only after the DESTROY, which the daemon answers once the volume is committed. The
@@ -1646,21 +1672,18 @@ fn sync_and_umount_reach_a_fuseblk_mount() {
         return;
     }
     let s = Scratch::new(32);
-    let loops = loop_devices();
     // A long commit interval: nothing but `sync` (and the DESTROY) commits.
     let m = s.mount(&["-o", "blkdev,commit=3600"]);
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        info.lines().any(|l| l.contains(s.mnt.to_str().unwrap()) && l.contains(" - fuseblk.dxfs ")),
-        "not a fuseblk mount:\n{info}"
-    );
+    assert_eq!(mount_type(&s.mnt), "fuseblk.dxfs");
     fs::write(s.path("synced"), pattern(3, 10_000)).unwrap();
     assert!(Command::new("sync").status().unwrap().success());
     fs::write(s.path("lost"), b"after the sync").unwrap();
     m.kill9();
     s.fsck();
-    assert!(loop_devices_back_to(loops), "the loop device outlived the mount");
-    let m = s.mount(&["-o", "blkdev,commit=3600"]);
+    assert!(no_loop_device_of(&s.image), "the loop device outlived the mount");
+    // The default as root: fuseblk.
+    let m = s.mount(&["-o", "commit=3600"]);
+    assert_eq!(mount_type(&s.mnt), "fuseblk.dxfs");
     assert_eq!(fs::read(s.path("synced")).unwrap(), pattern(3, 10_000), "sync did not reach the daemon");
     assert!(fs::metadata(s.path("lost")).is_err(), "written after the last commit, yet there");
     fs::write(s.path("at-umount"), b"committed by the DESTROY").unwrap();
@@ -1674,11 +1697,12 @@ fn sync_and_umount_reach_a_fuseblk_mount() {
     m.image = PathBuf::new(); // nothing left to stop
     drop(m);
     s.fsck();
-    let m = s.mount(&[]);
+    let m = s.mount(&["-o", "noblkdev"]);
+    assert_eq!(mount_type(&s.mnt), "fuse.dxfs");
     assert_eq!(fs::read(s.path("at-umount")).unwrap(), b"committed by the DESTROY");
     m.unmount();
     s.fsck();
-    assert!(loop_devices_back_to(loops), "a loop device was left behind");
+    assert!(no_loop_device_of(&s.image), "a loop device was left behind");
 }
 
 /// The transport is the one asked for: `-o transport=classic` never uses the ring;

@@ -108,7 +108,7 @@ fn mount_option(
     o: &mut FuseOptions,
     v: &mut dxfs::OpenOptions,
     lock_wait: &mut std::time::Duration,
-    blkdev: &mut bool,
+    blkdev: &mut Option<bool>,
     opt: &str,
 ) -> Result<(), String> {
     let (key, val) = match opt.split_once('=') {
@@ -155,8 +155,8 @@ fn mount_option(
         "flush_from" => v.flush_from = num(val)? as u64,
         "recovery" if val == Some("rollback") => v.allow_rollback = true,
         // Mount as fuseblk over the volume's block device (a loop device for an image).
-        "blkdev" => *blkdev = true,
-        "noblkdev" => *blkdev = false,
+        "blkdev" => *blkdev = Some(true),
+        "noblkdev" => *blkdev = Some(false),
         // Trim the blocks each committed delta frees.
         "discard" => v.discard = true,
         "nodiscard" => v.discard = false,
@@ -191,10 +191,10 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     }
     let mut vol_opts = dxfs::OpenOptions::default();
     let mut lock_wait = std::time::Duration::from_secs(10);
-    // `blkdev`: a fuseblk mount, where `sync` reaches the daemon. Not yet the default:
-    // near full, the syncfs that lowers the kernel's dirty bound failed with ENOSPC
-    // now and then on a fuseblk mount (docs/DESIGN.md, "What is not done").
-    let mut blkdev = false;
+    // `blkdev`: a fuseblk mount, where `sync` and `umount` reach the daemon. Unset: one
+    // wherever the host allows it (as root, an image or a block device), else a plain
+    // mount, said once in the log.
+    let mut blkdev: Option<bool> = None;
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
         if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, &mut blkdev, opt) {
             return fail(e, 8);
@@ -302,23 +302,33 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),
     };
     let mut attached = None;
-    if blkdev {
-        if nbd {
-            return fail("-o blkdev: an NBD export has no block device on this host", 8);
-        }
-        match block_source(&image) {
+    let root = nix::unistd::geteuid().is_root();
+    match blkdev {
+        Some(true) if nbd => return fail("-o blkdev: an NBD export has no block device on this host", 8),
+        Some(true) if !root => return fail("-o blkdev: a fuseblk mount needs root", 8),
+        Some(true) | None if !nbd && root => match block_source(&image) {
             Ok((bdev, loop_dev)) => {
                 o.block_device = Some(bdev);
                 attached = loop_dev;
             }
-            Err(e) => return fail(format!("-o blkdev: {e}"), 8),
+            Err(e) if blkdev.is_some() => return fail(format!("-o blkdev: {e}"), 8),
+            Err(e) => tracing::info!("a plain mount, not fuseblk ({e}): `sync` will not reach it; `dxfs sync` will"),
+        },
+        None if !nbd => {
+            tracing::info!("a plain mount (fuseblk needs root): `sync` will not reach it; `dxfs sync` will")
         }
+        _ => {}
     }
-    let mounted = dxfs::fuse::mount(vol, &dir, &o);
+    let mut mounted = dxfs::fuse::mount(vol.clone(), &dir, &o);
     if let Some(l) = &attached {
         // While the mount holds it, detaching only marks it to go when the mount does
         // (autoclear), so a killed daemon leaves no loop device behind.
         detach_loop(l);
+    }
+    if let (None, Some(_), Err(e)) = (blkdev, &o.block_device, &mounted) {
+        tracing::info!("cannot mount as fuseblk ({e}): a plain mount, which `sync` will not reach; `dxfs sync` will");
+        o.block_device = None;
+        mounted = dxfs::fuse::mount(vol, &dir, &o);
     }
     let mut mounted = match mounted {
         Ok(m) => m,

@@ -70,6 +70,20 @@ impl DirtyBound {
         })
     }
 
+    /// A bound fixed at `cushion` bytes, set nowhere (for tests of the server).
+    #[cfg(test)]
+    pub(super) fn fixed(cushion: u64) -> Arc<DirtyBound> {
+        Arc::new(DirtyBound {
+            sysfs: None,
+            mountpoint: PathBuf::new(),
+            large: cushion,
+            small: cushion,
+            cushion: AtomicU64::new(cushion),
+            lowered: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+        })
+    }
+
     /// Bytes to keep free for what the kernel may hold dirty.
     pub(super) fn cushion(&self) -> u64 {
         self.cushion.load(Ordering::Acquire)

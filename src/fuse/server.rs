@@ -86,6 +86,8 @@ thread_local! {
     /// That call would have waited: nothing was done, and the request is answered again
     /// on a thread that may wait.
     static PUT_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set for the whole of a request a serving thread answers and may put off.
+    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn errno_of(op: u32, e: &Error) -> i32 {
@@ -280,16 +282,14 @@ impl Server {
             return (COUNTED, open_flags);
         }
         *self.writers.lock().entry(ino).or_insert(0) += 1;
-        if let Some(bound) = self.bound.get().filter(|b| b.cushion() > 0) {
+        if self.bound.get().is_some_and(|b| b.cushion() > 0) {
             // Files removed moments before may be about to give their space back: when
             // the volume looks near full only without it, wait for them once before
-            // judging, which also raises the kernel's bound again. This still waits on a
-            // serving thread, for at most 200 ms and only then (docs/DESIGN.md, "What is
-            // not done").
-            let s = self.vol.statfs();
-            let near = |avail: u64| avail * u64::from(s.bsize) < 2 * bound.cushion() + NEAR_FULL_SLACK;
-            let room = s.bavail + s.kept;
-            if s.settling > 0 && near(room.saturating_sub(s.settling)) && !near(room) {
+            // judging, which also raises the kernel's bound again. Never on a serving
+            // thread (the FORGETs come through them): the request was put off to a kept
+            // thread (see `serve`), or, if files were removed since, the open judges
+            // without them and bypasses the cache, which is only slower.
+            if !SERVING.get() && self.open_waits_for_settling(flags) {
                 self.vol.settle_unlinked();
             }
             if self.near_full_check() {
@@ -297,6 +297,31 @@ impl Server {
             }
         }
         (COUNTED_WRITE, open_flags)
+    }
+
+    /// Whether an open with `flags` would wait for files removed moments ago (see
+    /// `file_open`): for writing, with the writeback cache, on a volume that looks near
+    /// full only until their space comes back.
+    fn open_waits_for_settling(&self, flags: u32) -> bool {
+        if flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32 {
+            return false;
+        }
+        let Some(bound) = self.bound.get().filter(|b| b.cushion() > 0) else { return false };
+        let s = self.vol.statfs();
+        let near = |avail: u64| avail * u64::from(s.bsize) < 2 * bound.cushion() + NEAR_FULL_SLACK;
+        let room = s.bavail + s.kept;
+        s.settling > 0 && near(room.saturating_sub(s.settling)) && !near(room)
+    }
+
+    /// Whether a request about to open a file with `flags` is to be put off to a kept
+    /// thread, which may wait for files removed moments ago (see `file_open`): on a
+    /// serving thread, before anything was done.
+    fn put_off_open(&self, flags: u32) -> bool {
+        let put_off = SERVING.get() && FIRST_CALL_SERVING.get() && self.open_waits_for_settling(flags);
+        if put_off {
+            PUT_OFF.set(true);
+        }
+        put_off
     }
 
     /// A file handle from `file_open` is released.
@@ -873,6 +898,7 @@ impl Server {
             // inode lives by the kernel's lookup reference). Otherwise the handle is
             // counted, which keeps an unlinked file alive until its release.
             Request::Open { .. } if self.zero_message_open(false) => Reply::Error(libc::ENOSYS),
+            Request::Open { flags } if self.put_off_open(flags) => Reply::None,
             Request::Open { flags } => match self.call(op, |v| v.open_file(ino)) {
                 Ok(a) => {
                     // Reads served from the page cache never reach the volume, so an
@@ -893,6 +919,7 @@ impl Server {
                 }
                 Err(e) => Reply::Error(e),
             },
+            Request::Create { flags, .. } | Request::Tmpfile { flags, .. } if self.put_off_open(flags) => Reply::None,
             Request::Create { mode, umask, name, flags } => {
                 // O_EXCL and O_TRUNC are the kernel's: it looks the name up first and
                 // sends CREATE only for a missing name, then a SETATTR for a truncate.
@@ -1073,6 +1100,7 @@ impl Handler for Server {
                 | Request::Interrupt { .. }
         );
         FIRST_CALL_SERVING.with(|c| c.set(may_put_off));
+        SERVING.set(may_put_off);
         PUT_OFF.with(|c| c.set(false));
         let reply = match *req {
             Request::Write { offset, write_flags, flags, data, .. } => {
@@ -1087,6 +1115,7 @@ impl Handler for Server {
             _ => Some(self.handle(h, req, via_ring)),
         };
         FIRST_CALL_SERVING.with(|c| c.set(false));
+        SERVING.set(false);
         let put_off = PUT_OFF.with(|c| c.replace(false));
         match reply {
             Some(r) if !put_off => Some(r),
@@ -1200,4 +1229,67 @@ fn reads_only(op: u32) -> bool {
             | LSEEK
             | STATX
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::MemDevice;
+    use crate::fuse::wire::opcode;
+    use crate::volume::{mkfs, MkfsOptions};
+
+    fn header(opcode: u32, nodeid: u64) -> InHeader {
+        InHeader { opcode, unique: 1, nodeid, ..InHeader::default() }
+    }
+
+    /// A write-open on a volume that looks near full only until a file removed moments
+    /// ago is let go would wait for that file's FORGET (at most 200 ms), which only the
+    /// serving threads deliver: a serving thread puts it off to a kept thread instead,
+    /// and goes on answering; the kept thread's answer comes after the wait.
+    #[test]
+    fn a_write_open_waiting_for_a_removed_file_is_put_off() {
+        let dev = Arc::new(MemDevice::new(16384));
+        mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let vol = Arc::new(Volume::open(dev, crate::OpenOptions::default()).unwrap());
+        let server = Server::new(vol.clone(), FuseOptions::default());
+        // Near full below 2 × 8 MiB + 4 MiB; 12 MiB kept for write-back.
+        server.set_dirty_bound(DirtyBound::fixed(8 << 20));
+        let root = vol.root();
+        let big = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+        vol.write(big, 0, &vec![1u8; 20 << 20]).unwrap();
+        let w = vol.create(root, b"w", 0o644, 0, 0).unwrap().ino;
+        vol.sync().unwrap();
+        let s = vol.statfs();
+        let room = (s.bavail + s.kept) * 4096;
+        let filler = vol.create(root, b"filler", 0o644, 0, 0).unwrap().ino;
+        vol.write(filler, 0, &vec![2u8; (room - (14 << 20)) as usize]).unwrap();
+        vol.sync().unwrap();
+        // The kernel looks `big` up (a reference it holds), then it is removed.
+        let lookup = |name: &[u8]| {
+            let r = server.handle_unless_it_waits(&header(opcode::LOOKUP, 1), &Request::Lookup { name }, false);
+            assert!(matches!(r, Some(Reply::Data(_))), "LOOKUP answered at once");
+        };
+        lookup(b"big");
+        let r = server.handle_unless_it_waits(&header(opcode::UNLINK, 1), &Request::Unlink { name: b"big" }, false);
+        assert!(matches!(r, Some(Reply::Data(_)) | Some(Reply::None)), "UNLINK answered");
+        assert!(vol.statfs().settling > 0, "big is settling");
+        assert!(server.open_waits_for_settling(libc::O_WRONLY as u32));
+        assert!(!server.open_waits_for_settling(libc::O_RDONLY as u32), "a reader never waits");
+        let open = Request::Open { flags: libc::O_WRONLY as u32 };
+        let oh = header(opcode::OPEN, server.fuse_ino(w));
+        // A serving thread puts the open off, having done nothing, and answers the next
+        // request at once.
+        assert!(server.handle_unless_it_waits(&oh, &open, false).is_none(), "open put off");
+        assert_eq!(server.stats.writes_waited.load(Ordering::Relaxed), 1);
+        lookup(b"w");
+        // The kept thread answers it, after the wait: near full without big's blocks, so
+        // the open bypasses the kernel's cache.
+        match server.handle(&oh, &open, false) {
+            Reply::Data(d) => {
+                let flags = u32::from_le_bytes(d[8..12].try_into().unwrap());
+                assert!(flags & fopen::DIRECT_IO != 0, "open flags {flags:#x}");
+            }
+            _ => panic!("open refused"),
+        }
+    }
 }

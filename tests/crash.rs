@@ -188,6 +188,53 @@ fn crash_during_a_removal_over_many_deltas() {
     crash_at_every_write(&dev, &snaps, &[], &[CrashMode::All, CrashMode::DropUnflushed]);
 }
 
+/// A file's xattr list long enough for a chain of blocks is written over its own chain
+/// in place (through the log) as it grows, changes and shrinks: every cut recovers to a
+/// sync point, fsck clean, with the list whole.
+#[test]
+fn crash_at_every_write_of_an_xattr_chain_rewritten_in_place() {
+    let dev = fault_device(64);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    let set =
+        |i: usize, v: u8| vol.setxattr(f, format!("user.name-{i}").as_bytes(), &[v; 300], XattrMode::Any).unwrap();
+    for i in 0..20 {
+        set(i, 1);
+    }
+    vol.sync().unwrap();
+    let mut snaps = vec![(dev.events(), dump(&vol))];
+    let step = |snaps: &mut Vec<(usize, Dump)>| {
+        vol.sync().unwrap();
+        snaps.push((dev.events(), dump(&vol)));
+    };
+    // Grows (continuation blocks added), changes in place, shrinks (blocks freed), and
+    // falls back into one block; twice.
+    for round in 0..2 {
+        for i in 20..45 {
+            set(i, 2 + round);
+        }
+        step(&mut snaps);
+        for i in (0..45).step_by(3) {
+            set(i, 4 + round);
+        }
+        step(&mut snaps);
+        for i in 10..40 {
+            vol.removexattr(f, format!("user.name-{i}").as_bytes()).unwrap();
+        }
+        step(&mut snaps);
+        for i in 0..10 {
+            vol.removexattr(f, format!("user.name-{i}").as_bytes()).unwrap();
+        }
+        step(&mut snaps);
+        for i in 0..20 {
+            set(i, 6 + round);
+        }
+        step(&mut snaps);
+    }
+    drop(vol);
+    crash_at_every_write(&dev, &snaps, &[], &[CrashMode::All, CrashMode::DropUnflushed, CrashMode::Torn]);
+}
+
 /// Overwrites in place: single pages and short runs of a synced file overwritten again
 /// and again, synced now and then. Their new contents travel in the log and reach the
 /// file's own blocks only after the commit is durable, so every cut, in every mode,

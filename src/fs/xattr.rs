@@ -15,6 +15,8 @@
 //! without touching xattr storage. The filter is exact, recomputed on every change; an
 //! all-zero filter means "no xattrs at all".
 
+use std::ops::Range;
+
 use crate::disk::codec::*;
 use crate::disk::format::{ino_loc, Inode, INLINE_XATTR, XATTR_MAGIC};
 use crate::engine::store::{MetaRead, Tx};
@@ -155,8 +157,83 @@ fn decode_lenient(ino: u64, mut b: &[u8]) -> (Vec<Xattr>, Option<Error>) {
 /// The validity rule of an entry: a known namespace, an empty name for the two ACLs and
 /// a non-empty one otherwise, and no NUL in it (listxattr separates names with NULs).
 fn entry_ok(x: &Xattr) -> bool {
-    let acl = x.idx == 2 || x.idx == 3;
-    PREFIXES.iter().any(|(i, _)| *i == x.idx) && acl == x.name.is_empty() && !x.name.contains(&0)
+    name_ok(x.idx, &x.name)
+}
+
+fn name_ok(idx: u8, name: &[u8]) -> bool {
+    let acl = idx == 2 || idx == 3;
+    PREFIXES.iter().any(|(i, _)| *i == idx) && acl == name.is_empty() && !name.contains(&0)
+}
+
+/// One entry's bytes, as a list holds them.
+pub fn entry_bytes(idx: u8, suffix: &[u8], value: &[u8]) -> Vec<u8> {
+    encode(&[Xattr { idx, name: suffix.to_vec(), value: value.to_vec() }])
+}
+
+/// Check an encoded list entry by entry, as `decode` does, without copying any: where
+/// the first entry named (`idx`, `suffix`) sits, if any. Each entry's name is also given
+/// to `each` (for a filter).
+fn scan(ino: u64, b: &[u8], idx: u8, suffix: &[u8], mut each: impl FnMut(u8, &[u8])) -> Result<Option<Range<usize>>> {
+    let mut at = 0;
+    let mut found = None;
+    while at < b.len() {
+        let e = &b[at..];
+        if e.len() < ENTRY {
+            return Err(Error::corrupt(format!("inode {ino}: truncated xattr entry")));
+        }
+        let (i, nl, vl) = (e[0], e[1] as usize, get_u32(e, 2) as usize);
+        if vl > VALUE_MAX || e.len() < ENTRY + nl + vl {
+            return Err(Error::corrupt(format!("inode {ino}: xattr entry overruns its area")));
+        }
+        let name = &e[ENTRY..ENTRY + nl];
+        if !name_ok(i, name) {
+            return Err(Error::corrupt(format!(
+                "inode {ino}: xattr entry {:?} of namespace {i} cannot be named",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        if found.is_none() && i == idx && name == suffix {
+            found = Some(at..at + ENTRY + nl + vl);
+        }
+        each(i, name);
+        at += ENTRY + nl + vl;
+    }
+    Ok(found)
+}
+
+/// An inode's list as stored (checked as `load` checks it), and where in it the entry
+/// named (`idx`, `suffix`) is: one copy of the bytes, none per entry.
+pub fn find(
+    st: &mut (impl MetaRead + ?Sized),
+    inode: &Inode,
+    idx: u8,
+    suffix: &[u8],
+) -> Result<(Vec<u8>, Option<Range<usize>>)> {
+    let bytes = load_bytes(st, inode)?;
+    let at = scan(inode.ino, &bytes, idx, suffix, |_, _| {})?;
+    Ok((bytes, at))
+}
+
+/// The value of the entry `find` found at `at`.
+pub fn value_at(bytes: &[u8], at: Range<usize>) -> &[u8] {
+    let nl = bytes[at.start + 1] as usize;
+    &bytes[at.start + ENTRY + nl..at.end]
+}
+
+/// The exact filter of an encoded list (checked by `find` before).
+pub fn filter_of_bytes(ino: u64, bytes: &[u8], k: u32) -> Result<u32> {
+    let mut f = 0;
+    scan(ino, bytes, 0, b"", |i, name| f |= filter_mask(i, name, k))?;
+    Ok(f)
+}
+
+/// Bytes of an inode's list, without reading it (the head block's count for a list in
+/// blocks): what a change is charged for.
+pub fn stored_len(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<usize> {
+    if inode.xattr_block == 0 {
+        return Ok(inode.xattr_inline_len as usize);
+    }
+    Ok((get_u32(st.block(inode.xattr_block, Some(XATTR_MAGIC))?, 20) as usize).min(LIST_MAX))
 }
 
 /// What can still be read of an inode's list (fsck's repair: the entries that break a
@@ -294,24 +371,37 @@ fn share(st: &mut Tx, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool
 
 /// Store a new list: inline when it fits, else in a shared or private block (chain).
 pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
-    let bytes = encode(list);
+    let filter = filter_of(list, st.store().sb.filter_hashes());
+    store_bytes(st, inode, &encode(list), filter)
+}
+
+/// Store a list given encoded, whose exact filter is `filter`. A list that needs a
+/// chain and had one of its own is written over it in place (metadata changes go
+/// through the log, so that is as safe as new blocks, and a file's every setxattr does
+/// not cost a new chain and a freed one); otherwise the old storage is released first.
+pub fn store_bytes(st: &mut Tx, inode: &mut Inode, bytes: &[u8], filter: u32) -> Result<()> {
     if bytes.len() > LIST_MAX {
         return Err(Error::TooBig);
     }
-    inode.xattr_filter = filter_of(list, st.store().sb.filter_hashes());
+    inode.xattr_filter = filter;
+    if bytes.len() > SHARED_MAX && inode.xattr_block != 0 {
+        if let Some(old) = own_chain(st, inode) {
+            return rewrite_chain(st, inode, bytes, &old);
+        }
+    }
     let released = release(st, inode)?;
     inode.blocks = inode.blocks.saturating_sub(released);
     inode.xattr_inline = [0; INLINE_XATTR];
     inode.xattr_inline_len = 0;
     if bytes.len() <= INLINE_XATTR {
-        inode.xattr_inline[..bytes.len()].copy_from_slice(&bytes);
+        inode.xattr_inline[..bytes.len()].copy_from_slice(bytes);
         inode.xattr_inline_len = bytes.len() as u16;
         return Ok(());
     }
     let near = ino_loc(inode.ino).0;
     if bytes.len() <= SHARED_MAX {
-        let hash = xxhash_rust::xxh64::xxh64(&bytes, 0);
-        if share(st, inode, &bytes, hash)? {
+        let hash = xxhash_rust::xxh64::xxh64(bytes, 0);
+        if share(st, inode, bytes, hash)? {
             return Ok(());
         }
         let b = st.alloc_meta(near)?;
@@ -319,7 +409,7 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         put_u32(blk, 0, XATTR_MAGIC);
         put_u32(blk, 16, 1);
         put_u32(blk, 20, bytes.len() as u32);
-        blk[HEAD..HEAD + bytes.len()].copy_from_slice(&bytes);
+        blk[HEAD..HEAD + bytes.len()].copy_from_slice(bytes);
         st.let_go();
         st.store().xattr_shared.lock().insert(hash, b);
         inode.xattr_block = b;
@@ -327,15 +417,66 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         return Ok(());
     }
     // A private chain: the head plus the fewest continuation blocks that hold the rest.
-    let ncont = (1..=MAX_CONT)
-        .find(|&n| BLOCK_SIZE - HEAD - 8 * n + n * (BLOCK_SIZE - CONT) >= bytes.len())
-        .ok_or(Error::TooBig)?;
-    let first = HEAD + 8 * ncont;
+    let ncont = chain_len(bytes.len())?;
     let head = st.alloc_meta(near)?;
     let mut conts = Vec::with_capacity(ncont);
     for _ in 0..ncont {
         conts.push(st.alloc_meta(head)?);
     }
+    write_chain(st, inode, bytes, head, &conts);
+    inode.blocks += 1 + ncont as u64;
+    Ok(())
+}
+
+/// Continuation blocks a chain holding `len` bytes needs.
+fn chain_len(len: usize) -> Result<usize> {
+    (1..=MAX_CONT).find(|&n| BLOCK_SIZE - HEAD - 8 * n + n * (BLOCK_SIZE - CONT) >= len).ok_or(Error::TooBig)
+}
+
+/// The blocks of the inode's chain (head first) if they are its alone to write over: a
+/// head no other inode counts, continuations that name this inode as owner, no block
+/// twice. `None` for anything else (shared, damaged, not a chain).
+fn own_chain(st: &mut Tx, inode: &Inode) -> Option<Vec<u64>> {
+    let old = blocks_of(st, inode).ok()?;
+    if old.len() < 2 || refcount(st, old[0]).ok()? != 1 {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(old.len());
+    for &b in &old {
+        if !seen.insert(b) {
+            return None;
+        }
+    }
+    for &c in &old[1..] {
+        let cb = st.block(c, Some(XATTR_CONT_MAGIC)).ok()?;
+        if get_u64(cb, 16) != inode.ino {
+            return None;
+        }
+    }
+    Some(old)
+}
+
+/// Write `bytes` over the inode's own chain `old` (head first), keeping as many of its
+/// blocks as the new list needs and taking or freeing the difference.
+fn rewrite_chain(st: &mut Tx, inode: &mut Inode, bytes: &[u8], old: &[u64]) -> Result<()> {
+    let ncont = chain_len(bytes.len())?;
+    let head = old[0];
+    let mut conts: Vec<u64> = old[1..].iter().copied().take(ncont).collect();
+    while conts.len() < ncont {
+        conts.push(st.alloc_meta(head)?);
+    }
+    for &b in old[1..].iter().skip(ncont) {
+        st.free_meta(b);
+    }
+    write_chain(st, inode, bytes, head, &conts);
+    inode.blocks = inode.blocks.saturating_sub(old.len() as u64) + 1 + ncont as u64;
+    Ok(())
+}
+
+/// Fill a chain's blocks (all of them written whole) with `bytes`, and point the inode at it.
+fn write_chain(st: &mut Tx, inode: &mut Inode, bytes: &[u8], head: u64, conts: &[u64]) {
+    let ncont = conts.len();
+    let first = HEAD + 8 * ncont;
     let in_head = bytes.len().min(BLOCK_SIZE - first);
     let blk = st.fresh_block(head);
     put_u32(blk, 0, XATTR_MAGIC);
@@ -347,7 +488,7 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
     }
     blk[first..first + in_head].copy_from_slice(&bytes[..in_head]);
     let mut at = in_head;
-    for c in &conts {
+    for c in conts {
         let take = (bytes.len() - at).min(BLOCK_SIZE - CONT);
         let cb = st.fresh_block(*c);
         put_u32(cb, 0, XATTR_CONT_MAGIC);
@@ -356,8 +497,6 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
         at += take;
     }
     inode.xattr_block = head;
-    inode.blocks += 1 + ncont as u64;
-    Ok(())
 }
 
 /// The exact filter of a list.

@@ -233,8 +233,8 @@ impl Volume {
             {
                 return Err(Error::NoData);
             }
-            let list = xattr::load(r, &i)?;
-            list.into_iter().find(|x| x.idx == idx && x.name == suffix).map(|x| x.value).ok_or(Error::NoData)
+            let (bytes, at) = xattr::find(r, &i, idx, suffix)?;
+            at.map(|at| xattr::value_at(&bytes, at).to_vec()).ok_or(Error::NoData)
         })
     }
 
@@ -267,18 +267,17 @@ impl Volume {
             // The new list may need every block of a maximal chain; the old ones are
             // released only with the delta.
             let i = g.st.inode(ino)?;
-            let now = xattr::encoded_len(&xattr::load(&mut g.st.tx(), &i)?);
+            let now = xattr::stored_len(&mut g.st.tx(), &i)?;
             Ok(Cost::new(xattr::blocks_for(now + 6 + suffix.len() + value.len()), 0, false))
         })?;
         let mut i = g.st.inode(ino)?;
-        let mut list = xattr::load(&mut g.st.tx(), &i)?;
-        let pos = list.iter().position(|x| x.idx == idx && x.name == suffix);
-        match (pos, mode) {
+        // The list is changed as bytes: one copy, checked entry by entry, none decoded.
+        let (mut bytes, pos) = xattr::find(&mut g.st.tx(), &i, idx, suffix)?;
+        match (&pos, mode) {
             (Some(_), XattrMode::Create) => return Err(Error::Exists),
             (None, XattrMode::Replace) => return Err(Error::NoData),
             _ => {}
         }
-        let x = xattr::Xattr { idx, name: suffix.to_vec(), value: value.to_vec() };
         // POSIX ACLs: validated; an access ACL sets the mode's permission bits, and one
         // the mode says all of is not stored at all; default ACLs only on directories.
         let mut keep = true;
@@ -295,15 +294,25 @@ impl Volume {
                 }
             }
         }
-        match (pos, keep) {
-            (Some(p), true) => list[p] = x,
-            (None, true) => list.push(x),
-            (Some(p), false) => {
-                list.remove(p);
+        let k = g.st.sb.filter_hashes();
+        // The filter is exact: a name added or kept adds its bits, a removed one makes
+        // it computed again.
+        let filter = match (pos, keep) {
+            (Some(at), true) => {
+                bytes.splice(at, xattr::entry_bytes(idx, suffix, value));
+                i.xattr_filter | xattr::filter_mask(idx, suffix, k)
             }
-            (None, false) => {}
-        }
-        xattr::store(&mut g.st.tx(), &mut i, &list)?;
+            (None, true) => {
+                bytes.extend_from_slice(&xattr::entry_bytes(idx, suffix, value));
+                i.xattr_filter | xattr::filter_mask(idx, suffix, k)
+            }
+            (Some(at), false) => {
+                bytes.drain(at);
+                xattr::filter_of_bytes(i.ino, &bytes, k)?
+            }
+            (None, false) => i.xattr_filter,
+        };
+        xattr::store_bytes(&mut g.st.tx(), &mut i, &bytes, filter)?;
         i.ctime = now();
         g.st.put_inode(&i)
     }
@@ -313,10 +322,10 @@ impl Volume {
         let (idx, suffix) = xattr::split_name(name)?;
         let g = self.charged(&[(ino, Mode::Write)], |_| Ok(Cost::new(0, 0, true)))?;
         let mut i = g.st.inode(ino)?;
-        let mut list = xattr::load(&mut g.st.tx(), &i)?;
-        let pos = list.iter().position(|x| x.idx == idx && x.name == suffix).ok_or(Error::NoData)?;
-        list.remove(pos);
-        xattr::store(&mut g.st.tx(), &mut i, &list)?;
+        let (mut bytes, pos) = xattr::find(&mut g.st.tx(), &i, idx, suffix)?;
+        bytes.drain(pos.ok_or(Error::NoData)?);
+        let filter = xattr::filter_of_bytes(i.ino, &bytes, g.st.sb.filter_hashes())?;
+        xattr::store_bytes(&mut g.st.tx(), &mut i, &bytes, filter)?;
         i.ctime = now();
         g.st.put_inode(&i)
     }

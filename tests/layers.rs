@@ -94,11 +94,11 @@ const LAYERS: &[Layer] = &[
         mutual: false,
         below: None,
     },
-    // Three tools, independent of each other, and the error they share.
+    // Four tools, independent of each other, and the types they share.
     Layer {
         name: "tools",
         height: 5,
-        levels: &[&["PathError"], &["inspect", "import", "export"]],
+        levels: &[&["PathError", "ImportStats"], &["inspect", "import", "import_tar", "export"]],
         mutual: false,
         below: None,
     },

@@ -62,9 +62,19 @@ pub fn populate(dev: Arc<dyn BlockDevice>, src: &Path) -> i32 {
         Err(e) => return fail(format!("cannot open the new volume: {e}"), 8),
     };
     let bar = spinner();
-    let r = dxfs::tools::import::import(&vol, src, &mut |s| {
-        bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
-    });
+    let mut progress =
+        |s: &dxfs::tools::import::ImportStats| bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20));
+    let r = if dxfs::tools::import_tar::is_archive(src) {
+        // A tar archive, as mke2fs -d takes one.
+        match std::fs::File::open(src) {
+            Ok(f) => {
+                dxfs::tools::import_tar::import_tar(&vol, std::io::BufReader::with_capacity(1 << 20, f), &mut progress)
+            }
+            Err(e) => return fail(format!("{}: {e}", src.display()), 8),
+        }
+    } else {
+        dxfs::tools::import::import(&vol, src, &mut progress)
+    };
     bar.finish_and_clear();
     let r = r.map_err(|e| e.to_string()).and_then(|s| vol.close().map(|()| s).map_err(|e| e.to_string()));
     match r {

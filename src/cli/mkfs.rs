@@ -56,9 +56,10 @@ pub struct MkfsArgs {
     /// by default whoever runs mkfs).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
-    /// Populate the new volume from this directory tree (as mke2fs -d); the root takes
-    /// the directory's mode, owner, times and xattrs.
-    #[arg(short = 'd', value_name = "DIR")]
+    /// Populate the new volume from this directory tree, or unpack this tar archive into
+    /// it (as mke2fs -d); the root takes the directory's (or the archive's `./`) mode,
+    /// owner, times and xattrs.
+    #[arg(short = 'd', value_name = "DIR|ARCHIVE")]
     root_dir: Option<PathBuf>,
 }
 

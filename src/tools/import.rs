@@ -15,22 +15,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
+pub use super::ImportStats;
 use super::PathError;
 use crate::disk::codec::BLOCK_SIZE;
 use crate::error::Error;
 use crate::volume::{SetAttr, SetTime, Volume, XattrMode};
-
-/// What an import copied.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ImportStats {
-    /// Inodes made (directories, files, links' targets once).
-    pub inodes: u64,
-    /// Extra names given to an inode already copied.
-    pub hard_links: u64,
-    /// Bytes of file data copied.
-    pub bytes: u64,
-    pub xattrs: u64,
-}
 
 type Result<T> = std::result::Result<T, PathError>;
 

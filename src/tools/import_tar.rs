@@ -1,0 +1,276 @@
+//! `dxfs mkfs -d ARCHIVE` (as `mke2fs -d` takes a tarball): unpack a tar archive (ustar,
+//! GNU or PAX) into a volume through the [`Volume`] API, without mounting, as `tar -x
+//! --xattrs --same-owner --preserve-permissions` would into an empty directory.
+//!
+//! Every entry kind tar records is made (files, directories, symlinks, hard links,
+//! device nodes, fifos) with its mode, owner, times and the xattrs of PAX
+//! `SCHILY.xattr.*` records (GNU tar's `--xattrs`, POSIX ACLs included when stored as
+//! their xattrs). A directory the archive names only as a parent is made 0755, owned by
+//! root. An entry whose name is already taken replaces it (a directory is kept and
+//! takes the new one's attributes), as tar does. Names are taken relative to the root:
+//! a leading `/` is dropped, and a name with a `..` component is refused. Directory
+//! times are set at the end, after their contents.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use tar::EntryType;
+
+use super::{ImportStats, PathError};
+use crate::disk::codec::BLOCK_SIZE;
+use crate::disk::format::FileType;
+use crate::error::Error;
+use crate::volume::{SetAttr, SetTime, Volume, XattrMode};
+
+type Result<T> = std::result::Result<T, PathError>;
+
+fn err(path: &[u8], error: Error) -> PathError {
+    PathError { path: PathBuf::from(String::from_utf8_lossy(path).into_owned()), error }
+}
+
+/// Unpack the archive `src` reads into the volume's root directory. `progress` is called
+/// after each entry.
+pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&ImportStats)) -> Result<ImportStats> {
+    let mut archive = tar::Archive::new(src);
+    let mut un = Unpacker { vol, nodes: HashMap::new(), dirs: Vec::new(), stats: ImportStats::default() };
+    un.nodes.insert(Vec::new(), vol.root());
+    let entries = archive.entries().map_err(|e| err(b"(archive)", Error::Io(e)))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| err(b"(archive)", Error::Io(e)))?;
+        un.entry(&mut entry)?;
+        progress(&un.stats);
+    }
+    // Directory times last, deepest first, so that nothing made in them moves them.
+    for (path, ino, attr) in un.dirs.iter().rev() {
+        vol.setattr(*ino, attr).map_err(|e| err(path, e))?;
+    }
+    Ok(un.stats)
+}
+
+struct Unpacker<'a> {
+    vol: &'a Volume,
+    /// Every node made, by its path in the archive (components joined with `/`).
+    nodes: HashMap<Vec<u8>, u64>,
+    /// Directories named in the archive, with the attributes to give them at the end.
+    dirs: Vec<(Vec<u8>, u64, SetAttr)>,
+    stats: ImportStats,
+}
+
+/// An entry's name as components: `.` and empty ones dropped, `..` refused.
+fn components(raw: &[u8]) -> std::result::Result<Vec<&[u8]>, Error> {
+    let mut out = Vec::new();
+    for c in raw.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return Err(Error::Invalid("a name with a `..` component".into())),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// A PAX time (`1700000000.123456789`, perhaps negative) as seconds and nanoseconds.
+fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
+    let sec: i64 = sec.parse().ok()?;
+    let digits: String = frac.chars().take(9).collect();
+    let mut nsec: u32 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+    for _ in digits.len()..9 {
+        nsec *= 10;
+    }
+    Some((sec, nsec))
+}
+
+impl Unpacker<'_> {
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<()> {
+        let raw = entry.path_bytes().into_owned();
+        let parts = components(&raw).map_err(|e| err(&raw, e))?;
+        let path = parts.join(&b'/');
+        let h = entry.header().clone();
+        let kind = h.entry_type();
+        let io = |e: std::io::Error| err(&raw, Error::Io(e));
+        let mode = h.mode().map_err(io)? & 0o7777;
+        let (uid, gid) = (h.uid().map_err(io)? as u32, h.gid().map_err(io)? as u32);
+        let mut mtime = (h.mtime().map_err(io)? as i64, 0);
+        let mut atime = None;
+        let mut xattrs = Vec::new();
+        if let Some(pax) = entry.pax_extensions().map_err(io)? {
+            for ext in pax {
+                let ext = ext.map_err(io)?;
+                let key = ext.key_bytes();
+                if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                    xattrs.push((name.to_vec(), ext.value_bytes().to_vec()));
+                } else if key == b"mtime" {
+                    mtime = pax_time(ext.value_bytes()).unwrap_or(mtime);
+                } else if key == b"atime" {
+                    atime = pax_time(ext.value_bytes());
+                }
+            }
+        }
+        let attr = SetAttr {
+            mode: (kind != EntryType::Symlink).then_some(mode),
+            uid: Some(uid),
+            gid: Some(gid),
+            atime: Some(SetTime::At(atime.unwrap_or(mtime))),
+            mtime: Some(SetTime::At(mtime)),
+            ..Default::default()
+        };
+        let vol = self.vol;
+        let ve = |e: Error| err(&raw, e);
+        let Some((&name, parents)) = parts.split_last() else {
+            // The archive's root (`./`): the volume's root takes its attributes.
+            self.set_xattrs(&raw, vol.root(), &xattrs)?;
+            self.dirs.push((raw.clone(), vol.root(), attr));
+            return Ok(());
+        };
+        let dir = self.parent(parents)?;
+        let ino = match kind {
+            EntryType::Directory => {
+                let ino = match vol.lookup(dir, name) {
+                    Ok(a) if a.kind == FileType::Directory => a.ino,
+                    Ok(_) => {
+                        vol.unlink(dir, name).map_err(ve)?;
+                        vol.mkdir(dir, name, mode, uid, gid).map_err(ve)?.ino
+                    }
+                    Err(Error::NotFound) => vol.mkdir(dir, name, mode, uid, gid).map_err(ve)?.ino,
+                    Err(e) => return Err(ve(e)),
+                };
+                self.nodes.insert(path, ino);
+                self.set_xattrs(&raw, ino, &xattrs)?;
+                self.dirs.push((raw.clone(), ino, attr));
+                self.stats.inodes += 1;
+                return Ok(());
+            }
+            EntryType::Link => {
+                let target =
+                    entry.link_name_bytes().ok_or_else(|| ve(Error::Invalid("a hard link without a target".into())))?;
+                let tparts = components(&target).map_err(ve)?;
+                let target_ino = *self.nodes.get(&tparts.join(&b'/')).ok_or_else(|| ve(Error::NotFound))?;
+                self.make_room(dir, name, &raw)?;
+                vol.link(target_ino, dir, name).map_err(ve)?;
+                self.nodes.insert(path, target_ino);
+                self.stats.hard_links += 1;
+                return Ok(());
+            }
+            EntryType::Symlink => {
+                let target =
+                    entry.link_name_bytes().ok_or_else(|| ve(Error::Invalid("a symlink without a target".into())))?;
+                self.make_room(dir, name, &raw)?;
+                vol.symlink(dir, name, &target, uid, gid).map_err(ve)?.ino
+            }
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                self.make_room(dir, name, &raw)?;
+                let ino = vol.create(dir, name, mode, uid, gid).map_err(ve)?.ino;
+                self.copy_data(entry, ino, &raw)?;
+                ino
+            }
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                let (ft, rdev) = match kind {
+                    EntryType::Char | EntryType::Block => {
+                        let major = h.device_major().map_err(io)?.unwrap_or(0);
+                        let minor = h.device_minor().map_err(io)?.unwrap_or(0);
+                        let ft = if kind == EntryType::Char { libc::S_IFCHR } else { libc::S_IFBLK };
+                        (ft, libc::makedev(major, minor))
+                    }
+                    _ => (libc::S_IFIFO, 0),
+                };
+                self.make_room(dir, name, &raw)?;
+                vol.mknod(dir, name, ft | mode, rdev, uid, gid).map_err(ve)?.ino
+            }
+            // Records that carry no node of their own (GNU volume labels and the like).
+            _ => return Ok(()),
+        };
+        self.nodes.insert(path, ino);
+        self.set_xattrs(&raw, ino, &xattrs)?;
+        vol.setattr(ino, &attr).map_err(ve)?;
+        self.stats.inodes += 1;
+        Ok(())
+    }
+
+    /// The directory `parents` name, made (0755, root's) where the archive did not.
+    fn parent(&mut self, parents: &[&[u8]]) -> Result<u64> {
+        let mut dir = self.vol.root();
+        for k in 0..parents.len() {
+            let path = parents[..=k].join(&b'/');
+            if let Some(&ino) = self.nodes.get(&path) {
+                dir = ino;
+                continue;
+            }
+            let name = parents[k];
+            dir = match self.vol.lookup(dir, name) {
+                Ok(a) if a.kind == FileType::Directory => a.ino,
+                Ok(_) => return Err(err(&path, Error::NotDir)),
+                Err(Error::NotFound) => self.vol.mkdir(dir, name, 0o755, 0, 0).map_err(|e| err(&path, e))?.ino,
+                Err(e) => return Err(err(&path, e)),
+            };
+            self.nodes.insert(path, dir);
+        }
+        Ok(dir)
+    }
+
+    /// A later entry of the same name replaces an earlier one (not a directory with
+    /// contents, which tar cannot replace either).
+    fn make_room(&mut self, dir: u64, name: &[u8], raw: &[u8]) -> Result<()> {
+        match self.vol.lookup(dir, name) {
+            Ok(a) if a.kind == FileType::Directory => self.vol.rmdir(dir, name),
+            Ok(_) => self.vol.unlink(dir, name),
+            Err(Error::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| err(raw, e))
+    }
+
+    fn set_xattrs(&mut self, raw: &[u8], ino: u64, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (name, value) in xattrs {
+            self.vol.setxattr(ino, name, value, XattrMode::Any).map_err(|e| err(raw, e))?;
+            self.stats.xattrs += 1;
+        }
+        Ok(())
+    }
+
+    /// A file's contents; whole zero blocks stay holes, and the size is the archive's.
+    fn copy_data(&mut self, src: &mut impl Read, ino: u64, raw: &[u8]) -> Result<()> {
+        let mut buf = vec![0u8; 64 * BLOCK_SIZE];
+        let mut off = 0u64;
+        loop {
+            let n = read_full(src, &mut buf).map_err(|e| err(raw, Error::Io(e)))?;
+            if n == 0 {
+                break;
+            }
+            let mut at = 0;
+            while at < n {
+                let end = (at + BLOCK_SIZE).min(n);
+                let chunk = &buf[at..end];
+                if chunk.len() < BLOCK_SIZE || chunk.iter().any(|&b| b != 0) {
+                    self.vol.write(ino, off + at as u64, chunk).map_err(|e| err(raw, e))?;
+                }
+                at = end;
+            }
+            off += n as u64;
+            self.stats.bytes += n as u64;
+        }
+        self.vol.setattr(ino, &SetAttr { size: Some(off), ..Default::default() }).map_err(|e| err(raw, e))?;
+        Ok(())
+    }
+}
+
+/// Fill `buf` as far as the reader goes (a tar entry hands out its data in pieces).
+fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match src.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Whether `path` looks like a tar archive rather than a directory to copy.
+pub fn is_archive(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
+}

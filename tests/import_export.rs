@@ -258,6 +258,89 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
     assert!(dxfs::fsck::check(dev, false, &mut |_| {}).unwrap().errors.is_empty());
 }
 
+/// What `tar -x` does with names met twice and links to names it made itself: a later
+/// entry replaces an earlier file or empty directory, a hard link finds a file under a
+/// directory the archive never listed, and directories get their times after their
+/// contents.
+#[test]
+fn mkfs_d_of_a_tar_archive_replaces_and_links_as_tar_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("t.tar");
+    let mut b = tar_builder(&path);
+    let file = |b: &mut tar::Builder<fs::File>, name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mode(0o644);
+        h.set_mtime(1);
+        h.set_path(name).unwrap();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o640);
+        h.set_mtime(1_600_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    };
+    let mut dir = tar::Header::new_gnu();
+    dir.set_uid(0);
+    dir.set_gid(0);
+    dir.set_mode(0o644);
+    dir.set_mtime(1);
+    dir.set_path("empty/").unwrap();
+    dir.set_mode(0o700);
+    dir.set_mtime(1_500_000_000);
+    dir.set_size(0);
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_cksum();
+    b.append(&dir, &[][..]).unwrap();
+    file(&mut b, "x", b"first");
+    file(&mut b, "unlisted/sub/f", b"linked");
+    file(&mut b, "x", b"second");
+    file(&mut b, "empty", b"now a file");
+    let mut link = tar::Header::new_gnu();
+    link.set_uid(0);
+    link.set_gid(0);
+    link.set_mode(0o644);
+    link.set_mtime(1);
+    link.set_path("l").unwrap();
+    link.set_link_name("unlisted/sub/f").unwrap();
+    link.set_size(0);
+    link.set_entry_type(tar::EntryType::Link);
+    link.set_cksum();
+    b.append(&link, &[][..]).unwrap();
+    let mut kept = tar::Header::new_gnu();
+    kept.set_uid(0);
+    kept.set_gid(0);
+    kept.set_mode(0o644);
+    kept.set_mtime(1);
+    kept.set_path("d/").unwrap();
+    kept.set_mode(0o751);
+    kept.set_mtime(1_400_000_000);
+    kept.set_size(0);
+    kept.set_entry_type(tar::EntryType::Directory);
+    kept.set_cksum();
+    b.append(&kept, &[][..]).unwrap();
+    file(&mut b, "d/inside", b"made after d");
+    b.finish().unwrap();
+    drop(b);
+    let img = tmp.path().join("v.img");
+    let (code, out, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "16M", "-d", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let dst = tmp.path().join("out");
+    let (code, out, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(fs::read(dst.join("x")).unwrap(), b"second");
+    assert_eq!(fs::read(dst.join("empty")).unwrap(), b"now a file");
+    let f = fs::metadata(dst.join("unlisted/sub/f")).unwrap();
+    let l = fs::metadata(dst.join("l")).unwrap();
+    assert_eq!((f.ino(), f.nlink()), (l.ino(), 2), "l is a hard link of unlisted/sub/f");
+    assert_eq!(fs::metadata(dst.join("unlisted")).unwrap().mode() & 0o7777, 0o755);
+    let d = fs::metadata(dst.join("d")).unwrap();
+    assert_eq!((d.mode() & 0o7777, d.mtime()), (0o751, 1_400_000_000), "d's time is set after its contents");
+    let dev = Arc::new(FileDevice::open(&img, true).unwrap()) as Arc<dyn BlockDevice>;
+    assert!(dxfs::fsck::check(dev, false, &mut |_| {}).unwrap().errors.is_empty());
+}
+
 fn tar_builder(path: &Path) -> tar::Builder<fs::File> {
     tar::Builder::new(fs::File::create(path).unwrap())
 }

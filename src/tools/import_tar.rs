@@ -33,8 +33,8 @@ fn err(path: &[u8], error: Error) -> PathError {
 /// after each entry.
 pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&ImportStats)) -> Result<ImportStats> {
     let mut archive = tar::Archive::new(src);
-    let mut un = Unpacker { vol, nodes: HashMap::new(), dirs: Vec::new(), stats: ImportStats::default() };
-    un.nodes.insert(Vec::new(), vol.root());
+    let mut un = Unpacker { vol, dir_inos: HashMap::new(), dirs: Vec::new(), stats: ImportStats::default() };
+    un.dir_inos.insert(Vec::new(), vol.root());
     let entries = archive.entries().map_err(|e| err(b"(archive)", Error::Io(e)))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| err(b"(archive)", Error::Io(e)))?;
@@ -50,8 +50,9 @@ pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&Import
 
 struct Unpacker<'a> {
     vol: &'a Volume,
-    /// Every node made, by its path in the archive (components joined with `/`).
-    nodes: HashMap<Vec<u8>, u64>,
+    /// The directories made, by their path in the archive (components joined with `/`):
+    /// memory grows with the directories, not with the files.
+    dir_inos: HashMap<Vec<u8>, u64>,
     /// Directories named in the archive, with the attributes to give them at the end.
     dirs: Vec<(Vec<u8>, u64, SetAttr)>,
     stats: ImportStats,
@@ -137,7 +138,7 @@ impl Unpacker<'_> {
                     Err(Error::NotFound) => vol.mkdir(dir, name, mode, uid, gid).map_err(ve)?.ino,
                     Err(e) => return Err(ve(e)),
                 };
-                self.nodes.insert(path, ino);
+                self.dir_inos.insert(path, ino);
                 self.set_xattrs(&raw, ino, &xattrs)?;
                 self.dirs.push((raw.clone(), ino, attr));
                 self.stats.inodes += 1;
@@ -147,21 +148,20 @@ impl Unpacker<'_> {
                 let target =
                     entry.link_name_bytes().ok_or_else(|| ve(Error::Invalid("a hard link without a target".into())))?;
                 let tparts = components(&target).map_err(ve)?;
-                let target_ino = *self.nodes.get(&tparts.join(&b'/')).ok_or_else(|| ve(Error::NotFound))?;
-                self.make_room(dir, name, &raw)?;
+                let target_ino = self.resolve(&tparts).map_err(ve)?;
+                self.make_room(dir, name, &path, &raw)?;
                 vol.link(target_ino, dir, name).map_err(ve)?;
-                self.nodes.insert(path, target_ino);
                 self.stats.hard_links += 1;
                 return Ok(());
             }
             EntryType::Symlink => {
                 let target =
                     entry.link_name_bytes().ok_or_else(|| ve(Error::Invalid("a symlink without a target".into())))?;
-                self.make_room(dir, name, &raw)?;
+                self.make_room(dir, name, &path, &raw)?;
                 vol.symlink(dir, name, &target, uid, gid).map_err(ve)?.ino
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.make_room(dir, name, &raw)?;
+                self.make_room(dir, name, &path, &raw)?;
                 let ino = vol.create(dir, name, mode, uid, gid).map_err(ve)?.ino;
                 self.copy_data(entry, ino, &raw)?;
                 ino
@@ -176,13 +176,12 @@ impl Unpacker<'_> {
                     }
                     _ => (libc::S_IFIFO, 0),
                 };
-                self.make_room(dir, name, &raw)?;
+                self.make_room(dir, name, &path, &raw)?;
                 vol.mknod(dir, name, ft | mode, rdev, uid, gid).map_err(ve)?.ino
             }
             // Records that carry no node of their own (GNU volume labels and the like).
             _ => return Ok(()),
         };
-        self.nodes.insert(path, ino);
         self.set_xattrs(&raw, ino, &xattrs)?;
         vol.setattr(ino, &attr).map_err(ve)?;
         self.stats.inodes += 1;
@@ -194,7 +193,7 @@ impl Unpacker<'_> {
         let mut dir = self.vol.root();
         for k in 0..parents.len() {
             let path = parents[..=k].join(&b'/');
-            if let Some(&ino) = self.nodes.get(&path) {
+            if let Some(&ino) = self.dir_inos.get(&path) {
                 dir = ino;
                 continue;
             }
@@ -205,16 +204,37 @@ impl Unpacker<'_> {
                 Err(Error::NotFound) => self.vol.mkdir(dir, name, 0o755, 0, 0).map_err(|e| err(&path, e))?.ino,
                 Err(e) => return Err(err(&path, e)),
             };
-            self.nodes.insert(path, dir);
+            self.dir_inos.insert(path, dir);
         }
         Ok(dir)
     }
 
+    /// The inode an earlier entry's name `parts` names now (a hard link's target).
+    fn resolve(&self, parts: &[&[u8]]) -> std::result::Result<u64, Error> {
+        let (last, parents) = parts.split_last().ok_or(Error::NotFound)?;
+        let mut dir = self.vol.root();
+        for k in 0..parents.len() {
+            dir = match self.dir_inos.get(&parents[..=k].join(&b'/')) {
+                Some(&ino) => ino,
+                None => match self.vol.lookup(dir, parents[k])? {
+                    a if a.kind == FileType::Directory => a.ino,
+                    _ => return Err(Error::NotDir),
+                },
+            };
+        }
+        Ok(self.vol.lookup(dir, last)?.ino)
+    }
+
     /// A later entry of the same name replaces an earlier one (not a directory with
     /// contents, which tar cannot replace either).
-    fn make_room(&mut self, dir: u64, name: &[u8], raw: &[u8]) -> Result<()> {
+    fn make_room(&mut self, dir: u64, name: &[u8], path: &[u8], raw: &[u8]) -> Result<()> {
         match self.vol.lookup(dir, name) {
-            Ok(a) if a.kind == FileType::Directory => self.vol.rmdir(dir, name),
+            Ok(a) if a.kind == FileType::Directory => {
+                // Its attributes are not to be set at the end (its number may be reused).
+                self.dir_inos.remove(path);
+                self.dirs.retain(|(_, ino, _)| *ino != a.ino);
+                self.vol.rmdir(dir, name)
+            }
             Ok(_) => self.vol.unlink(dir, name),
             Err(Error::NotFound) => Ok(()),
             Err(e) => Err(e),

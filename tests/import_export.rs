@@ -175,9 +175,7 @@ fn mkfs_d_then_export_gives_back_the_tree() {
     let (code, out, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "64M", "-d", src.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("hard links"), "{out}");
-    let dev = Arc::new(FileDevice::open(&img, true).unwrap()) as Arc<dyn BlockDevice>;
-    let r = dxfs::fsck::check(dev, false, &mut |_| {}).unwrap();
-    assert!(r.errors.is_empty(), "fsck: {:#?}", r.errors);
+    assert_image_clean(&img);
 
     let dst = tmp.path().join("out");
     let (code, out, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
@@ -196,8 +194,7 @@ fn mkfs_d_then_export_gives_back_the_tree() {
     }
     // The image is still clean after a read-only export; exporting into a non-empty
     // directory is refused.
-    let dev = Arc::new(FileDevice::open(&img, true).unwrap()) as Arc<dyn BlockDevice>;
-    assert!(dxfs::fsck::check(dev, false, &mut |_| {}).unwrap().errors.is_empty());
+    assert_image_clean(&img);
     let (code, _, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
     assert_eq!(code, 8);
     assert!(err.contains("not empty"), "{err}");
@@ -223,15 +220,7 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
         .expect("GNU tar");
     assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
     let before = snapshot(&src);
-    let img = tmp.path().join("v.img");
-    let (code, out, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "64M", "-d", archive.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
-    let dev = Arc::new(FileDevice::open(&img, true).unwrap()) as Arc<dyn BlockDevice>;
-    let r = dxfs::fsck::check(dev, false, &mut |_| {}).unwrap();
-    assert!(r.errors.is_empty(), "fsck: {:#?}", r.errors);
-    let dst = tmp.path().join("out");
-    let (code, out, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    let dst = unpack_and_export(tmp.path(), &archive, "64M");
     let after = snapshot(&dst);
     let acl = |n: &mut Node| n.xattrs.retain(|k, _| !k.starts_with("system.posix_acl_"));
     let mut want: BTreeMap<String, Node> = before.0.into_iter().filter(|(name, _)| name != "sock").collect();
@@ -246,16 +235,19 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
     assert_eq!(links, after.1, "link structure");
     // A name with a `..` component is refused, and the volume stays clean.
     let evil = tmp.path().join("evil.tar");
-    let mut b = tar_builder(&evil);
-    let h = tar_header(b"../outside", 5);
+    let mut b = tar::Builder::new(fs::File::create(&evil).unwrap());
+    let mut h = tar_entry(tar::EntryType::Regular, "placeholder", 0o644, 1, 5);
+    // The name is written raw: `set_path` refuses `..` itself.
+    h.as_old_mut().name = [0; 100];
+    h.as_old_mut().name[..10].copy_from_slice(b"../outside");
+    h.set_cksum();
     b.append(&h, &b"hello"[..]).unwrap();
     b.finish().unwrap();
     let img2 = tmp.path().join("v2.img");
     let (code, _, err) = dxfs(&["mkfs", img2.to_str().unwrap(), "--size", "16M", "-d", evil.to_str().unwrap()]);
     assert_eq!(code, 8, "{err}");
     assert!(err.contains(".."), "{err}");
-    let dev = Arc::new(FileDevice::open(&img2, true).unwrap()) as Arc<dyn BlockDevice>;
-    assert!(dxfs::fsck::check(dev, false, &mut |_| {}).unwrap().errors.is_empty());
+    assert_image_clean(&img2);
 }
 
 /// What `tar -x` does with names met twice and links to names it made itself: a later
@@ -264,71 +256,27 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
 /// contents.
 #[test]
 fn mkfs_d_of_a_tar_archive_replaces_and_links_as_tar_does() {
+    use tar::EntryType::{Directory, Link, Regular};
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("t.tar");
-    let mut b = tar_builder(&path);
-    let file = |b: &mut tar::Builder<fs::File>, name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mode(0o644);
-        h.set_mtime(1);
-        h.set_path(name).unwrap();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o640);
-        h.set_mtime(1_600_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_cksum();
-        b.append(&h, data).unwrap();
+    let mut b = tar::Builder::new(fs::File::create(&path).unwrap());
+    let mut add = |kind, name: &str, mode, mtime, data: &[u8]| {
+        b.append(&tar_entry(kind, name, mode, mtime, data.len() as u64), data).unwrap();
     };
-    let mut dir = tar::Header::new_gnu();
-    dir.set_uid(0);
-    dir.set_gid(0);
-    dir.set_mode(0o644);
-    dir.set_mtime(1);
-    dir.set_path("empty/").unwrap();
-    dir.set_mode(0o700);
-    dir.set_mtime(1_500_000_000);
-    dir.set_size(0);
-    dir.set_entry_type(tar::EntryType::Directory);
-    dir.set_cksum();
-    b.append(&dir, &[][..]).unwrap();
-    file(&mut b, "x", b"first");
-    file(&mut b, "unlisted/sub/f", b"linked");
-    file(&mut b, "x", b"second");
-    file(&mut b, "empty", b"now a file");
-    let mut link = tar::Header::new_gnu();
-    link.set_uid(0);
-    link.set_gid(0);
-    link.set_mode(0o644);
-    link.set_mtime(1);
-    link.set_path("l").unwrap();
+    add(Directory, "empty/", 0o700, 1_500_000_000, b"");
+    add(Regular, "x", 0o640, 1_600_000_000, b"first");
+    add(Regular, "unlisted/sub/f", 0o640, 1_600_000_000, b"linked");
+    add(Regular, "x", 0o640, 1_600_000_000, b"second");
+    add(Regular, "empty", 0o640, 1_600_000_000, b"now a file");
+    add(Directory, "d/", 0o751, 1_400_000_000, b"");
+    add(Regular, "d/inside", 0o640, 1_600_000_000, b"made after d");
+    let mut link = tar_entry(Link, "l", 0o644, 1, 0);
     link.set_link_name("unlisted/sub/f").unwrap();
-    link.set_size(0);
-    link.set_entry_type(tar::EntryType::Link);
     link.set_cksum();
     b.append(&link, &[][..]).unwrap();
-    let mut kept = tar::Header::new_gnu();
-    kept.set_uid(0);
-    kept.set_gid(0);
-    kept.set_mode(0o644);
-    kept.set_mtime(1);
-    kept.set_path("d/").unwrap();
-    kept.set_mode(0o751);
-    kept.set_mtime(1_400_000_000);
-    kept.set_size(0);
-    kept.set_entry_type(tar::EntryType::Directory);
-    kept.set_cksum();
-    b.append(&kept, &[][..]).unwrap();
-    file(&mut b, "d/inside", b"made after d");
     b.finish().unwrap();
     drop(b);
-    let img = tmp.path().join("v.img");
-    let (code, out, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "16M", "-d", path.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
-    let dst = tmp.path().join("out");
-    let (code, out, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    let dst = unpack_and_export(tmp.path(), &path, "16M");
     assert_eq!(fs::read(dst.join("x")).unwrap(), b"second");
     assert_eq!(fs::read(dst.join("empty")).unwrap(), b"now a file");
     let f = fs::metadata(dst.join("unlisted/sub/f")).unwrap();
@@ -337,23 +285,40 @@ fn mkfs_d_of_a_tar_archive_replaces_and_links_as_tar_does() {
     assert_eq!(fs::metadata(dst.join("unlisted")).unwrap().mode() & 0o7777, 0o755);
     let d = fs::metadata(dst.join("d")).unwrap();
     assert_eq!((d.mode() & 0o7777, d.mtime()), (0o751, 1_400_000_000), "d's time is set after its contents");
-    let dev = Arc::new(FileDevice::open(&img, true).unwrap()) as Arc<dyn BlockDevice>;
-    assert!(dxfs::fsck::check(dev, false, &mut |_| {}).unwrap().errors.is_empty());
 }
 
-fn tar_builder(path: &Path) -> tar::Builder<fs::File> {
-    tar::Builder::new(fs::File::create(path).unwrap())
-}
-
-fn tar_header(name: &[u8], size: u64) -> tar::Header {
+/// A complete header of one entry (owner root), checksummed.
+fn tar_entry(kind: tar::EntryType, name: &str, mode: u32, mtime: u64, size: u64) -> tar::Header {
     let mut h = tar::Header::new_gnu();
-    // The name is written raw: `set_path` refuses `..` itself.
-    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    h.set_path(name).unwrap();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
     h.set_size(size);
-    h.set_mode(0o644);
-    h.set_entry_type(tar::EntryType::Regular);
     h.set_cksum();
     h
+}
+
+/// `mkfs -d ARCHIVE` into a new image in `dir` (fsck clean), exported to `dir/out`.
+fn unpack_and_export(dir: &Path, archive: &Path, size: &str) -> std::path::PathBuf {
+    let img = dir.join("v.img");
+    let (code, out, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", size, "-d", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_image_clean(&img);
+    let dst = dir.join("out");
+    let (code, out, err) = dxfs(&["export", img.to_str().unwrap(), dst.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_image_clean(&img);
+    dst
+}
+
+/// fsck -n of the image file finds nothing.
+fn assert_image_clean(img: &Path) {
+    let dev = Arc::new(FileDevice::open(img, true).unwrap()) as Arc<dyn BlockDevice>;
+    let r = dxfs::fsck::check(dev, false, &mut |_| {}).unwrap();
+    assert!(r.errors.is_empty(), "fsck: {:#?}", r.errors);
 }
 
 #[test]

@@ -98,7 +98,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "tools",
         height: 5,
-        levels: &[&["PathError", "ImportStats"], &["inspect", "import", "import_tar", "export"]],
+        levels: &[&["PathError", "ImportStats", "copy_contents"], &["inspect", "import", "import_tar", "export"]],
         mutual: false,
         below: None,
     },

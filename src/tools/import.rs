@@ -10,14 +10,12 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 pub use super::ImportStats;
 use super::PathError;
-use crate::disk::codec::BLOCK_SIZE;
 use crate::error::Error;
 use crate::volume::{SetAttr, SetTime, Volume, XattrMode};
 
@@ -101,28 +99,7 @@ impl Importer<'_> {
 
     fn copy_data(&mut self, path: &Path, ino: u64) -> Result<()> {
         let mut f = fs::File::open(path).map_err(|e| io(path, e))?;
-        let mut buf = vec![0u8; 256 * BLOCK_SIZE];
-        let mut off = 0u64;
-        loop {
-            let n = f.read(&mut buf).map_err(|e| io(path, e))?;
-            if n == 0 {
-                break;
-            }
-            // Whole zero blocks stay holes.
-            let mut at = 0;
-            while at < n {
-                let end = (at + BLOCK_SIZE).min(n);
-                let chunk = &buf[at..end];
-                if chunk.len() < BLOCK_SIZE || chunk.iter().any(|&b| b != 0) {
-                    self.vol.write(ino, off + at as u64, chunk).map_err(|e| vol_err(path, e))?;
-                }
-                at = end;
-            }
-            off += n as u64;
-            self.stats.bytes += n as u64;
-        }
-        // A file ending in a hole keeps its size.
-        self.vol.setattr(ino, &SetAttr { size: Some(off), ..Default::default() }).map_err(|e| vol_err(path, e))?;
+        self.stats.bytes += super::copy_contents(self.vol, ino, &mut f).map_err(|e| vol_err(path, e))?;
         Ok(())
     }
 

@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use tar::EntryType;
 
 use super::{ImportStats, PathError};
-use crate::disk::codec::BLOCK_SIZE;
 use crate::disk::format::FileType;
 use crate::error::Error;
 use crate::volume::{SetAttr, SetTime, Volume, XattrMode};
@@ -163,7 +162,7 @@ impl Unpacker<'_> {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 self.make_room(dir, name, &path, &raw)?;
                 let ino = vol.create(dir, name, mode, uid, gid).map_err(ve)?.ino;
-                self.copy_data(entry, ino, &raw)?;
+                self.stats.bytes += super::copy_contents(vol, ino, entry).map_err(ve)?;
                 ino
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
@@ -249,45 +248,6 @@ impl Unpacker<'_> {
         }
         Ok(())
     }
-
-    /// A file's contents; whole zero blocks stay holes, and the size is the archive's.
-    fn copy_data(&mut self, src: &mut impl Read, ino: u64, raw: &[u8]) -> Result<()> {
-        let mut buf = vec![0u8; 64 * BLOCK_SIZE];
-        let mut off = 0u64;
-        loop {
-            let n = read_full(src, &mut buf).map_err(|e| err(raw, Error::Io(e)))?;
-            if n == 0 {
-                break;
-            }
-            let mut at = 0;
-            while at < n {
-                let end = (at + BLOCK_SIZE).min(n);
-                let chunk = &buf[at..end];
-                if chunk.len() < BLOCK_SIZE || chunk.iter().any(|&b| b != 0) {
-                    self.vol.write(ino, off + at as u64, chunk).map_err(|e| err(raw, e))?;
-                }
-                at = end;
-            }
-            off += n as u64;
-            self.stats.bytes += n as u64;
-        }
-        self.vol.setattr(ino, &SetAttr { size: Some(off), ..Default::default() }).map_err(|e| err(raw, e))?;
-        Ok(())
-    }
-}
-
-/// Fill `buf` as far as the reader goes (a tar entry hands out its data in pieces).
-fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match src.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Whether `path` looks like a tar archive rather than a directory to copy.

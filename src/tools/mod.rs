@@ -27,6 +27,40 @@ impl std::fmt::Display for PathError {
 
 impl std::error::Error for PathError {}
 
+/// Copy what `src` reads into file `ino` from offset 0, leaving whole zero blocks as
+/// holes, and set the size to what was read (a file may end in a hole). Returns the
+/// bytes copied; a read error comes as `Error::Io`.
+#[cfg(feature = "host-tools")]
+fn copy_contents(vol: &crate::volume::Volume, ino: u64, src: &mut impl std::io::Read) -> crate::error::Result<u64> {
+    use crate::disk::codec::BLOCK_SIZE;
+    let mut buf = vec![0u8; 256 * BLOCK_SIZE];
+    let mut off = 0u64;
+    loop {
+        // The buffer is filled before it is written (a reader may hand out its data in
+        // pieces), so every write but the last starts and ends on a block boundary.
+        let mut n = 0;
+        while n < buf.len() {
+            match src.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(crate::error::Error::Io(e)),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        for (k, chunk) in buf[..n].chunks(BLOCK_SIZE).enumerate() {
+            if chunk.len() < BLOCK_SIZE || chunk.iter().any(|&b| b != 0) {
+                vol.write(ino, off + (k * BLOCK_SIZE) as u64, chunk)?;
+            }
+        }
+        off += n as u64;
+    }
+    vol.setattr(ino, &crate::volume::SetAttr { size: Some(off), ..Default::default() })?;
+    Ok(off)
+}
+
 /// What an import (`import`, `import_tar`) copied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImportStats {

@@ -98,7 +98,10 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "tools",
         height: 5,
-        levels: &[&["PathError", "ImportStats", "copy_contents"], &["inspect", "import", "import_tar", "export"]],
+        levels: &[
+            &["PathError", "ImportStats", "copy_contents", "copy_buffer"],
+            &["inspect", "import", "import_tar", "export"],
+        ],
         mutual: false,
         below: None,
     },

@@ -35,6 +35,7 @@ struct Importer<'a> {
     seen: HashMap<(u64, u64), u64>,
     stats: ImportStats,
     progress: &'a mut dyn FnMut(&ImportStats),
+    buf: Vec<u8>,
 }
 
 /// Copy the contents of `src` (a directory) into the volume's root directory; the root
@@ -44,7 +45,8 @@ pub fn import(vol: &Volume, src: &Path, progress: &mut dyn FnMut(&ImportStats)) 
     if !md.is_dir() {
         return Err(vol_err(src, Error::NotDir));
     }
-    let mut im = Importer { vol, seen: HashMap::new(), stats: ImportStats::default(), progress };
+    let mut im =
+        Importer { vol, seen: HashMap::new(), stats: ImportStats::default(), progress, buf: super::copy_buffer() };
     let root = vol.root();
     im.copy_dir(src, root)?;
     im.finish(src, root, &md)?;
@@ -99,7 +101,7 @@ impl Importer<'_> {
 
     fn copy_data(&mut self, path: &Path, ino: u64) -> Result<()> {
         let mut f = fs::File::open(path).map_err(|e| io(path, e))?;
-        self.stats.bytes += super::copy_contents(self.vol, ino, &mut f).map_err(|e| vol_err(path, e))?;
+        self.stats.bytes += super::copy_contents(self.vol, ino, &mut f, &mut self.buf).map_err(|e| vol_err(path, e))?;
         Ok(())
     }
 

@@ -32,7 +32,13 @@ fn err(path: &[u8], error: Error) -> PathError {
 /// after each entry.
 pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&ImportStats)) -> Result<ImportStats> {
     let mut archive = tar::Archive::new(src);
-    let mut un = Unpacker { vol, dir_inos: HashMap::new(), dirs: Vec::new(), stats: ImportStats::default() };
+    let mut un = Unpacker {
+        vol,
+        dir_inos: HashMap::new(),
+        dirs: Vec::new(),
+        stats: ImportStats::default(),
+        buf: super::copy_buffer(),
+    };
     un.dir_inos.insert(Vec::new(), vol.root());
     let entries = archive.entries().map_err(|e| err(b"(archive)", Error::Io(e)))?;
     for entry in entries {
@@ -55,6 +61,7 @@ struct Unpacker<'a> {
     /// Directories named in the archive, with the attributes to give them at the end.
     dirs: Vec<(Vec<u8>, u64, SetAttr)>,
     stats: ImportStats,
+    buf: Vec<u8>,
 }
 
 /// An entry's name as components: `.` and empty ones dropped, `..` refused.
@@ -162,7 +169,7 @@ impl Unpacker<'_> {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 self.make_room(dir, name, &path, &raw)?;
                 let ino = vol.create(dir, name, mode, uid, gid).map_err(ve)?.ino;
-                self.stats.bytes += super::copy_contents(vol, ino, entry).map_err(ve)?;
+                self.stats.bytes += super::copy_contents(vol, ino, entry, &mut self.buf).map_err(ve)?;
                 ino
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {

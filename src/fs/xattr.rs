@@ -5,15 +5,15 @@
 //! block. A list that fits in one block is *shareable*: inodes with identical lists (the
 //! common case for ACL-heavy trees) point to the same block, whose header counts them.
 //! Larger lists (values up to 64 KiB, as Linux allows) take a head block plus up to 16
-//! continuation blocks, owned by one inode. The namespace prefix is stored as an index
-//! (ext4's numbering).
+//! continuation blocks, owned by one inode and rewritten in place. The namespace prefix
+//! is stored as an index (ext4's numbering).
 //!
 //! Filter: 32 bits in every inode; a name sets k bits (k chosen at mkfs, 11 by default;
 //! 1 on volumes with the older XATTR_FILTER flag), positions drawn from 5-bit fields of
 //! xxh32 hashes of the name (`filter_mask`; docs/FORMAT.md §9 specifies it, docs/DESIGN.md
 //! says why). A clear bit proves the name is absent, so such a getxattr is answered
-//! without touching xattr storage. The filter is exact, recomputed on every change; an
-//! all-zero filter means "no xattrs at all".
+//! without touching xattr storage. The filter is exact on every change (a name added ORs
+//! its bits in, a removal recomputes it); an all-zero filter means "no xattrs at all".
 
 use std::ops::Range;
 

@@ -296,23 +296,25 @@ impl Volume {
         }
         let k = g.st.sb.filter_hashes();
         // The filter is exact: a name added or kept adds its bits, a removed one makes
-        // it computed again.
+        // it computed again. A minimal ACL that was not stored leaves the list as it is.
         let filter = match (pos, keep) {
             (Some(at), true) => {
                 bytes.splice(at, xattr::entry_bytes(idx, suffix, value));
-                i.xattr_filter | xattr::filter_mask(idx, suffix, k)
+                Some(i.xattr_filter | xattr::filter_mask(idx, suffix, k))
             }
             (None, true) => {
                 bytes.extend_from_slice(&xattr::entry_bytes(idx, suffix, value));
-                i.xattr_filter | xattr::filter_mask(idx, suffix, k)
+                Some(i.xattr_filter | xattr::filter_mask(idx, suffix, k))
             }
             (Some(at), false) => {
                 bytes.drain(at);
-                xattr::filter_of_bytes(i.ino, &bytes, k)?
+                Some(xattr::filter_of_bytes(i.ino, &bytes, k)?)
             }
-            (None, false) => i.xattr_filter,
+            (None, false) => None,
         };
-        xattr::store_bytes(&mut g.st.tx(), &mut i, &bytes, filter)?;
+        if let Some(filter) = filter {
+            xattr::store_bytes(&mut g.st.tx(), &mut i, &bytes, filter)?;
+        }
         i.ctime = now();
         g.st.put_inode(&i)
     }

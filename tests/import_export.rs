@@ -248,6 +248,19 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
     assert_eq!(code, 8, "{err}");
     assert!(err.contains(".."), "{err}");
     assert_image_clean(&img2);
+    // So is an owner a volume cannot store, rather than cut to 32 bits.
+    let big = tmp.path().join("big-uid.tar");
+    let mut b = tar::Builder::new(fs::File::create(&big).unwrap());
+    let mut h = tar_entry(tar::EntryType::Regular, "f", 0o644, 1, 0);
+    h.set_uid(1 << 33);
+    h.set_cksum();
+    b.append(&h, &[][..]).unwrap();
+    b.finish().unwrap();
+    let img3 = tmp.path().join("v3.img");
+    let (code, _, err) = dxfs(&["mkfs", img3.to_str().unwrap(), "--size", "16M", "-d", big.to_str().unwrap()]);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("uid out of range"), "{err}");
+    assert_image_clean(&img3);
 }
 
 /// What `tar -x` does with names met twice and links to names it made itself: a later

@@ -99,8 +99,11 @@ impl Unpacker<'_> {
         let kind = h.entry_type();
         let io = |e: std::io::Error| err(&raw, Error::Io(e));
         let mode = h.mode().map_err(io)? & 0o7777;
-        let (uid, gid) = (h.uid().map_err(io)? as u32, h.gid().map_err(io)? as u32);
-        let mut mtime = (h.mtime().map_err(io)? as i64, 0);
+        // Numbers past what a volume stores are refused, not cut short.
+        let range = |what: &str| err(&raw, Error::Invalid(format!("{what} out of range")));
+        let uid = u32::try_from(h.uid().map_err(io)?).map_err(|_| range("uid"))?;
+        let gid = u32::try_from(h.gid().map_err(io)?).map_err(|_| range("gid"))?;
+        let mut mtime = (i64::try_from(h.mtime().map_err(io)?).map_err(|_| range("mtime"))?, 0);
         let mut atime = None;
         let mut xattrs = Vec::new();
         if let Some(pax) = entry.pax_extensions().map_err(io)? {

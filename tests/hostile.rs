@@ -436,6 +436,64 @@ fn two_damaged_superblocks_are_named_both() {
     assert!(e.contains("geometry"), "the bad field is not named: {e}");
 }
 
+/// Found by the image fuzzer (seed 1342184330): both superblock copies naming a root
+/// inode in the backup superblock's own block. The repair that recreates a lost root
+/// wrote an inode block over the backup. Such a root number is now out of range, so
+/// neither copy is usable and fsck changes nothing.
+#[test]
+fn a_root_inode_in_the_backup_superblock_is_refused() {
+    let (mut img, ..) = small();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    for at in [0, last] {
+        let blk = block_of(&mut img, at);
+        put_u64(blk, 120, last * 16 + 1);
+        seal(blk, at);
+    }
+    let before = img.clone();
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let e = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect_err("fsck cannot go on").to_string();
+    assert!(e.contains("root inode number out of range"), "{e}");
+    assert!(dev.to_bytes() == before, "fsck wrote to a volume it could not read");
+}
+
+/// Both superblock copies naming a free slot of an intact inode block that holds files
+/// as the root: the root is recreated in that slot only, the files beside it keep their
+/// inodes and contents, and the old tree goes to /lost+found.
+#[test]
+fn a_recreated_root_keeps_its_blocks_other_inodes() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let mut inos = Vec::new();
+    for i in 0..4u32 {
+        let f = vol.create(root, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+        vol.write(f, 0, &i.to_le_bytes()).unwrap();
+        inos.push(f);
+    }
+    close_and_check(dev.clone(), vol);
+    let (fb, _) = ino_loc(inos[0]);
+    assert!(inos.iter().all(|&f| ino_loc(f).0 == fb), "the files' inodes are in more than one block: {inos:?}");
+    let new_root = fb * 16 + 15;
+    assert!(!inos.contains(&new_root));
+    let mut img = settled(&dev);
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    for at in [0, last] {
+        let blk = block_of(&mut img, at);
+        put_u64(blk, 120, new_root);
+        seal(blk, at);
+    }
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
+    assert!(fixed.fixed.iter().any(|m| m.contains("recreated")), "root not recreated: {fixed:#?}");
+    let again = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("second fsck -n ran");
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "left after repair: {again:#?}");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.root(), new_root);
+    for (i, &f) in inos.iter().enumerate() {
+        assert_eq!(vol.read(f, 0, 4).unwrap(), (i as u32).to_le_bytes(), "inode {f} beside the root was lost");
+    }
+    close_and_check(dev, vol);
+}
+
 /// Item 10: an xattr entry that cannot be named (an unknown namespace index) is an
 /// error before a repair, and gone after it: listxattr works again and the rest stays.
 #[test]

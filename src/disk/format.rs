@@ -337,7 +337,13 @@ impl Superblock {
         let end = label_raw.iter().position(|&c| c == 0).unwrap_or(32);
         let root_ino = get_u64(b, 120);
         let (rb, rs) = ino_loc(root_ino);
-        if rb < layout.first_free() || rb >= block_count || rs == 0 {
+        // The root's inode block lies in the data area, off the fixed blocks there (a
+        // repair that recreates the root writes that block).
+        if rb < layout.first_free()
+            || rb >= layout.backup_superblock()
+            || rs == 0
+            || layout.spilled_bitmap_blocks().any(|f| f == rb)
+        {
             return Err(Error::corrupt("root inode number out of range"));
         }
         let region_blocks = get_u16(b, 130);

@@ -106,13 +106,30 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     drop(st);
     drop(store);
     let found = recs.len();
+    // The root's block is written only where it holds no other live record: a readable
+    // block of another kind stops the repair, a readable inode block keeps its other
+    // inodes, and an unreadable one (the damaged root block) is written anew.
+    let mut raw = [0u8; BLOCK_SIZE];
+    dev.read(rb, &mut raw)?;
+    let intact = verify(&raw, rb, None).is_ok();
+    if intact && get_u32(&raw, 0) != INODE_MAGIC {
+        return Err(crate::error::Error::corrupt(format!(
+            "the root inode {root} is unreadable and its block {rb} holds another structure (magic {:#010x}): \
+             the root cannot be recreated there",
+            get_u32(&raw, 0)
+        )));
+    }
     let vol = Volume::open_for_repair(dev, false)?;
     vol.repair(|st, _| {
         for &b in &nodes {
             st.free_meta(b);
         }
-        st.blank_inode_block(rb, 0);
-        put_u16(st.block_mut(rb, Some(INODE_MAGIC))?, IB_USED, 1 << slot);
+        if !intact {
+            st.blank_inode_block(rb, 0);
+        }
+        let blk = st.block_mut(rb, Some(INODE_MAGIC))?;
+        let used = get_u16(blk, IB_USED);
+        put_u16(blk, IB_USED, used | 1 << slot);
         let t = crate::volume::now();
         let mut i = Inode::new(root, libc::S_IFDIR | 0o755);
         (i.nlink, i.parent, i.atime, i.mtime, i.ctime, i.crtime) = (2, root, t, t, t, t);

@@ -252,6 +252,29 @@ fn the_state_blocks_inode_count_is_repaired_for_good() {
     assert_eq!(get_u64(&dev.to_bytes()[STATE_BLOCK as usize * BLOCK_SIZE..], 40), count);
 }
 
+/// Found by the image fuzzer (seeds 1342178111, 1342178334 and 5 more): a state block
+/// with a wrong magic beside damage that drops an entry. The state block waited for a
+/// complete walk to be rebuilt, and the entry's repair could not open the volume without
+/// it: exit 8. It is now rebuilt at once, and the second pass finishes the count.
+#[test]
+fn a_damaged_state_block_does_not_stop_other_repairs() {
+    let (mut img, f, _) = small();
+    let st = block_of(&mut img, STATE_BLOCK);
+    st[0..4].copy_from_slice(b"DXSB");
+    seal(st, STATE_BLOCK);
+    // File f's slot marked free: its entry names an inode that cannot be read.
+    let (b, s) = ino_loc(f);
+    let blk = block_of(&mut img, b);
+    let used = u16::from_le_bytes([blk[24], blk[25]]) & !(1 << s);
+    blk[24..26].copy_from_slice(&used.to_le_bytes());
+    seal(blk, b);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert!(vol.lookup(vol.root(), b"d").is_ok(), "the sound directory is gone");
+    close_and_check(dev, vol);
+}
+
 /// Item 8: an inode block that the free-space map calls free, but that is intact, is
 /// marked used again: nothing in it is dropped.
 #[test]

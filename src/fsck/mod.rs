@@ -309,9 +309,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
     if !r.rebuilt.is_empty() {
-        if repair && global_ok {
-            // Written in place, outside any delta: a crash half way leaves them damaged
-            // again, and the next fsck rebuilds them again.
+        // Written in place, outside any delta: a crash half way leaves them damaged again,
+        // and the next fsck rebuilds them again. The free-space map needs the whole walk
+        // (a block the walk did not see would be freed). The state block does not: what
+        // an incomplete walk gets wrong (the inode count, orphans) the next pass repairs,
+        // and the repairs of this pass need a readable state block to open the volume.
+        let state_now = repair && rebuild_state;
+        let bitmap_now = repair && rebuild_bitmap && global_ok;
+        if state_now || bitmap_now {
             let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
             let state = State {
                 orphan_head: 0,
@@ -320,10 +325,16 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 inodes: r.inodes,
                 lazy_frees: TreeRoot::default(),
             };
-            rebuild(&*dev, layout, rebuild_bitmap.then_some(&w.owner), rebuild_state.then_some(state))?;
-            r.fixed.extend(r.rebuilt.iter().map(|d| format!("{d}: rebuilt from the tree")));
-        } else {
-            r.errors.extend(r.rebuilt.iter().map(|d| format!("{d} (a repair rebuilds it from the tree)")));
+            rebuild(&*dev, layout, bitmap_now.then_some(&w.owner), state_now.then_some(state))?;
+        }
+        for d in std::mem::take(&mut r.rebuilt) {
+            let now = if d.contains("state block:") { state_now } else { bitmap_now };
+            if now {
+                r.fixed.push(format!("{d}: rebuilt from the tree"));
+            } else {
+                r.errors.push(format!("{d} (a repair rebuilds it from the tree)"));
+            }
+            r.rebuilt.push(d);
         }
     }
     // Errors that block the repairs above, but some of them only because an entry names

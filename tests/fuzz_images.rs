@@ -22,7 +22,8 @@
 //!   case may sleep through a mount mark's designed wait);
 //! - `DXFS_FUZZ_TIMEOUT`: seconds a case may take (default 10), longer by the mount mark's
 //!   designed waits when the damage leaves the mark unclean;
-//! - `DXFS_FUZZ_REPORT`: also write the summary to this file.
+//! - `DXFS_FUZZ_REPORT`: also write the summary to this file;
+//! - `DXFS_FUZZ_SAVE`: with one case, also write its damaged image to this file.
 //!
 //! Rerun one case with its details: `DXFS_FUZZ_SEED=S DXFS_FUZZ_CASES=1 cargo test --test
 //! fuzz_images -- --nocapture`.
@@ -573,10 +574,14 @@ fn fuzz_images() {
     std::fs::write(dir.path().join("live-log.img"), &live_log).expect("write the base image");
     if cases == 1 {
         let bases = fuzz_case::Bases::new(quiet, live_log);
-        let (_, muts, log) = fuzz_case::make_case(&bases, &mut mutate::SeedRng::new(seed), with_mark());
+        let (img, muts, log) = fuzz_case::make_case(&bases, &mut mutate::SeedRng::new(seed), with_mark());
         println!("seed {seed}: {} mutation(s) of the {} base:", muts.len(), if log { "live-log" } else { "quiet" });
         for m in &muts {
             println!("  {m}");
+        }
+        if let Some(to) = std::env::var_os("DXFS_FUZZ_SAVE") {
+            std::fs::write(&to, &img).expect("write the case's image");
+            println!("the case's image is in {}", to.to_string_lossy());
         }
     }
     let outcomes = run_cases(dir.path(), seed, cases, jobs.min(cases.max(1) as usize), timeout);

@@ -215,7 +215,7 @@ impl Journal {
         let Some((i, seq, n, flags, body)) = chosen else {
             return Ok((Journal { layout, seq: 0, last_blocks: 0 }, Replay::default()));
         };
-        let mut out = Replay::default();
+        let mut prev = Replay::default();
         // A one-flush commit block went out before the flush that makes the previous
         // delta's home writes durable, so the device may have kept it and lost some of
         // those: replay the previous delta first, from the other area, while that still
@@ -226,12 +226,20 @@ impl Journal {
                 if pn <= capacity(layout.log_blocks) {
                     let (pbody, pok) = read_body(dev, pat, pn)?;
                     if pok {
-                        images(layout, pseq, pn, &pbody, &mut out)?;
+                        images(layout, pseq, pn, &pbody, &mut prev)?;
                     }
                 }
             }
         }
+        let mut out = Replay::default();
         images(layout, seq, n, &body, &mut out)?;
+        // A block both deltas log takes the newer image only, whichever list each is in:
+        // a block may change kind between them (file data freed, then metadata), and a
+        // read-only recovery's pinned metadata would hide a newer data image.
+        let newer: std::collections::HashSet<u64> = out.meta.iter().chain(&out.data).map(|(t, _)| *t).collect();
+        let older = |list: BlockImages| list.into_iter().filter(|(t, _)| !newer.contains(t));
+        out.meta = older(prev.meta).chain(out.meta).collect();
+        out.data = older(prev.data).chain(out.data).collect();
         if apply {
             Self::apply(dev, &out)?;
         }
@@ -558,9 +566,29 @@ mod tests {
         // block went out, and the device kept the one and lost the other.
         dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
         let (j2, replay) = Journal::recover(&dev, layout, true).unwrap();
-        assert_eq!((j2.seq, replay.meta.len()), (2, 3), "delta 1's images, then delta 2's");
+        assert_eq!((j2.seq, replay.meta.len()), (2, 2), "delta 1's image of home + 1, then delta 2's");
         assert_eq!(read(&dev, home)[100], 2, "the newest image wins");
         assert_eq!(read(&dev, home + 1)[100], 1, "delta 1's lost home write is replayed");
+    }
+
+    /// A block logged as file data by one delta and as metadata by the next (freed, then
+    /// taken for metadata) replays as the newer image only: a read-only recovery's pinned
+    /// metadata and the data laid over the device must not disagree, and writing home
+    /// must not put the older data over the newer metadata.
+    #[test]
+    fn a_block_both_deltas_log_replays_as_the_newer_image() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        let data = [5u8; BLOCK_SIZE];
+        j.commit_one_flush(&dev, &[image(home, 1)], &[], &[(home + 1, &data[..])], || {}).unwrap();
+        j.commit_one_flush(&dev, &[image(home + 1, 2)], &[], &[], || {}).unwrap();
+        let (_, replay) = Journal::recover(&dev, layout, false).unwrap();
+        assert!(replay.data.is_empty(), "delta 1's data image of a block delta 2 logs as metadata is replayed");
+        let newest: Vec<(u64, u8)> = replay.meta.iter().map(|(t, img)| (*t, img[100])).collect();
+        assert_eq!(newest, [(home, 1), (home + 1, 2)]);
+        dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
+        Journal::recover(&dev, layout, true).unwrap();
+        assert_eq!(read(&dev, home + 1)[100], 2, "the older data was written over the newer metadata");
     }
 
     #[test]

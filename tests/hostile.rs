@@ -129,6 +129,31 @@ fn an_empty_extent_is_an_error_not_a_hole() {
     repair_holds(dev);
 }
 
+/// Found by the image fuzzer (seed 1342178511 and 6 more): an extent pointing at the
+/// block that holds the file's own inode. A write to the file went over its inode block,
+/// and the data came back as a checksum error. Such an extent breaks a rule now: the
+/// file reads EUCLEAN, its inode block is never written with data, and a repair drops
+/// the extent.
+#[test]
+fn an_extent_over_its_own_inode_block_is_refused() {
+    let (mut img, f, _) = small();
+    let own = ino_loc(f).0;
+    patch_inode(&mut img, f, |s| put_u64(s, EXT0_PHYS, own));
+    let own_before = block_of(&mut img, own).to_vec();
+    let (dev, vol) = open(img, false);
+    let vol = vol.expect("the volume opens: one file is damaged, not the volume");
+    assert!(is_corrupt(vol.read(f, 0, 10)), "a read through the extent over the inode block must fail");
+    let _ = vol.write(f, 0, b"0123456789");
+    let _ = vol.sync();
+    let _ = vol.close();
+    let at = own as usize * BLOCK_SIZE;
+    assert!(dev.to_bytes()[at..at + BLOCK_SIZE] == own_before[..], "file data went over its own inode block");
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert!(vol.read(f, 0, 3 * 4096).is_ok(), "the repaired file reads");
+    close_and_check(dev, vol);
+}
+
 /// Item 3: a directory key near 2^64 cannot wrap the listing position: the listing ends.
 #[test]
 fn a_key_near_the_top_cannot_loop_a_listing() {

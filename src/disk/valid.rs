@@ -74,10 +74,16 @@ impl Layout {
 
 impl Extent {
     /// The rules every extent keeps: `len > 0`, inside the logical range a file may map,
-    /// and its blocks inside the data area ([`Layout::data_run_ok`]).
+    /// its blocks inside the data area ([`Layout::data_run_ok`]) and off the block that
+    /// holds the file's own inode.
     pub fn check(&self, layout: &Layout, ino: u64) -> Result<()> {
         let logical_ok = self.logical.checked_add(self.len).is_some_and(|end| end <= MAX_LOGICAL_BLOCKS);
-        if self.len == 0 || !logical_ok || !layout.data_run_ok(self.phys, self.len) {
+        let own = ino_loc(ino).0;
+        if self.len == 0
+            || !logical_ok
+            || !layout.data_run_ok(self.phys, self.len)
+            || (self.phys..self.phys + self.len).contains(&own)
+        {
             return Err(Error::corrupt(format!(
                 "inode {ino}: extent of {} blocks at logical {} -> block {} is out of range",
                 self.len, self.logical, self.phys
@@ -106,12 +112,13 @@ pub fn check_extents(list: &[Extent], layout: &Layout, ino: u64) -> Result<()> {
     Ok(())
 }
 
-/// Check a tree root: empty (0, 0), or a root block in the data area and a bounded depth.
+/// Check a tree root: empty (0, 0), or a root block in the data area (not the block of
+/// inode `ino` itself) and a bounded depth.
 pub fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) -> Result<()> {
     let ok = match (t.root, t.depth) {
         (0, 0) => true,
         (0, _) | (_, 0) => false,
-        (r, d) => d <= MAX_TREE_DEPTH && layout.meta_block_ok(r),
+        (r, d) => d <= MAX_TREE_DEPTH && layout.meta_block_ok(r) && r != ino_loc(ino).0,
     };
     if !ok {
         return Err(Error::corrupt(format!(
@@ -152,7 +159,7 @@ impl Inode {
         if self.blocks > layout.block_count {
             return bad(format!("owns {} blocks, more than the volume has", self.blocks));
         }
-        if self.xattr_block != 0 && !layout.meta_block_ok(self.xattr_block) {
+        if self.xattr_block != 0 && (!layout.meta_block_ok(self.xattr_block) || self.xattr_block == ino_loc(ino).0) {
             return bad(format!("xattr block {} is out of range", self.xattr_block));
         }
         match &self.data {

@@ -152,16 +152,17 @@ impl Journal {
         self.layout
     }
 
-    /// Find the newest committed delta. With `apply`, write its blocks home (and
-    /// flush); either way return them, so a read-only open can overlay them in memory.
+    /// [`Journal::recover_from`] without passing over damaged commits (the tests).
     #[cfg(test)]
     pub fn recover(dev: &dyn BlockDevice, layout: Layout, apply: bool) -> Result<(Journal, Replay)> {
         Self::recover_from(dev, layout, apply, false)
     }
 
-    /// [`Journal::recover`]; with `skip_damaged`, a commit that cannot be used (more
-    /// blocks than the log holds, a body that fails its checksum, a target it may not
-    /// have) is passed over for the one before it instead of failing: the rollback that
+    /// Find the newest committed delta. With `apply`, write its blocks home (and
+    /// flush); either way return them, so a read-only open can overlay them in memory.
+    /// With `skip_damaged`, a commit that cannot be used (more blocks than the log
+    /// holds, a body that fails its checksum, a target it may not have) is passed over
+    /// for the one before it instead of failing: the rollback that
     /// `-o recovery=rollback` and `fsck --rollback` accept.
     pub fn recover_from(
         dev: &dyn BlockDevice,

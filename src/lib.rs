@@ -28,6 +28,8 @@
 // buffers the kernel writes into), `devfd` and `control` (one ioctl each) and
 // `fusermount` (taking a descriptor passed over a socket), which allow it explicitly.
 #![deny(unsafe_code)]
+// What the API does not export is `pub(crate)`, so that `pub` means public (issue 41).
+#![warn(unreachable_pub)]
 
 mod disk;
 mod engine;

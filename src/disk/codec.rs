@@ -14,7 +14,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub type Block = [u8; BLOCK_SIZE];
 
 #[inline]
-pub fn get_u16(b: &[u8], off: usize) -> u16 {
+pub(crate) fn get_u16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 #[inline]
@@ -22,32 +22,32 @@ pub fn get_u32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
 }
 #[inline]
-pub fn get_u64(b: &[u8], off: usize) -> u64 {
+pub(crate) fn get_u64(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
 }
 #[inline]
-pub fn get_i64(b: &[u8], off: usize) -> i64 {
+pub(crate) fn get_i64(b: &[u8], off: usize) -> i64 {
     i64::from_le_bytes(b[off..off + 8].try_into().unwrap())
 }
 #[inline]
-pub fn put_u16(b: &mut [u8], off: usize, v: u16) {
+pub(crate) fn put_u16(b: &mut [u8], off: usize, v: u16) {
     b[off..off + 2].copy_from_slice(&v.to_le_bytes());
 }
 #[inline]
-pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
+pub(crate) fn put_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
 #[inline]
-pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
+pub(crate) fn put_u64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 #[inline]
-pub fn put_i64(b: &mut [u8], off: usize, v: i64) {
+pub(crate) fn put_i64(b: &mut [u8], off: usize, v: i64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 
 /// crc32c of `block` with bytes 4..8 (the crc field) taken as zero.
-pub fn block_crc(block: &Block) -> u32 {
+pub(crate) fn block_crc(block: &Block) -> u32 {
     let c = crc32c::crc32c(&block[..4]);
     let c = crc32c::crc32c_append(c, &[0u8; 4]);
     crc32c::crc32c_append(c, &block[8..])
@@ -61,12 +61,12 @@ pub fn seal(block: &mut Block, blockno: u64) {
 }
 
 /// The magic number of a metadata block.
-pub fn magic(block: &Block) -> u32 {
+pub(crate) fn magic(block: &Block) -> u32 {
     get_u32(block, 0)
 }
 
 /// Check a metadata block's checksum, address and (when `want` is given) magic.
-pub fn verify(block: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
+pub(crate) fn verify(block: &Block, blockno: u64, want: Option<u32>) -> Result<()> {
     let crc = get_u32(block, 4);
     if crc != block_crc(block) {
         return Err(Error::corrupt(format!("checksum mismatch in block {blockno}")));

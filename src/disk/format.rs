@@ -18,39 +18,39 @@ pub struct TreeRoot {
 }
 
 /// Superblock magic, "DXSB".
-pub const SB_MAGIC: u32 = u32::from_le_bytes(*b"DXSB");
+pub(crate) const SB_MAGIC: u32 = u32::from_le_bytes(*b"DXSB");
 /// State block magic, "DXST".
-pub const STATE_MAGIC: u32 = u32::from_le_bytes(*b"DXST");
+pub(crate) const STATE_MAGIC: u32 = u32::from_le_bytes(*b"DXST");
 /// Log commit block magic, "DXLC".
-pub const COMMIT_MAGIC: u32 = u32::from_le_bytes(*b"DXLC");
+pub(crate) const COMMIT_MAGIC: u32 = u32::from_le_bytes(*b"DXLC");
 /// Bitmap block magic, "DXBM".
-pub const BITMAP_MAGIC: u32 = u32::from_le_bytes(*b"DXBM");
+pub(crate) const BITMAP_MAGIC: u32 = u32::from_le_bytes(*b"DXBM");
 /// Inode block magic, "DXIN".
-pub const INODE_MAGIC: u32 = u32::from_le_bytes(*b"DXIN");
+pub(crate) const INODE_MAGIC: u32 = u32::from_le_bytes(*b"DXIN");
 /// Xattr block magic, "DXXA".
-pub const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"DXXA");
+pub(crate) const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"DXXA");
 /// Magic of an xattr continuation block, "DXXC".
-pub const XATTR_CONT_MAGIC: u32 = u32::from_le_bytes(*b"DXXC");
+pub(crate) const XATTR_CONT_MAGIC: u32 = u32::from_le_bytes(*b"DXXC");
 /// Mount mark magic, "DXMM".
-pub const MARK_MAGIC: u32 = u32::from_le_bytes(*b"DXMM");
+pub(crate) const MARK_MAGIC: u32 = u32::from_le_bytes(*b"DXMM");
 
 /// The format version this code writes and reads.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// compat: children of a directory get inodes from its reserved region (placement only).
-pub const COMPAT_DIR_RESERVATION: u32 = 1;
+pub(crate) const COMPAT_DIR_RESERVATION: u32 = 1;
 /// ro_compat: every inode's xattr-name bloom filter is kept exact. A writer that does
 /// not maintain the filter must not write, so it is read-only-compatible.
-pub const RO_COMPAT_XATTR_FILTER: u32 = 1;
+pub(crate) const RO_COMPAT_XATTR_FILTER: u32 = 1;
 /// ro_compat: as XATTR_FILTER, but each name sets `filter_hashes` bits (superblock byte
 /// 129) rather than one. Readers that only know XATTR_FILTER do not trust these filters,
 /// since the flag they know is clear.
-pub const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
+pub(crate) const RO_COMPAT_XATTR_FILTER_K: u32 = 2;
 /// ro_compat: inode slots may be freed lazily, recorded in the state block's lazy-free
 /// tree instead of in their inode block (FORMAT.md §6.1). A writer that does not know
 /// the tree would hand out or count those slots wrongly; a reader loses nothing, since
 /// no directory entry points at a lazily freed inode.
-pub const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
+pub(crate) const RO_COMPAT_LAZY_INODE_FREE: u32 = 4;
 /// ro_compat: a grow is half done (FORMAT.md §2): the superblock already has the new
 /// size, and the old tail (the old backup superblock and the blocks past the old end in
 /// the old last bitmap block, `Superblock::pending_grow_tail`) is still marked in use.
@@ -73,53 +73,53 @@ pub const INCOMPAT_SPILLED_BITMAP: u32 = 1;
 /// has a valid commit block over a body that fails its checksum, which recovery must take
 /// for "not committed"; a reader that does not know this would refuse the volume as
 /// corrupt after such a crash.
-pub const INCOMPAT_ONE_FLUSH_COMMIT: u32 = 2;
+pub(crate) const INCOMPAT_ONE_FLUSH_COMMIT: u32 = 2;
 /// Features this code understands (unknown compat features are harmless by definition).
 pub const KNOWN_INCOMPAT: u32 = INCOMPAT_SPILLED_BITMAP | INCOMPAT_ONE_FLUSH_COMMIT;
-pub const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
+pub(crate) const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
     | RO_COMPAT_XATTR_FILTER_K
     | RO_COMPAT_LAZY_INODE_FREE
     | RO_COMPAT_GROW_PENDING
     | RO_COMPAT_MOUNT_MARK;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
-pub const LAZY_FREE_OWNER: u64 = 1;
+pub(crate) const LAZY_FREE_OWNER: u64 = 1;
 /// Bits each xattr name sets in the filter of a new volume: k = ln2 · m / n for m = 32
 /// bits and the typical n = 2 names of an inode that has any (docs/DESIGN.md, "Xattrs").
 pub const DEFAULT_FILTER_HASHES: u8 = 11;
 /// Most bits a name may set (all of them).
-pub const MAX_FILTER_HASHES: u8 = 32;
+pub(crate) const MAX_FILTER_HASHES: u8 = 32;
 
 /// Block of the superblock (a backup lives in the last block).
-pub const SUPERBLOCK: u64 = 0;
+pub(crate) const SUPERBLOCK: u64 = 0;
 /// Block of the journaled state block.
 pub const STATE_BLOCK: u64 = 1;
 /// First block of log area 0.
 pub const LOG_START: u64 = 2;
 
 /// Inode record size; 16 slots per block, slot 0 is the block header.
-pub const INODE_SIZE: usize = 256;
-pub const INODES_PER_BLOCK: u64 = 16;
+pub(crate) const INODE_SIZE: usize = 256;
+pub(crate) const INODES_PER_BLOCK: u64 = 16;
 /// Bits of free-space map per bitmap block (the first 32 bytes are header).
-pub const BITMAP_HEADER: usize = 32;
-pub const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - BITMAP_HEADER) * 8) as u64;
+pub(crate) const BITMAP_HEADER: usize = 32;
+pub(crate) const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - BITMAP_HEADER) * 8) as u64;
 /// Longest name in a directory.
-pub const NAME_MAX: usize = 255;
+pub(crate) const NAME_MAX: usize = 255;
 /// Largest file: 2^32 blocks of 4 KiB (extents address logical blocks with 32 bits).
 pub const MAX_FILE_SIZE: u64 = (1u64 << 32) * BLOCK_SIZE as u64;
 /// Longest symlink target (Linux's: below a page).
-pub const MAX_SYMLINK: u64 = 4095;
+pub(crate) const MAX_SYMLINK: u64 = 4095;
 /// Inline symlink target / xattr area sizes in the inode.
-pub const INLINE_DATA: usize = 64;
-pub const INLINE_XATTR: usize = 64;
+pub(crate) const INLINE_DATA: usize = 64;
+pub(crate) const INLINE_XATTR: usize = 64;
 /// Extents kept in the inode before the map moves to a B+tree.
-pub const INLINE_EXTENTS: usize = 4;
+pub(crate) const INLINE_EXTENTS: usize = 4;
 /// Largest region of inode blocks a directory reserves at once.
-pub const MAX_REGION_BLOCKS: u32 = 64;
+pub(crate) const MAX_REGION_BLOCKS: u32 = 64;
 
 /// The inode number of a slot.
 #[inline]
-pub fn ino_of(block: u64, slot: u64) -> u64 {
+pub(crate) fn ino_of(block: u64, slot: u64) -> u64 {
     block * INODES_PER_BLOCK + slot
 }
 /// The block and slot of an inode number: no search, the number is the address.
@@ -465,7 +465,7 @@ pub struct MountMark {
 }
 
 /// The longest host name a mount mark keeps.
-pub const MARK_HOST_MAX: usize = 64;
+pub(crate) const MARK_HOST_MAX: usize = 64;
 
 impl MountMark {
     pub fn encode(&self, blockno: u64) -> Box<Block> {
@@ -617,7 +617,7 @@ impl FileType {
 }
 
 /// A directory entry's B+tree value: inode number, type, name.
-pub fn encode_dirent(ino: u64, ft: FileType, name: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_dirent(ino: u64, ft: FileType, name: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(9 + name.len());
     v.extend_from_slice(&ino.to_le_bytes());
     v.push(ft as u8);
@@ -902,11 +902,11 @@ impl Inode {
 
 /// Offset of `next_orphan` in an inode record: the orphan list's link, which only the
 /// orphan list's code writes (`Tx::set_next_orphan`; `Tx::put_inode` keeps it).
-pub const INODE_NEXT_ORPHAN: usize = 104;
+pub(crate) const INODE_NEXT_ORPHAN: usize = 104;
 
 /// Inode block header (slot 0): owner directory and the bitmap of used slots.
-pub const IB_OWNER: usize = 16;
-pub const IB_USED: usize = 24;
+pub(crate) const IB_OWNER: usize = 16;
+pub(crate) const IB_USED: usize = 24;
 
 #[cfg(test)]
 mod tests {

@@ -3,14 +3,14 @@
 //! Nothing here knows about caches, deltas or files; every layer above builds on it.
 
 pub(crate) mod codec;
-pub mod device;
+pub(crate) mod device;
 #[cfg(any(test, feature = "testing"))]
-pub mod fault;
+pub(crate) mod fault;
 pub(crate) mod format;
 pub mod hash;
-pub mod nbd;
+pub(crate) mod nbd;
 pub(crate) mod overlay;
-pub mod probe;
+pub(crate) mod probe;
 pub(crate) mod valid;
 
 use std::sync::Arc;

@@ -16,13 +16,13 @@ use crate::error::Result;
 
 /// `dev`, with the blocks in `over` read from memory. A write through it goes to the
 /// device and drops the blocks it covers from the overlay.
-pub struct Overlay {
+pub(crate) struct Overlay {
     dev: Arc<dyn BlockDevice>,
     over: RwLock<HashMap<u64, Box<Block>>>,
 }
 
 impl Overlay {
-    pub fn new(dev: Arc<dyn BlockDevice>, blocks: Vec<(u64, Box<Block>)>) -> Overlay {
+    pub(crate) fn new(dev: Arc<dyn BlockDevice>, blocks: Vec<(u64, Box<Block>)>) -> Overlay {
         Overlay { dev, over: RwLock::new(blocks.into_iter().collect()) }
     }
 

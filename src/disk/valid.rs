@@ -17,17 +17,17 @@ use crate::error::{Error, Result};
 
 /// Deepest B+tree accepted: a tree of 4 KiB nodes holding at least two records each
 /// cannot need more than 64 levels for 2^64 keys, and a real one never passes 8.
-pub const MAX_TREE_DEPTH: u16 = 16;
+pub(crate) const MAX_TREE_DEPTH: u16 = 16;
 
 /// Largest directory key: a 63-bit hash plus a displacement below 2^32. Positions in a
 /// listing are key + 3, so every valid key has one.
-pub const MAX_DIR_KEY: u64 = (1 << 63) + u32::MAX as u64;
+pub(crate) const MAX_DIR_KEY: u64 = (1 << 63) + u32::MAX as u64;
 
 /// Logical blocks a file may map: its size is at most [`MAX_FILE_SIZE`].
-pub const MAX_LOGICAL_BLOCKS: u64 = 1 << 32;
+pub(crate) const MAX_LOGICAL_BLOCKS: u64 = 1 << 32;
 
 /// Nanoseconds in a second: a stored nanosecond field is below it.
-pub const NSEC_PER_SEC: u32 = 1_000_000_000;
+pub(crate) const NSEC_PER_SEC: u32 = 1_000_000_000;
 
 impl Layout {
     /// Whether blocks `[b, b + len)` may hold file data or metadata that lives in the
@@ -82,7 +82,7 @@ impl Extent {
         if self.len == 0
             || !logical_ok
             || !layout.data_run_ok(self.phys, self.len)
-            || (self.phys..self.phys + self.len).contains(&own)
+            || own.checked_sub(self.phys).is_some_and(|d| d < self.len)
         {
             return Err(Error::corrupt(format!(
                 "inode {ino}: extent of {} blocks at logical {} -> block {} is out of range",
@@ -100,7 +100,7 @@ impl Extent {
 }
 
 /// Check a sorted list of extents: each valid, none overlapping the one before.
-pub fn check_extents(list: &[Extent], layout: &Layout, ino: u64) -> Result<()> {
+pub(crate) fn check_extents(list: &[Extent], layout: &Layout, ino: u64) -> Result<()> {
     let mut end = 0;
     for e in list {
         e.check(layout, ino)?;
@@ -114,7 +114,7 @@ pub fn check_extents(list: &[Extent], layout: &Layout, ino: u64) -> Result<()> {
 
 /// Check a tree root: empty (0, 0), or a root block in the data area (not the block of
 /// inode `ino` itself) and a bounded depth.
-pub fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) -> Result<()> {
+pub(crate) fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) -> Result<()> {
     let ok = match (t.root, t.depth) {
         (0, 0) => true,
         (0, _) | (_, 0) => false,
@@ -191,7 +191,7 @@ impl Inode {
 /// The guard at the write end: file data goes only to blocks where data may lie. The
 /// rules on reads keep wild block numbers out, so a refusal here is a bug (or damage the
 /// reads did not catch): logged as an error and refused, never written.
-pub fn guard_data_write(layout: &Layout, b: u64, len: u64) -> Result<()> {
+pub(crate) fn guard_data_write(layout: &Layout, b: u64, len: u64) -> Result<()> {
     if layout.data_run_ok(b, len) {
         return Ok(());
     }
@@ -200,12 +200,12 @@ pub fn guard_data_write(layout: &Layout, b: u64, len: u64) -> Result<()> {
 }
 
 /// A stored time as readers see it: nanoseconds clamped below one second.
-pub fn normal_time(t: (i64, u32)) -> (i64, u32) {
+pub(crate) fn normal_time(t: (i64, u32)) -> (i64, u32) {
     (t.0, t.1.min(NSEC_PER_SEC - 1))
 }
 
 /// Check a directory key: below [`MAX_DIR_KEY`], so that its listing position exists.
-pub fn check_dir_key(key: u64, dir: u64) -> Result<()> {
+pub(crate) fn check_dir_key(key: u64, dir: u64) -> Result<()> {
     if key > MAX_DIR_KEY {
         return Err(Error::corrupt(format!("directory {dir}: entry key {key:#x} is out of range")));
     }

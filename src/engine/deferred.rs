@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 use crate::error::Error;
 
 /// Rounds of put-off reads one operation may take before it reads under its locks.
-pub const MAX_ROUNDS: u32 = 16;
+pub(crate) const MAX_ROUNDS: u32 = 16;
 
 thread_local! {
     static DEFERRING: Cell<bool> = const { Cell::new(false) };
@@ -53,7 +53,7 @@ impl Drop for Scope {
 /// Run `f` with cache misses put off (see the module doc), unless this operation has
 /// had its [`MAX_ROUNDS`]. `f` must change nothing before its last read: it may fail
 /// with [`Error::Missed`] and run again.
-pub fn defer_misses<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn defer_misses<T>(f: impl FnOnce() -> T) -> T {
     let on = ROUNDS.with(|r| r.get()) < MAX_ROUNDS;
     let _scope = Scope(DEFERRING.with(|d| d.replace(on)));
     f()
@@ -62,41 +62,41 @@ pub fn defer_misses<T>(f: impl FnOnce() -> T) -> T {
 /// Run `f` with misses read at once whatever the caller's scope (work that is not to
 /// run again: a commit, a reservation), telling it whether the caller put them off, so
 /// that it can put them off again in a part that may run again ([`defer_misses_if`]).
-pub fn read_at_once<T>(f: impl FnOnce(bool) -> T) -> T {
+pub(crate) fn read_at_once<T>(f: impl FnOnce(bool) -> T) -> T {
     let outer = DEFERRING.with(|d| d.replace(false));
     let _scope = Scope(outer);
     f(outer)
 }
 
 /// The operation is about to read what it put off, and start again.
-pub fn next_round() {
+pub(crate) fn next_round() {
     ROUNDS.with(|r| r.set(r.get() + 1));
 }
 
 /// The operation is done putting reads off (it got what it read, or failed otherwise):
 /// the next one has its rounds again.
-pub fn rounds_done() {
+pub(crate) fn rounds_done() {
     ROUNDS.with(|r| r.set(0));
 }
 
 /// This thread begins a front-end operation: it holds locks until [`leave_op`] (what
 /// the cache counts device reads under).
-pub fn enter_op() {
+pub(crate) fn enter_op() {
     IN_OP.with(|c| c.set(c.get() + 1));
 }
 
 /// The operation begun by [`enter_op`] has let go.
-pub fn leave_op() {
+pub(crate) fn leave_op() {
     IN_OP.with(|c| c.set(c.get().saturating_sub(1)));
 }
 
 /// Whether this thread is in a front-end operation, holding its locks.
-pub fn in_op() -> bool {
+pub(crate) fn in_op() -> bool {
     IN_OP.with(|c| c.get() > 0)
 }
 
 /// Whether this thread is in a [`defer_misses`] scope.
-pub fn deferring() -> bool {
+pub(crate) fn deferring() -> bool {
     DEFERRING.with(|d| d.get())
 }
 
@@ -113,7 +113,7 @@ pub(crate) fn missed(b: u64) -> Error {
 }
 
 /// The reads this thread put off since it last asked, in the order noted.
-pub fn take_wanted() -> Vec<Wanted> {
+pub(crate) fn take_wanted() -> Vec<Wanted> {
     WANTED.with(|l| std::mem::take(&mut *l.borrow_mut()))
 }
 

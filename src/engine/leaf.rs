@@ -21,38 +21,38 @@ const SHARDS: usize = 16;
 
 /// Which of `n` shards (or stripes) `key` belongs to: a multiplicative hash, so keys
 /// that come in runs (block and inode numbers) spread evenly.
-pub fn shard_index(key: u64, n: usize) -> usize {
+pub(crate) fn shard_index(key: u64, n: usize) -> usize {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n
 }
 
 /// `T` (a map or set keyed by `u64`) in [`SHARDS`] shards. Keys that differ only in
 /// their low `run` bits share a shard (neighbouring blocks, or inodes of one directory's
 /// region), so one thread's work stays in few shards (see the cache's `shard_of`).
-pub struct Sharded<T> {
+pub(crate) struct Sharded<T> {
     shards: Box<[Padded<Mutex<T>>]>,
     run: u32,
 }
 
 impl<T: Default> Sharded<T> {
     /// A table whose keys share a shard in runs of `2^run`.
-    pub fn new(run: u32) -> Sharded<T> {
+    pub(crate) fn new(run: u32) -> Sharded<T> {
         Sharded { shards: (0..SHARDS).map(|_| Padded(Mutex::new(T::default()))).collect(), run }
     }
 
     /// The shard of `key`, locked.
-    pub fn shard(&self, key: u64) -> MutexGuard<'_, T> {
+    pub(crate) fn shard(&self, key: u64) -> MutexGuard<'_, T> {
         self.shards[shard_index(key >> self.run, SHARDS)].lock()
     }
 
     /// Every shard in turn, each locked while `f` runs (not one moment of the table).
-    pub fn each_locked(&self, mut f: impl FnMut(&mut T)) {
+    pub(crate) fn each_locked(&self, mut f: impl FnMut(&mut T)) {
         for s in self.shards.iter() {
             f(&mut s.0.lock());
         }
     }
 
     /// Every shard, for a holder of the whole table.
-    pub fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
+    pub(crate) fn for_each(&mut self, mut f: impl FnMut(&mut T)) {
         for s in self.shards.iter_mut() {
             f(s.0.get_mut());
         }
@@ -82,7 +82,7 @@ pub enum LeafKind {
 }
 
 /// How many [`LeafKind`]s there are.
-pub const LEAF_KINDS: usize = 8;
+pub(crate) const LEAF_KINDS: usize = 8;
 
 /// The names of the volume-wide leaf locks, in the order of `LeafKind` (the index of a lock
 /// in `LockStats::leaf_held_by`).
@@ -109,18 +109,18 @@ thread_local! {
 }
 
 /// A store handle of this thread took a cache block.
-pub fn guard_taken() {
+pub(crate) fn guard_taken() {
     GUARDS.with(|g| g.set(g.get() + 1));
 }
 
 /// A store handle of this thread let a cache block go.
-pub fn guard_dropped() {
+pub(crate) fn guard_dropped() {
     GUARDS.with(|g| g.set(g.get() - 1));
 }
 
 /// Cache blocks this thread's store handles hold: must be none whenever the thread takes
 /// a lock above the cache's (debug builds check, at every [`Leaf`] and region lock).
-pub fn guards_held() -> usize {
+pub(crate) fn guards_held() -> usize {
     GUARDS.with(|g| g.get())
 }
 
@@ -189,7 +189,7 @@ impl<T> Drop for LeafGuard<'_, T> {
 }
 
 /// Slots of [`SlotCounter`]s: threads spread over them in the order they first use one.
-pub const SLOTS: usize = 16;
+pub(crate) const SLOTS: usize = 16;
 
 static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
 
@@ -198,7 +198,7 @@ thread_local! {
 }
 
 /// This thread's slot (see [`SlotCounter`]).
-pub fn slot() -> usize {
+pub(crate) fn slot() -> usize {
     SLOT.with(|s| *s)
 }
 
@@ -206,7 +206,7 @@ pub fn slot() -> usize {
 /// with what others read or write, or the line moves between CPUs at every write.
 #[repr(align(128))]
 #[derive(Default)]
-pub struct Padded<T>(pub T);
+pub(crate) struct Padded<T>(pub T);
 
 impl<T> Deref for Padded<T> {
     type Target = T;
@@ -218,26 +218,26 @@ impl<T> Deref for Padded<T> {
 /// A counter split into per-thread slots, each on its own cache line: adding touches only
 /// the adding thread's line, reading sums them all (for counters read far less often than
 /// changed: an inode count read at a commit, the log room of operations in flight).
-pub struct SlotCounter {
+pub(crate) struct SlotCounter {
     slots: Box<[Padded<std::sync::atomic::AtomicI64>]>,
 }
 
 impl SlotCounter {
     /// A counter starting at `start`.
-    pub fn new(start: i64) -> SlotCounter {
+    pub(crate) fn new(start: i64) -> SlotCounter {
         let c = SlotCounter { slots: (0..SLOTS).map(|_| Padded::default()).collect() };
         c.slots[0].store(start, Ordering::Relaxed);
         c
     }
 
-    pub fn add(&self, n: i64) {
+    pub(crate) fn add(&self, n: i64) {
         // SeqCst: a thread that adds, then sums, must see every add that came before the
         // other threads' sums saw its own (operations checking the room they share).
         self.slots[slot()].fetch_add(n, Ordering::SeqCst);
     }
 
     /// The sum over the slots (exact when nothing changes meanwhile).
-    pub fn sum(&self) -> i64 {
+    pub(crate) fn sum(&self) -> i64 {
         self.slots.iter().map(|s| s.load(Ordering::SeqCst)).sum()
     }
 }

@@ -43,7 +43,7 @@ use crate::disk::valid::guard_data_write;
 use crate::error::{Error, Result};
 
 /// Block images with their home addresses.
-pub type BlockImages = Vec<(u64, Box<Block>)>;
+pub(crate) type BlockImages = Vec<(u64, Box<Block>)>;
 
 /// What recovery found to replay, in order: the newest committed delta's metadata images
 /// and the file data it logged (one-flush commits), each with its home address; before a
@@ -69,7 +69,7 @@ const TARGETS_PER_DESC: usize = BLOCK_SIZE / 8;
 const ONE_FLUSH: u32 = 1;
 
 /// Largest number of blocks one delta can log in areas of `log_blocks` blocks.
-pub fn capacity(log_blocks: u32) -> usize {
+pub(crate) fn capacity(log_blocks: u32) -> usize {
     // n images + ceil(n / 512) descriptors + 1 commit block <= log_blocks
     let avail = log_blocks as usize - 1;
     avail - avail.div_ceil(TARGETS_PER_DESC + 1)
@@ -109,10 +109,10 @@ fn read_commit(dev: &dyn BlockDevice, at: u64) -> Result<Option<(u64, usize)>> {
 }
 
 /// A log area's first block, and (sequence, blocks logged) when its commit block is valid.
-pub type AreaCommit = (u64, Option<(u64, usize)>);
+pub(crate) type AreaCommit = (u64, Option<(u64, usize)>);
 
 /// Each log area's commit block (inspector).
-pub fn commit_blocks(dev: &dyn BlockDevice, layout: Layout) -> Result<[AreaCommit; 2]> {
+pub(crate) fn commit_blocks(dev: &dyn BlockDevice, layout: Layout) -> Result<[AreaCommit; 2]> {
     let (a, b) = (layout.log_area(0), layout.log_area(1));
     Ok([(a, read_commit(dev, a)?), (b, read_commit(dev, b)?)])
 }
@@ -120,7 +120,7 @@ pub fn commit_blocks(dev: &dyn BlockDevice, layout: Layout) -> Result<[AreaCommi
 /// The target blocks a valid commit in the area at `at` lists, and whether its body
 /// matches the commit's checksum (inspector). None when the commit block is invalid or
 /// lists more blocks than the log holds.
-pub fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<Option<(Vec<u64>, bool)>> {
+pub(crate) fn commit_targets(dev: &dyn BlockDevice, layout: Layout, at: u64) -> Result<Option<(Vec<u64>, bool)>> {
     let Some((_, n)) = read_commit(dev, at)? else {
         return Ok(None);
     };

@@ -41,7 +41,7 @@ thread_local! {
 /// Blocks of the budget this thread has used up so far: blocks it allocated, and data and
 /// metadata blocks it promised. The difference across one operation is what that
 /// operation took of what it reserved (see `Store::release_blocks`).
-pub fn consumed_here() -> u64 {
+pub(crate) fn consumed_here() -> u64 {
     CONSUMED.with(|c| c.get())
 }
 

@@ -25,7 +25,7 @@ pub fn name_key(st: &Store, name: &[u8]) -> u64 {
 }
 
 /// Reject names that cannot be directory entries.
-pub fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
         return Err(Error::NameTooLong);
     }
@@ -79,14 +79,14 @@ fn entry<'v>(layout: &Layout, dir: u64, key: u64, v: &'v [u8]) -> Result<(u64, F
 
 /// A found entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     pub key: u64,
     pub ino: u64,
     pub ft: FileType,
 }
 
 /// Look a name up.
-pub fn lookup(st: &mut (impl MetaRead + ?Sized), dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
+pub(crate) fn lookup(st: &mut (impl MetaRead + ?Sized), dir: &Inode, name: &[u8]) -> Result<Option<Found>> {
     let h = name_key(st.store(), name);
     let limit = h + dir.dir()?.max_disp as u64;
     let mut found = None;
@@ -101,7 +101,7 @@ pub fn lookup(st: &mut (impl MetaRead + ?Sized), dir: &Inode, name: &[u8]) -> Re
 
 /// Insert a new entry, or fail with `Exists`. One probe from the name's hash both looks
 /// for the name (within `max_disp`) and finds the first key no entry holds. Returns the key.
-pub fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
+pub(crate) fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType) -> Result<u64> {
     let h = name_key(st.store(), name);
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
@@ -139,13 +139,13 @@ pub fn insert(st: &mut Tx, dir: &mut Inode, name: &[u8], ino: u64, ft: FileType)
 /// Read, changing nothing, the index blocks removing entry `key` is likely to touch
 /// (see `btree::read_for_remove`): done in the part of an unlink that may run again, so
 /// that a cache miss there is read with the locks let go.
-pub fn read_for_remove(r: &mut (impl MetaRead + ?Sized), dir: &Inode, key: u64) -> Result<()> {
+pub(crate) fn read_for_remove(r: &mut (impl MetaRead + ?Sized), dir: &Inode, key: u64) -> Result<()> {
     let d = dir.dir()?;
     btree::read_for_remove(r, &d.tree, dir.ino, key)
 }
 
 /// Remove the entry with `key` (found by `lookup`).
-pub fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
+pub(crate) fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
     let d = dir.dir_mut()?;
@@ -161,7 +161,7 @@ pub fn remove(st: &mut Tx, dir: &mut Inode, key: u64) -> Result<()> {
 }
 
 /// Point an existing entry at another inode (rename over an existing name).
-pub fn replace(st: &mut Tx, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
+pub(crate) fn replace(st: &mut Tx, dir: &mut Inode, key: u64, name: &[u8], ino: u64, ft: FileType) -> Result<()> {
     let dir_ino = dir.ino;
     let mark = st.usage_mark();
     let d = dir.dir_mut()?;
@@ -183,7 +183,7 @@ pub struct DirEntry {
 
 /// List entries from position `pos`: "." and ".." first, then the index in key order.
 /// `f` returns false to stop.
-pub fn read(
+pub(crate) fn read(
     st: &mut (impl MetaRead + ?Sized),
     dir: &Inode,
     pos: u64,
@@ -201,7 +201,7 @@ pub fn read(
 }
 
 /// Free the index of an empty directory (rmdir).
-pub fn destroy(st: &mut Tx, dir: &mut Inode) -> Result<()> {
+pub(crate) fn destroy(st: &mut Tx, dir: &mut Inode) -> Result<()> {
     let dir_ino = dir.ino;
     let d = dir.dir_mut()?;
     let mut t = d.tree;

@@ -13,7 +13,7 @@ use crate::disk::codec::{Block, BLOCK_SIZE};
 /// Most pages kept for reuse (256 MiB): as many as a delta holds dirty at most (twice
 /// the default dirty limit, while a commit is writing), so that a writer faster than the
 /// device always finds the pages of the last commit here.
-pub const POOL_PAGES: usize = 65_536;
+pub(crate) const POOL_PAGES: usize = 65_536;
 
 /// Free pages, and whether one was taken since [`Pool::release_idle`] last looked.
 struct Pool(Mutex<(Vec<Box<Block>>, bool)>);
@@ -81,24 +81,24 @@ impl Pool {
 }
 
 /// A page holding a copy of `bytes` (one block's worth).
-pub fn copy_of(bytes: &[u8]) -> Box<Block> {
+pub(crate) fn copy_of(bytes: &[u8]) -> Box<Block> {
     POOL.copy_of(bytes)
 }
 
 /// A page of zeros.
-pub fn zeroed() -> Box<Block> {
+pub(crate) fn zeroed() -> Box<Block> {
     POOL.zeroed()
 }
 
 /// Give pages back for reuse (those past the pool's size go back to the heap).
-pub fn recycle(pages: impl IntoIterator<Item = Box<Block>>) {
+pub(crate) fn recycle(pages: impl IntoIterator<Item = Box<Block>>) {
     POOL.recycle(pages)
 }
 
 /// Give the pool's pages back to the heap if none was taken since the last call: called
 /// at every commit asked for from outside (the mount's periodic one among them), so a
 /// burst of writes leaves no memory behind once writing stops.
-pub fn release_idle() {
+pub(crate) fn release_idle() {
     POOL.release_idle()
 }
 

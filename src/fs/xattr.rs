@@ -23,23 +23,23 @@ use crate::engine::store::{MetaRead, Tx};
 use crate::error::{Error, Result};
 
 /// Seed of the filter hash (erofs's value), plus the namespace index.
-pub const FILTER_SEED: u32 = 0x25BB_E08F;
+pub(crate) const FILTER_SEED: u32 = 0x25BB_E08F;
 /// Largest value Linux passes (XATTR_SIZE_MAX).
-pub const VALUE_MAX: usize = 65536;
-pub use crate::disk::format::XATTR_CONT_MAGIC;
+pub(crate) const VALUE_MAX: usize = 65536;
+pub(crate) use crate::disk::format::XATTR_CONT_MAGIC;
 /// Header of an xattr head block: refcount u32 @16, total list bytes u32 @20, number of
 /// continuation blocks u16 @24, then (from @32) the continuation block numbers.
 const HEAD: usize = 32;
 /// Continuation blocks: owner inode u64 @16, data from @32.
 const CONT: usize = 32;
 /// Most continuation blocks of one list.
-pub const MAX_CONT: usize = 16;
+pub(crate) const MAX_CONT: usize = 16;
 /// Entry header bytes.
 const ENTRY: usize = 6;
 /// Bytes a list may take in all (a 64 KiB value with a long name fits).
-pub const LIST_MAX: usize = BLOCK_SIZE - HEAD - 8 * MAX_CONT + MAX_CONT * (BLOCK_SIZE - CONT);
+pub(crate) const LIST_MAX: usize = BLOCK_SIZE - HEAD - 8 * MAX_CONT + MAX_CONT * (BLOCK_SIZE - CONT);
 /// Bytes of list a single (shareable) block holds.
-pub const SHARED_MAX: usize = BLOCK_SIZE - HEAD;
+pub(crate) const SHARED_MAX: usize = BLOCK_SIZE - HEAD;
 
 const PREFIXES: &[(u8, &[u8])] = &[
     (2, b"system.posix_acl_access"),
@@ -166,7 +166,7 @@ fn name_ok(idx: u8, name: &[u8]) -> bool {
 }
 
 /// One entry's bytes, as a list holds them.
-pub fn entry_bytes(idx: u8, suffix: &[u8], value: &[u8]) -> Vec<u8> {
+pub(crate) fn entry_bytes(idx: u8, suffix: &[u8], value: &[u8]) -> Vec<u8> {
     encode(&[Xattr { idx, name: suffix.to_vec(), value: value.to_vec() }])
 }
 
@@ -203,7 +203,7 @@ fn scan(ino: u64, b: &[u8], idx: u8, suffix: &[u8], mut each: impl FnMut(u8, &[u
 
 /// An inode's list as stored (checked as `load` checks it), and where in it the entry
 /// named (`idx`, `suffix`) is: one copy of the bytes, none per entry.
-pub fn find(
+pub(crate) fn find(
     st: &mut (impl MetaRead + ?Sized),
     inode: &Inode,
     idx: u8,
@@ -215,13 +215,13 @@ pub fn find(
 }
 
 /// The value of the entry `find` found at `at`.
-pub fn value_at(bytes: &[u8], at: Range<usize>) -> &[u8] {
+pub(crate) fn value_at(bytes: &[u8], at: Range<usize>) -> &[u8] {
     let nl = bytes[at.start + 1] as usize;
     &bytes[at.start + ENTRY + nl..at.end]
 }
 
 /// The exact filter of an encoded list (checked by `find` before).
-pub fn filter_of_bytes(ino: u64, bytes: &[u8], k: u32) -> Result<u32> {
+pub(crate) fn filter_of_bytes(ino: u64, bytes: &[u8], k: u32) -> Result<u32> {
     let mut f = 0;
     scan(ino, bytes, 0, b"", |i, name| f |= filter_mask(i, name, k))?;
     Ok(f)
@@ -229,7 +229,7 @@ pub fn filter_of_bytes(ino: u64, bytes: &[u8], k: u32) -> Result<u32> {
 
 /// Bytes of an inode's list, without reading it (the head block's count for a list in
 /// blocks): what a change is charged for.
-pub fn stored_len(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<usize> {
+pub(crate) fn stored_len(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<usize> {
     if inode.xattr_block == 0 {
         return Ok(inode.xattr_inline_len as usize);
     }
@@ -238,7 +238,7 @@ pub fn stored_len(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<us
 
 /// What can still be read of an inode's list (fsck's repair: the entries that break a
 /// rule, or follow a break in the list, are left out).
-pub fn salvage(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Vec<Xattr> {
+pub(crate) fn salvage(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Vec<Xattr> {
     load_bytes(st, inode).map_or_else(|_| Vec::new(), |bytes| decode_lenient(inode.ino, &bytes).0)
 }
 
@@ -286,13 +286,13 @@ fn load_from_blocks(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<
 }
 
 /// All xattrs of an inode.
-pub fn load(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Xattr>> {
+pub(crate) fn load(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Xattr>> {
     let bytes = load_bytes(st, inode)?;
     decode(inode.ino, &bytes)
 }
 
 /// The blocks an inode's xattrs occupy: head first, then continuations (fsck).
-pub fn blocks_of(st: &mut Tx, inode: &Inode) -> Result<Vec<u64>> {
+pub(crate) fn blocks_of(st: &mut Tx, inode: &Inode) -> Result<Vec<u64>> {
     if inode.xattr_block == 0 {
         return Ok(Vec::new());
     }
@@ -314,13 +314,13 @@ pub fn blocks_of(st: &mut Tx, inode: &Inode) -> Result<Vec<u64>> {
 }
 
 /// Reference count of a head block (fsck).
-pub fn refcount(st: &mut Tx, block: u64) -> Result<u32> {
+pub(crate) fn refcount(st: &mut Tx, block: u64) -> Result<u32> {
     Ok(get_u32(st.block(block, Some(XATTR_MAGIC))?, 16))
 }
 
 /// Drop an inode's reference to its xattr block(s); free them with the last one.
 /// Returns the number of blocks the inode no longer counts.
-pub fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
+pub(crate) fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
     if inode.xattr_block == 0 {
         return Ok(0);
     }
@@ -370,7 +370,7 @@ fn share(st: &mut Tx, inode: &mut Inode, bytes: &[u8], hash: u64) -> Result<bool
 }
 
 /// Store a new list: inline when it fits, else in a shared or private block (chain).
-pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
+pub(crate) fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
     let filter = filter_of(list, st.store().sb.filter_hashes());
     store_bytes(st, inode, &encode(list), filter)
 }
@@ -379,7 +379,7 @@ pub fn store(st: &mut Tx, inode: &mut Inode, list: &[Xattr]) -> Result<()> {
 /// chain and had one of its own is written over it in place (metadata changes go
 /// through the log, so that is as safe as new blocks, and a file's every setxattr does
 /// not cost a new chain and a freed one); otherwise the old storage is released first.
-pub fn store_bytes(st: &mut Tx, inode: &mut Inode, bytes: &[u8], filter: u32) -> Result<()> {
+pub(crate) fn store_bytes(st: &mut Tx, inode: &mut Inode, bytes: &[u8], filter: u32) -> Result<()> {
     if bytes.len() > LIST_MAX {
         return Err(Error::TooBig);
     }
@@ -505,19 +505,19 @@ pub fn filter_of(list: &[Xattr], k: u32) -> u32 {
 }
 
 /// Whether the filter rules the name out (then storage need not be read).
-pub fn ruled_out(inode: &Inode, idx: u8, suffix: &[u8], k: u32) -> bool {
+pub(crate) fn ruled_out(inode: &Inode, idx: u8, suffix: &[u8], k: u32) -> bool {
     let m = filter_mask(idx, suffix, k);
     inode.xattr_filter & m != m
 }
 
 /// Bytes a list takes (for the worst-case space charge of a setxattr).
-pub fn encoded_len(list: &[Xattr]) -> usize {
+pub(crate) fn encoded_len(list: &[Xattr]) -> usize {
     list.iter().map(|x| ENTRY + x.name.len() + x.value.len()).sum()
 }
 
 /// Blocks a list of `bytes` encoded bytes occupies outside the inode (the charge of a
 /// setxattr).
-pub fn blocks_for(bytes: usize) -> u64 {
+pub(crate) fn blocks_for(bytes: usize) -> u64 {
     if bytes <= INLINE_XATTR {
         0
     } else if bytes <= SHARED_MAX {

@@ -16,7 +16,7 @@ use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
 
 /// Run `fusermount3 -o OPTIONS -- MOUNTPOINT` and return the /dev/fuse descriptor of
 /// the new mount.
-pub fn mount(mountpoint: &Path, options: &str) -> io::Result<OwnedFd> {
+pub(super) fn mount(mountpoint: &Path, options: &str) -> io::Result<OwnedFd> {
     let (ours, theirs) = UnixStream::pair()?;
     // The helper inherits its end (std makes sockets close-on-exec).
     nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))?;

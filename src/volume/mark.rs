@@ -34,9 +34,9 @@ use crate::error::{Error, Result};
 
 /// How often a holder rewrites its mark, unless the open says otherwise (ext4's default
 /// MMP interval).
-pub const DEFAULT_INTERVAL_MS: u32 = 5000;
+pub(crate) const DEFAULT_INTERVAL_MS: u32 = 5000;
 /// A mark rewritten less than this many of its intervals ago has a live holder.
-pub const FRESH_INTERVALS: u64 = 3;
+pub(crate) const FRESH_INTERVALS: u64 = 3;
 /// Bounds on the interval a mark states (a damaged or hostile value must not make an
 /// open wait for hours, or spin).
 const MIN_INTERVAL_MS: u32 = 50;
@@ -125,7 +125,7 @@ fn write_mark(dev: &dyn BlockDevice, block: u64, m: &MountMark) -> Result<()> {
 }
 
 /// What a mark says of its holder, for messages.
-pub fn describe(m: &MountMark) -> String {
+pub(crate) fn describe(m: &MountMark) -> String {
     let host = if m.host.is_empty() { "an unnamed host" } else { &m.host };
     let age = now_ms() as i128 - m.time_ms as i128;
     let when = if age >= 0 {
@@ -139,7 +139,7 @@ pub fn describe(m: &MountMark) -> String {
 
 /// The mark as a read-only look sees it (fsck -n, info): `Ok(None)` for a volume without
 /// one.
-pub fn inspect(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Result<MountMark>>> {
+pub(crate) fn inspect(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Result<MountMark>>> {
     if !sb.mount_mark() {
         return Ok(None);
     }
@@ -160,7 +160,7 @@ pub fn status(dev: &dyn BlockDevice) -> Result<Option<String>> {
 
 /// Whether a mark read now has a live holder as far as one read can tell: in use, and
 /// either of a live process of this host or rewritten within `FRESH_INTERVALS` intervals.
-pub fn looks_held(m: &MountMark) -> bool {
+pub(crate) fn looks_held(m: &MountMark) -> bool {
     if !m.in_use {
         return false;
     }
@@ -174,7 +174,7 @@ pub fn looks_held(m: &MountMark) -> bool {
 /// The mark held by a read-write open, and the thread that keeps it fresh. Dropping the
 /// last reference stops the thread and marks the volume clean (unless another host took
 /// it over meanwhile).
-pub struct Holder {
+pub(crate) struct Holder {
     dev: Arc<dyn BlockDevice>,
     block: u64,
     shared: Arc<Shared>,
@@ -198,7 +198,7 @@ struct Shared {
 
 impl Holder {
     /// Whether another host has taken the volume over.
-    pub fn lost(&self) -> bool {
+    pub(crate) fn lost(&self) -> bool {
         self.shared.lost.load(Ordering::Acquire)
     }
 
@@ -244,7 +244,7 @@ impl Holder {
     /// The volume was left clean and nothing is changing it: write the mark clean and
     /// stop rewriting it, so that the next open (here or on another host) finds the volume
     /// free even if this process never drops the volume. The next commit takes it again.
-    pub fn park(&self) {
+    pub(crate) fn park(&self) {
         let mut t = self.thread.lock();
         if self.shared.parked.load(Ordering::Acquire) || self.lost() {
             return;
@@ -256,7 +256,7 @@ impl Holder {
 
     /// Before a parked volume changes again: take the mark back, if nobody else took it
     /// meanwhile (then the volume must not change: `Error::Busy`, and it is lost).
-    pub fn unpark(&self) -> Result<()> {
+    pub(crate) fn unpark(&self) -> Result<()> {
         if !self.shared.parked.load(Ordering::Acquire) {
             return if self.lost() { Err(Error::Failed) } else { Ok(()) };
         }
@@ -305,7 +305,7 @@ fn key_of(dev: &Arc<dyn BlockDevice>) -> usize {
 
 /// Take the volume's mount mark for a read-write open, or say who holds it. `None` for a
 /// volume without one. `interval_ms` is how often the holder rewrites it.
-pub fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) -> Result<Option<Arc<Holder>>> {
+pub(crate) fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) -> Result<Option<Arc<Holder>>> {
     if !sb.mount_mark() {
         return Ok(None);
     }

@@ -180,7 +180,7 @@ fn strip(e: &Error) -> String {
 
 /// The superblock of a volume this code may open: it fits the device and has no unknown
 /// incompatible feature.
-pub fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+pub(crate) fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let sb = read_superblock(dev)?;
     if sb.layout.block_count > dev.block_count() {
         return Err(Error::corrupt(format!(

@@ -66,9 +66,9 @@ fn type_of(mode: u32) -> Result<FileType> {
     FileType::from_mode(mode).ok_or_else(|| Error::Invalid(format!("bad file mode {mode:o}")))
 }
 /// Most hard links to one inode (and subdirectories of one directory).
-pub const LINK_MAX: u32 = 65_000;
+pub(crate) const LINK_MAX: u32 = 65_000;
 /// Longest symlink target.
-pub const SYMLINK_MAX: usize = MAX_SYMLINK as usize;
+pub(crate) const SYMLINK_MAX: usize = MAX_SYMLINK as usize;
 /// Largest piece of a write charged at once (bytes).
 const WRITE_CHUNK: usize = 4 << 20;
 /// Largest piece of a preallocation charged at once (blocks).
@@ -218,7 +218,7 @@ impl VolumeLock {
 }
 
 /// See [`Volume::set_holder`].
-pub type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+pub(crate) type Holder = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// A mounted volume. All methods take `&self` and may be called from many threads.
 ///

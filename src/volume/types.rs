@@ -10,7 +10,7 @@ pub type Time = (i64, u32);
 /// writeback cache the kernel stamps mtime and ctime itself; stamped from one clock, a
 /// time set here after one set there is never earlier (relatime's comparisons, and the
 /// order of two changes, hold).
-pub fn now() -> Time {
+pub(crate) fn now() -> Time {
     match nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE) {
         Ok(t) => (t.tv_sec(), t.tv_nsec() as u32),
         Err(_) => {

@@ -40,19 +40,19 @@ impl AlignedBuf {
 /// Aligned buffers kept for reuse, at most `max` of them: a fresh buffer costs zeroing and
 /// a page fault per page, as much CPU as filling it (`perf`: the 1 MiB pieces read ahead,
 /// the 4 MiB requests of a commit's data).
-pub struct BufferPool {
+pub(crate) struct BufferPool {
     kept: parking_lot::Mutex<Vec<AlignedBuf>>,
     max: usize,
 }
 
 impl BufferPool {
-    pub const fn new(max: usize) -> BufferPool {
+    pub(crate) const fn new(max: usize) -> BufferPool {
         BufferPool { kept: parking_lot::const_mutex(Vec::new()), max }
     }
 
     /// A buffer of `len` bytes: a kept one that can hold them (its bytes are whatever it
     /// last held), else a new zeroed one.
-    pub fn take(&self, len: usize) -> AlignedBuf {
+    pub(crate) fn take(&self, len: usize) -> AlignedBuf {
         let kept = {
             let mut k = self.kept.lock();
             k.iter().position(|b| b.capacity() >= len).map(|i| k.swap_remove(i))
@@ -67,7 +67,7 @@ impl BufferPool {
     }
 
     /// Keep `buf` for a later [`BufferPool::take`], unless enough are kept already.
-    pub fn give(&self, buf: AlignedBuf) {
+    pub(crate) fn give(&self, buf: AlignedBuf) {
         let mut k = self.kept.lock();
         if k.len() < self.max {
             k.push(buf);

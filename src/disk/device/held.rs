@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 
 /// Whether `e` says the storage has no room for a write (ENOSPC or EDQUOT from the host
 /// file system, `NBD_ENOSPC` from a server). Nothing was lost: the write can be made again.
-pub fn storage_full(e: &Error) -> bool {
+pub(crate) fn storage_full(e: &Error) -> bool {
     matches!(e, Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
 }
 
@@ -30,7 +30,7 @@ const DRAIN_RUN: usize = 256;
 
 /// A device that holds the writes its storage refused for want of room (see the module
 /// documentation).
-pub struct HeldWrites<D> {
+pub(crate) struct HeldWrites<D> {
     inner: D,
     /// Block → contents of every refused write not yet written again.
     held: RwLock<BTreeMap<u64, Box<[u8]>>>,
@@ -40,7 +40,7 @@ pub struct HeldWrites<D> {
 
 impl<D: BlockDevice> HeldWrites<D> {
     /// Wrap `inner`.
-    pub fn new(inner: D) -> HeldWrites<D> {
+    pub(crate) fn new(inner: D) -> HeldWrites<D> {
         HeldWrites { inner, held: RwLock::new(BTreeMap::new()), any: AtomicBool::new(false) }
     }
 

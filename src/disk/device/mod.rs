@@ -18,9 +18,10 @@ mod file;
 mod held;
 mod mem;
 
-pub use aligned::{AlignedBuf, BufferPool};
+pub use aligned::AlignedBuf;
+pub(crate) use aligned::BufferPool;
 pub use file::FileDevice;
-pub use held::{storage_full, HeldWrites};
+pub(crate) use held::{storage_full, HeldWrites};
 pub use mem::MemDevice;
 
 use std::sync::atomic::{AtomicU64, Ordering};

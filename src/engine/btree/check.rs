@@ -69,7 +69,7 @@ pub(super) fn walk(
 ///
 /// Each node comes before its children, children in key order. This walk checks
 /// only headers and child pointers; [`check`] also counts the records.
-pub fn blocks(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<Vec<u64>> {
+pub(crate) fn blocks(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<Vec<u64>> {
     walk(s, t, owner, |_, _, _, _| Ok(()))
 }
 
@@ -168,14 +168,14 @@ pub fn salvage(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> (Vec<(u64, V
 
 /// The records of block `blk` if it is a readable leaf of `owner`'s tree (fsck, when
 /// the inode that held the tree's root is lost and its leaves are found by scanning).
-pub fn leaf_records(s: &mut impl NodeStore, blk: u64, owner: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+pub(crate) fn leaf_records(s: &mut impl NodeStore, blk: u64, owner: u64) -> Result<Vec<(u64, Vec<u8>)>> {
     let b = s.node(blk)?;
     let h = hdr(b, blk, owner, 0)?;
     (0..h.n).map(|i| record(b, &h, blk, i).map(|(k, v)| (k, v.to_vec()))).collect()
 }
 
 /// Whether block `blk` is a readable node (any level) of `owner`'s tree.
-pub fn owned_node(s: &mut impl NodeStore, blk: u64, owner: u64) -> bool {
+pub(crate) fn owned_node(s: &mut impl NodeStore, blk: u64, owner: u64) -> bool {
     let Ok(b) = s.node(blk) else { return false };
     let level = crate::disk::codec::get_u16(b, OFF_LEVEL);
     hdr(b, blk, owner, level).is_ok()

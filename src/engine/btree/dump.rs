@@ -10,7 +10,7 @@ use super::*;
 
 /// One leaf of a tree, as the inspector shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeafInfo {
+pub(crate) struct LeafInfo {
     pub block: u64,
     pub records: usize,
     /// Bytes of slots and live record bodies.
@@ -22,7 +22,7 @@ pub struct LeafInfo {
 }
 
 /// The leaves of a tree in key order (an empty tree has none).
-pub fn leaves(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<Vec<LeafInfo>> {
+pub(crate) fn leaves(s: &mut impl NodeStore, t: &TreeRoot, owner: u64) -> Result<Vec<LeafInfo>> {
     let mut out = Vec::new();
     walk(s, t, owner, |blk, b, h, _| {
         if h.level == 0 && h.n > 0 {

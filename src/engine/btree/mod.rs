@@ -71,14 +71,15 @@ mod dump;
 mod node;
 
 use balance::*;
-pub use check::{blocks, check, leaf_records, owned_node, salvage};
-pub use dump::leaves;
+pub(crate) use check::{blocks, leaf_records, owned_node};
+pub use check::{check, salvage};
+pub(crate) use dump::leaves;
 use node::*;
 
 /// Magic number of a B+tree node: the bytes "DXTN" on disk.
-pub const BTREE_MAGIC: u32 = 0x4E54_5844;
+pub(crate) const BTREE_MAGIC: u32 = 0x4E54_5844;
 /// Largest value a record may hold, in bytes.
-pub const MAX_VALUE: usize = 1024;
+pub(crate) const MAX_VALUE: usize = 1024;
 
 /// Where the tree reads its nodes: the block cache (through a store handle), or a test
 /// double.
@@ -172,7 +173,7 @@ fn step(
 
 /// Look up `key`.
 #[cfg(test)]
-pub fn get(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
+pub(crate) fn get(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {
     if is_empty(t)? {
         return Ok(None);
     }
@@ -280,7 +281,7 @@ pub fn insert(
 /// (`engine::deferred`) calls this before the removal, so that these blocks are read
 /// with its locks let go instead of under them. (A rebalance that reaches further, or
 /// above the leaves, still reads what it lacks where it stands.)
-pub fn read_for_remove(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<()> {
+pub(crate) fn read_for_remove(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<()> {
     if is_empty(t)? {
         return Ok(());
     }
@@ -367,7 +368,13 @@ pub fn scan(
 
 /// The leaf that would hold `key` and up to `n - 1` leaves after it, in key order,
 /// found through their parents without reading the leaves themselves (readahead).
-pub fn leaves_from(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64, n: usize) -> Result<Vec<u64>> {
+pub(crate) fn leaves_from(
+    s: &mut (impl NodeRead + ?Sized),
+    t: &TreeRoot,
+    owner: u64,
+    key: u64,
+    n: usize,
+) -> Result<Vec<u64>> {
     if is_empty(t)? || n == 0 {
         return Ok(Vec::new());
     }
@@ -383,10 +390,10 @@ pub fn leaves_from(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, k
 }
 
 /// A record read out of the tree: its key and a copy of its value.
-pub type Record = (u64, Vec<u8>);
+pub(crate) type Record = (u64, Vec<u8>);
 
 /// The record with the greatest key <= key (for extent maps).
-pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Record>> {
+pub(crate) fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Record>> {
     Ok(floors(s, t, owner, key, 1)?.pop())
 }
 
@@ -396,7 +403,7 @@ pub fn floor(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u6
 /// `None` to change nothing. Returns whether the record changed; false also when there
 /// is no floor in the leaf the key leads to (it may lie in the leaf before), so the
 /// caller's general path decides. A same-length value leaves the tree's shape alone.
-pub fn change_floor<V: AsRef<[u8]>>(
+pub(crate) fn change_floor<V: AsRef<[u8]>>(
     s: &mut impl NodeStore,
     t: &TreeRoot,
     owner: u64,
@@ -435,7 +442,7 @@ pub fn change_floor<V: AsRef<[u8]>>(
 /// The record with the greatest key <= key, and the record before it: one descent where
 /// `floor` and a `floor` of the key before would take two (extent maps asking for an
 /// extent and its left neighbour).
-pub fn floor_and_before(
+pub(crate) fn floor_and_before(
     s: &mut (impl NodeRead + ?Sized),
     t: &TreeRoot,
     owner: u64,
@@ -479,7 +486,7 @@ fn floors(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64, 
 }
 
 /// Free every block of the tree and reset it to empty.
-pub fn destroy(s: &mut impl NodeStore, t: &mut TreeRoot, owner: u64) -> Result<()> {
+pub(crate) fn destroy(s: &mut impl NodeStore, t: &mut TreeRoot, owner: u64) -> Result<()> {
     let all = blocks(s, t, owner)?;
     // Reset first: if a free fails, blocks leak instead of the tree pointing at freed ones.
     *t = TreeRoot::default();

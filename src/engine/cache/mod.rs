@@ -32,7 +32,7 @@ use crate::engine::leaf::{shard_index, Padded};
 
 mod reads;
 use crate::error::{Error, Result};
-pub use reads::{Filled, Reads, Windows};
+pub(crate) use reads::{Filled, Reads, Windows};
 
 /// Largest number of blocks one coalesced read fetches.
 const MAX_BATCH: usize = 64;
@@ -53,7 +53,7 @@ thread_local! {
 /// bitmap blocks its allocations and frees will have the commit rewrite. The difference
 /// across one operation is what that operation added (what `OP_LOG_BLOCKS` must bound),
 /// whatever other threads added meanwhile.
-pub fn dirtied_here() -> u64 {
+pub(crate) fn dirtied_here() -> u64 {
     DIRTIED.with(|d| d.get())
 }
 
@@ -63,9 +63,9 @@ pub(crate) fn note_dirtied() {
 }
 
 /// A cached block, borrowed for reading: its shard stays read-locked while this lives.
-pub type BlockRef<'a> = MappedRwLockReadGuard<'a, Block>;
+pub(crate) type BlockRef<'a> = MappedRwLockReadGuard<'a, Block>;
 /// A cached block, borrowed for changing: its shard stays write-locked while this lives.
-pub type BlockMut<'a> = MappedRwLockWriteGuard<'a, Block>;
+pub(crate) type BlockMut<'a> = MappedRwLockWriteGuard<'a, Block>;
 
 struct Cached {
     data: Box<Block>,

@@ -3,7 +3,7 @@
 
 /// Xattr blocks remembered for sharing: enough for the distinct lists of a working set
 /// (ACL-heavy trees have a handful), few enough that the index stays small.
-pub const XATTR_SHARE_HINTS: usize = 4096;
+pub(crate) const XATTR_SHARE_HINTS: usize = 4096;
 
 /// A bounded map of hints from a content hash to the block holding that content, kept
 /// both ways so a freed block's hint goes in O(1). Hints are checked on use, so one that

@@ -24,8 +24,8 @@ mod hints;
 mod inodes;
 mod tx;
 
-pub use hints::{BlockHints, XATTR_SHARE_HINTS};
-pub use tx::{read_inode, MetaRead, Tx};
+pub(crate) use hints::{BlockHints, XATTR_SHARE_HINTS};
+pub(crate) use tx::{read_inode, MetaRead, Tx};
 
 /// Device + cache + space: everything below the inode layer, shared by every thread of
 /// the volume. Operations reach blocks through a [`Tx`] (one per operation), which holds
@@ -118,7 +118,7 @@ struct Density {
 
 /// The engine of an opened volume: its log (recovered), the store (cache and free
 /// space) and the state block.
-pub struct Opened {
+pub(crate) struct Opened {
     pub journal: Journal,
     pub store: Store,
     pub state: State,
@@ -128,7 +128,7 @@ pub struct Opened {
 /// replaying its newest delta on the device when `apply`, else overlaying it in the cache
 /// (pinned: a read-only open never writes) — then load free space and read the state
 /// block.
-pub fn open(
+pub(crate) fn open(
     dev: Arc<dyn BlockDevice>,
     sb: Superblock,
     apply: bool,
@@ -144,7 +144,7 @@ pub fn open(
 }
 
 /// What a lenient open found damaged besides what it opened.
-pub struct LenientOpen {
+pub(crate) struct LenientOpen {
     pub opened: Opened,
     /// The free-space map could not be read: `opened.store` holds a map with every block
     /// in use (nothing can be allocated from it). The tree can rebuild it (fsck).
@@ -158,7 +158,7 @@ pub struct LenientOpen {
 
 /// [`open`] that gets past a damaged free-space map or state block, both derivable from
 /// the tree: fsck rebuilds them, and a read-only open still reads the namespace.
-pub fn open_lenient(
+pub(crate) fn open_lenient(
     dev: Arc<dyn BlockDevice>,
     sb: Superblock,
     apply: bool,
@@ -264,7 +264,7 @@ const LAZY_FREE_MIN_AVAILABLE: u64 = 64;
 const WINDOW_MIN_DENSITY: f64 = 0.25;
 
 /// Inode blocks read together on a miss (128 KiB), as ext4 reads its inode tables.
-pub const INODE_WINDOW: u64 = 32;
+pub(crate) const INODE_WINDOW: u64 = 32;
 
 impl Store {
     /// The lower layers of an opened (or new) volume.

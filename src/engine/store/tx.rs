@@ -15,7 +15,7 @@ use crate::engine::leaf::{guard_dropped, guard_taken, guards_held};
 
 /// Reading metadata: what code that only reads (lookups, listings, file and xattr reads)
 /// asks of a [`Tx`].
-pub trait MetaRead: NodeRead {
+pub(crate) trait MetaRead: NodeRead {
     /// The store: superblock, space map, lazy-free records.
     fn store(&self) -> &Store;
     /// A verified metadata block, its magic checked when `want` is given.
@@ -284,7 +284,7 @@ impl NodeStore for Tx<'_> {
 /// Read an inode. A free slot or an out-of-range number is `NotFound` (a stale handle);
 /// a damaged block, or an inode that breaks a validity rule (`Inode::check`), is
 /// `Corrupt`.
-pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+pub(crate) fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
     let (b, _) = r.store().check_ino(ino)?;
     if !r.store().is_used(b) {
         return Err(Error::NotFound);
@@ -297,7 +297,7 @@ pub fn read_inode(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
 /// Read an inode as its slot decodes, without the validity rules and whatever the
 /// free-space map says of its block: fsck, which checks both itself so that it can
 /// repair what breaks them (an intact inode block marked free is marked used again).
-pub fn read_inode_unchecked(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
+pub(super) fn read_inode_unchecked(r: &mut (impl MetaRead + ?Sized), ino: u64) -> Result<Inode> {
     let (b, s) = r.store().check_ino(ino)?;
     // A damaged lazy-free tree must not make every inode unreadable: no directory
     // entry names a lazily freed inode, so reading goes on as if it had no record

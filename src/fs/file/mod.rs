@@ -23,20 +23,25 @@ mod writeback;
 // The page pool, for the submodules (`super::pages`, as this module used it).
 use super::pages;
 
-pub use read::{dirty_in, plan_read, read, read_page, ReadPlan};
-pub use writeback::{write_runs, writeback, DataWrite, InPlace};
+pub(crate) use read::{dirty_in, plan_read, read, read_page, ReadPlan};
+pub(crate) use writeback::{write_runs, writeback, DataWrite, InPlace};
 
 /// Dirty pages of one file, by page index.
-pub type Pages = BTreeMap<u64, Box<Block>>;
+pub(crate) type Pages = BTreeMap<u64, Box<Block>>;
 
 /// Decode an extent record of inode `ino`'s tree and check it (`disk::valid`): every
 /// extent the file code uses has passed the rules.
-pub fn extent_record(layout: &Layout, ino: u64, key: u64, value: &[u8]) -> Result<Extent> {
+pub(crate) fn extent_record(layout: &Layout, ino: u64, key: u64, value: &[u8]) -> Result<Extent> {
     Extent::decode_value(key, value)?.checked(layout, ino)
 }
 
 /// Extents overlapping logical blocks `[start, end)`, in order.
-pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, end: u64) -> Result<Vec<Extent>> {
+pub(crate) fn extents_in(
+    st: &mut (impl MetaRead + ?Sized),
+    inode: &Inode,
+    start: u64,
+    end: u64,
+) -> Result<Vec<Extent>> {
     let mut out = Vec::new();
     let layout = st.store().sb.layout;
     match &inode.data {
@@ -94,7 +99,7 @@ pub fn extents_in(st: &mut (impl MetaRead + ?Sized), inode: &Inode, start: u64, 
 
 /// Every extent record of the file as stored, without the validity rules (fsck, which
 /// checks them itself so that it can drop the bad ones).
-pub fn raw_extents(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Extent>> {
+pub(crate) fn raw_extents(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<Extent>> {
     match &inode.data {
         InodeData::Extents { ext, n } => Ok(ext[..usize::from(*n)].to_vec()),
         InodeData::ExtentTree { tree, .. } => {
@@ -119,7 +124,7 @@ pub fn raw_extents(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<V
 /// Remove extent records `bad` (as `raw_extents` gave them) from the map, freeing
 /// nothing: their blocks were never the file's (fsck's repair of a bad extent: the range
 /// becomes a hole).
-pub fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]) -> Result<()> {
+pub(crate) fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]) -> Result<()> {
     let mark = st.usage_mark();
     let ino = inode.ino;
     match &mut inode.data {
@@ -141,7 +146,7 @@ pub fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]) -> Re
 }
 
 /// Every extent of the file (fsck, truncate of the whole file).
-pub fn all_extents(st: &mut Tx, inode: &Inode) -> Result<Vec<Extent>> {
+pub(crate) fn all_extents(st: &mut Tx, inode: &Inode) -> Result<Vec<Extent>> {
     extents_in(st, inode, 0, 1 << 32)
 }
 
@@ -199,7 +204,7 @@ fn replace(st: &mut Tx, inode: &mut Inode, old: &[Extent], new: &[Extent]) -> Re
 }
 
 /// Unmap logical blocks `[start, end)`, freeing their blocks with the delta.
-pub fn punch(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+pub(crate) fn punch(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     let mark = st.usage_mark();
     unmap(st, inode, start, end)?;
     st.account(&mut inode.blocks, mark);
@@ -250,7 +255,7 @@ fn map(st: &mut Tx, inode: &mut Inode, e: Extent) -> Result<()> {
 /// Move every extent at or after logical block `from` by `delta` blocks (collapse and
 /// insert range); an extent that straddles `from` is split there first. The caller makes
 /// sure the blocks the extents move onto are a hole.
-pub fn shift(st: &mut Tx, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
+pub(crate) fn shift(st: &mut Tx, inode: &mut Inode, from: u64, delta: i64) -> Result<()> {
     let mark = st.usage_mark();
     if let Some(e) = extents_in(st, inode, from, from + 1)?.first().copied() {
         if e.logical < from {
@@ -271,7 +276,7 @@ pub fn shift(st: &mut Tx, inode: &mut Inode, from: u64, delta: i64) -> Result<()
 }
 
 /// Number of extents that end after logical block `from` (what a shift moves).
-pub fn extents_after(st: &mut Tx, inode: &Inode, from: u64) -> Result<u64> {
+pub(crate) fn extents_after(st: &mut Tx, inode: &Inode, from: u64) -> Result<u64> {
     Ok(extents_in(st, inode, from, MAX_FILE_SIZE / BLOCK_SIZE as u64 + 1)?.len() as u64)
 }
 
@@ -285,13 +290,13 @@ fn goal_for(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<u64> {
 }
 
 /// Whether logical block `p` is mapped (written or preallocated): one tree descent.
-pub fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
+pub(crate) fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
     Ok(extent_before(st, inode, p + 1)?.is_some_and(|e| e.end() > p))
 }
 
 /// The block holding logical block `p`, when a written extent maps it (an overwrite of
 /// it may go in place: `writeback::InPlace`).
-pub fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
+pub(crate) fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
     Ok(extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical)))
 }
 
@@ -314,7 +319,7 @@ fn extent_before(st: &mut Tx, inode: &Inode, lblk: u64) -> Result<Option<Extent>
 /// Allocate unwritten extents over the holes of `[start, end)` (fallocate), at most
 /// `max_blocks` blocks, stopping early once the delta's dirty metadata reaches
 /// `meta_limit` blocks. Returns the logical block reached: `end` when done.
-pub fn preallocate(
+pub(crate) fn preallocate(
     st: &mut Tx,
     inode: &mut Inode,
     start: u64,
@@ -356,6 +361,6 @@ pub fn preallocate(
 }
 
 /// Free every block of a file (its last link and last open handle are gone).
-pub fn free_all(st: &mut Tx, inode: &mut Inode) -> Result<()> {
+pub(crate) fn free_all(st: &mut Tx, inode: &mut Inode) -> Result<()> {
     punch(st, inode, 0, 1 << 32)
 }

@@ -11,7 +11,7 @@ use super::{extents_in, Pages};
 
 /// A read worked out under the volume lock and carried out without it: the device runs
 /// to read and copies of the dirty pages that overlay them.
-pub struct ReadPlan {
+pub(crate) struct ReadPlan {
     offset: u64,
     len: usize,
     /// (first page, physical block, pages)
@@ -22,7 +22,7 @@ pub struct ReadPlan {
 /// The dirty pages of `pages` that a read of `len` bytes at `offset` covers, copied (what
 /// [`plan_read`] lays over the device's data): taken with the dirty pages' lock held,
 /// which the plan's extent-map reads then need not hold.
-pub fn dirty_in(pages: Option<&Pages>, offset: u64, len: usize) -> Vec<(u64, Box<Block>)> {
+pub(crate) fn dirty_in(pages: Option<&Pages>, offset: u64, len: usize) -> Vec<(u64, Box<Block>)> {
     match pages {
         Some(d) if len > 0 => {
             let first = offset / BLOCK_SIZE as u64;
@@ -35,7 +35,7 @@ pub fn dirty_in(pages: Option<&Pages>, offset: u64, len: usize) -> Vec<(u64, Box
 
 /// Plan reading `len` bytes at `offset` (already clipped to the file size), with `dirty`
 /// (from [`dirty_in`]) over what the device holds.
-pub fn plan_read(
+pub(crate) fn plan_read(
     st: &mut (impl MetaRead + ?Sized),
     inode: &Inode,
     dirty: Vec<(u64, Box<Block>)>,
@@ -60,12 +60,12 @@ pub fn plan_read(
 
 impl ReadPlan {
     /// The bytes the plan reads.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Carry the plan out: one device request per mapped run, then the dirty pages.
-    pub fn execute(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<Vec<u8>> {
+    pub(crate) fn execute(&self, dev: &dyn crate::disk::device::BlockDevice) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
         self.execute_into(dev, &mut out)?;
         Ok(out)
@@ -75,18 +75,18 @@ impl ReadPlan {
     /// held). A run of whole pages lands straight in `out` when that part of it is aligned as
     /// `O_DIRECT` wants (an [`AlignedBuf`] and a page-aligned offset); others go through a
     /// bounce buffer.
-    pub fn execute_into(&self, dev: &dyn crate::disk::device::BlockDevice, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn execute_into(&self, dev: &dyn crate::disk::device::BlockDevice, out: &mut [u8]) -> Result<()> {
         self.execute_with(dev, out, &mut |_, _| false)
     }
 
     /// The device runs the plan reads: (first page, block, pages).
-    pub fn runs(&self) -> &[(u64, u64, u64)] {
+    pub(crate) fn runs(&self) -> &[(u64, u64, u64)] {
         &self.runs
     }
 
     /// [`ReadPlan::execute_into`], where `ahead(block, dst)` may fill whole blocks from
     /// `block` on from data read earlier (read-ahead) instead of the device: true if it did.
-    pub fn execute_with(
+    pub(crate) fn execute_with(
         &self,
         dev: &dyn crate::disk::device::BlockDevice,
         out: &mut [u8],
@@ -145,12 +145,18 @@ impl ReadPlan {
 
 /// Read `len` bytes at `offset` (already clipped to the file size), `dirty` (from
 /// [`dirty_in`]) over what the device holds.
-pub fn read(st: &mut Tx, inode: &Inode, dirty: Vec<(u64, Box<Block>)>, offset: u64, len: usize) -> Result<Vec<u8>> {
+pub(crate) fn read(
+    st: &mut Tx,
+    inode: &Inode,
+    dirty: Vec<(u64, Box<Block>)>,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>> {
     plan_read(st, inode, dirty, offset, len)?.execute(&**st.store().dev())
 }
 
 /// The current content of page `p` (for read-modify-write of a partial page).
-pub fn read_page(st: &mut Tx, inode: &Inode, p: u64) -> Result<Box<Block>> {
+pub(crate) fn read_page(st: &mut Tx, inode: &Inode, p: u64) -> Result<Box<Block>> {
     let mut b = super::pages::zeroed();
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {

@@ -15,7 +15,7 @@ use crate::engine::btree;
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
 /// Write-back maps the blocks at once and leaves the writing to its caller, which does
 /// it without the volume lock and before the delta that maps them can commit.
-pub struct DataWrite {
+pub(crate) struct DataWrite {
     pub phys: u64,
     /// The run's dirty pages, in order (their page numbers are consecutive): moved out
     /// of the file's dirty pages, so taking a run copies no data under the volume lock.
@@ -29,7 +29,7 @@ pub struct DataWrite {
 /// leave a file's extents as they were, and a commit logs the pages instead of every
 /// extent leaf they would have touched. Only short runs (at most `INPLACE_RUN` pages)
 /// go in place, since their data is written twice; a long run is cheaper redirected.
-pub struct InPlace {
+pub(crate) struct InPlace {
     /// Pages that may still go in place (room left in the log for them).
     pub room: usize,
     /// (block, contents) of the pages taken so far.
@@ -37,17 +37,17 @@ pub struct InPlace {
 }
 
 /// Longest run of dirty pages written in place rather than to fresh blocks.
-pub const INPLACE_RUN: u64 = 16;
+pub(super) const INPLACE_RUN: u64 = 16;
 
 impl InPlace {
     /// Room for `room` pages.
-    pub fn new(room: usize) -> InPlace {
+    pub(crate) fn new(room: usize) -> InPlace {
         InPlace { room, pages: Vec::new() }
     }
 
     /// No page goes in place (a flush ahead of the commit: its data is written before
     /// the commit, so it must go to fresh blocks).
-    pub fn none() -> InPlace {
+    pub(crate) fn none() -> InPlace {
         InPlace::new(0)
     }
 }
@@ -55,7 +55,7 @@ impl InPlace {
 /// Write runs of file data, those that lie side by side on the device together, in
 /// requests of at most `piece` pages; each run is freed once written, and `written` is
 /// told the pages and the runs done after each request.
-pub fn write_runs(
+pub(crate) fn write_runs(
     dev: &dyn crate::disk::device::BlockDevice,
     layout: &Layout,
     runs: Vec<DataWrite>,
@@ -126,7 +126,7 @@ static DATA_BUFFERS: BufferPool = BufferPool::new(2);
 /// data is in `out`. Pages of short runs over written extents go to `inplace` instead,
 /// while it has room (they count against `meta_limit` too: they are logged). Returns the
 /// number of pages written back.
-pub fn writeback(
+pub(crate) fn writeback(
     st: &mut Tx,
     inode: &mut Inode,
     pages: &mut Pages,

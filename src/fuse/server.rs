@@ -19,6 +19,7 @@ use super::stats::RequestStats;
 use super::transport::{Handler, Reply};
 use super::wire::{self, fattr, fopen, EntryOut, InHeader, OpenOut, Request, StatfsOut, Valid};
 use super::FuseOptions;
+use crate::engine::leaf::Sharded;
 
 /// The root directory's virtual xattr that holds the mount's request counters as JSON
 /// (`dxfs stats MOUNTPOINT` reads it). Not stored, not listed; setting it is refused.
@@ -72,8 +73,9 @@ pub(super) struct Server {
     kept: AtomicU64,
     /// The kernel granted the writeback cache: it keeps the times of the files it caches.
     kernel_keeps_times: AtomicBool,
-    /// Files open for writing, with their handle counts.
-    writers: parking_lot::Mutex<rustc_hash::FxHashMap<u64, u32>>,
+    /// Files open for writing, with their handle counts: sharded, since every write open
+    /// and release looks here, and every read open with the writeback cache.
+    writers: Sharded<rustc_hash::FxHashMap<u64, u32>>,
 }
 
 type Res<T> = std::result::Result<T, i32>;
@@ -194,7 +196,7 @@ impl Server {
             near_full: AtomicBool::new(false),
             kept: AtomicU64::new(0),
             kernel_keeps_times: AtomicBool::new(false),
-            writers: Default::default(),
+            writers: Sharded::new(10),
         }
     }
 
@@ -248,7 +250,8 @@ impl Server {
         let near = available < 2 * bound.cushion() + NEAR_FULL_SLACK;
         if near && !self.near_full.swap(true, Ordering::SeqCst) {
             tracing::info!("volume near full: writes through the page cache now ask first");
-            let writers: Vec<u64> = self.writers.lock().keys().copied().collect();
+            let mut writers: Vec<u64> = Vec::new();
+            self.writers.each_locked(|w| writers.extend(w.keys().copied()));
             if let Some(tx) = &*self.invalidate.lock() {
                 for ino in writers {
                     // Offset -1: the attributes only, not the cached pages.
@@ -266,7 +269,7 @@ impl Server {
     /// How long the kernel may keep a file's attributes: not at all for a file open for
     /// writing while the volume is near full (see `near_full_check`).
     fn attr_valid(&self, ino: u64) -> Valid {
-        if self.near_full.load(Ordering::Relaxed) && self.writers.lock().contains_key(&ino) {
+        if self.near_full.load(Ordering::Relaxed) && self.writers.shard(ino).contains_key(&ino) {
             return Valid::from(Duration::ZERO);
         }
         Valid::from(self.opts.attr_timeout)
@@ -281,7 +284,7 @@ impl Server {
         if !write {
             return (COUNTED, open_flags);
         }
-        *self.writers.lock().entry(ino).or_insert(0) += 1;
+        *self.writers.shard(ino).entry(ino).or_insert(0) += 1;
         if self.bound.get().is_some_and(|b| b.cushion() > 0) {
             // Files removed moments before may be about to give their space back: when
             // the volume looks near full only without it, wait for them once before
@@ -327,7 +330,7 @@ impl Server {
     /// A file handle from `file_open` is released.
     fn file_closed(&self, ino: u64, fh: u64) {
         if fh == COUNTED_WRITE {
-            let mut w = self.writers.lock();
+            let mut w = self.writers.shard(ino);
             if let Some(n) = w.get_mut(&ino) {
                 *n -= 1;
                 if *n == 0 {
@@ -910,7 +913,7 @@ impl Server {
                     // cache) and they may be later than the volume's.
                     let later = reads
                         && self.kernel_keeps_times.load(Ordering::Relaxed)
-                        && self.writers.lock().contains_key(&ino);
+                        && self.writers.shard(ino).contains_key(&ino);
                     if reads && self.vol.read_touches_atime(&a, later) && self.vol.note_access(ino, later) {
                         self.drop_attrs_now(h.nodeid);
                     }

@@ -466,6 +466,31 @@ fn a_damaged_superblock_is_repaired_from_its_backup() {
     }
 }
 
+/// Found by the image fuzzer (seeds 1342185144, 1342177953, 1342182745): block 0 alone
+/// naming another inode as the root (a file, or a directory that is not its own
+/// parent). It decoded, so the backup was never looked at, and repair failed with "not
+/// a directory". A copy whose root is plainly no root now gives way to a backup whose
+/// root is one, and fsck writes block 0 again from it.
+#[test]
+fn a_superblock_naming_the_wrong_root_gives_way_to_its_backup() {
+    let (img, f, d) = small();
+    for wrong in [f, d] {
+        let mut img = img.clone();
+        let blk = block_of(&mut img, 0);
+        put_u64(blk, 120, wrong);
+        seal(blk, 0);
+        let dev = Arc::new(MemDevice::from_bytes(img));
+        let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        assert_ne!(vol.root(), wrong, "block 0's root {wrong} was taken");
+        drop(vol);
+        repair_holds(dev.clone());
+        assert_ne!(get_u64(&dev.to_bytes(), 120), wrong, "block 0 was not written again");
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        assert!(vol.lookup(vol.root(), b"f").is_ok() && vol.lookup(vol.root(), b"d").is_ok());
+        close_and_check(dev, vol);
+    }
+}
+
 /// Item 12: with both superblock copies damaged, fsck fails (exit 8) saying what is
 /// wrong with each copy and that none can be used.
 #[test]

@@ -153,7 +153,25 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     }
     dev.read(SUPERBLOCK, &mut b)?;
     match Superblock::decode(&b, SUPERBLOCK) {
-        Ok(sb) => Ok(sb),
+        Ok(sb) => {
+            // A block 0 whose root is plainly no root gives way to a backup whose root
+            // is one (a damaged root block proves nothing: fsck recreates the root).
+            if root_is_wrong(dev, &sb)? == Some(true) {
+                let last = dev.block_count() - 1;
+                dev.read(last, &mut b)?;
+                if let Ok(backup) = Superblock::decode(&b, last) {
+                    if backup.root_ino != sb.root_ino && root_is_wrong(dev, &backup)? == Some(false) {
+                        tracing::warn!(
+                            "block 0 names inode {} as the root, which is not the root directory: \
+                             using the backup superblock in block {last}",
+                            sb.root_ino
+                        );
+                        return Ok(backup);
+                    }
+                }
+            }
+            Ok(sb)
+        }
         Err(e) => {
             let last = dev.block_count() - 1;
             dev.read(last, &mut b)?;
@@ -168,6 +186,27 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
             })
         }
     }
+}
+
+/// Whether the root inode `sb` names is plainly not a root: in an intact inode block, a
+/// free slot, or an inode that is not a directory that is its own parent. `None` when
+/// its block cannot be read as an inode block (nothing can be told).
+fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>> {
+    let (rb, slot) = ino_loc(sb.root_ino);
+    if rb >= dev.block_count() {
+        return Ok(None);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(rb, &mut b)?;
+    if verify(&b, rb, Some(INODE_MAGIC)).is_err() {
+        return Ok(None);
+    }
+    let at = slot * INODE_SIZE;
+    Ok(Some(match Inode::decode(sb.root_ino, &b[at..at + INODE_SIZE]) {
+        Ok(Some(i)) => i.file_type() != Some(FileType::Directory) || i.parent != sb.root_ino,
+        Ok(None) => true,
+        Err(_) => false,
+    }))
 }
 
 /// An error's message without the "corrupt volume: " its display adds.

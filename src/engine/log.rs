@@ -383,6 +383,14 @@ fn images(layout: Layout, seq: u64, n: usize, body: &[u8], out: &mut Replay) -> 
             };
             verify(&img, t, kind)
                 .map_err(|e| Error::corrupt(format!("commit {seq}: the image it logs for block {t}: {e}")))?;
+            // The state block a delta logs names that delta (FORMAT §4): replayed home with
+            // another number, it would make the next open see a damaged newer commit.
+            if t == STATE_BLOCK && get_u64(&img[..], 32) != seq {
+                return Err(Error::corrupt(format!(
+                    "commit {seq}: the state block it logs names delta {}",
+                    get_u64(&img[..], 32)
+                )));
+            }
         }
         if entry & DATA_TARGET != 0 {
             out.data.push((t, img));
@@ -590,6 +598,36 @@ mod tests {
         dev.write(home + 1, &[0u8; BLOCK_SIZE]).unwrap();
         Journal::recover(&dev, layout, true).unwrap();
         assert_eq!(read(&dev, home + 1)[100], 2, "the older data was written over the newer metadata");
+    }
+
+    /// A sealed state block naming delta `seq`.
+    fn state_image(seq: u64) -> (u64, Box<Block>) {
+        let mut b = Box::new([0u8; BLOCK_SIZE]);
+        let st = crate::disk::format::State {
+            orphan_head: 0,
+            next_generation: 1,
+            commit_seq: seq,
+            inodes: 1,
+            lazy_frees: Default::default(),
+        };
+        st.encode_into(&mut b);
+        seal(&mut b, STATE_BLOCK);
+        (STATE_BLOCK, b)
+    }
+
+    /// A delta's logged state block names that delta; one naming another number (a
+    /// hostile log: replayed home, the next open would see a damaged newer commit) makes
+    /// the commit unusable, and a rollback passes over it.
+    #[test]
+    fn a_logged_state_block_names_its_own_delta() {
+        let (dev, layout, mut j) = setup();
+        let home = layout.first_free() + 10;
+        j.commit(&dev, &[state_image(1), image(home, 1)], &[]).unwrap();
+        j.commit(&dev, &[state_image(2048), image(home, 2)], &[]).unwrap();
+        let r = Journal::recover(&dev, layout, false);
+        assert!(matches!(&r, Err(Error::Corrupt(m)) if m.contains("names delta 2048")), "{:?}", r.map(|(j, _)| j.seq));
+        let (j2, replay) = Journal::recover_from(&dev, layout, false, true).unwrap();
+        assert_eq!((j2.seq, replay.meta.len()), (1, 2), "the rollback takes delta 1");
     }
 
     #[test]

@@ -567,6 +567,35 @@ fn a_recreated_root_keeps_its_blocks_other_inodes() {
     close_and_check(dev, vol);
 }
 
+/// Found by the image fuzzer (seed 1342185943): a file's xattr chain whose continuation
+/// names the root's inode block. The repair stored the readable entries again and, in
+/// releasing the old chain, freed the block the chain named: the root's inode block,
+/// and the volume ended in "no such file or directory". Releasing a chain frees only
+/// the continuations that are this inode's.
+#[test]
+fn a_chain_naming_another_block_never_frees_it() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    for i in 0..40u32 {
+        vol.setxattr(f, format!("user.attribute-{i:03}").as_bytes(), &[i as u8; 200], dxfs::XattrMode::Any).unwrap();
+    }
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    let (fb, fs) = ino_loc(f);
+    let head = get_u64(&block_of(&mut img, fb)[fs * 256..], 112);
+    let hb = block_of(&mut img, head);
+    assert!(u16::from_le_bytes([hb[24], hb[25]]) >= 1, "the list is not a chain");
+    put_u64(hb, 32, ino_loc(root).0);
+    seal(hb, head);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert!(vol.lookup(vol.root(), b"f").is_ok(), "the root lost its entries");
+    vol.listxattr(f).expect("listxattr after repair");
+    close_and_check(dev, vol);
+}
+
 /// Item 10: an xattr entry that cannot be named (an unknown namespace index) is an
 /// error before a repair, and gone after it: listxattr works again and the rest stays.
 #[test]

@@ -338,8 +338,17 @@ pub(crate) fn release(st: &mut Tx, inode: &mut Inode) -> Result<u64> {
         return Ok(1);
     }
     hints.forget_block(head);
-    for b in &owned {
-        st.free_meta(*b);
+    st.free_meta(head);
+    // Only blocks that are this inode's continuations are freed: a damaged chain may
+    // name the head again, or a block something else owns.
+    let mut seen = std::collections::HashSet::from([head]);
+    for &c in &owned[1..] {
+        let ours = seen.insert(c) && st.block(c, Some(XATTR_CONT_MAGIC)).is_ok_and(|cb| get_u64(cb, 16) == inode.ino);
+        if ours {
+            st.free_meta(c);
+        } else {
+            tracing::warn!("inode {}: xattr chain of block {head} names block {c}, not its own: left alone", inode.ino);
+        }
     }
     Ok(owned.len() as u64)
 }

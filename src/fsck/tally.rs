@@ -136,6 +136,9 @@ impl Walk<'_> {
         let mut reinit: Vec<(u64, u64)> = Vec::new();
         for (&b, &mask) in &ib {
             let found = self.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u16(blk, IB_USED));
+            if found.is_ok() {
+                self.meta.insert(b);
+            }
             match found {
                 Ok(used) => {
                     let freed = lazy.get(&b).copied().unwrap_or(0);

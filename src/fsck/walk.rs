@@ -30,6 +30,10 @@ pub(super) struct Walk<'a> {
     pub(super) r: Report,
     /// Block owners, for "owned twice" reports.
     pub(super) owner: HashMap<u64, u64>,
+    /// Blocks owned as metadata (not file data), and the file data extents seen: an
+    /// extent over metadata is dropped (`data_over_metadata`).
+    pub(super) meta: HashSet<u64>,
+    data_runs: Vec<(u64, Extent)>,
     pub(super) links: HashMap<u64, u32>,
     pub(super) seen: HashSet<u64>,
     /// References to each xattr head block.
@@ -104,6 +108,8 @@ impl<'a> Walk<'a> {
             st,
             r,
             owner: HashMap::new(),
+            meta: HashSet::new(),
+            data_runs: Vec::new(),
             links: HashMap::new(),
             seen: HashSet::new(),
             xattr_refs: HashMap::new(),
@@ -262,9 +268,36 @@ impl Walk<'_> {
             self.err(format!("inode {ino}: {what} block {b} outside the data area"));
             return;
         }
+        // A region is a range an inode names, not a block read and verified: its inode
+        // blocks count as metadata where the slot check reads them.
+        if what != "data" && what != "reserved region" {
+            self.meta.insert(b);
+        }
         if let Some(o) = self.owner.insert(b, ino) {
             self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
         }
+    }
+
+    /// File data extents over blocks that hold metadata (a wild or stretched extent):
+    /// the metadata is checksummed and the extent is not, so a repair drops the extent
+    /// (its range becomes a hole). Called once every owner is known. Returns how many.
+    pub(super) fn data_over_metadata(&mut self) -> usize {
+        let mut n = 0;
+        for (ino, e) in std::mem::take(&mut self.data_runs) {
+            if self.bad.contains(&ino) {
+                continue;
+            }
+            if let Some(b) = (e.phys..e.phys + e.len).find(|b| self.meta.contains(b)) {
+                let m = format!(
+                    "inode {ino}: extent of {} blocks at logical {} -> block {} covers block {b}, which holds \
+                     metadata (a repair drops it: its range becomes a hole)",
+                    e.len, e.logical, e.phys
+                );
+                self.fix(ino, InodeFix::DropExtents(vec![e]), m);
+                n += 1;
+            }
+        }
+        n
     }
 
     pub(super) fn check_inode(&mut self, i: &Inode) -> Result<()> {
@@ -372,6 +405,7 @@ impl Walk<'_> {
                             for b in e.phys..e.phys + e.len {
                                 self.own(b, ino, "data");
                             }
+                            self.data_runs.push((ino, e));
                             owned += e.len;
                         }
                         if !dropped.is_empty() {

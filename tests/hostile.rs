@@ -488,15 +488,16 @@ fn a_damaged_superblock_is_repaired_from_its_backup() {
     }
 }
 
-/// Found by the image fuzzer (seeds 1342185144, 1342177953, 1342182745): block 0 alone
-/// naming another inode as the root (a file, or a directory that is not its own
-/// parent). It decoded, so the backup was never looked at, and repair failed with "not
-/// a directory". A copy whose root is plainly no root now gives way to a backup whose
-/// root is one, and fsck writes block 0 again from it.
+/// Found by the image fuzzer (seeds 1342185144, 1342177953, 1342182745, 1610621388):
+/// block 0 alone naming another inode as the root (a file, a directory that is not its
+/// own parent, or a slot of a block of another kind). It decoded, so the backup was
+/// never looked at, and repair failed ("not a directory"). A copy whose root is plainly
+/// no root now gives way to a backup whose root is one, and fsck writes block 0 again.
 #[test]
 fn a_superblock_naming_the_wrong_root_gives_way_to_its_backup() {
     let (img, f, d) = small();
-    for wrong in [f, d] {
+    let leaf = dir_leaf(&img, d);
+    for wrong in [f, d, leaf * 16 + 1] {
         let mut img = img.clone();
         let blk = block_of(&mut img, 0);
         put_u64(blk, 120, wrong);

@@ -188,9 +188,10 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     }
 }
 
-/// Whether the root inode `sb` names is plainly not a root: in an intact inode block, a
-/// free slot, or an inode that is not a directory that is its own parent. `None` when
-/// its block cannot be read as an inode block (nothing can be told).
+/// Whether the root inode `sb` names is plainly not a root: its block is sealed for its
+/// place but of another kind, or, in an intact inode block, a free slot or an inode that
+/// is not a directory that is its own parent. `None` when its block does not verify
+/// (nothing can be told).
 fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>> {
     let (rb, slot) = ino_loc(sb.root_ino);
     if rb >= dev.block_count() {
@@ -198,8 +199,12 @@ fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>>
     }
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(rb, &mut b)?;
-    if verify(&b, rb, Some(INODE_MAGIC)).is_err() {
+    if verify(&b, rb, None).is_err() {
         return Ok(None);
+    }
+    // Sealed for its place, but another kind of block: no inode lives there.
+    if get_u32(&b, 0) != INODE_MAGIC {
+        return Ok(Some(true));
     }
     let at = slot * INODE_SIZE;
     Ok(Some(match Inode::decode(sb.root_ino, &b[at..at + INODE_SIZE]) {

@@ -357,10 +357,15 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         let mut told: Vec<String> = drops
             .iter()
             .map(|(d, _, name, c)| {
-                format!(
-                    "directory {d}: dropped entry {:?}, which names unusable inode {c} (its contents are lost)",
-                    String::from_utf8_lossy(name)
-                )
+                let invalid = crate::fs::dir::check_name(name).is_err();
+                let name = String::from_utf8_lossy(name);
+                if invalid {
+                    format!("directory {d}: dropped entry {name:?}, which is not a valid name (inode {c} is kept)")
+                } else {
+                    format!(
+                        "directory {d}: dropped entry {name:?}, which names unusable inode {c} (its contents are lost)"
+                    )
+                }
             })
             .collect();
         told.extend(drop_entries(dev.clone(), &drops, &salvage)?);

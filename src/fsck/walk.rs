@@ -549,7 +549,14 @@ impl Walk<'_> {
                 let mut names = HashSet::new();
                 for (k, c, ft, name) in ents {
                     if dir::check_name(&name).is_err() {
-                        self.err(format!("directory {ino}: invalid name {:?}", String::from_utf8_lossy(&name)));
+                        // No path can reach it: a repair drops the entry, and its inode,
+                        // named by nothing, goes to /lost+found.
+                        self.err(format!(
+                            "directory {ino}: invalid name {:?} (a repair drops the entry)",
+                            String::from_utf8_lossy(&name)
+                        ));
+                        drops.push((ino, k, name, c));
+                        continue;
                     }
                     let h = dir::name_key(&self.st, &name);
                     if k < h || k > h + d.max_disp as u64 {

@@ -161,9 +161,7 @@ class Api:
 
     def fn(self, name, f):
         sig = f["sig"]
-        ins = []
-        for pname, pty in sig["inputs"]:
-            ins.append(pname if pname == "self" and False else pname + ": " + self.ty(pty))
+        ins = [pname + ": " + self.ty(pty) for pname, pty in sig["inputs"]]
         out = "" if sig.get("output") is None else " -> " + self.ty(sig["output"])
         h = f.get("header", {})
         q = ("const " if h.get("is_const") else "") + ("async " if h.get("is_async") else "")

@@ -169,16 +169,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let sb_fixes = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
-    let (st, state, rebuild_bitmap, rebuild_state, journal_seq) =
+    let (st, state, bitmap_damage, state_damage, journal_seq) =
         match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true, false) {
             Ok(o) => {
-                let damage: Vec<String> = o.damage.iter().map(|e| e.to_string()).collect();
-                let seq = o.opened.journal.seq;
-                let (b, s) = (o.bitmap_damaged, o.state_damaged);
-                for d in damage {
-                    r.rebuilt.push(d);
-                }
-                (o.opened.store, o.opened.state, b, s, seq)
+                let (b, s) = (o.bitmap_damage.map(|e| e.to_string()), o.state_damage.map(|e| e.to_string()));
+                r.rebuilt.extend(b.iter().chain(&s).cloned());
+                (o.opened.store, o.opened.state, b, s, o.opened.journal.seq)
             }
             Err(crate::error::Error::Corrupt(m)) => {
                 // A damaged newest commit: the way out loses that delta, so it is asked for.
@@ -210,7 +206,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let Slots { lazy, lazy_all, mut lazy_drops, mut slot_fixes, reinit } = w.inode_slots(&inodes);
     let over_meta = w.data_over_metadata();
     let layout = w.st.sb.layout;
-    let Usage { mut leaked, marked_free } = w.space_map(rebuild_bitmap);
+    let Usage { mut leaked, marked_free } = w.space_map(bitmap_damage.is_some());
     // Live inodes that no directory names (their entry went with a directory leaf, or was
     // dropped): a repair puts the sound ones into /lost+found. What they own is theirs,
     // not leaked, and their slots are live.
@@ -240,7 +236,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     // A wrong inode count is repaired with the rest (dropped entries leave one).
     let live = w.r.inodes + lost_all.len() as u64;
-    let inode_count_fix = (state.inodes != live && !rebuild_state).then_some((state.inodes, live));
+    let inode_count_fix = (state.inodes != live && state_damage.is_none()).then_some((state.inodes, live));
     let mut r = w.r;
     // Repairs in two kinds. Global ones follow from the whole walk (a leak is a block
     // nothing seen owns; a link count counts the entries seen), so they are made only when
@@ -315,8 +311,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         // (a block the walk did not see would be freed). The state block does not: what
         // an incomplete walk gets wrong (the inode count, orphans) the next pass repairs,
         // and the repairs of this pass need a readable state block to open the volume.
-        let state_now = repair && rebuild_state;
-        let bitmap_now = repair && rebuild_bitmap && global_ok;
+        let state_now = repair && state_damage.is_some();
+        let bitmap_now = repair && bitmap_damage.is_some() && global_ok;
         if state_now || bitmap_now {
             let next_generation = inodes.values().map(|i| i.generation).max().unwrap_or(0).wrapping_add(1);
             let state = State {
@@ -328,14 +324,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             };
             rebuild(&*dev, layout, bitmap_now.then_some(&w.owner), state_now.then_some(state))?;
         }
-        for d in std::mem::take(&mut r.rebuilt) {
-            let now = if d.contains("state block:") { state_now } else { bitmap_now };
-            if now {
-                r.fixed.push(format!("{d}: rebuilt from the tree"));
-            } else {
-                r.errors.push(format!("{d} (a repair rebuilds it from the tree)"));
+        for (d, now) in [(&bitmap_damage, bitmap_now), (&state_damage, state_now)] {
+            match d {
+                Some(d) if now => r.fixed.push(format!("{d}: rebuilt from the tree")),
+                Some(d) => r.errors.push(format!("{d} (a repair rebuilds it from the tree)")),
+                None => {}
             }
-            r.rebuilt.push(d);
         }
     }
     // Errors that block the repairs above, but some of them only because an entry names

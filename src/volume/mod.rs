@@ -404,7 +404,7 @@ impl Volume {
                 opts.reserve_regions,
                 opts.allow_rollback,
             )?;
-            for e in &o.damage {
+            for e in o.damage() {
                 tracing::warn!("{e}; read-only, without it (dxfs fsck rebuilds it)");
             }
             o.opened

@@ -137,7 +137,7 @@ pub(crate) fn open(
     allow_rollback: bool,
 ) -> Result<Opened> {
     let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions, allow_rollback)?;
-    if let Some(e) = o.damage.into_iter().next() {
+    if let Some(e) = o.bitmap_damage.or(o.state_damage) {
         return Err(e);
     }
     Ok(o.opened)
@@ -146,14 +146,20 @@ pub(crate) fn open(
 /// What a lenient open found damaged besides what it opened.
 pub(crate) struct LenientOpen {
     pub opened: Opened,
-    /// The free-space map could not be read: `opened.store` holds a map with every block
-    /// in use (nothing can be allocated from it). The tree can rebuild it (fsck).
-    pub bitmap_damaged: bool,
-    /// The state block could not be read: `opened.state` holds a state with no orphans
-    /// and no inode count. The tree can rebuild it (fsck).
-    pub state_damaged: bool,
-    /// The errors behind the damage, in the order found.
-    pub damage: Vec<Error>,
+    /// Why the free-space map could not be read: `opened.store` then holds a map with
+    /// every block in use (nothing can be allocated from it). The tree can rebuild it
+    /// (fsck).
+    pub bitmap_damage: Option<Error>,
+    /// Why the state block could not be read: `opened.state` then holds a state with no
+    /// orphans and no inode count. The tree can rebuild it (fsck).
+    pub state_damage: Option<Error>,
+}
+
+impl LenientOpen {
+    /// Both damages, the map's first.
+    pub(crate) fn damage(&self) -> impl Iterator<Item = &Error> {
+        self.bitmap_damage.iter().chain(&self.state_damage)
+    }
 }
 
 /// [`open`] that gets past a damaged free-space map or state block, both derivable from
@@ -201,20 +207,19 @@ pub(crate) fn open_lenient(
             dev = Arc::new(crate::disk::overlay::Overlay::new(dev, replay.data));
         }
     }
-    let mut damage = Vec::new();
+    let (mut bitmap_damage, mut state_damage) = (None, None);
     let space = match Space::load(&*dev, &cache, sb.layout) {
         Ok(s) => s,
         Err(e @ Error::Corrupt(_)) => {
-            damage.push(context("free-space map", e));
+            bitmap_damage = Some(context("free-space map", e));
             Space::all_used(sb.layout)
         }
         Err(e) => return Err(e),
     };
-    let bitmap_damaged = !damage.is_empty();
     let state = match cache.get(&*dev, STATE_BLOCK, Some(STATE_MAGIC)) {
         Ok(b) => State::decode(&b),
         Err(e @ Error::Corrupt(_)) => {
-            damage.push(context("state block", e));
+            state_damage = Some(context("state block", e));
             State {
                 orphan_head: 0,
                 next_generation: 1,
@@ -225,7 +230,6 @@ pub(crate) fn open_lenient(
         }
         Err(e) => return Err(e),
     };
-    let state_damaged = damage.len() > usize::from(bitmap_damaged);
     if state.orphan_head != 0 && ino_loc(state.orphan_head).0 >= sb.layout.block_count {
         return Err(Error::corrupt(format!("orphan list head {} out of range", state.orphan_head)));
     }
@@ -240,7 +244,7 @@ pub(crate) fn open_lenient(
     *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
     store.lazy_enabled = lazy;
     store.load_lazy_masks();
-    Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damaged, state_damaged, damage })
+    Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damage, state_damage })
 }
 
 /// Say which structure a corruption was found in.

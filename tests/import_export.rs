@@ -234,33 +234,31 @@ fn mkfs_d_of_a_tar_archive_gives_the_tree() {
     let links: BTreeSet<BTreeSet<String>> = before.1.into_iter().filter(|s| !s.contains("sock")).collect();
     assert_eq!(links, after.1, "link structure");
     // A name with a `..` component is refused, and the volume stays clean.
-    let evil = tmp.path().join("evil.tar");
-    let mut b = tar::Builder::new(fs::File::create(&evil).unwrap());
     let mut h = tar_entry(tar::EntryType::Regular, "placeholder", 0o644, 1, 5);
     // The name is written raw: `set_path` refuses `..` itself.
     h.as_old_mut().name = [0; 100];
     h.as_old_mut().name[..10].copy_from_slice(b"../outside");
     h.set_cksum();
-    b.append(&h, &b"hello"[..]).unwrap();
-    b.finish().unwrap();
-    let img2 = tmp.path().join("v2.img");
-    let (code, _, err) = dxfs(&["mkfs", img2.to_str().unwrap(), "--size", "16M", "-d", evil.to_str().unwrap()]);
-    assert_eq!(code, 8, "{err}");
-    assert!(err.contains(".."), "{err}");
-    assert_image_clean(&img2);
+    archive_refused(tmp.path(), "evil", h, b"hello", "..");
     // So is an owner a volume cannot store, rather than cut to 32 bits.
-    let big = tmp.path().join("big-uid.tar");
-    let mut b = tar::Builder::new(fs::File::create(&big).unwrap());
     let mut h = tar_entry(tar::EntryType::Regular, "f", 0o644, 1, 0);
     h.set_uid(1 << 33);
     h.set_cksum();
-    b.append(&h, &[][..]).unwrap();
+    archive_refused(tmp.path(), "big-uid", h, b"", "uid out of range");
+}
+
+/// `mkfs -d` of a one-entry archive (`h`, then `data`) in `dir` fails (exit 8) saying
+/// `why`, and the volume it made is clean.
+fn archive_refused(dir: &Path, name: &str, h: tar::Header, data: &[u8], why: &str) {
+    let archive = dir.join(format!("{name}.tar"));
+    let mut b = tar::Builder::new(fs::File::create(&archive).unwrap());
+    b.append(&h, data).unwrap();
     b.finish().unwrap();
-    let img3 = tmp.path().join("v3.img");
-    let (code, _, err) = dxfs(&["mkfs", img3.to_str().unwrap(), "--size", "16M", "-d", big.to_str().unwrap()]);
+    let img = dir.join(format!("{name}.img"));
+    let (code, _, err) = dxfs(&["mkfs", img.to_str().unwrap(), "--size", "16M", "-d", archive.to_str().unwrap()]);
     assert_eq!(code, 8, "{err}");
-    assert!(err.contains("uid out of range"), "{err}");
-    assert_image_clean(&img3);
+    assert!(err.contains(why), "{err}");
+    assert_image_clean(&img);
 }
 
 /// What `tar -x` does with names met twice and links to names it made itself: a later

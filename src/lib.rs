@@ -59,8 +59,8 @@ pub use fs::acl;
 pub use fs::dir::DirEntry;
 pub use volume::{
     grow, mkfs, mount_mark_status, read_superblock, AtimePolicy, Attr, Caller, EmptyStep, Grown, LockStats,
-    MkfsOptions, NewNode, OpenOptions, ReadStats, RenameFlags, SetAttr, SetTime, StatFs, SumStep, Time, TreeRemoval,
-    Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES,
+    MkfsOptions, NewEntry, NewNode, OpenOptions, ReadStats, RenameFlags, SetAttr, SetTime, StatFs, SumStep, Time,
+    TreeRemoval, Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES,
 };
 
 /// Internals that the project's own tests, benchmarks and tools reach into (on-disk

@@ -1,6 +1,7 @@
 //! Whole-tree removal in the library (`Volume::empty_step`, `Volume::remove_tree`) and
 //! the caller's permission rules it applies (`unlink_as`, `rmdir_as`): compared with a
-//! model of the kernel's rules, stepped in small pieces, and cut at every write.
+//! model of the kernel's rules, stepped in small pieces, and cut at every write; and
+//! entries made whole as a caller (`Volume::import_entry`, what `dxfs cp -a` sends).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use dxfs::block::{CrashMode, FaultDevice, MemDevice};
-use dxfs::{Caller, Error, MkfsOptions, OpenOptions, SetAttr, Volume, XattrMode};
+use dxfs::{Caller, Error, MkfsOptions, NewEntry, OpenOptions, SetAttr, Volume, XattrMode};
 
 fn user(uid: u32) -> Caller {
     Caller { uid, gid: uid, groups: Vec::new() }
@@ -291,4 +292,139 @@ fn sum_steps_count_each_entry_once() {
     chmod(&vol, d, 0o700);
     assert!(matches!(vol.sum_step(d, &user(1000), 0, 10, 1000), Err(Error::AccessDenied)));
     close_and_check(dev, vol);
+}
+
+fn entry<'a>(name: &'a [u8], mode: u32, data: &'a [u8], xattrs: &'a [(&'a [u8], &'a [u8])]) -> NewEntry<'a> {
+    NewEntry {
+        name,
+        mode,
+        uid: u32::MAX,
+        gid: u32::MAX,
+        rdev: 0,
+        atime: (1_000_000_000, 5),
+        mtime: (1_234_567_890, 999_999_999),
+        data,
+        xattrs,
+    }
+}
+
+/// `import_entry` makes an entry whole as the caller, with what the kernel would let
+/// `cp -a` do: creation needs write and search on the directory; another owner needs
+/// root, another group root or membership; the setgid bit stays only for a member;
+/// `trusted.`/`security.` xattrs need root, `user.` ones a file or directory; device
+/// nodes need root. Contents and times arrive as given.
+#[test]
+fn import_entry_follows_the_kernels_rules() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    chmod(&vol, root, 0o777);
+    let closed = vol.mkdir(root, b"closed", 0o755, 0, 0).unwrap().ino;
+    let open = vol.mkdir(root, b"open", 0o777, 0, 0).unwrap().ino;
+    let sgid = vol.mkdir(root, b"sgid", 0o777, 0, 50).unwrap().ino;
+    chmod(&vol, sgid, 0o2777);
+    let u = Caller { uid: 1000, gid: 1000, groups: vec![60] };
+    let xs: &[(&[u8], &[u8])] = &[(b"user.a", b"1"), (b"trusted.t", b"2"), (b"security.s", b"3")];
+    let data = vec![9u8; 9000];
+    let f = entry(b"f", libc::S_IFREG | 0o6755, &data, xs);
+    assert!(matches!(vol.import_entry(closed, &f, &u), Err(Error::AccessDenied)));
+    assert!(matches!(vol.lookup(closed, b"f"), Err(Error::NotFound)));
+
+    // Another owner is not given; a group the caller is in is.
+    let ino = vol.import_entry(open, &NewEntry { uid: 2000, gid: 60, ..f }, &u).unwrap();
+    let a = vol.getattr(ino).unwrap();
+    assert_eq!((a.uid, a.gid, a.mode & 0o7777), (1000, 60, 0o6755));
+    assert_eq!(vol.read(ino, 0, 10_000).unwrap(), data);
+    assert_eq!((a.atime, a.mtime), (f.atime, f.mtime));
+    assert_eq!(vol.listxattr(ino).unwrap(), vec![b"user.a".to_vec()]);
+    // A group the caller is not in is not given: the file keeps the caller's, whose
+    // setgid bit the caller may set.
+    let ino = vol.import_entry(open, &NewEntry { name: b"g", gid: 70, ..f }, &u).unwrap();
+    let a = vol.getattr(ino).unwrap();
+    assert_eq!((a.uid, a.gid, a.mode & 0o7777), (1000, 1000, 0o6755));
+    // A setgid directory gives its group; the caller is no member of it, so the file's
+    // setgid bit goes.
+    let ino = vol.import_entry(sgid, &NewEntry { name: b"h", ..f }, &u).unwrap();
+    let a = vol.getattr(ino).unwrap();
+    assert_eq!((a.gid, a.mode & 0o7777), (50, 0o4755));
+    // Taken names, device nodes, user xattrs on a symlink.
+    assert!(matches!(vol.import_entry(open, &f, &u), Err(Error::Exists)));
+    let chr = NewEntry { name: b"tty", mode: libc::S_IFCHR | 0o600, rdev: 0x0501, ..f };
+    assert!(matches!(vol.import_entry(open, &chr, &u), Err(Error::NotPermitted)));
+    let l = entry(b"l", libc::S_IFLNK | 0o777, b"../somewhere", &[(b"user.a", b"1")]);
+    let ino = vol.import_entry(open, &l, &u).unwrap();
+    assert_eq!(vol.readlink(ino).unwrap(), b"../somewhere");
+    assert!(vol.listxattr(ino).unwrap().is_empty());
+    assert_eq!(vol.getattr(ino).unwrap().mtime, l.mtime);
+    // A directory is made open to its owner; its attributes come later.
+    let d = entry(b"d", libc::S_IFDIR | 0o500, b"", xs);
+    let ino = vol.import_entry(open, &d, &u).unwrap();
+    let a = vol.getattr(ino).unwrap();
+    assert_eq!((a.uid, a.mode & 0o7777), (1000, 0o700));
+    assert!(vol.listxattr(ino).unwrap().is_empty());
+    // Root gives any owner, device nodes and every namespace.
+    let r = user(0);
+    let ino = vol.import_entry(closed, &NewEntry { uid: 2000, gid: 70, ..f }, &r).unwrap();
+    let a = vol.getattr(ino).unwrap();
+    assert_eq!((a.uid, a.gid, a.mode & 0o7777), (2000, 70, 0o6755));
+    assert_eq!(vol.listxattr(ino).unwrap().len(), 3);
+    let ino = vol.import_entry(closed, &chr, &r).unwrap();
+    assert_eq!(vol.getattr(ino).unwrap().rdev, 0x0501);
+    // Names the volume refuses.
+    let long = vec![b'n'; 256];
+    assert!(matches!(vol.import_entry(open, &NewEntry { name: &long, ..f }, &u), Err(Error::NameTooLong)));
+    assert!(vol.import_entry(open, &NewEntry { name: b"a/b", ..f }, &u).is_err());
+    close_and_check(dev, vol);
+}
+
+/// An import over many deltas, cut at every write: each image recovers fsck clean,
+/// and every entry in it is the one imported, whole or in part (contents empty or all
+/// there, xattrs a part of its own).
+#[test]
+fn crash_anywhere_in_an_import_leaves_entries_whole_or_in_part() {
+    let base = Arc::new(MemDevice::new(2048));
+    dxfs::mkfs(base.clone(), &MkfsOptions { log_blocks: Some(64), ..Default::default() }).unwrap();
+    let dev = Arc::new(FaultDevice::new(base.to_bytes()));
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let root = vol.root();
+    vol.sync().unwrap();
+    let start = dev.events();
+    let u = user(0);
+    let xs: &[(&[u8], &[u8])] = &[(b"user.k", b"v"), (b"trusted.big", &[7; 3000])];
+    let mut dir = root;
+    for i in 0..40u32 {
+        let name = format!("e{i}");
+        let data = vec![i as u8; 700 * (i as usize % 13)];
+        let e = match i % 10 {
+            0 => entry(name.as_bytes(), libc::S_IFDIR | 0o755, b"", &[]),
+            7 => entry(name.as_bytes(), libc::S_IFLNK | 0o777, b"target", &[]),
+            _ => entry(name.as_bytes(), libc::S_IFREG | 0o640, &data, xs),
+        };
+        let ino = vol.import_entry(dir, &e, &u).unwrap();
+        if i % 10 == 0 {
+            dir = ino;
+        }
+        if i % 6 == 5 {
+            vol.sync().unwrap();
+        }
+    }
+    vol.sync().unwrap();
+    let after = dump(&vol);
+    drop(vol);
+    let n = dev.events();
+    assert!(n - start > 60, "too few writes to mean anything: {}", n - start);
+    for mode in [CrashMode::All, CrashMode::DropUnflushed] {
+        for at in start..=n {
+            let got = recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at {at}: {e}"));
+            for (p, (node, xs)) in &got {
+                let (want, want_xs) = after.get(p).unwrap_or_else(|| panic!("{mode:?} at {at}: {p} was never made"));
+                match (node, want) {
+                    (Node::File { data, .. }, Node::File { data: full, .. }) => {
+                        assert!(data.is_empty() || data == full, "{mode:?} at {at}: {p} has other contents")
+                    }
+                    _ => assert_eq!(node, want, "{mode:?} at {at}: {p}"),
+                }
+                assert!(xs.iter().all(|x| want_xs.contains(x)), "{mode:?} at {at}: {p} has other xattrs");
+            }
+        }
+    }
 }

@@ -35,10 +35,13 @@ pub fn out(args: std::fmt::Arguments) {
     }
 }
 
+mod batch;
+mod cp;
 mod debug;
 mod du;
 mod export;
 mod fsck;
+mod import;
 mod info;
 mod inspect;
 mod mkfs;
@@ -91,6 +94,12 @@ enum Cmd {
     /// Remove files and trees (`-r`); on a mount the daemon removes each directory's
     /// files in steps, as the caller, instead of a request per file.
     Rm(RmArgs),
+    /// Copy host trees into a directory as `cp -a`; on a mount the daemon makes each
+    /// directory's entries in batches, as the caller, instead of requests per file.
+    Cp(cp::CpArgs),
+    /// Unpack a tar archive into a directory as `tar -x` (with its xattrs); on a mount
+    /// the daemon makes the entries in batches, as the caller.
+    Import(import::ImportArgs),
     /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
     Trim(TrimArgs),
     /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
@@ -172,6 +181,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Trim(a) => trim::run(a),
         Cmd::Rm(a) => rm::run(a),
         Cmd::Du(a) => du::run(a),
+        Cmd::Cp(a) => cp::run(a),
+        Cmd::Import(a) => import::run(a),
         Cmd::Debug(c) => debug::run(c),
         Cmd::Export(a) => export::run(a),
     }

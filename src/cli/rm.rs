@@ -104,7 +104,7 @@ pub fn run(a: RmArgs) -> i32 {
 /// SIGINT blocked and readable from a descriptor, so the walk can stop between steps
 /// (None if that cannot be set up: Ctrl-C then ends the command at once, which leaves the
 /// tree as consistent, only the progress line unfinished).
-fn catch_interrupt() -> Option<nix::sys::signalfd::SignalFd> {
+pub(super) fn catch_interrupt() -> Option<nix::sys::signalfd::SignalFd> {
     use nix::sys::signal::{SigSet, Signal};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let mut mask = SigSet::empty();

@@ -8,6 +8,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use crate::volume::NewEntry;
+
 /// Bytes an ioctl carries each way: the size encoded in the command, which is all a
 /// FUSE server may use (restricted ioctls).
 pub const CONTROL_SIZE: usize = 12 * 1024;
@@ -19,6 +21,12 @@ pub const IOC_EMPTY_STEP: u32 = ioc_readwrite(IOC_TYPE, 1, CONTROL_SIZE);
 /// Sum a directory one step: its files' sizes, those with several links by inode, and
 /// its subdirectories' names. `_IOWR(0xDF, 2, [u8; CONTROL_SIZE])`.
 pub const IOC_SUM_STEP: u32 = ioc_readwrite(IOC_TYPE, 2, CONTROL_SIZE);
+/// Bytes an import batch carries in (and its reply out): the largest size a command can
+/// encode (14 bits), so that a file of up to ~16 KiB travels with its batch.
+pub const IMPORT_SIZE: usize = (1 << 14) - 1;
+/// Make a batch of entries in a directory, each whole, as the caller
+/// (`Volume::import_entry`). `_IOWR(0xDF, 3, [u8; IMPORT_SIZE])`.
+pub const IOC_IMPORT: u32 = ioc_readwrite(IOC_TYPE, 3, IMPORT_SIZE);
 /// The reply's fixed part: next (8), flags (4), removed, subdirs, failed (4 each).
 const REPLY_HEAD: usize = 24;
 /// The request's layout version (its first u32).
@@ -184,14 +192,172 @@ impl SumReply {
     }
 }
 
+/// A batch of entries to make in one directory ([`IOC_IMPORT`]): version (4), count (4),
+/// then per entry a fixed head ([`ImportBatch::HEAD`] bytes: mode, uid, gid, atime and
+/// mtime as seconds and nanoseconds, rdev, data length, name length, xattr count), the
+/// name, the data, and each xattr as name length (2), value length (4), name, value.
+#[derive(Debug, Clone)]
+pub struct ImportBatch {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+impl Default for ImportBatch {
+    fn default() -> Self {
+        let mut buf = Vec::with_capacity(IMPORT_SIZE);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        ImportBatch { buf, count: 0 }
+    }
+}
+
+impl ImportBatch {
+    /// Bytes of an entry's fixed head.
+    pub const HEAD: usize = 4 * 3 + 12 * 2 + 8 + 4 + 2 + 2;
+
+    /// Bytes entry `e` takes in a batch.
+    pub fn cost(e: &NewEntry<'_>) -> usize {
+        Self::HEAD + e.name.len() + e.data.len() + e.xattrs.iter().map(|(n, v)| 6 + n.len() + v.len()).sum::<usize>()
+    }
+
+    /// Whether an entry of `cost` bytes can ever travel in a batch.
+    pub fn fits_alone(cost: usize) -> bool {
+        8 + cost <= IMPORT_SIZE
+    }
+
+    pub fn len(&self) -> u32 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Add `e` if it fits (false, and nothing added, if not).
+    pub fn push(&mut self, e: &NewEntry<'_>) -> bool {
+        if self.buf.len() + Self::cost(e) > IMPORT_SIZE
+            || e.name.len() > u16::MAX as usize
+            || e.xattrs.len() > u16::MAX as usize
+        {
+            return false;
+        }
+        let b = &mut self.buf;
+        for v in [e.mode, e.uid, e.gid] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for (s, ns) in [e.atime, e.mtime] {
+            b.extend_from_slice(&s.to_le_bytes());
+            b.extend_from_slice(&ns.to_le_bytes());
+        }
+        b.extend_from_slice(&e.rdev.to_le_bytes());
+        b.extend_from_slice(&(e.data.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+        b.extend_from_slice(&(e.xattrs.len() as u16).to_le_bytes());
+        b.extend_from_slice(e.name);
+        b.extend_from_slice(e.data);
+        for (n, v) in e.xattrs {
+            b.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            b.extend_from_slice(n);
+            b.extend_from_slice(v);
+        }
+        self.count += 1;
+        self.buf[4..8].copy_from_slice(&self.count.to_le_bytes());
+        true
+    }
+
+    /// The entries of a batch (names, data and xattrs borrowed from `b`); `None` for one
+    /// that does not parse (another layout, a length past the end).
+    pub fn decode(b: &[u8]) -> Option<Vec<DecodedEntry<'_>>> {
+        let mut r = Reader { b, at: 0 };
+        if r.u32()? != VERSION {
+            return None;
+        }
+        let count = r.u32()?;
+        let mut out = Vec::with_capacity((count as usize).min(IMPORT_SIZE / Self::HEAD));
+        for _ in 0..count {
+            let (mode, uid, gid) = (r.u32()?, r.u32()?, r.u32()?);
+            let atime = (r.u64()? as i64, r.u32()?);
+            let mtime = (r.u64()? as i64, r.u32()?);
+            let rdev = r.u64()?;
+            let dlen = r.u32()? as usize;
+            let (nlen, nx) = (r.u16()? as usize, r.u16()?);
+            let name = r.take(nlen)?;
+            let data = r.take(dlen)?;
+            let mut xattrs = Vec::with_capacity(usize::from(nx).min(64));
+            for _ in 0..nx {
+                let (n, v) = (r.u16()? as usize, r.u32()? as usize);
+                xattrs.push((r.take(n)?, r.take(v)?));
+            }
+            out.push(DecodedEntry { name, mode, uid, gid, rdev, atime, mtime, data, xattrs });
+        }
+        Some(out)
+    }
+
+    /// The request's bytes, padded to [`IMPORT_SIZE`].
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = self.buf.clone();
+        b.resize(IMPORT_SIZE, 0);
+        b
+    }
+}
+
+/// An entry of a decoded batch, owning its list of xattrs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedEntry<'a> {
+    pub name: &'a [u8],
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub data: &'a [u8],
+    pub xattrs: Vec<(&'a [u8], &'a [u8])>,
+}
+
+impl DecodedEntry<'_> {
+    /// The entry as the volume takes it.
+    pub fn entry(&self) -> NewEntry<'_> {
+        NewEntry {
+            name: self.name,
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: self.rdev,
+            atime: self.atime,
+            mtime: self.mtime,
+            data: self.data,
+            xattrs: &self.xattrs,
+        }
+    }
+}
+
+/// An import batch's reply: per entry, in order, 0 (made) or the errno it failed with.
+pub fn encode_import_reply(errnos: &[i32]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + 4 * errnos.len());
+    b.extend_from_slice(&(errnos.len() as u32).to_le_bytes());
+    for e in errnos {
+        b.extend_from_slice(&e.to_le_bytes());
+    }
+    b
+}
+
+fn decode_import_reply(b: &[u8]) -> Option<Vec<i32>> {
+    let mut r = Reader { b, at: 0 };
+    let n = r.u32()?;
+    (0..n).map(|_| r.u32().map(|e| e as i32)).collect()
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let b: &'a [u8] = self.b;
+        let s = b.get(self.at..self.at.checked_add(n)?)?;
         self.at += n;
         Some(s)
     }
@@ -216,6 +382,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 nix::ioctl_readwrite_buf!(ioc_empty_step, IOC_TYPE, 1, u8);
 nix::ioctl_readwrite_buf!(ioc_sum_step, IOC_TYPE, 2, u8);
+nix::ioctl_readwrite_buf!(ioc_import, IOC_TYPE, 3, u8);
 
 /// Send control command `nr` (1 empty, 2 sum) with `req` on directory `dir`; the reply's
 /// bytes. ENOTTY (the raw errno kept) when the directory is not on a dxfs mount.
@@ -233,6 +400,21 @@ fn call(dir: BorrowedFd<'_>, nr: u8, req: StepRequest) -> io::Result<Vec<u8>> {
     };
     r.map_err(io::Error::from)?;
     Ok(buf)
+}
+
+/// Make `batch`'s entries in the directory open as `dir`, done by the daemon serving its
+/// mount as the caller: per entry, 0 or the errno it failed with. ENOTTY when the
+/// directory is not on a dxfs mount.
+pub fn import(dir: BorrowedFd<'_>, batch: &ImportBatch) -> io::Result<Vec<i32>> {
+    let mut buf = batch.bytes();
+    // SAFETY: the command's encoded size is `buf.len()` (IMPORT_SIZE), and the kernel
+    // reads and writes at most that many bytes through the pointer, into `buf`, which
+    // lives for the whole call; `dir` is an open descriptor the caller lends.
+    unsafe { ioc_import(dir.as_raw_fd(), &mut buf) }.map_err(io::Error::from)?;
+    match decode_import_reply(&buf) {
+        Some(r) if r.len() == batch.len() as usize => Ok(r),
+        _ => Err(unparsable()),
+    }
 }
 
 fn unparsable() -> io::Error {
@@ -294,5 +476,47 @@ mod tests {
         let b = sum.encode();
         assert_eq!(SumReply::decode(&b), Some(sum));
         assert_eq!(SumReply::decode(&b[..b.len() - 1]), None);
+    }
+
+    #[test]
+    fn import_batches_round_trip_and_stop_at_their_size() {
+        assert_eq!(u64::from(IOC_IMPORT), nix::request_code_readwrite!(IOC_TYPE, 3, IMPORT_SIZE));
+        let xattrs: Vec<(&[u8], &[u8])> = vec![(b"user.a", b"1"), (b"system.posix_acl_access", &[2; 28])];
+        let data = vec![7u8; 5000];
+        let e = NewEntry {
+            name: b"file",
+            mode: libc::S_IFREG | 0o640,
+            uid: 1000,
+            gid: 100,
+            rdev: 0,
+            atime: (-5, 999_999_999),
+            mtime: (1_700_000_000, 1),
+            data: &data,
+            xattrs: &xattrs,
+        };
+        let mut b = ImportBatch::default();
+        assert!(b.push(&e));
+        assert!(b.push(&NewEntry { name: b"l", mode: libc::S_IFLNK | 0o777, data: b"file", ..NewEntry::default() }));
+        // Three such files fit in one batch; a fourth would pass IMPORT_SIZE.
+        assert!(b.push(&e));
+        assert!(!b.push(&e), "a batch never grows past IMPORT_SIZE");
+        assert_eq!(b.len(), 3);
+        let bytes = b.bytes();
+        assert_eq!(bytes.len(), IMPORT_SIZE);
+        let d = ImportBatch::decode(&bytes).expect("decodes");
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[0].entry(), e);
+        assert_eq!(d[1].name, b"l");
+        assert_eq!(d[1].data, b"file");
+        // A length past the end, or another version, does not decode.
+        let mut bad = bytes.clone();
+        let at = 8 + ImportBatch::HEAD - 8;
+        bad[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(ImportBatch::decode(&bad), None);
+        bad = bytes;
+        bad[0] = 2;
+        assert_eq!(ImportBatch::decode(&bad), None);
+        assert!(!ImportBatch::fits_alone(IMPORT_SIZE));
+        assert_eq!(decode_import_reply(&encode_import_reply(&[0, 13, 17])), Some(vec![0, 13, 17]));
     }
 }

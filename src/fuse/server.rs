@@ -349,9 +349,12 @@ impl Server {
     /// The control path (`control.rs`): one step of a whole-tree job on directory `ino`,
     /// as the caller: emptying it (`dxfs rm -r`) or summing it (`dxfs du`).
     fn ioctl(&self, op: u32, h: &InHeader, ino: u64, (flags, cmd, out_size): (u32, u32, u32), data: &[u8]) -> Reply {
-        use super::control::{StepRequest, CONTROL_SIZE, IOC_EMPTY_STEP, IOC_SUM_STEP};
-        if !(cmd == IOC_EMPTY_STEP || cmd == IOC_SUM_STEP) || flags & wire::IOCTL_DIR == 0 {
+        use super::control::{StepRequest, CONTROL_SIZE, IOC_EMPTY_STEP, IOC_IMPORT, IOC_SUM_STEP};
+        if !(cmd == IOC_EMPTY_STEP || cmd == IOC_SUM_STEP || cmd == IOC_IMPORT) || flags & wire::IOCTL_DIR == 0 {
             return Reply::Error(libc::ENOTTY);
+        }
+        if cmd == IOC_IMPORT {
+            return self.import(op, h, ino, out_size, data);
         }
         let Some(req) = StepRequest::decode(data) else { return Reply::Error(libc::EINVAL) };
         if (out_size as usize) < CONTROL_SIZE {
@@ -405,6 +408,37 @@ impl Server {
             failed: step.failed.iter().map(|(n, e)| (e.errno(), n.clone())).collect(),
         };
         Ok(reply.encode())
+    }
+
+    /// A batch of entries made in directory `ino` as the caller (`dxfs cp -a`, `dxfs
+    /// import`). The kernel may hold a negative entry for a new name (lookups that missed
+    /// are cached for `negative_timeout`): each is dropped, and the directory's
+    /// attributes, before the reply.
+    fn import(&self, op: u32, h: &InHeader, ino: u64, out_size: u32, data: &[u8]) -> Reply {
+        use super::control::{encode_import_reply, ImportBatch};
+        let Some(entries) = ImportBatch::decode(data) else { return Reply::Error(libc::EINVAL) };
+        if (out_size as usize) < 4 + 4 * entries.len() {
+            return Reply::Error(libc::EINVAL);
+        }
+        let caller = caller_of(h);
+        let mut errnos = Vec::with_capacity(entries.len());
+        for e in &entries {
+            match self.call(op, |v| v.import_entry(ino, &e.entry(), &caller)) {
+                Ok(_) => {
+                    errnos.push(0);
+                    if !self.opts.negative_timeout.is_zero() {
+                        self.send_notification(&wire::notify_inval_entry(h.nodeid, e.name));
+                    }
+                }
+                Err(errno) => errnos.push(errno),
+            }
+        }
+        if errnos.contains(&0) {
+            self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
+        }
+        let mut out = Vec::with_capacity(16 + 4 + 4 * errnos.len());
+        wire::encode_ioctl_out(0, &encode_import_reply(&errnos), &mut out);
+        Reply::Data(out)
     }
 
     /// One step of summing a directory (`du`).

@@ -51,7 +51,7 @@ pub use mark::status as mount_mark_status;
 pub(crate) use mkfs::read_usable_superblock;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub use resize::{grow, Grown};
-pub use tree::{EmptyStep, SumStep, TreeRemoval};
+pub use tree::{EmptyStep, NewEntry, SumStep, TreeRemoval};
 pub use types::*;
 
 /// Depth of a file's extent tree (0 while the map is inline).

@@ -291,16 +291,26 @@ impl Volume {
     /// default ACL, if any, is inherited (and the umask ignored), else the umask applies;
     /// a setgid parent gives the new inode its group (and a new directory its setgid bit).
     pub fn make(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
-        self.make_node(parent, name, n, false)
+        self.make_node(parent, name, n, false, None)
     }
 
     /// [`Volume::make`], and an open handle on the new inode in the same step (FUSE's
     /// CREATE: the file is created open).
     pub fn make_open(&self, parent: u64, name: &[u8], n: NewNode) -> Result<Attr> {
-        self.make_node(parent, name, n, true)
+        self.make_node(parent, name, n, true, None)
     }
 
-    fn make_node(&self, parent: u64, name: &[u8], n: NewNode, open: bool) -> Result<Attr> {
+    /// Make a node; with a `caller`, only if it may add names to `parent` (write and
+    /// search permission, checked under the directory's lock, as the kernel's
+    /// `may_create`).
+    pub(super) fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        n: NewNode,
+        open: bool,
+        caller: Option<&Caller>,
+    ) -> Result<Attr> {
         if type_of(n.mode)? == FileType::Symlink {
             return Err(Error::Invalid("make of a symlink".into()));
         }
@@ -309,6 +319,9 @@ impl Volume {
             let p = g.dir_inode(parent)?;
             Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + 1, 0, false), p))
         })?;
+        if let Some(c) = caller {
+            may_change_entries(&mut g.st.tx(), &p, c)?;
+        }
         let (mode, gid) = new_owner(&p, n.mode, n.gid);
         let (mode, acls) = g.inherited(&p, mode, n.umask)?;
         let (_, mut i) = g.create_node(p, name, mode, n.uid, gid, n.rdev)?;
@@ -383,6 +396,18 @@ impl Volume {
 
     /// Create a symbolic link.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        self.symlink_by(parent, name, target, (uid, gid), None)
+    }
+
+    /// [`Volume::symlink`]; with a `caller`, as [`Volume::make_node`] checks it.
+    pub(super) fn symlink_by(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        (uid, gid): (u32, u32),
+        caller: Option<&Caller>,
+    ) -> Result<Attr> {
         if target.is_empty() {
             return Err(Error::Invalid("empty symlink target".into()));
         }
@@ -397,6 +422,9 @@ impl Volume {
             let p = g.dir_inode(parent)?;
             Ok((Cost::new(Inner::dir_cost(&p) + g.inode_cost() + Delta::writeback_meta(0, pages, 0), pages, false), p))
         })?;
+        if let Some(c) = caller {
+            may_change_entries(&mut g.st.tx(), &p, c)?;
+        }
         let (_, gid) = new_owner(&p, libc::S_IFLNK, gid);
         let (_, mut i) = g.create_node(p, name, libc::S_IFLNK | 0o777, uid, gid, 0)?;
         if target.len() <= INLINE_DATA {

@@ -1,12 +1,14 @@
-//! Whole-tree jobs done in process: removing a directory's contents in bounded steps, as
-//! a caller with the kernel's permission rules. The mount serves them to `dxfs rm -r`
-//! through an ioctl (one request per step, not a round trip per file); a program that
-//! embeds the library calls them directly.
+//! Whole-tree jobs done in process, as a caller with the kernel's permission rules:
+//! removing a directory's contents and summing them in bounded steps, and making entries
+//! whole (contents, xattrs, owner, mode, times) as a copy into the volume does. The mount
+//! serves them to `dxfs rm -r`, `dxfs du` and `dxfs cp -a` through ioctls (one request
+//! per step or batch, not round trips per file); a program that embeds the library calls
+//! them directly.
 
 use crate::error::{Error, Result};
 use crate::fs::dir::DirEntry;
 
-use super::{Caller, FileType, Volume};
+use super::{type_of, Caller, FileType, NewNode, SetAttr, SetTime, Volume, XattrMode};
 
 /// What one step of emptying a directory did ([`Volume::empty_step`]).
 #[derive(Debug, Default)]
@@ -225,5 +227,102 @@ impl Volume {
             }
         }
         Ok(step)
+    }
+}
+
+/// An entry for [`Volume::import_entry`]: what a copy of one host file carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NewEntry<'a> {
+    pub name: &'a [u8],
+    /// File type and permission bits, as `st_mode`.
+    pub mode: u32,
+    /// The owner and group wanted (set as far as the caller may, see
+    /// [`Volume::import_entry`]; `u32::MAX` keeps what the creation gave, as chown's -1).
+    pub uid: u32,
+    pub gid: u32,
+    /// A device node's number.
+    pub rdev: u64,
+    /// Seconds and nanoseconds.
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    /// A regular file's contents, or a symlink's target.
+    pub data: &'a [u8],
+    /// Extended attributes, full names (`user.x`, `system.posix_acl_access`).
+    pub xattrs: &'a [(&'a [u8], &'a [u8])],
+}
+
+impl Volume {
+    /// Make entry `e` in directory `dir` as `caller` would with `cp -a`: create it (as
+    /// open(O_CREAT | O_EXCL), mknod or symlink: write and search permission on `dir`;
+    /// device nodes need root), write its contents, set its xattrs, then its owner, mode
+    /// and times. What the caller may not set is left as the kernel would leave it, with
+    /// no error, as `cp -a` ignores those failures: another owner needs root; another
+    /// group, root or membership; `trusted.` and `security.` xattrs, root; `user.` ones
+    /// exist on files and directories only; the setgid bit stays only for a member of
+    /// the group. A directory is only made, with its owner's read, write and search bits
+    /// added, and the caller sets its attributes after its contents. Each step is its own
+    /// operation, so a crash or a full volume leaves a partly made entry, as it would
+    /// leave `cp`'s. Returns the new inode.
+    pub fn import_entry(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<u64> {
+        let kind = type_of(e.mode)?;
+        let root = caller.uid == 0;
+        let perm = e.mode & 0o7777;
+        let node = |mode| NewNode { mode, uid: caller.uid, gid: caller.gid, rdev: e.rdev, umask: 0 };
+        let made = match kind {
+            FileType::Directory => {
+                let n = node(libc::S_IFDIR | (perm & 0o777) | 0o700);
+                return Ok(self.make_node(dir, e.name, n, false, Some(caller))?.ino);
+            }
+            FileType::Symlink => self.symlink_by(dir, e.name, e.data, (caller.uid, caller.gid), Some(caller))?,
+            FileType::CharDevice | FileType::BlockDevice if !root => return Err(Error::NotPermitted),
+            _ => self.make_node(dir, e.name, node((e.mode & libc::S_IFMT) | (perm & 0o777)), false, Some(caller))?,
+        };
+        let ino = made.ino;
+        if kind == FileType::RegularFile && !e.data.is_empty() {
+            let mut at = 0;
+            while at < e.data.len() {
+                at += self.write(ino, at as u64, &e.data[at..])?;
+            }
+        }
+        for (name, value) in e.xattrs {
+            if !may_set_xattr(name, kind, root) {
+                continue;
+            }
+            match self.setxattr_as(ino, name, value, XattrMode::Any, caller) {
+                Ok(()) => {}
+                Err(err @ (Error::NoSpace | Error::Io(_) | Error::Corrupt(_) | Error::ReadOnly)) => return Err(err),
+                // A value the volume refuses (a bad ACL, too large) is skipped, as cp
+                // skips what the target refuses.
+                Err(_) => {}
+            }
+        }
+        let uid = if root && e.uid != u32::MAX { e.uid } else { made.uid };
+        let gid = if e.gid != u32::MAX && (root || caller.in_group(e.gid)) { e.gid } else { made.gid };
+        let mut mode = perm;
+        if !root && !caller.in_group(gid) {
+            mode &= !libc::S_ISGID;
+        }
+        let s = SetAttr {
+            mode: (kind != FileType::Symlink).then_some(mode),
+            uid: Some(uid),
+            gid: Some(gid),
+            atime: Some(SetTime::At(e.atime)),
+            mtime: Some(SetTime::At(e.mtime)),
+            ..SetAttr::default()
+        };
+        self.setattr(ino, &s)?;
+        Ok(ino)
+    }
+}
+
+/// Whether a copy as a caller (root or not) sets xattr `name` on an inode of `kind`, as
+/// the kernel's `xattr_permission` and the capability rules would let it.
+fn may_set_xattr(name: &[u8], kind: FileType, root: bool) -> bool {
+    if name.starts_with(b"user.") {
+        matches!(kind, FileType::RegularFile | FileType::Directory)
+    } else if name.starts_with(b"system.posix_acl_") {
+        kind != FileType::Symlink
+    } else {
+        root && (name.starts_with(b"trusted.") || name.starts_with(b"security."))
     }
 }

@@ -4,6 +4,12 @@
 //! daemon cannot take is made with ordinary system calls, as `cp -a` makes it: when the
 //! directory is not on a dxfs mount, when its contents do not fit in a batch, when its
 //! name is taken (the old entry is replaced, as `tar -x` replaces it; a directory is kept).
+//!
+//! A second thread sends the batches, one at a time, while this one reads the next
+//! files: the host's reads and the daemon's work overlap instead of taking turns.
+//! [`Sender::sync`] waits for every batch sent; the walk calls it where an entry must
+//! exist before it goes on (a directory to fill, a hard link's target, attributes set
+//! after a directory's contents).
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -12,6 +18,9 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::Arc;
 
 use dxfs::fuse::control::{self, ImportBatch};
 use dxfs::NewEntry;
@@ -80,22 +89,39 @@ impl Item {
     }
 }
 
-pub(crate) struct Sender {
+/// What the walk and the sending thread share.
+pub(crate) struct Shared {
     /// `cp` or `import`, for messages.
-    pub prog: &'static str,
+    prog: &'static str,
+    /// The daemon takes batches: false once a directory answers ENOTTY (not a dxfs mount).
+    daemon: AtomicBool,
+    /// Entries made, and those made by the daemon; requests sent.
+    made: AtomicU64,
+    by_daemon: AtomicU64,
+    batches: AtomicU64,
+    ok: AtomicBool,
+    pub bar: indicatif::ProgressBar,
+}
+
+enum Msg {
+    Batch {
+        dir: PathBuf,
+        fd: Arc<File>,
+        batch: ImportBatch,
+        items: Vec<Item>,
+    },
+    /// Answered once every batch before it is done.
+    Barrier(mpsc::Sender<()>),
+}
+
+pub(crate) struct Sender {
+    shared: Arc<Shared>,
     /// The directory the batch is for.
-    dir: Option<(PathBuf, File)>,
+    dir: Option<(PathBuf, Arc<File>)>,
     batch: ImportBatch,
     pending: Vec<Item>,
-    /// The daemon takes batches: false once a directory answers ENOTTY (not a dxfs mount).
-    pub daemon: bool,
-    /// Entries made, and those made by the daemon.
-    pub made: u64,
-    pub by_daemon: u64,
-    /// Requests sent.
-    pub batches: u64,
-    pub ok: bool,
-    pub bar: indicatif::ProgressBar,
+    tx: Option<mpsc::SyncSender<Msg>>,
+    worker: Option<std::thread::JoinHandle<()>>,
     /// The current directory has a default ACL, which new entries inherit.
     pub inherits_acl: bool,
 }
@@ -104,29 +130,66 @@ impl Sender {
     pub fn new(prog: &'static str) -> Sender {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
-        Sender {
+        let shared = Arc::new(Shared {
             prog,
+            daemon: AtomicBool::new(true),
+            made: AtomicU64::new(0),
+            by_daemon: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            ok: AtomicBool::new(true),
+            bar,
+        });
+        // Two batches queued: the reader stays one ahead of the daemon, no further.
+        let (tx, rx) = mpsc::sync_channel::<Msg>(2);
+        let sh = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("dxfs-sender".into())
+            .spawn(move || {
+                for msg in rx {
+                    match msg {
+                        Msg::Batch { dir, fd, batch, items } => sh.send(&dir, &fd, &batch, &items),
+                        Msg::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .expect("a thread");
+        Sender {
+            shared,
             dir: None,
             batch: ImportBatch::default(),
             pending: Vec::new(),
-            daemon: true,
-            made: 0,
-            by_daemon: 0,
-            batches: 0,
-            ok: true,
-            bar,
+            tx: Some(tx),
+            worker: Some(worker),
             inherits_acl: false,
         }
     }
 
-    /// Report a failure at `path`, as cp does, and go on.
-    pub fn failed(&mut self, msg: String) {
-        self.bar.suspend(|| eprintln!("dxfs {}: {msg}", self.prog));
-        self.ok = false;
+    pub fn bar(&self) -> &indicatif::ProgressBar {
+        &self.shared.bar
     }
 
-    fn cannot_create(&mut self, item: &Item, path: &Path, e: &io::Error) {
-        self.failed(format!("cannot create {} '{}': {}", item.what(), path.display(), errno_text(e)));
+    pub fn made(&self) -> u64 {
+        self.shared.made.load(Relaxed)
+    }
+
+    pub fn count_made(&self) {
+        self.shared.made.fetch_add(1, Relaxed);
+    }
+
+    pub fn ok(&self) -> bool {
+        self.shared.ok.load(Relaxed)
+    }
+
+    /// Entries made by the daemon and requests sent, for the log.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.shared.by_daemon.load(Relaxed), self.shared.batches.load(Relaxed))
+    }
+
+    /// Report a failure, as cp does, and go on.
+    pub fn failed(&self, msg: String) {
+        self.shared.failed(msg);
     }
 
     /// Send what is pending, then make entries in directory `dir` from now on. False
@@ -140,7 +203,7 @@ impl Sender {
         match open_dir(dir) {
             Ok(f) => {
                 self.inherits_acl = matches!(xattr::get(dir, DEFAULT_ACL), Ok(Some(_)));
-                self.dir = Some((dir.to_path_buf(), f));
+                self.dir = Some((dir.to_path_buf(), Arc::new(f)));
                 true
             }
             Err(e) => {
@@ -157,10 +220,10 @@ impl Sender {
     /// Make `item` in the current directory: in the next batch, or at once by system
     /// calls when the daemon cannot take it.
     pub fn add(&mut self, item: Item) {
-        if !self.daemon || !item.fits_with(0) {
+        if !self.shared.daemon.load(Relaxed) || !item.fits_with(0) {
             let path = self.dir_path().join(OsStr::from_bytes(&item.name));
             let data = item.data.clone();
-            return self.by_syscalls(&path, &item, &mut data.as_slice());
+            return self.shared.by_syscalls(&path, &item, &mut data.as_slice());
         }
         if !item.with_entry(|e| self.batch.push(e)) {
             self.flush();
@@ -171,110 +234,112 @@ impl Sender {
     }
 
     /// Make a regular file whose contents `src` gives (too large for a batch), at once.
+    /// Batches in flight may still be making other names.
     pub fn add_large(&mut self, item: Item, src: &mut dyn Read) {
         let path = self.dir_path().join(OsStr::from_bytes(&item.name));
-        self.by_syscalls(&path, &item, src);
+        self.shared.by_syscalls(&path, &item, src);
     }
 
-    /// Send the pending batch and wait for its answer.
+    /// Hand the pending batch to the sending thread.
     pub fn flush(&mut self) {
         if self.batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.batch);
-        let items = std::mem::take(&mut self.pending);
-        let (dir, fd) = self.dir.as_ref().expect("a batch belongs to a directory");
-        let dir = dir.clone();
-        self.batches += 1;
-        let answers = match control::import(fd.as_fd(), &batch) {
+        let (dir, fd) = self.dir.clone().expect("a batch belongs to a directory");
+        let msg =
+            Msg::Batch { dir, fd, batch: std::mem::take(&mut self.batch), items: std::mem::take(&mut self.pending) };
+        self.tx.as_ref().expect("sending").send(msg).expect("the sending thread lives as long as the sender");
+    }
+
+    /// Send what is pending and wait until every batch is done.
+    pub fn sync(&mut self) {
+        self.flush();
+        let (done, wait) = mpsc::channel();
+        self.tx.as_ref().expect("sending").send(Msg::Barrier(done)).expect("the sending thread lives");
+        let _ = wait.recv();
+        self.shared.bar.set_message(format!("{} copied", self.made()));
+    }
+
+    /// Give `path` `item`'s xattrs, owner, mode and times ([`Shared::finish`]).
+    pub fn finish(&self, path: &Path, item: &Item) {
+        self.shared.finish(path, item);
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.flush();
+        drop(self.tx.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Shared {
+    fn failed(&self, msg: String) {
+        self.bar.suspend(|| eprintln!("dxfs {}: {msg}", self.prog));
+        self.ok.store(false, Relaxed);
+    }
+
+    fn cannot_create(&self, item: &Item, path: &Path, e: &io::Error) {
+        self.failed(format!("cannot create {} '{}': {}", item.what(), path.display(), errno_text(e)));
+    }
+
+    /// Send one batch and act on its answers.
+    fn send(&self, dir: &Path, fd: &File, batch: &ImportBatch, items: &[Item]) {
+        if !self.daemon.load(Relaxed) {
+            return self.each_by_syscalls(dir, items);
+        }
+        self.batches.fetch_add(1, Relaxed);
+        let answers = match control::import(fd.as_fd(), batch) {
             Ok(a) => a,
             Err(e) => {
                 // Not a dxfs mount, or an older daemon: entry by entry from here on. Any
                 // other refusal of the whole batch: this batch entry by entry.
                 if e.raw_os_error() == Some(libc::ENOTTY) {
-                    self.daemon = false;
+                    self.daemon.store(false, Relaxed);
                 }
-                for item in &items {
-                    let path = dir.join(OsStr::from_bytes(&item.name));
-                    self.by_syscalls(&path, item, &mut item.data.as_slice());
-                }
-                return;
+                return self.each_by_syscalls(dir, items);
             }
         };
         for (item, errno) in items.iter().zip(answers) {
             let path = dir.join(OsStr::from_bytes(&item.name));
             match errno {
                 0 => {
-                    self.made += 1;
-                    self.by_daemon += 1;
+                    self.made.fetch_add(1, Relaxed);
+                    self.by_daemon.fetch_add(1, Relaxed);
                 }
                 // The name is taken: replaced (a directory kept), as tar and cp do.
                 libc::EEXIST => self.by_syscalls(&path, item, &mut item.data.as_slice()),
                 e => self.cannot_create(item, &path, &io::Error::from_raw_os_error(e)),
             }
         }
-        self.bar.set_message(format!("{} copied", self.made));
+    }
+
+    fn each_by_syscalls(&self, dir: &Path, items: &[Item]) {
+        for item in items {
+            self.by_syscalls(&dir.join(OsStr::from_bytes(&item.name)), item, &mut item.data.as_slice());
+        }
     }
 
     /// Make `item` at `path` with system calls, as `cp -a` does: create, write, then
     /// xattrs, owner, mode and times. A directory is only made (its attributes come
-    /// after its contents: [`Sender::finish`]).
-    fn by_syscalls(&mut self, path: &Path, item: &Item, src: &mut dyn Read) {
-        let made = match self.create(path, item, src) {
+    /// after its contents: [`Shared::finish`]).
+    fn by_syscalls(&self, path: &Path, item: &Item, src: &mut dyn Read) {
+        let made = match create(path, item, src) {
             Ok(m) => m,
             Err(e) => return self.cannot_create(item, path, &e),
         };
-        self.made += u64::from(made);
+        self.made.fetch_add(u64::from(made), Relaxed);
         if item.kind() != libc::S_IFDIR {
             self.finish(path, item);
         }
     }
 
-    /// Create `path`; an entry already there is replaced unless both are directories.
-    /// Whether a new entry was made.
-    fn create(&mut self, path: &Path, item: &Item, src: &mut dyn Read) -> io::Result<bool> {
-        let perm = item.mode & 0o7777;
-        for attempt in 0..2 {
-            let r = match item.kind() {
-                libc::S_IFDIR => std::fs::DirBuilder::new().mode(perm | 0o700).create(path),
-                libc::S_IFLNK => std::os::unix::fs::symlink(OsStr::from_bytes(&item.data), path),
-                libc::S_IFREG => std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(perm & 0o777 | 0o600)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(path)
-                    .and_then(|mut f| {
-                        io::copy(src, &mut f)?;
-                        f.flush()
-                    }),
-                kind => {
-                    let dev = nix::sys::stat::SFlag::from_bits_truncate(kind);
-                    let mode = nix::sys::stat::Mode::from_bits_truncate(perm & 0o777);
-                    nix::sys::stat::mknod(path, dev, mode, item.rdev).map_err(io::Error::from)
-                }
-            };
-            match r {
-                Ok(()) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt == 0 => {
-                    let old = std::fs::symlink_metadata(path)?;
-                    if old.is_dir() {
-                        if item.kind() == libc::S_IFDIR {
-                            return Ok(false);
-                        }
-                        return Err(io::Error::from_raw_os_error(libc::EISDIR));
-                    }
-                    std::fs::remove_file(path)?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(io::Error::from_raw_os_error(libc::EEXIST))
-    }
-
     /// Give `path` `item`'s xattrs, owner, mode and times, as far as the caller may
     /// (what it may not is skipped quietly, as `cp -a` skips it).
-    pub fn finish(&mut self, path: &Path, item: &Item) {
+    pub fn finish(&self, path: &Path, item: &Item) {
         let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return };
         for (n, v) in &item.xattrs {
             // Refusals (EPERM for trusted.* as a user, ENOTSUP) are skipped as cp skips them.
@@ -301,4 +366,46 @@ impl Sender {
             self.failed(format!("preserving times for '{}': {}", path.display(), e.desc()));
         }
     }
+}
+
+/// Create `path`; an entry already there is replaced unless both are directories.
+/// Whether a new entry was made.
+fn create(path: &Path, item: &Item, src: &mut dyn Read) -> io::Result<bool> {
+    let perm = item.mode & 0o7777;
+    for attempt in 0..2 {
+        let r = match item.kind() {
+            libc::S_IFDIR => std::fs::DirBuilder::new().mode(perm | 0o700).create(path),
+            libc::S_IFLNK => std::os::unix::fs::symlink(OsStr::from_bytes(&item.data), path),
+            libc::S_IFREG => std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(perm & 0o777 | 0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+                .and_then(|mut f| {
+                    io::copy(src, &mut f)?;
+                    f.flush()
+                }),
+            kind => {
+                let dev = nix::sys::stat::SFlag::from_bits_truncate(kind);
+                let mode = nix::sys::stat::Mode::from_bits_truncate(perm & 0o777);
+                nix::sys::stat::mknod(path, dev, mode, item.rdev).map_err(io::Error::from)
+            }
+        };
+        match r {
+            Ok(()) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt == 0 => {
+                let old = std::fs::symlink_metadata(path)?;
+                if old.is_dir() {
+                    if item.kind() == libc::S_IFDIR {
+                        return Ok(false);
+                    }
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                std::fs::remove_file(path)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EEXIST))
 }

@@ -63,14 +63,15 @@ pub fn run(a: CpArgs) -> i32 {
         };
         c.copy(src, &parent, name.as_bytes());
     }
-    c.s.flush();
-    c.s.bar.finish_and_clear();
+    c.s.sync();
+    c.s.bar().finish_and_clear();
     if c.stopped {
-        eprintln!("dxfs cp: interrupted after copying {} entries", c.s.made);
+        eprintln!("dxfs cp: interrupted after copying {} entries", c.s.made());
         return 130;
     }
-    tracing::debug!(made = c.s.made, by_daemon = c.s.by_daemon, batches = c.s.batches, "cp");
-    i32::from(!c.s.ok)
+    let (by_daemon, batches) = c.s.counts();
+    tracing::debug!(made = c.s.made(), by_daemon, batches, "cp");
+    i32::from(!c.s.ok())
 }
 
 impl Copier {
@@ -94,9 +95,9 @@ impl Copier {
         let dest = parent.join(OsStr::from_bytes(name));
         let inherits = self.s.inherits_acl;
         if let Some(item) = self.one(src, &md, name, &dest) {
-            self.s.flush();
+            self.s.sync();
             self.contents(src, &dest);
-            self.s.flush();
+            self.s.sync();
             self.finish_dir(&dest, &item, inherits);
         }
     }
@@ -131,14 +132,15 @@ impl Copier {
             }
         }
         let inherits = self.s.inherits_acl;
-        self.s.flush();
+        // The subdirectories are made before they are filled.
+        self.s.sync();
         for (n, item) in subdirs {
             if self.stop() {
                 return;
             }
             let d = dest.join(&n);
             self.contents(&src.join(&n), &d);
-            self.s.flush();
+            self.s.sync();
             self.finish_dir(&d, &item, inherits);
         }
     }
@@ -177,9 +179,9 @@ impl Copier {
             let key = (md.dev(), md.ino());
             if let Some(first) = self.seen.get(&key).cloned() {
                 // The first copy must be made before it can be linked to.
-                self.s.flush();
+                self.s.sync();
                 match fs::hard_link(&first, dest) {
-                    Ok(()) => self.s.made += 1,
+                    Ok(()) => self.s.count_made(),
                     Err(e) => self.s.failed(format!(
                         "cannot create hard link '{}' to '{}': {}",
                         dest.display(),

@@ -6,6 +6,7 @@
 //! names with a `..` component are refused; directory attributes are set at the end,
 //! deepest first, as tar sets them.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -46,6 +47,7 @@ pub fn run(a: ImportArgs) -> i32 {
     let mut s = Sender::new("import");
     let interrupt = super::rm::catch_interrupt();
     let mut dirs: Vec<(PathBuf, Item)> = Vec::new();
+    let mut seen = HashSet::from([a.dest.clone()]);
     let mut archive = tar::Archive::new(input);
     let entries = match archive.entries() {
         Ok(e) => e,
@@ -64,22 +66,23 @@ pub fn run(a: ImportArgs) -> i32 {
                 break;
             }
         };
-        if let Err(msg) = unpack(&mut s, &mut entry, &a.dest, (root, umask), &mut dirs) {
+        if let Err(msg) = unpack(&mut s, &mut entry, &a.dest, (root, umask), (&mut dirs, &mut seen)) {
             s.failed(msg);
         }
     }
-    s.flush();
+    s.sync();
     // Directory attributes last, deepest first, so nothing made in them moves them.
     for (path, item) in dirs.iter().rev() {
         s.finish(path, item);
     }
-    s.bar.finish_and_clear();
+    s.bar().finish_and_clear();
     if stopped {
-        eprintln!("dxfs import: interrupted after {} entries", s.made);
+        eprintln!("dxfs import: interrupted after {} entries", s.made());
         return 130;
     }
-    tracing::debug!(made = s.made, by_daemon = s.by_daemon, batches = s.batches, "import");
-    i32::from(!s.ok) * 2
+    let (by_daemon, batches) = s.counts();
+    tracing::debug!(made = s.made(), by_daemon, batches, "import");
+    i32::from(!s.ok()) * 2
 }
 
 /// Unpack one archive entry under `dest`.
@@ -88,7 +91,7 @@ fn unpack<R: Read>(
     entry: &mut tar::Entry<'_, R>,
     dest: &Path,
     (root, umask): (bool, u32),
-    dirs: &mut Vec<(PathBuf, Item)>,
+    (dirs, seen): (&mut Vec<(PathBuf, Item)>, &mut HashSet<PathBuf>),
 ) -> Result<(), String> {
     let raw = entry.path_bytes().into_owned();
     let shown = String::from_utf8_lossy(&raw).into_owned();
@@ -147,9 +150,14 @@ fn unpack<R: Read>(
         return Ok(());
     };
     let parent = parents.iter().fold(dest.to_path_buf(), |p, c| p.join(OsStr::from_bytes(c)));
-    if std::fs::symlink_metadata(&parent).is_err() {
-        // A directory the archive names only as a parent, as tar makes it.
-        std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {}", parent.display(), errno_text(&e)))?;
+    if !seen.contains(&parent) {
+        // A directory the archive named may still be on its way; one it named only as
+        // a parent is made as tar makes it.
+        s.sync();
+        if std::fs::symlink_metadata(&parent).is_err() {
+            std::fs::create_dir_all(&parent).map_err(|e| format!("{}: {}", parent.display(), errno_text(&e)))?;
+        }
+        seen.insert(parent.clone());
     }
     if !s.enter(&parent) {
         return Ok(());
@@ -159,13 +167,13 @@ fn unpack<R: Read>(
         let target = entry.link_name_bytes().ok_or_else(|| format!("{shown}: a hard link without a target"))?;
         let tparts = components(&target).ok_or_else(|| format!("{shown}: a link target with '..' is refused"))?;
         let target = tparts.iter().fold(dest.to_path_buf(), |p, c| p.join(OsStr::from_bytes(c)));
-        s.flush();
+        s.sync();
         if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_dir()) {
             let _ = std::fs::remove_file(&path);
         }
         return match std::fs::hard_link(&target, &path) {
             Ok(()) => {
-                s.made += 1;
+                s.count_made();
                 Ok(())
             }
             Err(e) => Err(format!("{shown}: cannot hard link to '{}': {}", target.display(), errno_text(&e))),
@@ -201,6 +209,8 @@ fn unpack<R: Read>(
                 entry.read_to_end(&mut item.data).map_err(bad)?;
                 s.add(item);
             } else {
+                // After the batches in flight: a name the archive gave before is replaced.
+                s.sync();
                 s.add_large(item, entry);
             }
         }

@@ -76,7 +76,21 @@ pub(super) struct Server {
     /// Files open for writing, with their handle counts: sharded, since every write open
     /// and release looks here, and every read open with the writeback cache.
     writers: Sharded<rustc_hash::FxHashMap<u64, u32>>,
+    /// The control path's last caller (see `control_caller`).
+    last_caller: parking_lot::Mutex<Option<(u32, Caller, std::time::Instant)>>,
+    /// Directories a LOOKUP missed in, and when: the kernel may cache a negative entry
+    /// there for `negative_timeout` (see `may_hold_negatives`).
+    negatives: Sharded<rustc_hash::FxHashMap<u64, std::time::Instant>>,
+    /// When a shard of `negatives` last overflowed and was cleared: until
+    /// `negative_timeout` after, any directory may hold negative entries.
+    negatives_lost: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Import batches begun on a serving thread and handed to a kept thread when an
+    /// entry would have waited: the answers so far, by request.
+    imports_begun: parking_lot::Mutex<rustc_hash::FxHashMap<u64, Vec<i32>>>,
 }
+
+/// Most directories one shard of `Server::negatives` remembers.
+const NEGATIVES_PER_SHARD: usize = 4096;
 
 type Res<T> = std::result::Result<T, i32>;
 
@@ -197,7 +211,59 @@ impl Server {
             kept: AtomicU64::new(0),
             kernel_keeps_times: AtomicBool::new(false),
             writers: Sharded::new(10),
+            last_caller: parking_lot::Mutex::new(None),
+            negatives: Sharded::new(10),
+            negatives_lost: parking_lot::Mutex::new(None),
+            imports_begun: Default::default(),
         }
+    }
+
+    /// A LOOKUP in directory `dir` missed, and the kernel caches the miss.
+    fn note_negative(&self, dir: u64) {
+        let now = std::time::Instant::now();
+        let mut m = self.negatives.shard(dir);
+        if m.len() >= NEGATIVES_PER_SHARD && !m.contains_key(&dir) {
+            let ttl = self.opts.negative_timeout;
+            m.retain(|_, at| now.duration_since(*at) < ttl);
+            if m.len() >= NEGATIVES_PER_SHARD {
+                m.clear();
+                *self.negatives_lost.lock() = Some(now);
+            }
+        }
+        m.insert(dir, now);
+    }
+
+    /// Whether the kernel may hold negative entries in directory `dir`: a LOOKUP missed
+    /// there within `negative_timeout` (or that record was lost). A name made behind the
+    /// kernel's back (an import) must then be dropped from its cache.
+    fn may_hold_negatives(&self, dir: u64) -> bool {
+        let ttl = self.opts.negative_timeout;
+        if ttl.is_zero() {
+            return false;
+        }
+        let recent = |at: &std::time::Instant| at.elapsed() < ttl;
+        self.negatives.shard(dir).get(&dir).is_some_and(recent)
+            || self.negatives_lost.lock().as_ref().is_some_and(recent)
+    }
+
+    /// The caller of a control ioctl. Its supplementary groups come from
+    /// `/proc/PID/status`, whose rendering costs ~25 µs, as much as the rest of an
+    /// import batch's overhead; a command sends thousands of requests a second, so the
+    /// groups read for the same process, user and group are kept for `CALLER_FOR`. (A
+    /// process that drops a group with setgroups(2) and keeps its ids may be judged with
+    /// it that long.)
+    fn control_caller(&self, h: &InHeader) -> Caller {
+        const CALLER_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+        let now = std::time::Instant::now();
+        let mut last = self.last_caller.lock();
+        if let Some((pid, c, at)) = &*last {
+            if *pid == h.pid && c.uid == h.uid && c.gid == h.gid && now.duration_since(*at) < CALLER_FOR {
+                return c.clone();
+            }
+        }
+        let c = caller_of(h);
+        *last = Some((h.pid, c.clone(), now));
+        c
     }
 
     /// The writeback cache is on, and `bound` says how much of this mount's file data
@@ -360,7 +426,7 @@ impl Server {
         if (out_size as usize) < CONTROL_SIZE {
             return Reply::Error(libc::EINVAL);
         }
-        let caller = caller_of(h);
+        let caller = self.control_caller(h);
         // A summing step read-locks the inodes it lists: a few thousand at most.
         let max = req.max.clamp(1, 4096) as usize;
         let body = if cmd == IOC_EMPTY_STEP {
@@ -411,22 +477,42 @@ impl Server {
     }
 
     /// A batch of entries made in directory `ino` as the caller (`dxfs cp -a`, `dxfs
-    /// import`). The kernel may hold a negative entry for a new name (lookups that missed
-    /// are cached for `negative_timeout`): each is dropped, and the directory's
-    /// attributes, before the reply.
+    /// import`). Served where it arrives, each entry without waiting for room; the rest
+    /// of the batch goes to a kept thread at the first entry that would wait, or at once
+    /// when the kernel may hold negative entries in the directory: each new name is then
+    /// dropped from its cache, which takes the directory's lock in the kernel. The
+    /// directory's attributes are dropped before the reply (no lock for that).
     fn import(&self, op: u32, h: &InHeader, ino: u64, out_size: u32, data: &[u8]) -> Reply {
         use super::control::{encode_import_reply, ImportBatch};
         let Some(entries) = ImportBatch::decode(data) else { return Reply::Error(libc::EINVAL) };
         if (out_size as usize) < 4 + 4 * entries.len() {
             return Reply::Error(libc::EINVAL);
         }
-        let caller = caller_of(h);
-        let mut errnos = Vec::with_capacity(entries.len());
-        for e in &entries {
-            match self.call(op, |v| v.import_entry(ino, &e.entry(), &caller)) {
-                Ok(_) => {
+        let serving = SERVING.get();
+        let drop_names = self.may_hold_negatives(ino);
+        if serving && drop_names {
+            return put_off();
+        }
+        let caller = self.control_caller(h);
+        let mut errnos =
+            if serving { Vec::new() } else { self.imports_begun.lock().remove(&h.unique).unwrap_or_default() };
+        FIRST_CALL_SERVING.with(|c| c.set(false));
+        for e in &entries[errnos.len().min(entries.len())..] {
+            let r = if serving {
+                match self.call(op, |v| v.try_import_entry(ino, &e.entry(), &caller)) {
+                    Ok(None) => {
+                        self.imports_begun.lock().insert(h.unique, errnos);
+                        return put_off();
+                    }
+                    r => r.map(drop),
+                }
+            } else {
+                self.call(op, |v| v.import_entry(ino, &e.entry(), &caller)).map(drop)
+            };
+            match r {
+                Ok(()) => {
                     errnos.push(0);
-                    if !self.opts.negative_timeout.is_zero() {
+                    if drop_names {
                         self.send_notification(&wire::notify_inval_entry(h.nodeid, e.name));
                     }
                 }
@@ -434,7 +520,7 @@ impl Server {
             }
         }
         if errnos.contains(&0) {
-            self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
+            self.drop_attrs_now(h.nodeid);
         }
         let mut out = Vec::with_capacity(16 + 4 + 4 * errnos.len());
         wire::encode_ioctl_out(0, &encode_import_reply(&errnos), &mut out);
@@ -679,6 +765,7 @@ impl Server {
             // search) costs no request. Coherent because every change comes through this
             // mount, and the kernel drops the negative entry when it creates the name.
             Err(libc::ENOENT) if !self.opts.negative_timeout.is_zero() => {
+                self.note_negative(self.vol_ino(parent));
                 let mut out = Vec::with_capacity(EntryOut::SIZE);
                 EntryOut { entry_valid: Valid::from(self.opts.negative_timeout), ..EntryOut::default() }
                     .encode(&mut out);
@@ -1116,7 +1203,9 @@ impl Handler for Server {
     /// A control ioctl tells the kernel to drop names, for which the kernel takes the
     /// directory's lock, which a request waiting for a serving thread may hold.
     fn blocks(&self, req: &Request<'_>) -> bool {
-        matches!(req, Request::Fsync { .. } | Request::Syncfs | Request::Destroy | Request::Ioctl { .. })
+        // An import batch starts where it arrives (see `import`).
+        matches!(req, Request::Fsync { .. } | Request::Syncfs | Request::Destroy)
+            || matches!(req, Request::Ioctl { cmd, .. } if *cmd != super::control::IOC_IMPORT)
     }
 
     /// A serving thread answers every request that need not wait for another request or
@@ -1233,6 +1322,13 @@ fn kernel_reads_ahead(open_flags: u32) -> bool {
 
 /// The identity of a request's caller: its user and group from the request, its
 /// supplementary groups from /proc (the protocol does not carry them).
+/// Hand the request being served to a kept thread (see `handle_unless_it_waits`); the
+/// reply returned with it is dropped.
+fn put_off() -> Reply {
+    PUT_OFF.set(true);
+    Reply::Error(libc::EAGAIN)
+}
+
 fn caller_of(h: &InHeader) -> Caller {
     let groups = std::fs::read_to_string(format!("/proc/{}/status", h.pid))
         .ok()

@@ -763,7 +763,7 @@ impl Volume {
 /// Mode and group of a new inode created in `parent` by a caller of group `gid`, as the
 /// kernel's `inode_init_owner` does for local filesystems: a setgid directory gives new
 /// inodes its group, and new subdirectories its setgid bit.
-fn new_owner(parent: &Inode, mode: u32, gid: u32) -> (u32, u32) {
+pub(super) fn new_owner(parent: &Inode, mode: u32, gid: u32) -> (u32, u32) {
     if parent.mode & libc::S_ISGID == 0 {
         return (mode, gid);
     }

@@ -5,10 +5,18 @@
 //! per step or batch, not round trips per file); a program that embeds the library calls
 //! them directly.
 
+use crate::disk::codec::BLOCK_SIZE;
+use crate::disk::format::{Inode, InodeData, INLINE_DATA};
 use crate::error::{Error, Result};
+use crate::fs::acl;
 use crate::fs::dir::DirEntry;
+use crate::fs::xattr::{self, Xattr};
 
-use super::{type_of, Caller, FileType, NewNode, SetAttr, SetTime, Volume, XattrMode};
+use super::attrs::may_change_entries;
+use super::delta::{Cost, Delta};
+use super::locks::Mode;
+use super::namespace::new_owner;
+use super::{type_of, Caller, FileType, Inner, NewNode, Volume, WriteAs, SYMLINK_MAX};
 
 /// What one step of emptying a directory did ([`Volume::empty_step`]).
 #[derive(Debug, Default)]
@@ -252,67 +260,152 @@ pub struct NewEntry<'a> {
 }
 
 impl Volume {
-    /// Make entry `e` in directory `dir` as `caller` would with `cp -a`: create it (as
-    /// open(O_CREAT | O_EXCL), mknod or symlink: write and search permission on `dir`;
-    /// device nodes need root), write its contents, set its xattrs, then its owner, mode
-    /// and times. What the caller may not set is left as the kernel would leave it, with
-    /// no error, as `cp -a` ignores those failures: another owner needs root; another
-    /// group, root or membership; `trusted.` and `security.` xattrs, root; `user.` ones
-    /// exist on files and directories only; the setgid bit stays only for a member of
-    /// the group. A directory is only made, with its owner's read, write and search bits
-    /// added, and the caller sets its attributes after its contents. Each step is its own
-    /// operation, so a crash or a full volume leaves a partly made entry, as it would
-    /// leave `cp`'s. Returns the new inode.
+    /// Make entry `e` in directory `dir` as `caller` would with `cp -a`, in one
+    /// operation (a crash leaves it whole or absent): create it (as open(O_CREAT |
+    /// O_EXCL), mknod or symlink: write and search permission on `dir`; device nodes
+    /// need root), with its contents, its xattrs, then its owner, mode and times. What
+    /// the caller may not set is left as the kernel would leave it, with no error, as
+    /// `cp -a` ignores those failures: another owner needs root; another group, root or
+    /// membership; `trusted.` and `security.` xattrs, root; `user.` ones exist on files
+    /// and directories only; the setgid bit stays only for a member of the group; values
+    /// the volume refuses (a bad ACL, a list past its room) are left out. A parent's
+    /// default ACL is inherited unless `e` brings its own access ACL. A directory is only
+    /// made, with its owner's read, write and search bits added; the caller sets its
+    /// attributes after its contents. Returns the new inode.
     pub fn import_entry(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<u64> {
+        self.import_entry_by(dir, e, caller)
+    }
+
+    /// [`Volume::import_entry`] unless it would wait for room in the delta (for a
+    /// commit, or for operations beside it to end): then `None`, and nothing changed.
+    /// A frontend's serving thread tries this, and hands what waits to another thread.
+    pub fn try_import_entry(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<Option<u64>> {
+        let _no_wait = super::charge::NoWait::set();
+        match self.import_entry_by(dir, e, caller) {
+            Err(Error::WouldWait) => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
+    fn import_entry_by(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<u64> {
         let kind = type_of(e.mode)?;
         let root = caller.uid == 0;
         let perm = e.mode & 0o7777;
         let node = |mode| NewNode { mode, uid: caller.uid, gid: caller.gid, rdev: e.rdev, umask: 0 };
-        let made = match kind {
+        match kind {
             FileType::Directory => {
                 let n = node(libc::S_IFDIR | (perm & 0o777) | 0o700);
                 return Ok(self.make_node(dir, e.name, n, false, Some(caller))?.ino);
             }
-            FileType::Symlink => self.symlink_by(dir, e.name, e.data, (caller.uid, caller.gid), Some(caller))?,
             FileType::CharDevice | FileType::BlockDevice if !root => return Err(Error::NotPermitted),
-            _ => self.make_node(dir, e.name, node((e.mode & libc::S_IFMT) | (perm & 0o777)), false, Some(caller))?,
-        };
-        let ino = made.ino;
-        if kind == FileType::RegularFile && !e.data.is_empty() {
-            let mut at = 0;
-            while at < e.data.len() {
-                at += self.write(ino, at as u64, &e.data[at..])?;
-            }
+            FileType::Symlink => check_target(e.data)?,
+            _ => {}
         }
-        for (name, value) in e.xattrs {
-            if !may_set_xattr(name, kind, root) {
+        let data: &[u8] = match kind {
+            FileType::RegularFile | FileType::Symlink => e.data,
+            _ => &[],
+        };
+        let given = settable_xattrs(e.xattrs, kind, root);
+        let listed: usize = given.iter().map(|x| 6 + x.name.len() + x.value.len()).sum();
+        let inline_link = kind == FileType::Symlink && data.len() <= INLINE_DATA;
+        let pages = if inline_link { 0 } else { data.len().div_ceil(BLOCK_SIZE) as u64 };
+        // The list given and an inherited pair of ACLs (an entry's header and at most a
+        // block of ACL each); the new file's extent map.
+        let meta_for = |p: &Inode| {
+            Inner::dir_cost(p)
+                + 1
+                + xattr::blocks_for(listed + 2 * (6 + BLOCK_SIZE))
+                + Delta::writeback_meta(0, pages, 1)
+        };
+        let (g, p) = self.charged_with(&[(dir, Mode::Write)], |g| {
+            let p = g.dir_inode(dir)?;
+            Ok((Cost::new(meta_for(&p) + g.inode_cost(), pages, false), p))
+        })?;
+        may_change_entries(&mut g.st.tx(), &p, caller)?;
+        let type_bits = e.mode & libc::S_IFMT;
+        let (mode, gid) = new_owner(&p, type_bits | (perm & 0o777), caller.gid);
+        let (mode, inherited) = g.inherited(&p, mode, 0)?;
+        let (_, mut i) = g.create_node(p, e.name, mode, caller.uid, gid, e.rdev)?;
+        if inline_link {
+            let mut t = [0u8; INLINE_DATA];
+            t[..data.len()].copy_from_slice(data);
+            i.data = InodeData::InlineSymlink(t);
+            i.size = data.len() as u64;
+        } else if !data.is_empty() {
+            g.write(&mut i, 0, data, WriteAs::default())?;
+        }
+        // The ACLs given replace the inherited ones; a minimal access ACL is the mode.
+        let mut list: Vec<Xattr> = inherited.into_iter().filter(|x| !given.iter().any(|y| y.idx == x.idx)).collect();
+        for x in given {
+            if x.idx == 2 && acl::decode(&x.value).is_ok_and(|a| acl::is_minimal(&a)) {
                 continue;
             }
-            match self.setxattr_as(ino, name, value, XattrMode::Any, caller) {
-                Ok(()) => {}
-                Err(err @ (Error::NoSpace | Error::Io(_) | Error::Corrupt(_) | Error::ReadOnly)) => return Err(err),
-                // A value the volume refuses (a bad ACL, too large) is skipped, as cp
-                // skips what the target refuses.
-                Err(_) => {}
+            if list.iter().map(|x| 6 + x.name.len() + x.value.len()).sum::<usize>() + 6 + x.name.len() + x.value.len()
+                <= xattr::LIST_MAX
+            {
+                list.push(x);
             }
         }
-        let uid = if root && e.uid != u32::MAX { e.uid } else { made.uid };
-        let gid = if e.gid != u32::MAX && (root || caller.in_group(e.gid)) { e.gid } else { made.gid };
-        let mut mode = perm;
-        if !root && !caller.in_group(gid) {
-            mode &= !libc::S_ISGID;
+        if !list.is_empty() {
+            xattr::store(&mut g.st.tx(), &mut i, &list)?;
         }
-        let s = SetAttr {
-            mode: (kind != FileType::Symlink).then_some(mode),
-            uid: Some(uid),
-            gid: Some(gid),
-            atime: Some(SetTime::At(e.atime)),
-            mtime: Some(SetTime::At(e.mtime)),
-            ..SetAttr::default()
-        };
-        self.setattr(ino, &s)?;
-        Ok(ino)
+        // Owner and group as far as the caller may give them, then the mode, which
+        // keeps the setgid bit for a member of the file's group only (chmod's rule).
+        if root && e.uid != u32::MAX {
+            i.uid = e.uid;
+        }
+        if e.gid != u32::MAX && (root || caller.in_group(e.gid)) {
+            i.gid = e.gid;
+        }
+        if kind != FileType::Symlink {
+            let mut mode = perm;
+            if !root && !caller.in_group(i.gid) {
+                mode &= !libc::S_ISGID;
+            }
+            i.mode = (i.mode & libc::S_IFMT) | mode;
+            g.chmod_acl(&mut i)?;
+        }
+        i.atime = e.atime;
+        i.mtime = e.mtime;
+        g.st.put_inode(&i)?;
+        if g.delta.wants_flush(&g.st) {
+            drop(g);
+            self.s.ask_flush();
+        }
+        Ok(i.ino)
     }
+}
+
+/// A symlink target the volume stores.
+fn check_target(target: &[u8]) -> Result<()> {
+    if target.is_empty() {
+        return Err(Error::Invalid("empty symlink target".into()));
+    }
+    if target.contains(&0) {
+        return Err(Error::Invalid("symlink target contains a NUL byte".into()));
+    }
+    if target.len() > SYMLINK_MAX {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
+}
+
+/// The xattrs of `given` a caller (root or not) sets on a new inode of `kind`, decoded;
+/// the last of a name wins, and values the volume refuses are left out.
+fn settable_xattrs(given: &[(&[u8], &[u8])], kind: FileType, root: bool) -> Vec<Xattr> {
+    let mut out: Vec<Xattr> = Vec::new();
+    for (name, value) in given {
+        if !may_set_xattr(name, kind, root) || value.len() > xattr::VALUE_MAX {
+            continue;
+        }
+        let Ok((idx, suffix)) = xattr::split_name(name) else { continue };
+        if (idx == 2 || idx == 3) && (acl::decode(value).is_err() || (idx == 3 && kind != FileType::Directory)) {
+            continue;
+        }
+        out.retain(|x| !(x.idx == idx && x.name == suffix));
+        out.push(Xattr { idx, name: suffix.to_vec(), value: value.to_vec() });
+    }
+    out
 }
 
 /// Whether a copy as a caller (root or not) sets xattr `name` on an inode of `kind`, as

@@ -352,7 +352,13 @@ impl Shared {
         if nix::unistd::fchownat(cwd, c.as_c_str(), uid, gid, nofollow).is_err() && gid.is_some() {
             let _ = nix::unistd::fchownat(cwd, c.as_c_str(), None, gid, nofollow);
         }
-        if item.kind() != libc::S_IFLNK {
+        // A mode already right is left alone (cp -a sets none on a directory it merged
+        // into, so a directory of another owner gives no error).
+        let same = std::fs::symlink_metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.mode() & 0o7777 == item.mode & 0o7777
+        });
+        if item.kind() != libc::S_IFLNK && !same {
             let mode = nix::sys::stat::Mode::from_bits_truncate(item.mode & 0o7777);
             if let Err(e) =
                 nix::sys::stat::fchmodat(cwd, c.as_c_str(), mode, nix::sys::stat::FchmodatFlags::FollowSymlink)

@@ -499,12 +499,13 @@ mod tests {
         assert!(b.push(&NewEntry { name: b"l", mode: libc::S_IFLNK | 0o777, data: b"file", ..NewEntry::default() }));
         // Three such files fit in one batch; a fourth would pass IMPORT_SIZE.
         assert!(b.push(&e));
+        assert!(b.push(&e));
         assert!(!b.push(&e), "a batch never grows past IMPORT_SIZE");
-        assert_eq!(b.len(), 3);
+        assert_eq!(b.len(), 4);
         let bytes = b.bytes();
         assert_eq!(bytes.len(), IMPORT_SIZE);
         let d = ImportBatch::decode(&bytes).expect("decodes");
-        assert_eq!(d.len(), 3);
+        assert_eq!(d.len(), 4);
         assert_eq!(d[0].entry(), e);
         assert_eq!(d[1].name, b"l");
         assert_eq!(d[1].data, b"file");

@@ -3501,3 +3501,68 @@ fn run_dxfs(args: &[&str]) -> (i32, String, String) {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
+
+/// `dxfs import --tar` on a mount does what `tar -x` does with names met twice and
+/// links: a later entry replaces an earlier file or empty directory, a hard link finds a
+/// file under a directory the archive never listed, directories get their times after
+/// their contents; a name with `..` is refused and nothing lands outside.
+#[test]
+fn dxfs_import_replaces_and_refuses_as_tar_does() {
+    use tar::EntryType::{Directory, Link, Regular};
+    require_fuse!();
+    let s = Scratch::new(64);
+    let archive = s.tmp.path().join("t.tar");
+    let mut b = tar::Builder::new(File::create(&archive).unwrap());
+    let entry = |kind, name: &str, mode, mtime, size| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(name).unwrap();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(mtime);
+        h.set_size(size);
+        h.set_cksum();
+        h
+    };
+    let mut add = |kind, name: &str, mode, mtime, data: &[u8]| {
+        b.append(&entry(kind, name, mode, mtime, data.len() as u64), data).unwrap();
+    };
+    add(Directory, "empty/", 0o700, 1_500_000_000, b"");
+    add(Regular, "x", 0o640, 1_600_000_000, b"first");
+    add(Regular, "unlisted/sub/f", 0o640, 1_600_000_000, b"linked");
+    add(Regular, "x", 0o640, 1_600_000_000, b"second");
+    add(Regular, "empty", 0o640, 1_600_000_000, b"now a file");
+    add(Directory, "d/", 0o751, 1_400_000_000, b"");
+    add(Regular, "d/inside", 0o640, 1_600_000_000, b"made after d");
+    let mut link = entry(Link, "l", 0o644, 1, 0);
+    link.set_link_name("unlisted/sub/f").unwrap();
+    link.set_cksum();
+    b.append(&link, &[][..]).unwrap();
+    // The name is written raw: `set_path` refuses `..` itself.
+    let mut evil = entry(Regular, "placeholder", 0o644, 1, 5);
+    evil.as_old_mut().name = [0; 100];
+    evil.as_old_mut().name[..10].copy_from_slice(b"../outside");
+    evil.set_cksum();
+    b.append(&evil, &b"hello"[..]).unwrap();
+    b.finish().unwrap();
+    drop(b);
+    let m = s.mount(&[]);
+    let dst = s.path("t");
+    fs::create_dir(&dst).unwrap();
+    let (code, _, err) = run_dxfs(&["import", "--tar", archive.to_str().unwrap(), dst.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("../outside: a name with a '..' component is refused"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(errno(fs::symlink_metadata(s.path("outside"))), libc::ENOENT);
+    assert_eq!(fs::read(dst.join("x")).unwrap(), b"second");
+    assert_eq!(fs::read(dst.join("empty")).unwrap(), b"now a file");
+    let f = fs::metadata(dst.join("unlisted/sub/f")).unwrap();
+    let l = fs::metadata(dst.join("l")).unwrap();
+    assert_eq!((f.ino(), f.nlink()), (l.ino(), 2), "l is a hard link of unlisted/sub/f");
+    let d = fs::metadata(dst.join("d")).unwrap();
+    assert_eq!((d.mode() & 0o7777, d.mtime()), (0o751, 1_400_000_000), "d's time is set after its contents");
+    assert_eq!(fs::read(dst.join("d/inside")).unwrap(), b"made after d");
+    m.unmount();
+    s.fsck();
+}

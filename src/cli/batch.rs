@@ -5,11 +5,12 @@
 //! directory is not on a dxfs mount, when its contents do not fit in a batch, when its
 //! name is taken (the old entry is replaced, as `tar -x` replaces it; a directory is kept).
 //!
-//! A second thread sends the batches, one at a time, while this one reads the next
-//! files: the host's reads and the daemon's work overlap instead of taking turns.
-//! [`Sender::sync`] waits for every batch sent; the walk calls it where an entry must
-//! exist before it goes on (a directory to fill, a hard link's target, attributes set
-//! after a directory's contents).
+//! Two threads send the batches while this one reads the next files: the host's reads,
+//! the round trips and the daemon's work overlap instead of taking turns. Batches in
+//! flight together never name the same entry (a name met again waits for them: a later
+//! entry replaces an earlier one). [`Sender::sync`] waits for every batch sent; the walk
+//! calls it where an entry must exist before it goes on (a directory to fill, a hard
+//! link's target, attributes set after a directory's contents).
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -103,16 +104,15 @@ pub(crate) struct Shared {
     pub bar: indicatif::ProgressBar,
 }
 
-enum Msg {
-    Batch {
-        dir: PathBuf,
-        fd: Arc<File>,
-        batch: ImportBatch,
-        items: Vec<Item>,
-    },
-    /// Answered once every batch before it is done.
-    Barrier(mpsc::Sender<()>),
+struct Msg {
+    dir: PathBuf,
+    fd: Arc<File>,
+    batch: ImportBatch,
+    items: Vec<Item>,
 }
+
+/// Threads sending batches at once.
+const SENDERS: usize = 2;
 
 pub(crate) struct Sender {
     shared: Arc<Shared>,
@@ -121,7 +121,11 @@ pub(crate) struct Sender {
     batch: ImportBatch,
     pending: Vec<Item>,
     tx: Option<mpsc::SyncSender<Msg>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Batches handed over and not yet answered, and its signal.
+    in_flight: Arc<(parking_lot::Mutex<usize>, parking_lot::Condvar)>,
+    /// Names sent in the current directory since the last [`Sender::sync`].
+    sent: std::collections::HashSet<Vec<u8>>,
     /// The current directory has a default ACL, which new entries inherit.
     pub inherits_acl: bool,
 }
@@ -139,29 +143,34 @@ impl Sender {
             ok: AtomicBool::new(true),
             bar,
         });
-        // Two batches queued: the reader stays one ahead of the daemon, no further.
-        let (tx, rx) = mpsc::sync_channel::<Msg>(2);
-        let sh = shared.clone();
-        let worker = std::thread::Builder::new()
-            .name("dxfs-sender".into())
-            .spawn(move || {
-                for msg in rx {
-                    match msg {
-                        Msg::Batch { dir, fd, batch, items } => sh.send(&dir, &fd, &batch, &items),
-                        Msg::Barrier(done) => {
-                            let _ = done.send(());
-                        }
-                    }
-                }
+        // One batch queued beside those in flight: the reader stays just ahead.
+        let (tx, rx) = mpsc::sync_channel::<Msg>(1);
+        let rx = Arc::new(parking_lot::Mutex::new(rx));
+        let in_flight = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
+        let workers = (0..SENDERS)
+            .map(|_| {
+                let (sh, rx, flight) = (shared.clone(), rx.clone(), in_flight.clone());
+                std::thread::Builder::new()
+                    .name("dxfs-sender".into())
+                    .spawn(move || loop {
+                        let Ok(m) = rx.lock().recv() else { return };
+                        sh.send(&m.dir, &m.fd, &m.batch, &m.items);
+                        let mut n = flight.0.lock();
+                        *n -= 1;
+                        flight.1.notify_all();
+                    })
+                    .expect("a thread")
             })
-            .expect("a thread");
+            .collect();
         Sender {
             shared,
             dir: None,
             batch: ImportBatch::default(),
             pending: Vec::new(),
             tx: Some(tx),
-            worker: Some(worker),
+            workers,
+            in_flight,
+            sent: Default::default(),
             inherits_acl: false,
         }
     }
@@ -200,6 +209,7 @@ impl Sender {
         }
         self.flush();
         self.dir = None;
+        self.sent.clear();
         match open_dir(dir) {
             Ok(f) => {
                 self.inherits_acl = matches!(xattr::get(dir, DEFAULT_ACL), Ok(Some(_)));
@@ -220,6 +230,7 @@ impl Sender {
     /// Make `item` in the current directory: in the next batch, or at once by system
     /// calls when the daemon cannot take it.
     pub fn add(&mut self, item: Item) {
+        self.after_same_name(&item.name);
         if !self.shared.daemon.load(Relaxed) || !item.fits_with(0) {
             let path = self.dir_path().join(OsStr::from_bytes(&item.name));
             let data = item.data.clone();
@@ -236,27 +247,40 @@ impl Sender {
     /// Make a regular file whose contents `src` gives (too large for a batch), at once.
     /// Batches in flight may still be making other names.
     pub fn add_large(&mut self, item: Item, src: &mut dyn Read) {
+        self.after_same_name(&item.name);
         let path = self.dir_path().join(OsStr::from_bytes(&item.name));
         self.shared.by_syscalls(&path, &item, src);
     }
 
-    /// Hand the pending batch to the sending thread.
+    /// A name met again in this directory waits for what is in flight, which may be
+    /// making it (the later entry replaces the earlier).
+    fn after_same_name(&mut self, name: &[u8]) {
+        if self.sent.contains(name) {
+            self.sync();
+        }
+        self.sent.insert(name.to_vec());
+    }
+
+    /// Hand the pending batch to the sending threads.
     pub fn flush(&mut self) {
         if self.batch.is_empty() {
             return;
         }
         let (dir, fd) = self.dir.clone().expect("a batch belongs to a directory");
-        let msg =
-            Msg::Batch { dir, fd, batch: std::mem::take(&mut self.batch), items: std::mem::take(&mut self.pending) };
-        self.tx.as_ref().expect("sending").send(msg).expect("the sending thread lives as long as the sender");
+        let msg = Msg { dir, fd, batch: std::mem::take(&mut self.batch), items: std::mem::take(&mut self.pending) };
+        *self.in_flight.0.lock() += 1;
+        self.tx.as_ref().expect("sending").send(msg).expect("the sending threads live as long as the sender");
     }
 
     /// Send what is pending and wait until every batch is done.
     pub fn sync(&mut self) {
         self.flush();
-        let (done, wait) = mpsc::channel();
-        self.tx.as_ref().expect("sending").send(Msg::Barrier(done)).expect("the sending thread lives");
-        let _ = wait.recv();
+        let mut n = self.in_flight.0.lock();
+        while *n > 0 {
+            self.in_flight.1.wait(&mut n);
+        }
+        drop(n);
+        self.sent.clear();
         self.shared.bar.set_message(format!("{} copied", self.made()));
     }
 
@@ -270,7 +294,7 @@ impl Drop for Sender {
     fn drop(&mut self) {
         self.flush();
         drop(self.tx.take());
-        if let Some(w) = self.worker.take() {
+        for w in self.workers.drain(..) {
             let _ = w.join();
         }
     }
@@ -402,13 +426,12 @@ fn create(path: &Path, item: &Item, src: &mut dyn Read) -> io::Result<bool> {
             Ok(()) => return Ok(true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt == 0 => {
                 let old = std::fs::symlink_metadata(path)?;
-                if old.is_dir() {
-                    if item.kind() == libc::S_IFDIR {
-                        return Ok(false);
-                    }
-                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                match (old.is_dir(), item.kind() == libc::S_IFDIR) {
+                    (true, true) => return Ok(false),
+                    // An empty directory gives way, as tar replaces it; a full one stays.
+                    (true, false) => std::fs::remove_dir(path)?,
+                    (false, _) => std::fs::remove_file(path)?,
                 }
-                std::fs::remove_file(path)?;
             }
             Err(e) => return Err(e),
         }

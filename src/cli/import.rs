@@ -12,6 +12,7 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use dxfs::tools::import_tar::{components, pax_time};
 use tar::EntryType;
 
 use super::batch::{Item, Sender};
@@ -95,7 +96,7 @@ fn unpack<R: Read>(
 ) -> Result<(), String> {
     let raw = entry.path_bytes().into_owned();
     let shown = String::from_utf8_lossy(&raw).into_owned();
-    let parts = components(&raw).ok_or_else(|| format!("{shown}: a name with a '..' component is refused"))?;
+    let parts = components(&raw).map_err(|_| format!("{shown}: a name with a '..' component is refused"))?;
     let h = entry.header().clone();
     let kind = h.entry_type();
     let bad = |e: std::io::Error| format!("{shown}: {e}");
@@ -165,7 +166,7 @@ fn unpack<R: Read>(
     let path = parent.join(OsStr::from_bytes(name));
     if kind == EntryType::Link {
         let target = entry.link_name_bytes().ok_or_else(|| format!("{shown}: a hard link without a target"))?;
-        let tparts = components(&target).ok_or_else(|| format!("{shown}: a link target with '..' is refused"))?;
+        let tparts = components(&target).map_err(|_| format!("{shown}: a link target with '..' is refused"))?;
         let target = tparts.iter().fold(dest.to_path_buf(), |p, c| p.join(OsStr::from_bytes(c)));
         s.sync();
         if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_dir()) {
@@ -209,38 +210,10 @@ fn unpack<R: Read>(
                 entry.read_to_end(&mut item.data).map_err(bad)?;
                 s.add(item);
             } else {
-                // After the batches in flight: a name the archive gave before is replaced.
-                s.sync();
                 s.add_large(item, entry);
             }
         }
         _ => s.add(item),
     }
     Ok(())
-}
-
-/// An entry's name as components: `.` and empty ones dropped; `None` for a `..`.
-fn components(raw: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    for c in raw.split(|&b| b == b'/') {
-        match c {
-            b"" | b"." => {}
-            b".." => return None,
-            c => out.push(c),
-        }
-    }
-    Some(out)
-}
-
-/// A PAX time (`1700000000.123456789`, perhaps negative) as seconds and nanoseconds.
-fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
-    let sec: i64 = sec.parse().ok()?;
-    let digits: String = frac.chars().take(9).collect();
-    let mut nsec: u32 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
-    for _ in digits.len()..9 {
-        nsec *= 10;
-    }
-    Some((sec, nsec))
 }

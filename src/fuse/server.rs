@@ -41,7 +41,9 @@ const READDIRPLUS_BATCH: usize = 64;
 
 /// Where a direct write's (node id, offset, length) goes: a thread that tells the kernel to
 /// drop those cached pages (see `write`).
-pub(super) type Invalidations = Sender<(u64, i64, i64)>;
+/// Notifications the invalidator thread writes (encoded): those the kernel may make wait
+/// for a lock that a request held up behind the sender holds.
+pub(super) type Invalidations = Sender<Vec<u8>>;
 
 /// Serves a volume's requests; shared by every serving thread.
 pub(super) struct Server {
@@ -76,8 +78,8 @@ pub(super) struct Server {
     /// Files open for writing, with their handle counts: sharded, since every write open
     /// and release looks here, and every read open with the writeback cache.
     writers: Sharded<rustc_hash::FxHashMap<u64, u32>>,
-    /// The control path's last caller (see `control_caller`).
-    last_caller: parking_lot::Mutex<Option<(u32, Caller, std::time::Instant)>>,
+    /// The control path's recent callers, by thread and ids (see `control_caller`).
+    callers: parking_lot::Mutex<RecentCallers>,
     /// Directories a LOOKUP missed in, and when: the kernel may cache a negative entry
     /// there for `negative_timeout` (see `may_hold_negatives`).
     negatives: Sharded<rustc_hash::FxHashMap<u64, std::time::Instant>>,
@@ -88,6 +90,10 @@ pub(super) struct Server {
     /// entry would have waited: the answers so far, by request.
     imports_begun: parking_lot::Mutex<rustc_hash::FxHashMap<u64, Vec<i32>>>,
 }
+
+/// Callers of the control path by thread, user and group, with when their groups were
+/// read.
+type RecentCallers = rustc_hash::FxHashMap<(u32, u32, u32), (Caller, std::time::Instant)>;
 
 /// Most directories one shard of `Server::negatives` remembers.
 const NEGATIVES_PER_SHARD: usize = 4096;
@@ -211,7 +217,7 @@ impl Server {
             kept: AtomicU64::new(0),
             kernel_keeps_times: AtomicBool::new(false),
             writers: Sharded::new(10),
-            last_caller: parking_lot::Mutex::new(None),
+            callers: Default::default(),
             negatives: Sharded::new(10),
             negatives_lost: parking_lot::Mutex::new(None),
             imports_begun: Default::default(),
@@ -238,31 +244,40 @@ impl Server {
     /// kernel's back (an import) must then be dropped from its cache.
     fn may_hold_negatives(&self, dir: u64) -> bool {
         let ttl = self.opts.negative_timeout;
-        if ttl.is_zero() {
-            return false;
-        }
-        let recent = |at: &std::time::Instant| at.elapsed() < ttl;
-        self.negatives.shard(dir).get(&dir).is_some_and(recent)
-            || self.negatives_lost.lock().as_ref().is_some_and(recent)
+        !ttl.is_zero() && self.missed_since(dir, std::time::Instant::now().checked_sub(ttl))
+    }
+
+    /// Whether a LOOKUP missed in `dir` at or after `since` (None: ever), as far as
+    /// `negatives` remembers.
+    fn missed_since(&self, dir: u64, since: Option<std::time::Instant>) -> bool {
+        let after = |at: &std::time::Instant| since.is_none_or(|t| *at >= t);
+        self.negatives.shard(dir).get(&dir).is_some_and(after) || self.negatives_lost.lock().as_ref().is_some_and(after)
     }
 
     /// The caller of a control ioctl. Its supplementary groups come from
     /// `/proc/PID/status`, whose rendering costs ~25 µs, as much as the rest of an
     /// import batch's overhead; a command sends thousands of requests a second, so the
-    /// groups read for the same process, user and group are kept for `CALLER_FOR`. (A
-    /// process that drops a group with setgroups(2) and keeps its ids may be judged with
-    /// it that long.)
+    /// groups read for the same thread, user and group are kept for `CALLER_FOR` (at
+    /// most 64 callers). A thread that drops a group with setgroups(2) and keeps its ids
+    /// may be judged with it that long.
     fn control_caller(&self, h: &InHeader) -> Caller {
         const CALLER_FOR: std::time::Duration = std::time::Duration::from_millis(100);
         let now = std::time::Instant::now();
-        let mut last = self.last_caller.lock();
-        if let Some((pid, c, at)) = &*last {
-            if *pid == h.pid && c.uid == h.uid && c.gid == h.gid && now.duration_since(*at) < CALLER_FOR {
+        let key = (h.pid, h.uid, h.gid);
+        if let Some((c, at)) = self.callers.lock().get(&key) {
+            if now.duration_since(*at) < CALLER_FOR {
                 return c.clone();
             }
         }
         let c = caller_of(h);
-        *last = Some((h.pid, c.clone(), now));
+        let mut callers = self.callers.lock();
+        if callers.len() >= 64 {
+            callers.retain(|_, (_, at)| now.duration_since(*at) < CALLER_FOR);
+            if callers.len() >= 64 {
+                callers.clear();
+            }
+        }
+        callers.insert(key, (c.clone(), now));
         c
     }
 
@@ -322,7 +337,7 @@ impl Server {
                 for ino in writers {
                     // Offset -1: the attributes only, not the cached pages.
                     self.lookups.touched(ino);
-                    let _ = tx.send((self.fuse_ino(ino), -1, 0));
+                    let _ = tx.send(wire::notify_inval_inode(self.fuse_ino(ino), -1, 0));
                 }
             }
         } else if !near && self.near_full.load(Ordering::Relaxed) {
@@ -488,6 +503,7 @@ impl Server {
         if (out_size as usize) < 4 + 4 * entries.len() {
             return Reply::Error(libc::EINVAL);
         }
+        let began = std::time::Instant::now();
         let serving = SERVING.get();
         let drop_names = self.may_hold_negatives(ino);
         if serving && drop_names {
@@ -521,6 +537,17 @@ impl Server {
         }
         if errnos.contains(&0) {
             self.drop_attrs_now(h.nodeid);
+        }
+        // A LOOKUP that missed meanwhile may have left a name made here cached as missing:
+        // dropped by the invalidator thread, which may wait for the directory's lock.
+        if !drop_names && !self.opts.negative_timeout.is_zero() && self.missed_since(ino, Some(began)) {
+            if let Some(tx) = &*self.invalidate.lock() {
+                for (e, errno) in entries.iter().zip(&errnos) {
+                    if *errno == 0 {
+                        let _ = tx.send(wire::notify_inval_entry(h.nodeid, e.name));
+                    }
+                }
+            }
         }
         let mut out = Vec::with_capacity(16 + 4 + 4 * errnos.len());
         wire::encode_ioctl_out(0, &encode_import_reply(&errnos), &mut out);

@@ -365,17 +365,18 @@ fn set_readahead(conn: Option<Conn>, kb: u32) {
     }
 }
 
-/// The thread that tells the kernel to drop cached pages of ranges written with
-/// O_DIRECT (see the server's `write`). It ends when the server, and with it the
+/// The thread that tells the kernel what to drop when the sender must not wait for it:
+/// attributes of open writers near full, names an import made while a LOOKUP missed
+/// (see the server's `import`). It ends when the server, and with it the
 /// channel's sender, goes away.
 fn start_invalidator(dev: &Arc<File>, server: &Server) -> io::Result<()> {
-    let (tx, rx) = mpsc::channel::<(u64, i64, i64)>();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
     let thread_dev = dev.clone();
     std::thread::Builder::new().name("dxfs-inval".into()).spawn(move || {
-        for (ino, offset, len) in rx {
-            if let Err(e) = (&*thread_dev).write_all(&wire::notify_inval_inode(ino, offset, len)) {
-                // ENOENT: the kernel holds no inode for it, so nothing is cached.
-                tracing::debug!("page-cache invalidation of node {ino}: {e}");
+        for msg in rx {
+            if let Err(e) = (&*thread_dev).write_all(&msg) {
+                // ENOENT: the kernel holds no such inode or name, so nothing is cached.
+                tracing::debug!("invalidation: {e}");
             }
         }
     })?;

@@ -64,8 +64,9 @@ struct Unpacker<'a> {
     buf: Vec<u8>,
 }
 
-/// An entry's name as components: `.` and empty ones dropped, `..` refused.
-fn components(raw: &[u8]) -> std::result::Result<Vec<&[u8]>, Error> {
+/// An archive entry's name as components: `.` and empty ones dropped, `..` refused (a
+/// name must not leave the directory it is unpacked into).
+pub fn components(raw: &[u8]) -> std::result::Result<Vec<&[u8]>, Error> {
     let mut out = Vec::new();
     for c in raw.split(|&b| b == b'/') {
         match c {
@@ -78,7 +79,7 @@ fn components(raw: &[u8]) -> std::result::Result<Vec<&[u8]>, Error> {
 }
 
 /// A PAX time (`1700000000.123456789`, perhaps negative) as seconds and nanoseconds.
-fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
+pub fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
     let s = std::str::from_utf8(v).ok()?;
     let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
     let sec: i64 = sec.parse().ok()?;

@@ -3331,7 +3331,7 @@ fn trees_agree(a: &Path, b: &Path) {
 }
 
 /// A host tree with what `cp -a` keeps: small and large files (some past an import
-/// batch), a hard link across directories, symlinks, a fifo, user xattrs, access and
+/// batch), a hundred empty ones in one batch, a hard link across directories, symlinks, a fifo, user xattrs, access and
 /// default ACLs, a setgid directory, other owners, setuid, times with nanoseconds
 /// (directories' set after their contents).
 fn host_tree(top: &Path) {
@@ -3345,6 +3345,11 @@ fn host_tree(top: &Path) {
         fs::write(top.join(format!("sub/deep/g{i}")), pattern(i + 100, (i * 13) as usize)).unwrap();
     }
     fs::write(top.join("big"), pattern(7, 300_000)).unwrap();
+    // A batch of more entries than a serving thread makes before it hands the rest on.
+    fs::create_dir(top.join("many")).unwrap();
+    for i in 0..100 {
+        fs::write(top.join(format!("many/e{i}")), b"").unwrap();
+    }
     fs::hard_link(top.join("f3"), top.join("sub/hard")).unwrap();
     std::os::unix::fs::symlink("f1", top.join("link")).unwrap();
     std::os::unix::fs::symlink("x".repeat(200), top.join("sub/long-link")).unwrap();

@@ -16,7 +16,7 @@ use super::attrs::may_change_entries;
 use super::delta::{Cost, Delta};
 use super::locks::Mode;
 use super::namespace::new_owner;
-use super::{type_of, Caller, FileType, Inner, NewNode, Volume, WriteAs, SYMLINK_MAX};
+use super::{type_of, Caller, FileType, Inner, NewNode, Volume, WriteAs, SYMLINK_MAX, WRITE_CHUNK};
 
 /// What one step of emptying a directory did ([`Volume::empty_step`]).
 #[derive(Debug, Default)]
@@ -271,7 +271,8 @@ impl Volume {
     /// the volume refuses (a bad ACL, a list past its room) are left out. A parent's
     /// default ACL is inherited unless `e` brings its own access ACL. A directory is only
     /// made, with its owner's read, write and search bits added; the caller sets its
-    /// attributes after its contents. Returns the new inode.
+    /// attributes after its contents. Contents past 4 MiB are refused (`TooBig`): make
+    /// the file, then write them. Returns the new inode.
     pub fn import_entry(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<u64> {
         self.import_entry_by(dir, e, caller)
     }
@@ -305,6 +306,10 @@ impl Volume {
             FileType::RegularFile | FileType::Symlink => e.data,
             _ => &[],
         };
+        // One operation charges all of it: larger contents are written after, in pieces.
+        if data.len() > WRITE_CHUNK {
+            return Err(Error::TooBig);
+        }
         let given = settable_xattrs(e.xattrs, kind, root);
         let listed: usize = given.iter().map(|x| 6 + x.name.len() + x.value.len()).sum();
         let inline_link = kind == FileType::Symlink && data.len() <= INLINE_DATA;

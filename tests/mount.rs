@@ -3571,3 +3571,88 @@ fn dxfs_import_replaces_and_refuses_as_tar_does() {
     m.unmount();
     s.fsck();
 }
+
+/// An unprivileged `dxfs import --tar` refuses what `tar -x` refuses, at the same
+/// entries (a directory of root's it would unpack into), gives the caller's ids and the
+/// modes less the umask as `tar -x` does for a user, and leaves the same tree.
+#[test]
+fn dxfs_import_refuses_what_tar_refuses() {
+    use tar::EntryType::{Directory, Regular, Symlink};
+    require_fuse!();
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_err() {
+        skipping("dxfs_import_refuses_what_tar_refuses: setpriv not found");
+        return;
+    }
+    let s = Scratch::new(64);
+    let archive = s.tmp.path().join("t.tar");
+    let mut b = tar::Builder::new(File::create(&archive).unwrap());
+    let mut add = |kind, name: &str, mode, data: &[u8], link: Option<&str>| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(name).unwrap();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(1234);
+        h.set_gid(55);
+        h.set_mtime(1_600_000_000);
+        h.set_size(data.len() as u64);
+        if let Some(l) = link {
+            h.set_link_name(l).unwrap();
+        }
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    };
+    add(Directory, "top/", 0o775, b"", None);
+    add(Regular, "top/setuid", 0o4777, b"s", None);
+    add(Regular, "top/plain", 0o666, b"p", None);
+    add(Symlink, "top/link", 0o777, b"", Some("plain"));
+    add(Directory, "top/roots/", 0o755, b"", None);
+    add(Regular, "top/roots/r1", 0o644, b"r", None);
+    add(Regular, "top/roots/r2", 0o644, b"r", None);
+    add(Directory, "top/sub/", 0o700, b"", None);
+    add(Regular, "top/sub/f", 0o640, b"f", None);
+    b.finish().unwrap();
+    drop(b);
+    fs::set_permissions(s.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    let m = s.mount(&["--allow-other"]);
+    fs::set_permissions(&s.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    let stamp = TimeSpec::new(1_000_000_000, 0);
+    for side in ["a", "b"] {
+        fs::create_dir_all(s.path(&format!("{side}/top/roots"))).unwrap();
+        for p in ["", "/top"] {
+            std::os::unix::fs::chown(s.path(&format!("{side}{p}")), Some(65534), Some(65534)).unwrap();
+        }
+        utimensat(AT_FDCWD, &s.path(&format!("{side}/top/roots")), &stamp, &stamp, UtimensatFlags::NoFollowSymlink)
+            .unwrap();
+    }
+    let q = |p: &Path| format!("'{}'", p.display());
+    let tar = as_nobody(&format!("cd {} && umask 022 && LC_ALL=C tar -xf {} -C a", q(&s.mnt), q(&archive)));
+    let dxfs_bin = q(Path::new(env!("CARGO_BIN_EXE_dxfs")));
+    let ours = as_nobody(&format!("cd {} && umask 022 && {dxfs_bin} import --tar {} b", q(&s.mnt), q(&archive)));
+    // tar: "tar: top/roots/r1: Cannot open: Permission denied"; dxfs: "dxfs import:
+    // cannot create regular file 'b/top/roots/r1': Permission denied".
+    let refused = |out: &std::process::Output| -> BTreeSet<String> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter_map(|l| {
+                if let Some(rest) = l.strip_prefix("tar: ") {
+                    rest.split_once(": Cannot open").map(|(p, _)| p.to_string())
+                } else {
+                    l.split_once("cannot create regular file 'b/")
+                        .map(|(_, r)| r.trim_end_matches("': Permission denied").to_string())
+                }
+            })
+            .collect()
+    };
+    let (want, got) = (refused(&tar), refused(&ours));
+    assert_eq!(want, BTreeSet::from(["top/roots/r1".to_string(), "top/roots/r2".to_string()]), "{tar:?}");
+    assert_eq!(got, want, "dxfs import said:\n{}", String::from_utf8_lossy(&ours.stderr));
+    assert_eq!(tar.status.code(), Some(2));
+    assert_eq!(ours.status.code(), Some(2));
+    let f = fs::metadata(s.path("b/top/setuid")).unwrap();
+    // tar -x for a user restores no setuid bit.
+    assert_eq!((f.uid(), f.gid(), f.mode() & 0o7777), (65534, 65534, 0o755));
+    trees_agree(&s.path("a/top"), &s.path("b/top"));
+    m.unmount();
+    s.fsck();
+}

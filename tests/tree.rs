@@ -350,9 +350,10 @@ fn import_entry_follows_the_kernels_rules() {
     assert!(matches!(vol.import_entry(open, &f, &u), Err(Error::Exists)));
     let chr = NewEntry { name: b"tty", mode: libc::S_IFCHR | 0o600, rdev: 0x0501, ..f };
     assert!(matches!(vol.import_entry(open, &chr, &u), Err(Error::NotPermitted)));
-    let l = entry(b"l", libc::S_IFLNK | 0o777, b"../somewhere", &[(b"user.a", b"1")]);
+    let l = entry(b"l", libc::S_IFLNK | 0o700, b"../somewhere", &[(b"user.a", b"1")]);
     let ino = vol.import_entry(open, &l, &u).unwrap();
     assert_eq!(vol.readlink(ino).unwrap(), b"../somewhere");
+    assert_eq!(vol.getattr(ino).unwrap().mode & 0o777, 0o777, "a symlink's bits are all set");
     assert!(vol.listxattr(ino).unwrap().is_empty());
     assert_eq!(vol.getattr(ino).unwrap().mtime, l.mtime);
     // A directory is made open to its owner; its attributes come later.

@@ -113,7 +113,9 @@ fn unpack<R: Read>(
     };
     let mut perm = h.mode().map_err(bad)? & 0o7777;
     if !root {
-        perm &= !umask;
+        // As tar -x for a user (--no-same-permissions): the umask applies, and the
+        // setuid, setgid and sticky bits are not restored.
+        perm &= 0o777 & !umask;
     }
     let (mut uid, mut gid) = (u32::MAX, u32::MAX);
     if root {

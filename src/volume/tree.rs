@@ -328,7 +328,9 @@ impl Volume {
         })?;
         may_change_entries(&mut g.st.tx(), &p, caller)?;
         let type_bits = e.mode & libc::S_IFMT;
-        let (mode, gid) = new_owner(&p, type_bits | (perm & 0o777), caller.gid);
+        // A symlink's permission bits are always all set (they mean nothing).
+        let bits = if kind == FileType::Symlink { 0o777 } else { perm & 0o777 };
+        let (mode, gid) = new_owner(&p, type_bits | bits, caller.gid);
         let (mode, inherited) = g.inherited(&p, mode, 0)?;
         let (_, mut i) = g.create_node(p, e.name, mode, caller.uid, gid, e.rdev)?;
         if inline_link {

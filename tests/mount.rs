@@ -3656,3 +3656,42 @@ fn dxfs_import_refuses_what_tar_refuses() {
     m.unmount();
     s.fsck();
 }
+
+/// Ctrl-C stops `dxfs cp -a` between batches: exit 130, part of the tree copied, every
+/// file there whole (each entry is one operation in the daemon).
+#[test]
+fn dxfs_cp_stops_cleanly_at_ctrl_c() {
+    require_fuse!();
+    let s = Scratch::new(128);
+    let src = s.tmp.path().join("src");
+    const DIRS: usize = 300;
+    for d in 0..DIRS {
+        let dir = src.join(format!("d{d:03}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..10u64 {
+            fs::write(dir.join(format!("f{f}")), pattern(f, 3000 + f as usize)).unwrap();
+        }
+    }
+    let m = s.mount(&[]);
+    let dst = s.path("dst");
+    let child = dxfs().args(["cp", "-a"]).arg(&src).arg(&dst).stderr(Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    // The directories are made first, then filled one by one.
+    while !dst.join("d002/f0").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the copy never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted after copying"), "{err}");
+    let copied: Vec<PathBuf> = walk_all(&dst).into_iter().filter(|p| p.is_file()).collect();
+    assert!(!copied.is_empty() && copied.len() < DIRS * 10, "{} of {} files copied", copied.len(), DIRS * 10);
+    for p in copied {
+        let rel = p.strip_prefix(&dst).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), fs::read(src.join(rel)).unwrap(), "{} is not whole", rel.display());
+    }
+    m.unmount();
+    s.fsck();
+}

@@ -46,8 +46,9 @@ pub fn run(a: CpArgs) -> i32 {
     if srcs.len() > 1 && !into {
         return super::fail(format!("cp: target '{}' is not a directory", dest.display()), 1);
     }
-    let mut c =
-        Copier { s: Sender::new("cp"), seen: HashMap::new(), interrupt: super::rm::catch_interrupt(), stopped: false };
+    // SIGINT blocked first: the sending threads inherit the mask.
+    let interrupt = super::rm::catch_interrupt();
+    let mut c = Copier { s: Sender::new("cp"), seen: HashMap::new(), interrupt, stopped: false };
     for src in srcs {
         let (parent, name) = if into {
             (dest.clone(), src.file_name())

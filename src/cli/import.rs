@@ -45,8 +45,9 @@ pub fn run(a: ImportArgs) -> i32 {
         nix::sys::stat::umask(m);
         m.bits()
     };
-    let mut s = Sender::new("import");
+    // SIGINT blocked first: the sending threads inherit the mask.
     let interrupt = super::rm::catch_interrupt();
+    let mut s = Sender::new("import");
     let mut dirs: Vec<(PathBuf, Item)> = Vec::new();
     let mut seen = HashSet::from([a.dest.clone()]);
     let mut archive = tar::Archive::new(input);

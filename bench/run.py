@@ -4,9 +4,14 @@
     python3 bench/run.py --quick --report docs/bench/NAME.md
     python3 bench/run.py --full --fs dxfs,ext4 --workloads lsrm,steady
     python3 bench/run.py --from-json bench/results/run-....json --report docs/bench/NAME.md
+    python3 bench/run.py --quick --delay-ms 1 --report docs/bench/NAME.md   # storage with 1 ms latency
 
 Every filesystem gets a fresh volume of the same size per workload, on a loop device
 backed by a sparse file on /dev/shm. Needs root. See bench/README.md.
+
+--delay-ms D serves each volume's file through nbdkit's delay filter instead (D ms on
+every read and write, flushes not delayed): kernel filesystems and fuse2fs on a loop
+device over nbdfuse, dxfs through its own NBD client (no loop device, so no block counters).
 """
 
 import argparse
@@ -52,6 +57,13 @@ def parse_args(argv):
     p.add_argument("--report", help="Markdown file whose generated section to (re)write, e.g. docs/bench/NAME.md")
     p.add_argument("--plots", help="directory for the PNGs (default: bench/ beside the report, else OUT/plots)")
     p.add_argument("--dxfs-bin", default=default_dxfs_binary(), help="the dxfs binary (default: %(default)s)")
+    p.add_argument(
+        "--delay-ms",
+        type=_delay,
+        metavar="D",
+        help="storage with latency: serve every volume through nbdkit's delay filter, D ms on each read and write "
+        "(0: nbdkit without the filter); default: none, a loop device over tmpfs",
+    )
     p.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
     p.add_argument("--from-json", help="do not run: rewrite the report from this results file")
@@ -69,6 +81,13 @@ def parse_args(argv):
         p.error("--tiny goes with --quick")
     args.mode = "tiny" if args.tiny else "full" if args.full else "quick"
     return args
+
+
+def _delay(text):
+    """Whole milliseconds: what nbdkit's delay filter takes."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole milliseconds, e.g. 1")
+    return int(text)
 
 
 def _selection(parser, flag, text, known):
@@ -133,6 +152,9 @@ def keep_results(run, path, log):
     if old["scale"] != json.loads(json.dumps(run["scale"])):
         log(f"--keep-from {path}: its workload sizes differ from this run's; nothing kept")
         return
+    if report.storage_of(old) != report.storage_of(run):
+        log(f"--keep-from {path}: it ran on other storage ({report.storage_of(old)['text']}); nothing kept")
+        return
     taken = set()
     # Workloads this run did not do come over whole (their dxfs results included).
     for key, wl in old.get("workloads", {}).items():
@@ -188,6 +210,7 @@ def main(argv):
         args.workload_keys,
         install=not args.no_install,
         progress=progress,
+        delay_ms=args.delay_ms,
     )
     try:
         run = runner.run(command_line(argv))

@@ -57,12 +57,24 @@ def _snapshot(vol):
         "t": time.monotonic(),
         "app_cpu": system.own_cpu_seconds(),
         "daemon_cpu": system.process_cpu_seconds(pid) if pid else None,
-        "disk": system.block_stats(vol.devname),
+        "disk": _disk(vol),
     }
 
 
+def _disk(vol):
+    """The volume's block counters; None without a device of its own (dxfs on NBD)."""
+    return system.block_stats(vol.devname) if vol.devname else None
+
+
 def _disk_delta(before, after):
+    """Counter differences; each None when the volume has no block device to count."""
+    if before is None or after is None:
+        return dict.fromkeys(system.BLOCK_STAT_KEYS)
     return {k: after[k] - before[k] for k in before}
+
+
+def _mib(sectors):
+    return None if sectors is None else round(sectors * SECTOR / MIB, 3)
 
 
 def _measure(before, after):
@@ -78,9 +90,13 @@ def _measure(before, after):
         "daemon_cpu_s": daemon,
         "cpu_s": round(app + (daemon or 0.0), 3),
         **disk,
-        "read_mib": round(disk["read_sectors"] * SECTOR / MIB, 3),
-        "write_mib": round(disk["write_sectors"] * SECTOR / MIB, 3),
+        "read_mib": _mib(disk["read_sectors"]),
+        "write_mib": _mib(disk["write_sectors"]),
     }
+
+
+def _count(value):
+    return "-" if value is None else value
 
 
 class Phase:
@@ -138,11 +154,11 @@ class Ctx:
         writing phase since the volume was mounted (the one whose data it most likely is)."""
         if vol.mounted is None:
             return
-        before = system.block_stats(vol.devname)
+        before = _disk(vol)
         t0 = time.monotonic()
         vol.unmount()
         unmount_s = time.monotonic() - t0
-        after = system.block_stats(vol.devname)
+        after = _disk(vol)
         target = self._last_writer
         if target is not None and "after_unmount" not in target:
             spill = _disk_delta(before, after)
@@ -171,14 +187,15 @@ class Ctx:
         """Unmount, drop every cache, mount again; I/O done by the unmount goes to the last phase."""
         self._unmount_measured(self.vol)
         system.drop_caches()
-        before = system.block_stats(self.vol.devname)
+        before = _disk(self.vol)
         t0 = time.monotonic()
         self.vol.mount()
-        self._at_mount = _disk_delta(before, system.block_stats(self.vol.devname))
+        self._at_mount = _disk_delta(before, _disk(self.vol))
         self._at_mount["wall_s"] = round(time.monotonic() - t0, 3)
 
     def flush(self):
-        """Make the phase's writes reach the loop device: syncfs the mount, fsync the device.
+        """Make the phase's writes reach the loop device: syncfs the mount, fsync the device
+        (dxfs on NBD has none: its commit flushes the export itself).
 
         Returns None, or the error syncfs reported (kept in the phase and the notes, since a
         filesystem that cannot sync is a finding, not a reason to stop measuring).
@@ -198,6 +215,8 @@ class Ctx:
         except OSError as e:
             error = f"sync: {e.strerror} (errno {e.errno})"
             self.note(error)
+        if self.vol.devname is None:
+            return error
         fd = os.open(self.vol.dev, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -249,7 +268,7 @@ class Ctx:
         self.result["phases"].append(rec)
         self._progress.log(
             f"{self._label}: {name:<22} {rec['wall_s']:9.3f} s  cpu {rec['cpu_s']:7.3f} s  "
-            f"rd {rec['read_requests']:>7}  wr {rec['write_requests']:>7}"
+            f"rd {_count(rec['read_requests']):>7}  wr {_count(rec['write_requests']):>7}"
             + (f"  {rec['us_per_op']:.1f} us/op" if rec["us_per_op"] else "")
             + ("" if outcome == "ok" else f"  [{outcome}]")
         )

@@ -2,7 +2,10 @@
 device, formatted, mounted, checked and torn down.
 
 Every filesystem, dxfs included, sits on a loop device so that /sys/block/loopN/stat
-counts its I/O the same way.
+counts its I/O the same way. With a delay (storage with latency) the file is served by
+nbdkit's delay filter instead: kernel filesystems and fuse2fs sit on a loop device over
+nbdfuse's view of the export, dxfs uses its own NBD client and so has no loop device
+(no counters).
 """
 
 import os
@@ -23,6 +26,7 @@ class Filesystem:
     name = ""
     kind = ""  # "kernel" or "fuse"
     tools = ()
+    nbd_client = False  # takes an nbd+unix:// URI wherever it takes a device
 
     def mkfs_cmd(self, dev):
         raise NotImplementedError
@@ -42,13 +46,13 @@ class Filesystem:
         missing = system.missing_tools(self.tools)
         return f"{', '.join(missing)} not installed" if missing else None
 
-    def describe(self):
+    def describe(self, dev="DEV"):
         """The exact commands used, with placeholders, for the report."""
         return {
             "kind": self.kind,
-            "mkfs": " ".join(self.mkfs_cmd("DEV")),
-            "mount": " ".join(self.mount_cmd("DEV", "DIR")),
-            "fsck": " ".join(self.fsck_cmd("DEV")),
+            "mkfs": " ".join(self.mkfs_cmd(dev)),
+            "mount": " ".join(self.mount_cmd(dev, "DIR")),
+            "fsck": " ".join(self.fsck_cmd(dev)),
         }
 
 
@@ -68,7 +72,13 @@ class KernelFs(Filesystem):
         return ["mount", "-t", self._fstype, dev, mnt]
 
     def mount(self, dev, mnt, log_path):
-        run(self.mount_cmd(dev, mnt), timeout=120)
+        try:
+            run(self.mount_cmd(dev, mnt), timeout=120)
+        except BaseException:
+            # Stopped half way (a signal, a timeout): the kernel may have mounted all the same.
+            if system.mount_entry(mnt) is not None:
+                run(["umount", "-l", mnt], check=False, timeout=60)
+            raise
         return KernelMount(mnt)
 
 
@@ -102,7 +112,15 @@ class FuseFs(Filesystem):
             )
         finally:
             log.close()
-        system.wait_until(lambda: proc.poll() is not None or system.mount_entry(mnt), timeout=60)
+        try:
+            system.wait_until(lambda: proc.poll() is not None or system.mount_entry(mnt), timeout=60)
+        except BaseException:
+            # A stop signal while it starts (long on slow storage): nothing has registered
+            # this daemon yet, so stop it here rather than leave it behind.
+            if system.mount_entry(mnt) is not None:
+                run(["umount", "-l", mnt], check=False, timeout=60)
+            _stop_process(proc)
+            raise
         entry = system.mount_entry(mnt)
         if entry is None:
             if proc.poll() is None:
@@ -115,6 +133,8 @@ class FuseFs(Filesystem):
 
 class Dxfs(FuseFs):
     """dxfs through its FUSE mount (`dxfs mount DEV DIR`, foreground)."""
+
+    nbd_client = True
 
     def __init__(self, binary, name="dxfs", options=()):
         self.binary = binary
@@ -132,8 +152,8 @@ class Dxfs(FuseFs):
             return f"dxfs binary not found ({self.binary or 'none given'}); build it or pass --dxfs-bin"
         return super().unavailable_reason()
 
-    def describe(self):
-        d = super().describe()
+    def describe(self, dev="DEV"):
+        d = super().describe(dev)
         d["note"] = "the runner starts the daemon in the foreground (same as --daemon minus the fork) to know its pid"
         return d
 
@@ -245,6 +265,25 @@ class FuseMount:
                 f.write("1\n")
 
 
+def _start_daemon(cmd, log_path):
+    """Start a server of the volume in the foreground, its output in the volume's log, in its
+    own session (Ctrl-C must reach the runner, not pull the storage from under a mount)."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [str(c) for c in cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+
+
+def _wait_for_pidfile(proc, pidfile, what, log_path, timeout=30):
+    """Wait until `proc` has written its pid file (it serves from then on)."""
+    system.wait_until(lambda: proc.poll() is not None or (pidfile.exists() and pidfile.stat().st_size > 0), timeout)
+    if proc.poll() is not None:
+        text = Path(log_path).read_text(errors="replace")
+        raise CommandError(f"{what} exited {proc.returncode} before serving: {system.tail(text)}")
+    if not (pidfile.exists() and pidfile.stat().st_size > 0):
+        raise CommandError(f"{what} did not start serving within {timeout} s")
+
+
 def _stop_process(proc):
     """SIGTERM, then SIGKILL, one child process of ours (by its pid); return its exit code."""
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
@@ -258,30 +297,105 @@ def _stop_process(proc):
     return proc.poll()
 
 
-class Volume:
-    """One filesystem on one loop device backed by a sparse file on tmpfs."""
+def storage(delay_ms):
+    """What every volume of a run sits on, for the results and the report."""
+    if delay_ms is None:
+        return {"kind": "tmpfs", "delay_ms": None, "text": "sparse file on /dev/shm behind a loop device"}
+    detail = "a sparse file on /dev/shm served by `nbdkit file` on a Unix socket"
+    if delay_ms:
+        detail += (
+            f" behind its delay filter (`rdelay={delay_ms}ms wdelay={delay_ms}ms`: every read, write, zero and "
+            "trim waits that long, flushes do not)"
+        )
+    detail += (
+        ", one nbdkit per volume; kernel filesystems and fuse2fs on a loop device over nbdfuse's file of the "
+        "export, dxfs on the export itself through its own NBD client (`nbd+unix:///?socket=SOCK`)"
+    )
+    return {
+        "kind": "nbdkit-delay" if delay_ms else "nbdkit",
+        "delay_ms": delay_ms,
+        "text": f"nbdkit delay filter, {delay_ms} ms a request" if delay_ms else "nbdkit, no delay added",
+        "detail": detail,
+    }
 
-    def __init__(self, fs, size, workdir, teardown, label):
+
+def device_placeholder(fs, delay_ms):
+    """What stands for the device in the commands the report shows."""
+    return "nbd+unix:///?socket=SOCK" if delay_ms is not None and fs.nbd_client else "DEV"
+
+
+class Volume:
+    """One filesystem on one loop device backed by a sparse file on tmpfs.
+
+    `delay_ms=D`: storage with latency instead: the file is served on a Unix socket by
+    `nbdkit file` behind its delay filter (D ms on every read and write, zero and trim
+    included, flushes not delayed; D=0: no filter). Kernel filesystems and fuse2fs go on
+    a loop device over nbdfuse's view of the export; dxfs gets the export's URI (`dev`)
+    and no loop device (`devname` None: no block counters)."""
+
+    def __init__(self, fs, size, workdir, teardown, label, delay_ms=None):
         self.fs, self.size, self.teardown = fs, size, teardown
+        self.delay_ms = delay_ms
         self.image = Path(workdir) / f"{label}.img"
         self.mnt = Path(workdir) / f"mnt-{label}"
         self.log_path = Path(workdir) / f"{label}.log"
+        self.nbd_log_path = Path(workdir) / f"{label}-nbd.log"  # apart: log_path is the FUSE daemon's, reported
+        self.socket = Path(workdir) / f"{label}.sock"
+        self.nbdfuse_dir = Path(workdir) / f"nbdfuse-{label}"
         self.dev = None
         self.devname = None
         self.mounted = None
-        self._loop_token = None
+        self._nbdkit = None
+        self._nbdfuse = None
+        self._undo = []  # (teardown token, action) of what create() made, oldest first
         self._mount_token = None
 
     # -- lifecycle -------------------------------------------------------------------
     def create(self):
-        """Backing file, loop device and mkfs."""
+        """Backing file, what the filesystem goes on (loop device or NBD URI), and mkfs."""
         self.mnt.mkdir(parents=True, exist_ok=True)
         with open(self.image, "wb") as f:
             f.truncate(self.size)
-        self.dev = run(["losetup", "--find", "--show", self.image]).stdout.strip()
-        self.devname = os.path.basename(self.dev)
-        self._loop_token = self.teardown.push(f"detach {self.dev}", self._detach)
+        self._push(f"remove {self.image}", self._remove_files)
+        backing = self.image
+        if self.delay_ms is not None:
+            uri = self._serve_nbd()
+            if self.fs.nbd_client:
+                self.dev = uri
+            else:
+                backing = self._nbdfuse_file(uri)
+        if self.dev is None:
+            self.dev = run(["losetup", "--find", "--show", backing]).stdout.strip()
+            self.devname = os.path.basename(self.dev)
+            self._push(f"detach {self.dev}", self._detach)
         run(self.fs.mkfs_cmd(self.dev), timeout=300)
+
+    def _push(self, label, action):
+        """Register an undo step with the run's teardown and remember it for destroy()."""
+        self._undo.append((self.teardown.push(label, action), action))
+
+    def _serve_nbd(self):
+        """Start nbdkit on the image (behind the delay filter); return the export's URI."""
+        pidfile = self.socket.with_suffix(".nbdkit.pid")
+        cmd = ["nbdkit", "-f", "-U", self.socket, "-P", pidfile]
+        if self.delay_ms:
+            cmd += ["--filter=delay"]
+        cmd += ["file", f"file={self.image}"]
+        if self.delay_ms:
+            cmd += [f"rdelay={self.delay_ms}ms", f"wdelay={self.delay_ms}ms"]
+        self._nbdkit = _start_daemon(cmd, self.nbd_log_path)
+        self._push(f"stop nbdkit {self._nbdkit.pid}", self._stop_nbdkit)
+        _wait_for_pidfile(self._nbdkit, pidfile, "nbdkit", self.nbd_log_path)  # written once it listens
+        return f"nbd+unix:///?socket={self.socket}"
+
+    def _nbdfuse_file(self, uri):
+        """Mount nbdfuse's view of the export; return the file a loop device goes on."""
+        self.nbdfuse_dir.mkdir(exist_ok=True)
+        pidfile = self.socket.with_suffix(".nbdfuse.pid")
+        self._nbdfuse = _start_daemon(["nbdfuse", "-P", pidfile, self.nbdfuse_dir, uri], self.nbd_log_path)
+        self._push(f"stop nbdfuse {self._nbdfuse.pid}", self._stop_nbdfuse)
+        _wait_for_pidfile(self._nbdfuse, pidfile, "nbdfuse", self.nbd_log_path)  # written once it serves
+        return self.nbdfuse_dir / "nbd"
 
     def mount(self):
         self.mounted = self.fs.mount(self.dev, str(self.mnt), self.log_path)
@@ -306,17 +420,19 @@ class Volume:
         }
 
     def destroy(self, check=True):
-        """Unmount, optionally fsck, detach and delete the backing file; return the fsck result."""
+        """Unmount, optionally fsck, detach, stop the NBD servers and delete the backing
+        file; return the fsck result."""
         result = None
         try:
             self.unmount()
             if check and self.dev and not cleanup.stopping():
                 result = self.fsck()
         finally:
-            if self._loop_token is not None:
-                self.teardown.forget(self._loop_token)
-                self._loop_token = None
-                self._detach()
+            # Newest first: loop device, nbdfuse, nbdkit, then the files they used.
+            while self._undo:
+                token, action = self._undo.pop()
+                self.teardown.forget(token)
+                action()
         return result
 
     def _detach(self):
@@ -325,7 +441,7 @@ class Volume:
                 self.unmount()
             except Exception:
                 pass
-        if self.dev:
+        if self.devname:
             for _ in range(50):
                 if run(["losetup", "-d", self.dev], check=False).returncode == 0:
                     break
@@ -333,8 +449,36 @@ class Volume:
             else:
                 # Still busy: autoclear detaches it when the last user closes it.
                 run(["losetup", "-d", self.dev], check=False)
-            self.dev = None
-        self.image.unlink(missing_ok=True)
+            self.dev = self.devname = None
+
+    def _stop_nbdfuse(self):
+        """Unmount nbdfuse's view (it then exits); stop it by its pid if it will not."""
+        if self._nbdfuse is None:
+            return
+        if os.path.ismount(self.nbdfuse_dir):
+            run(["fusermount3", "-u", self.nbdfuse_dir], check=False, timeout=60)
+        try:
+            self._nbdfuse.wait(timeout=2 if cleanup.stopping() else 30)
+        except subprocess.TimeoutExpired:
+            _stop_process(self._nbdfuse)
+            run(["umount", "-l", self.nbdfuse_dir], check=False, timeout=60)
+        self._nbdfuse = None
+        try:
+            self.nbdfuse_dir.rmdir()
+        except OSError:
+            pass
+
+    def _stop_nbdkit(self):
+        if self._nbdkit is not None:
+            _stop_process(self._nbdkit)
+            self._nbdkit = None
+        if self.dev and self.devname is None:
+            self.dev = None  # the export's URI: nothing to detach
+
+    def _remove_files(self):
+        pidfiles = (self.socket.with_suffix(".nbdkit.pid"), self.socket.with_suffix(".nbdfuse.pid"))
+        for path in (self.image, self.socket, *pidfiles):
+            path.unlink(missing_ok=True)
         try:
             self.mnt.rmdir()
         except OSError:

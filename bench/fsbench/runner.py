@@ -13,7 +13,7 @@ from . import system
 from .cleanup import Teardown, Watchdog
 from .context import Ctx, PhaseTimeout, Progress
 from .datagen import Inputs
-from .filesystems import MIB, Volume
+from .filesystems import MIB, Volume, device_placeholder, storage
 from .floor import python_floor
 from .report import add_ratios
 from .workloads import WORKLOADS
@@ -47,8 +47,9 @@ def host_unavailable_reason():
 
 
 class Runner:
-    def __init__(self, scale, fs_all, fs_names, workload_keys, install=True, progress=None):
+    def __init__(self, scale, fs_all, fs_names, workload_keys, install=True, progress=None, delay_ms=None):
         self.scale = scale
+        self.delay_ms = delay_ms  # None: tmpfs; else every volume is served by nbdkit with this delay
         self.fs_all = fs_all
         self.fs_names = fs_names
         self.workloads = [WORKLOADS[k] for k in workload_keys]
@@ -66,6 +67,8 @@ class Runner:
         tools = {t for n in self.fs_names for t in self.fs_all[n].tools}
         tools |= {t for w in self.workloads for t in w.tools}
         tools |= {"losetup", "tar"}
+        if self.delay_ms is not None:
+            tools |= {"nbdkit", "nbdfuse", "fusermount3"}
         if self.install:
             system.install_tools(sorted(tools), self.log)
 
@@ -79,6 +82,9 @@ class Runner:
             "fio": system.tool_version(["fio", "--version"]),
             "tar": system.tool_version(["tar", "--version"]),
         }
+        if self.delay_ms is not None:
+            versions["nbdkit"] = system.tool_version(["nbdkit", "--version"])
+            versions["nbdfuse"] = system.tool_version(["nbdfuse", "--version"])
         dxfs = self.fs_all.get("dxfs")
         if dxfs is not None and dxfs.binary and os.access(dxfs.binary, os.X_OK):
             versions["dxfs"] = system.tool_version([dxfs.binary, "--version"])
@@ -86,7 +92,7 @@ class Runner:
 
     def _new_volume(self, fs, mib, tag):
         self._volumes += 1
-        vol = Volume(fs, mib * MIB, self.workdir, self.teardown, f"{fs.name}-{tag}-{self._volumes}")
+        vol = Volume(fs, mib * MIB, self.workdir, self.teardown, f"{fs.name}-{tag}-{self._volumes}", self.delay_ms)
         try:
             vol.create()
             vol.mount()
@@ -97,7 +103,7 @@ class Runner:
 
     def _probe(self, fs):
         """Why `fs` cannot run (tools, mkfs, mount, a write, fsck), or None if it can."""
-        reason = fs.unavailable_reason()
+        reason = fs.unavailable_reason() or self._storage_unavailable_reason(fs)
         if reason:
             return reason
         vol = None
@@ -115,6 +121,13 @@ class Runner:
             if vol is not None:
                 vol.destroy(check=False)
         return None
+
+    def _storage_unavailable_reason(self, fs):
+        """Why the volumes of `fs` cannot be served with a delay (nbdkit, nbdfuse missing), or None."""
+        if self.delay_ms is None:
+            return None
+        missing = system.missing_tools(("nbdkit",) if fs.nbd_client else ("nbdkit", "nbdfuse", "fusermount3"))
+        return f"{', '.join(missing)} not installed (needed by --delay-ms)" if missing else None
 
     # -- the run ---------------------------------------------------------------------
     def run(self, command):
@@ -140,6 +153,7 @@ class Runner:
             "started_at": started.isoformat(timespec="seconds"),
             "mode": self.scale.name,
             "scale": self.scale.as_dict(),
+            "storage": storage(self.delay_ms),
             "machine": system.machine_info(),
             "tools": self._tool_versions(),
             "dxfs_source": git_describe(repo_root()),
@@ -174,7 +188,8 @@ class Runner:
             fs = self.fs_all[name]
             self.log(f"probing {name}")
             reason = host or self._probe(fs)
-            out[name] = {"available": reason is None, "reason": reason, **fs.describe()}
+            desc = fs.describe(device_placeholder(fs, self.delay_ms))
+            out[name] = {"available": reason is None, "reason": reason, **desc}
             if reason:
                 self.log(f"{name}: not available: {reason}")
             else:

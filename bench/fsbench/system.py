@@ -30,6 +30,8 @@ APT_PACKAGES = {
     "fio": "fio",
     "losetup": "mount",
     "tar": "tar",
+    "nbdkit": "nbdkit",
+    "nbdfuse": "libnbd-bin",
 }
 
 
@@ -145,6 +147,7 @@ _DISKSTAT_FIELDS = {
     "discard_requests": 11,
     "flush_requests": 15,
 }
+BLOCK_STAT_KEYS = tuple(_DISKSTAT_FIELDS)
 
 
 def block_stats(devname):

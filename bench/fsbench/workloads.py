@@ -488,11 +488,16 @@ def interleaved_dirs(ctx):
         for d in dirs:
             ls_l(ctx, d, f"ls -l {os.path.basename(d)}")
         ph.ops = k * f
-    ctx.metric("ls_read_requests_per_dir", round(ctx.last_phase()["read_requests"] / k, 2))
+    ctx.metric("ls_read_requests_per_dir", _per(ctx.last_phase()["read_requests"], k))
     with ctx.phase("rm_rf_each_dir_cold", cold=True) as ph:
         ctx.run_cmd(["rm", "-rf", *dirs])
         ph.ops = k * f
-    ctx.metric("rm_write_requests_per_dir", round(ctx.last_phase()["write_requests"] / k, 2))
+    ctx.metric("rm_write_requests_per_dir", _per(ctx.last_phase()["write_requests"], k))
+
+
+def _per(count, n):
+    """count / n, or None when there is no count (a volume without a block device)."""
+    return None if count is None else round(count / n, 2)
 
 
 def _build_acl_tree(ctx, root):

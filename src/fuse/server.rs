@@ -80,11 +80,11 @@ pub(super) struct Server {
     writers: Sharded<rustc_hash::FxHashMap<u64, u32>>,
     /// The control path's recent callers, by thread and ids (see `control_caller`).
     callers: parking_lot::Mutex<RecentCallers>,
-    /// Directories a LOOKUP missed in, and when: the kernel may cache a negative entry
-    /// there for `negative_timeout` (see `may_hold_negatives`).
-    negatives: Sharded<rustc_hash::FxHashMap<u64, std::time::Instant>>,
+    /// Names a LOOKUP missed (directory, hash of the name), and when: the kernel may
+    /// cache the miss for `negative_timeout` (see `may_hold_negative`).
+    negatives: Sharded<rustc_hash::FxHashMap<(u64, u64), std::time::Instant>>,
     /// When a shard of `negatives` last overflowed and was cleared: until
-    /// `negative_timeout` after, any directory may hold negative entries.
+    /// `negative_timeout` after, any name may be cached as missing.
     negatives_lost: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Import batches begun on a serving thread and handed to a kept thread: when they
     /// began and the answers so far, by request.
@@ -99,7 +99,7 @@ type RecentCallers = rustc_hash::FxHashMap<(u32, u32, u32), (Caller, std::time::
 /// thread, so that other requests on its queue wait ~0.3 ms at most.
 const IMPORT_INLINE: usize = 32;
 
-/// Most directories one shard of `Server::negatives` remembers.
+/// Most misses one shard of `Server::negatives` remembers.
 const NEGATIVES_PER_SHARD: usize = 4096;
 
 type Res<T> = std::result::Result<T, i32>;
@@ -228,11 +228,12 @@ impl Server {
         }
     }
 
-    /// A LOOKUP in directory `dir` missed, and the kernel caches the miss.
-    fn note_negative(&self, dir: u64) {
+    /// A LOOKUP of `name` in directory `dir` missed, and the kernel caches the miss.
+    fn note_negative(&self, dir: u64, name: &[u8]) {
         let now = std::time::Instant::now();
+        let key = (dir, name_hash(name));
         let mut m = self.negatives.shard(dir);
-        if m.len() >= NEGATIVES_PER_SHARD && !m.contains_key(&dir) {
+        if m.len() >= NEGATIVES_PER_SHARD && !m.contains_key(&key) {
             let ttl = self.opts.negative_timeout;
             m.retain(|_, at| now.duration_since(*at) < ttl);
             if m.len() >= NEGATIVES_PER_SHARD {
@@ -240,22 +241,23 @@ impl Server {
                 *self.negatives_lost.lock() = Some(now);
             }
         }
-        m.insert(dir, now);
+        m.insert(key, now);
     }
 
-    /// Whether the kernel may hold negative entries in directory `dir`: a LOOKUP missed
-    /// there within `negative_timeout` (or that record was lost). A name made behind the
+    /// Whether the kernel may hold `name` in directory `dir` as missing: a LOOKUP of it
+    /// missed within `negative_timeout` (or that record was lost). A name made behind the
     /// kernel's back (an import) must then be dropped from its cache.
-    fn may_hold_negatives(&self, dir: u64) -> bool {
+    fn may_hold_negative(&self, dir: u64, name: &[u8]) -> bool {
         let ttl = self.opts.negative_timeout;
-        !ttl.is_zero() && self.missed_since(dir, std::time::Instant::now().checked_sub(ttl))
+        !ttl.is_zero() && self.missed_since(dir, name, std::time::Instant::now().checked_sub(ttl))
     }
 
-    /// Whether a LOOKUP missed in `dir` at or after `since` (None: ever), as far as
-    /// `negatives` remembers.
-    fn missed_since(&self, dir: u64, since: Option<std::time::Instant>) -> bool {
+    /// Whether a LOOKUP of `name` in `dir` missed at or after `since` (None: ever), as
+    /// far as `negatives` remembers.
+    fn missed_since(&self, dir: u64, name: &[u8], since: Option<std::time::Instant>) -> bool {
         let after = |at: &std::time::Instant| since.is_none_or(|t| *at >= t);
-        self.negatives.shard(dir).get(&dir).is_some_and(after) || self.negatives_lost.lock().as_ref().is_some_and(after)
+        self.negatives.shard(dir).get(&(dir, name_hash(name))).is_some_and(after)
+            || self.negatives_lost.lock().as_ref().is_some_and(after)
     }
 
     /// The caller of a control ioctl. Its supplementary groups come from
@@ -498,9 +500,9 @@ impl Server {
     /// A batch of entries made in directory `ino` as the caller (`dxfs cp -a`, `dxfs
     /// import`). Served where it arrives, each entry without waiting for room; the rest
     /// of the batch goes to a kept thread at the first entry that would wait, or at once
-    /// when the kernel may hold negative entries in the directory: each new name is then
-    /// dropped from its cache, which takes the directory's lock in the kernel. The
-    /// directory's attributes are dropped before the reply (no lock for that).
+    /// when the kernel may hold one of its names as missing: that name is then dropped
+    /// from its cache, which takes the directory's lock in the kernel. The directory's
+    /// attributes are dropped before the reply (no lock for that).
     fn import(&self, op: u32, h: &InHeader, ino: u64, out_size: u32, data: &[u8]) -> Reply {
         use super::control::{encode_import_reply, ImportBatch};
         let Some(entries) = ImportBatch::decode(data) else { return Reply::Error(libc::EINVAL) };
@@ -508,15 +510,15 @@ impl Server {
             return Reply::Error(libc::EINVAL);
         }
         let serving = SERVING.get();
-        let drop_names = self.may_hold_negatives(ino);
-        if serving && drop_names {
+        let cached_missing: Vec<bool> = entries.iter().map(|e| self.may_hold_negative(ino, e.name)).collect();
+        if serving && cached_missing.contains(&true) {
             return put_off();
         }
         let caller = self.control_caller(h);
         let begun = if serving { None } else { self.imports_begun.lock().remove(&h.unique) };
         let (began, mut errnos) = begun.unwrap_or_else(|| (std::time::Instant::now(), Vec::new()));
         FIRST_CALL_SERVING.with(|c| c.set(false));
-        for e in &entries[errnos.len().min(entries.len())..] {
+        for (e, missing) in entries.iter().zip(&cached_missing).skip(errnos.len()) {
             let r = if serving {
                 if errnos.len() == IMPORT_INLINE {
                     self.imports_begun.lock().insert(h.unique, (began, errnos));
@@ -535,7 +537,7 @@ impl Server {
             match r {
                 Ok(()) => {
                     errnos.push(0);
-                    if drop_names {
+                    if *missing {
                         self.send_notification(&wire::notify_inval_entry(h.nodeid, e.name));
                     }
                 }
@@ -547,10 +549,10 @@ impl Server {
         }
         // A LOOKUP that missed meanwhile may have left a name made here cached as missing:
         // dropped by the invalidator thread, which may wait for the directory's lock.
-        if !drop_names && !self.opts.negative_timeout.is_zero() && self.missed_since(ino, Some(began)) {
+        if !self.opts.negative_timeout.is_zero() {
             if let Some(tx) = &*self.invalidate.lock() {
-                for (e, errno) in entries.iter().zip(&errnos) {
-                    if *errno == 0 {
+                for ((e, errno), missing) in entries.iter().zip(&errnos).zip(&cached_missing) {
+                    if *errno == 0 && !missing && self.missed_since(ino, e.name, Some(began)) {
                         let _ = tx.send(wire::notify_inval_entry(h.nodeid, e.name));
                     }
                 }
@@ -799,7 +801,7 @@ impl Server {
             // search) costs no request. Coherent because every change comes through this
             // mount, and the kernel drops the negative entry when it creates the name.
             Err(libc::ENOENT) if !self.opts.negative_timeout.is_zero() => {
-                self.note_negative(self.vol_ino(parent));
+                self.note_negative(self.vol_ino(parent), name);
                 let mut out = Vec::with_capacity(EntryOut::SIZE);
                 EntryOut { entry_valid: Valid::from(self.opts.negative_timeout), ..EntryOut::default() }
                     .encode(&mut out);
@@ -1361,6 +1363,12 @@ fn kernel_reads_ahead(open_flags: u32) -> bool {
 fn put_off() -> Reply {
     PUT_OFF.set(true);
     Reply::Error(libc::EAGAIN)
+}
+
+/// A name's hash for `Server::negatives` (a collision only drops a cached entry more).
+fn name_hash(name: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(name)
 }
 
 fn caller_of(h: &InHeader) -> Caller {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, Metadata};
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -245,5 +245,3 @@ pub(super) fn read_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
         })
         .collect()
 }
-
-use std::os::unix::ffi::OsStringExt;

@@ -408,15 +408,7 @@ impl Volume {
         (uid, gid): (u32, u32),
         caller: Option<&Caller>,
     ) -> Result<Attr> {
-        if target.is_empty() {
-            return Err(Error::Invalid("empty symlink target".into()));
-        }
-        if target.contains(&0) {
-            return Err(Error::Invalid("symlink target contains a NUL byte".into()));
-        }
-        if target.len() > SYMLINK_MAX {
-            return Err(Error::NameTooLong);
-        }
+        check_target(target)?;
         let pages = if target.len() <= INLINE_DATA { 0 } else { target.len().div_ceil(BLOCK_SIZE) as u64 };
         let (g, p) = self.charged_with(&[(parent, Mode::Write)], |g| {
             let p = g.dir_inode(parent)?;
@@ -758,6 +750,20 @@ impl Volume {
         }
         Ok(())
     }
+}
+
+/// A symlink target the volume stores: not empty, no NUL, at most `SYMLINK_MAX` bytes.
+pub(super) fn check_target(target: &[u8]) -> Result<()> {
+    if target.is_empty() {
+        return Err(Error::Invalid("empty symlink target".into()));
+    }
+    if target.contains(&0) {
+        return Err(Error::Invalid("symlink target contains a NUL byte".into()));
+    }
+    if target.len() > SYMLINK_MAX {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
 }
 
 /// Mode and group of a new inode created in `parent` by a caller of group `gid`, as the

@@ -15,8 +15,8 @@ use crate::fs::xattr::{self, Xattr};
 use super::attrs::may_change_entries;
 use super::delta::{Cost, Delta};
 use super::locks::Mode;
-use super::namespace::new_owner;
-use super::{type_of, Caller, FileType, Inner, NewNode, Volume, WriteAs, SYMLINK_MAX, WRITE_CHUNK};
+use super::namespace::{check_target, new_owner};
+use super::{type_of, Caller, FileType, Inner, NewNode, Volume, WriteAs, WRITE_CHUNK};
 
 /// What one step of emptying a directory did ([`Volume::empty_step`]).
 #[derive(Debug, Default)]
@@ -381,20 +381,6 @@ impl Volume {
         }
         Ok(i.ino)
     }
-}
-
-/// A symlink target the volume stores.
-fn check_target(target: &[u8]) -> Result<()> {
-    if target.is_empty() {
-        return Err(Error::Invalid("empty symlink target".into()));
-    }
-    if target.contains(&0) {
-        return Err(Error::Invalid("symlink target contains a NUL byte".into()));
-    }
-    if target.len() > SYMLINK_MAX {
-        return Err(Error::NameTooLong);
-    }
-    Ok(())
 }
 
 /// The xattrs of `given` a caller (root or not) sets on a new inode of `kind`, decoded;

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use dxfs::tools::import_tar::{components, pax_time};
+use dxfs::tools::import_tar::{components, pax_records, PaxRecords};
 use tar::EntryType;
 
 use super::batch::{Item, Sender};
@@ -123,22 +123,8 @@ fn unpack<R: Read>(
         uid = u32::try_from(h.uid().map_err(bad)?).map_err(|_| format!("{shown}: uid out of range"))?;
         gid = u32::try_from(h.gid().map_err(bad)?).map_err(|_| format!("{shown}: gid out of range"))?;
     }
-    let mut mtime = (i64::try_from(h.mtime().map_err(bad)?).map_err(|_| format!("{shown}: mtime out of range"))?, 0);
-    let mut atime = None;
-    let mut xattrs = Vec::new();
-    if let Some(pax) = entry.pax_extensions().map_err(bad)? {
-        for ext in pax {
-            let ext = ext.map_err(bad)?;
-            let key = ext.key_bytes();
-            if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                xattrs.push((name.to_vec(), ext.value_bytes().to_vec()));
-            } else if key == b"mtime" {
-                mtime = pax_time(ext.value_bytes()).unwrap_or(mtime);
-            } else if key == b"atime" {
-                atime = pax_time(ext.value_bytes());
-            }
-        }
-    }
+    let mtime = (i64::try_from(h.mtime().map_err(bad)?).map_err(|_| format!("{shown}: mtime out of range"))?, 0);
+    let PaxRecords { xattrs, mtime, atime } = pax_records(entry, mtime).map_err(bad)?;
     let Some((name, parents)) = parts.split_last() else {
         // The archive's own root (`./`): the destination takes its attributes.
         let item = Item {

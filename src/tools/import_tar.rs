@@ -78,8 +78,37 @@ pub fn components(raw: &[u8]) -> std::result::Result<Vec<&[u8]>, Error> {
     Ok(out)
 }
 
+/// What an entry's PAX records add to its header: xattrs (`SCHILY.xattr.*`, GNU tar's
+/// `--xattrs`) and times with nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PaxRecords {
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The header's mtime, unless a record gives a finer one.
+    pub mtime: (i64, u32),
+    pub atime: Option<(i64, u32)>,
+}
+
+/// The PAX records of `entry`, whose header says `mtime`.
+pub fn pax_records<R: Read>(entry: &mut tar::Entry<'_, R>, mtime: (i64, u32)) -> std::io::Result<PaxRecords> {
+    let mut out = PaxRecords { mtime, ..PaxRecords::default() };
+    if let Some(pax) = entry.pax_extensions()? {
+        for ext in pax {
+            let ext = ext?;
+            let key = ext.key_bytes();
+            if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                out.xattrs.push((name.to_vec(), ext.value_bytes().to_vec()));
+            } else if key == b"mtime" {
+                out.mtime = pax_time(ext.value_bytes()).unwrap_or(out.mtime);
+            } else if key == b"atime" {
+                out.atime = pax_time(ext.value_bytes());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A PAX time (`1700000000.123456789`, perhaps negative) as seconds and nanoseconds.
-pub fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
+fn pax_time(v: &[u8]) -> Option<(i64, u32)> {
     let s = std::str::from_utf8(v).ok()?;
     let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
     let sec: i64 = sec.parse().ok()?;
@@ -104,22 +133,8 @@ impl Unpacker<'_> {
         let range = |what: &str| err(&raw, Error::Invalid(format!("{what} out of range")));
         let uid = u32::try_from(h.uid().map_err(io)?).map_err(|_| range("uid"))?;
         let gid = u32::try_from(h.gid().map_err(io)?).map_err(|_| range("gid"))?;
-        let mut mtime = (i64::try_from(h.mtime().map_err(io)?).map_err(|_| range("mtime"))?, 0);
-        let mut atime = None;
-        let mut xattrs = Vec::new();
-        if let Some(pax) = entry.pax_extensions().map_err(io)? {
-            for ext in pax {
-                let ext = ext.map_err(io)?;
-                let key = ext.key_bytes();
-                if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                    xattrs.push((name.to_vec(), ext.value_bytes().to_vec()));
-                } else if key == b"mtime" {
-                    mtime = pax_time(ext.value_bytes()).unwrap_or(mtime);
-                } else if key == b"atime" {
-                    atime = pax_time(ext.value_bytes());
-                }
-            }
-        }
+        let mtime = (i64::try_from(h.mtime().map_err(io)?).map_err(|_| range("mtime"))?, 0);
+        let PaxRecords { xattrs, mtime, atime } = pax_records(entry, mtime).map_err(io)?;
         let attr = SetAttr {
             mode: (kind != EntryType::Symlink).then_some(mode),
             uid: Some(uid),

@@ -105,7 +105,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 /// Everything compared about a node.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
     mode: u32,
     uid: u32,
@@ -349,4 +349,133 @@ fn mkfs_d_refuses_a_missing_directory_and_a_too_small_volume() {
     let (code, _, err) = dxfs(&["mkfs", img2.to_str().unwrap(), "--size", "16M", "-d", src.to_str().unwrap()]);
     assert_eq!(code, 8);
     assert!(err.contains("space") && !err.contains("panicked"), "{err}");
+}
+
+/// `a` and `b` hold the same nodes, with the same contents, attributes and links.
+fn assert_same_tree(
+    a: &(BTreeMap<String, Node>, BTreeSet<BTreeSet<String>>),
+    b: &(BTreeMap<String, Node>, BTreeSet<BTreeSet<String>>),
+) {
+    assert_eq!(a.0.keys().collect::<Vec<_>>(), b.0.keys().collect::<Vec<_>>());
+    for (name, n) in &a.0 {
+        let m = &b.0[name];
+        let fields = |n: &Node| (n.mode, n.uid, n.gid, n.size, n.mtime, n.atime, n.rdev, n.xattrs.clone());
+        assert_eq!(fields(n), fields(m), "{name:?}: mode, ids, size, times, rdev or xattrs differ");
+        assert!(n.content == m.content, "{name:?}: contents differ");
+    }
+    assert_eq!(a.1, b.1, "link structure");
+}
+
+/// `IMAGE`'s tree, exported afresh into `dir/NAME`.
+fn exported(img: &Path, dir: &Path, name: &str) -> std::path::PathBuf {
+    let out = dir.join(name);
+    let (code, o, e) = dxfs(&["export", img.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{o}{e}");
+    out
+}
+
+/// Without a mount, `cp -a --image`, `import --tar --image` and `rm -r --image` work on a
+/// volume's live tree as `cp -a`, `tar -x` and `rm -r` work on a directory: a copy lands
+/// under its own name or a new one, a second copy merges into the first and replaces
+/// what changed, a directory and a file never replace each other, an archive unpacks
+/// into a directory that already holds entries.
+#[test]
+fn cp_import_and_rm_work_on_an_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    make_tree(&src);
+    let img = tmp.path().join("v.img");
+    let image = img.to_str().unwrap();
+    let (code, o, e) = dxfs(&["mkfs", image, "--size", "64M"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let cp = |args: &[&str]| dxfs(&[&["cp", "-a", "--image", image], args].concat());
+
+    // Into the root under its own name, then one file under a new name.
+    let (code, o, e) = cp(&[src.to_str().unwrap(), "/"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let (code, o, e) = cp(&[src.join("small").to_str().unwrap(), "/src/dir/renamed"]);
+    assert_eq!(code, 0, "{o}{e}");
+    assert_image_clean(&img);
+    let out = exported(&img, tmp.path(), "out1");
+    let mut got = snapshot(&out.join("src"));
+    let renamed = got.0.remove("dir/renamed").expect("the copy under a new name");
+    assert_eq!(renamed.content, b"hello\n");
+    got.1.retain(|s| !s.contains("dir/renamed"));
+    // The copy under a new name moved `dir`'s times; all else is as in the source.
+    let mut want = snapshot(&src);
+    want.0.get_mut("dir").unwrap().mtime = got.0["dir"].mtime;
+    assert_same_tree(&want, &got);
+
+    // A second copy after the source changed merges into the first.
+    fs::write(src.join("small"), b"changed, through both links\n").unwrap();
+    fs::write(src.join("dir/new"), b"new").unwrap();
+    let (code, o, e) = cp(&[src.to_str().unwrap(), "/"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let out = exported(&img, tmp.path(), "out2");
+    let mut got = snapshot(&out.join("src"));
+    assert!(got.0.remove("dir/renamed").is_some(), "an entry the source lacks stays, as with cp");
+    got.1.retain(|s| !s.contains("dir/renamed"));
+    assert_same_tree(&snapshot(&src), &got);
+
+    // A directory over a file and a file over a directory are refused, and the rest
+    // of the copy goes on.
+    let (code, _, e) = cp(&[src.join("dir").to_str().unwrap(), src.join("small").to_str().unwrap(), "/src/dir/sub"]);
+    assert_eq!(code, 0, "nothing is taken yet in sub: {e}");
+    let (code, _, e) = cp(&[src.join("small").to_str().unwrap(), "/src/dir"]);
+    assert_eq!(code, 0, "{e}");
+    let (code, _, e) = cp(&[src.join("dir").to_str().unwrap(), "/src/small"]);
+    assert_eq!(code, 1, "a directory over a file: {e}");
+    assert!(e.contains("cannot copy") && e.contains("not a directory"), "{e}");
+    fs::create_dir(tmp.path().join("other")).unwrap();
+    fs::write(tmp.path().join("other/sub"), b"a file named as a directory").unwrap();
+    let (code, _, e) = cp(&[tmp.path().join("other/sub").to_str().unwrap(), "/src/dir"]);
+    assert_eq!(code, 1, "a file over a directory: {e}");
+    assert!(e.contains("is a directory"), "{e}");
+    let (code, _, e) = cp(&[src.join("small").to_str().unwrap(), src.join("fifo").to_str().unwrap(), "/src/nowhere"]);
+    assert_eq!(code, 1, "{e}");
+    assert!(e.contains("is not a directory"), "{e}");
+    assert_image_clean(&img);
+
+    // An archive of the source unpacks into a directory holding other entries.
+    let archive = tmp.path().join("tree.tar");
+    let ok = Command::new("tar")
+        .args(["--format=posix", "--xattrs", "--xattrs-include=*", "-cf"])
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src)
+        .arg(".")
+        .status()
+        .expect("GNU tar");
+    assert!(ok.success());
+    let (code, o, e) = dxfs(&["import", "--image", image, "--tar", archive.to_str().unwrap(), "/src/dir/sub"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let (code, _, e) = dxfs(&["import", "--image", image, "--tar", archive.to_str().unwrap(), "/src/small"]);
+    assert_eq!(code, 2, "{e}");
+    assert!(e.contains("not a directory"), "{e}");
+    assert_image_clean(&img);
+    let out = exported(&img, tmp.path(), "out3");
+    let got = snapshot(&out.join("src/dir/sub"));
+    assert_eq!(got.0["small"].content, b"changed, through both links\n");
+    assert_eq!(
+        got.0["zero-length"].xattrs.get("user.empty").map(Vec::as_slice),
+        Some(&b""[..]),
+        "sub's own entry stays"
+    );
+    let acl = |n: &mut Node| n.xattrs.retain(|k, _| !k.starts_with("system.posix_acl_"));
+    for (name, mut n) in snapshot(&src).0.into_iter().filter(|(name, _)| !name.is_empty() && name != "sock") {
+        let mut g = got.0.get(&name).unwrap_or_else(|| panic!("{name} unpacked")).clone();
+        acl(&mut n);
+        acl(&mut g);
+        assert_eq!(n, g, "{name} differs");
+    }
+
+    // rm -r removes inside the image.
+    let (code, o, e) = dxfs(&["rm", "-r", "--image", image, "/src/dir"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let (code, _, e) = dxfs(&["rm", "--image", image, "/src/dir"]);
+    assert_eq!(code, 1, "{e}");
+    assert_image_clean(&img);
+    let out = exported(&img, tmp.path(), "out4");
+    assert!(!out.join("src/dir").exists() && out.join("src/small").exists());
 }

@@ -23,6 +23,10 @@ pub struct CpArgs {
     /// yet: required.
     #[arg(short = 'a', long)]
     archive: bool,
+    /// The destination is inside this unmounted volume (image file, device or nbd://
+    /// URI), from its root; the copy is made through the library, as root.
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
     /// What to copy, then where: an existing directory receives each source under its
     /// own name; a single source may also name a new entry.
     #[arg(required = true, num_args = 2..)]
@@ -42,6 +46,9 @@ pub fn run(a: CpArgs) -> i32 {
         return super::fail("cp: only archive copies (-a) are made", 1);
     }
     let (dest, srcs) = a.paths.split_last().expect("two paths at least");
+    if let Some(image) = &a.image {
+        return in_image(image, srcs, dest);
+    }
     let into = fs::metadata(dest).is_ok_and(|m| m.is_dir());
     if srcs.len() > 1 && !into {
         return super::fail(format!("cp: target '{}' is not a directory", dest.display()), 1);
@@ -73,6 +80,50 @@ pub fn run(a: CpArgs) -> i32 {
     let (by_daemon, batches) = c.s.counts();
     tracing::debug!(made = c.s.made(), by_daemon, batches, "cp");
     i32::from(!c.s.ok())
+}
+
+/// `--image`: copy through the library into the unmounted volume `image`, as root. A
+/// source that meets an error stops there, and the next source is copied.
+fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
+    let vol = match super::open_image(image) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let into = super::image_lookup(&vol, dest).ok().filter(|a| a.kind == dxfs::FileType::Directory).map(|a| a.ino);
+    let mut ok = true;
+    let mut failed = |msg: String| {
+        eprintln!("dxfs cp: {msg}");
+        ok = false;
+    };
+    let target = match into {
+        Some(dir) => Some((dir, None)),
+        None if srcs.len() > 1 => None,
+        None => super::image_parent(&vol, dest).map(|(dir, name)| (dir, Some(name))),
+    };
+    let bar = super::export::spinner();
+    match target {
+        None if srcs.len() > 1 => failed(format!("target '{}' is not a directory", dest.display())),
+        None => failed(format!("cannot create '{}': No such file or directory", dest.display())),
+        Some((dir, name)) => {
+            for src in srcs {
+                let Some(name) = name.clone().or_else(|| src.file_name().map(|n| n.as_bytes().to_vec())) else {
+                    failed(format!("cannot copy '{}': no name to copy it under", src.display()));
+                    continue;
+                };
+                let r = dxfs::tools::import::import_as(&vol, src, dir, &name, &mut |s| {
+                    bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
+                });
+                if let Err(e) = r {
+                    failed(format!("cannot copy '{}': {e}", src.display()));
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    if let Err(e) = vol.close() {
+        return super::fail(format!("{image}: {e}"), 8);
+    }
+    i32::from(!ok)
 }
 
 impl Copier {

@@ -17,7 +17,7 @@ pub struct ExportArgs {
     dir: PathBuf,
 }
 
-fn spinner() -> indicatif::ProgressBar {
+pub(super) fn spinner() -> indicatif::ProgressBar {
     // Drawn only when stderr is a terminal.
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));

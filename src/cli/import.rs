@@ -23,6 +23,11 @@ pub struct ImportArgs {
     /// The archive (`-` reads standard input).
     #[arg(long, value_name = "ARCHIVE", required = true)]
     tar: PathBuf,
+    /// The directory is inside this unmounted volume (image file, device or nbd://
+    /// URI), from its root; unpacked through the library, as root, stopping at the
+    /// first error.
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
     /// The directory to unpack into (it must exist, as for `tar -C`).
     dest: PathBuf,
 }
@@ -36,6 +41,9 @@ pub fn run(a: ImportArgs) -> i32 {
             Err(e) => return super::fail(format!("import: {}: {}", a.tar.display(), errno_text(&e)), 2),
         }
     };
+    if let Some(image) = &a.image {
+        return in_image(image, input, &a);
+    }
     if !std::fs::metadata(&a.dest).is_ok_and(|m| m.is_dir()) {
         return super::fail(format!("import: '{}' is not a directory", a.dest.display()), 2);
     }
@@ -85,6 +93,29 @@ pub fn run(a: ImportArgs) -> i32 {
     let (by_daemon, batches) = s.counts();
     tracing::debug!(made = s.made(), by_daemon, batches, "import");
     i32::from(!s.ok()) * 2
+}
+
+/// `--image`: unpack through the library into the unmounted volume `image`, as root.
+fn in_image(image: &str, input: Box<dyn Read>, a: &ImportArgs) -> i32 {
+    let vol = match super::open_image(image) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let mut code = match super::image_lookup(&vol, &a.dest) {
+        Ok(d) if d.kind == dxfs::FileType::Directory => {
+            let bar = super::export::spinner();
+            let r = dxfs::tools::import_tar::import_tar_into(&vol, input, d.ino, &mut |s| {
+                bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
+            });
+            bar.finish_and_clear();
+            r.map_or_else(|e| super::fail(format!("import: {e}"), 2), |_| 0)
+        }
+        _ => super::fail(format!("import: '{}' is not a directory in {image}", a.dest.display()), 2),
+    };
+    if let Err(e) = vol.close() {
+        code = super::fail(format!("{image}: {e}"), 8);
+    }
+    code
 }
 
 /// Unpack one archive entry under `dest`.

@@ -139,6 +139,42 @@ pub(crate) fn errno_text(e: &std::io::Error) -> String {
     }
 }
 
+/// `--image`: open the unmounted volume `image` (image file, device or nbd:// URI)
+/// read-write through the library; a failure is printed and gives exit status 8.
+pub(crate) fn open_image(image: &str) -> Result<dxfs::Volume, i32> {
+    let dev = dxfs::block::open_device(image, false).map_err(|e| fail(format!("{image}: {e}"), 8))?;
+    dxfs::Volume::open(dev, dxfs::OpenOptions::default()).map_err(|e| fail(format!("{image}: {e}"), 8))
+}
+
+/// The names of `p`, a path inside a volume taken from its root (`..` steps back).
+fn image_names(p: &Path) -> Vec<&[u8]> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut names: Vec<&[u8]> = Vec::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::Normal(n) => names.push(n.as_bytes()),
+            std::path::Component::ParentDir => {
+                names.pop();
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+/// The attributes of what `p` (inside the volume, from its root) names.
+pub(crate) fn image_lookup(vol: &dxfs::Volume, p: &Path) -> dxfs::Result<dxfs::Attr> {
+    image_names(p).into_iter().try_fold(vol.getattr(vol.root())?, |dir, n| vol.lookup(dir.ino, n))
+}
+
+/// The directory holding `p` (inside the volume, from its root) and `p`'s last name.
+pub(crate) fn image_parent(vol: &dxfs::Volume, p: &Path) -> Option<(u64, Vec<u8>)> {
+    let mut names = image_names(p);
+    let last = names.pop()?.to_vec();
+    let dir = names.into_iter().try_fold(vol.root(), |dir, n| vol.lookup(dir, n).map(|a| a.ino)).ok()?;
+    Some((dir, last))
+}
+
 pub(crate) fn fail(msg: impl std::fmt::Display, code: i32) -> i32 {
     eprintln!("dxfs: {msg}");
     code

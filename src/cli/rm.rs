@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use dxfs::fuse::control::{self, StepRequest};
-use dxfs::{Caller, OpenOptions, Volume};
+use dxfs::Caller;
 
 use super::{errno_text, fail, open_dir};
 
@@ -200,17 +200,13 @@ fn empty_by_entries(path: &Path, a: &RmArgs, w: &mut Walk) {
 
 /// `--image`: remove through the library, as root of the volume.
 fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
-    let dev = match dxfs::block::open_device(image, false) {
-        Ok(d) => d,
-        Err(e) => return fail(format!("{image}: {e}"), 8),
-    };
-    let vol = match Volume::open(dev, OpenOptions::default()) {
+    let vol = match super::open_image(image) {
         Ok(v) => v,
-        Err(e) => return fail(format!("{image}: {e}"), 8),
+        Err(code) => return code,
     };
     let root = Caller { uid: 0, gid: 0, groups: Vec::new() };
     for p in &a.paths {
-        let Some((parent, name)) = resolve_parent(&vol, p) else {
+        let Some((parent, name)) = super::image_parent(&vol, p) else {
             if !a.force {
                 w.failed(p, "No such file or directory");
             }
@@ -246,24 +242,4 @@ fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
         return fail(format!("{image}: {e}"), 8);
     }
     i32::from(!w.ok)
-}
-
-/// The directory holding `p` (relative to the volume's root) and `p`'s last name.
-fn resolve_parent(vol: &Volume, p: &Path) -> Option<(u64, Vec<u8>)> {
-    let mut names: Vec<&[u8]> = Vec::new();
-    for c in p.components() {
-        match c {
-            Component::Normal(n) => names.push(n.as_bytes()),
-            Component::ParentDir => {
-                names.pop();
-            }
-            _ => {}
-        }
-    }
-    let last = names.pop()?.to_vec();
-    let mut dir = vol.root();
-    for n in names {
-        dir = vol.lookup(dir, n).ok()?.ino;
-    }
-    Some((dir, last))
 }

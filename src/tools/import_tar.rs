@@ -1,15 +1,15 @@
-//! `dxfs mkfs -d ARCHIVE` (as `mke2fs -d` takes a tarball): unpack a tar archive (ustar,
-//! GNU or PAX) into a volume through the [`Volume`] API, without mounting, as `tar -x
-//! --xattrs --same-owner --preserve-permissions` would into an empty directory.
+//! `dxfs mkfs -d ARCHIVE` (as `mke2fs -d` takes a tarball) and `dxfs import --image`:
+//! unpack a tar archive (ustar, GNU or PAX) into a volume through the [`Volume`] API,
+//! without mounting, as `tar -x --xattrs --same-owner --preserve-permissions` would.
 //!
 //! Every entry kind tar records is made (files, directories, symlinks, hard links,
 //! device nodes, fifos) with its mode, owner, times and the xattrs of PAX
 //! `SCHILY.xattr.*` records (GNU tar's `--xattrs`, POSIX ACLs included when stored as
 //! their xattrs). A directory the archive names only as a parent is made 0755, owned by
 //! root. An entry whose name is already taken replaces it (a directory is kept and
-//! takes the new one's attributes), as tar does. Names are taken relative to the root:
-//! a leading `/` is dropped, and a name with a `..` component is refused. Directory
-//! times are set at the end, after their contents.
+//! takes the new one's attributes), as tar does. Names are taken relative to the
+//! directory unpacked into: a leading `/` is dropped, and a name with a `..` component
+//! is refused. Directory times are set at the end, after their contents.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -31,6 +31,17 @@ fn err(path: &[u8], error: Error) -> PathError {
 /// Unpack the archive `src` reads into the volume's root directory. `progress` is called
 /// after each entry.
 pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&ImportStats)) -> Result<ImportStats> {
+    import_tar_into(vol, src, vol.root(), progress)
+}
+
+/// Unpack the archive `src` reads into directory `top` (`tar -x -C`), which takes the
+/// attributes of the archive's root entry (`./`) if it has one. Stops at the first error.
+pub fn import_tar_into(
+    vol: &Volume,
+    src: impl Read,
+    top: u64,
+    progress: &mut dyn FnMut(&ImportStats),
+) -> Result<ImportStats> {
     let mut archive = tar::Archive::new(src);
     let mut un = Unpacker {
         vol,
@@ -38,8 +49,9 @@ pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&Import
         dirs: Vec::new(),
         stats: ImportStats::default(),
         buf: super::copy_buffer(),
+        top,
     };
-    un.dir_inos.insert(Vec::new(), vol.root());
+    un.dir_inos.insert(Vec::new(), top);
     let entries = archive.entries().map_err(|e| err(b"(archive)", Error::Io(e)))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| err(b"(archive)", Error::Io(e)))?;
@@ -62,6 +74,8 @@ struct Unpacker<'a> {
     dirs: Vec<(Vec<u8>, u64, SetAttr)>,
     stats: ImportStats,
     buf: Vec<u8>,
+    /// The directory unpacked into.
+    top: u64,
 }
 
 /// An archive entry's name as components: `.` and empty ones dropped, `..` refused (a
@@ -146,9 +160,9 @@ impl Unpacker<'_> {
         let vol = self.vol;
         let ve = |e: Error| err(&raw, e);
         let Some((&name, parents)) = parts.split_last() else {
-            // The archive's root (`./`): the volume's root takes its attributes.
-            self.set_xattrs(&raw, vol.root(), &xattrs)?;
-            self.dirs.push((raw.clone(), vol.root(), attr));
+            // The archive's root (`./`): the directory unpacked into takes its attributes.
+            self.set_xattrs(&raw, self.top, &xattrs)?;
+            self.dirs.push((raw.clone(), self.top, attr));
             return Ok(());
         };
         let dir = self.parent(parents)?;
@@ -215,7 +229,7 @@ impl Unpacker<'_> {
 
     /// The directory `parents` name, made (0755, root's) where the archive did not.
     fn parent(&mut self, parents: &[&[u8]]) -> Result<u64> {
-        let mut dir = self.vol.root();
+        let mut dir = self.top;
         for k in 0..parents.len() {
             let path = parents[..=k].join(&b'/');
             if let Some(&ino) = self.dir_inos.get(&path) {
@@ -237,7 +251,7 @@ impl Unpacker<'_> {
     /// The inode an earlier entry's name `parts` names now (a hard link's target).
     fn resolve(&self, parts: &[&[u8]]) -> std::result::Result<u64, Error> {
         let (last, parents) = parts.split_last().ok_or(Error::NotFound)?;
-        let mut dir = self.vol.root();
+        let mut dir = self.top;
         for k in 0..parents.len() {
             dir = match self.dir_inos.get(&parents[..=k].join(&b'/')) {
                 Some(&ino) => ino,

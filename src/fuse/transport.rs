@@ -1,5 +1,5 @@
 //! The transport seam: how requests travel between the kernel and a request handler
-//! (`server.rs` in `dxfs mount`, an in-memory file system in the transport probe).
+//! (`server/` in `dxfs mount`, an in-memory file system in the transport probe).
 //!
 //! A [`Handler`] answers parsed requests ([`Request`]) with a [`Reply`]; it does not know
 //! how they came. Two transports carry them:
@@ -72,7 +72,7 @@ impl Reply {
     }
 
     /// The body a ring entry carries.
-    fn body(&self) -> &[u8] {
+    pub(super) fn body(&self) -> &[u8] {
         match self {
             Reply::Data(b) => b,
             Reply::Aligned(b) => b,

@@ -5,11 +5,12 @@
 //! as `rm -rf` would. Elsewhere it removes entry by entry. With `--image` the paths name
 //! entries inside an unmounted volume, removed through the library.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use dxfs::fuse::control::{self, StepRequest};
 use dxfs::Caller;
@@ -40,35 +41,43 @@ fn step_entries() -> u32 {
     std::env::var("DXFS_RM_STEP").ok().and_then(|v| v.parse().ok()).unwrap_or(4096)
 }
 
+/// Threads that empty directories at once. The daemon serves each request on the CPU it
+/// came from, and a lone walk leaves a CPU idle while the kernel drops the names and
+/// inodes the daemon tells it of (a warm 100k-file removal took 0.7–0.8 s on two
+/// processes against 1.5 s on one, this 2-vCPU host).
+const WALKERS: usize = 2;
+
 struct Walk {
-    /// Ctrl-C (SIGINT, blocked and read from here): the walk stops after the step in
+    /// Ctrl-C (SIGINT, blocked and read from here): the walk stops after the steps in
     /// progress, which the daemon finishes whole.
     interrupt: Option<nix::sys::signalfd::SignalFd>,
-    stopped: bool,
-    removed: u64,
-    ok: bool,
-    /// Paths named as failed so far.
-    failures: u64,
+    stopped: AtomicBool,
+    removed: AtomicU64,
+    ok: AtomicBool,
+    /// Walking threads that may still be started.
+    spare: AtomicUsize,
     bar: indicatif::ProgressBar,
 }
 
 impl Walk {
-    fn failed(&mut self, path: &Path, e: impl std::fmt::Display) {
+    fn failed(&self, path: &Path, e: impl std::fmt::Display) {
         self.bar.suspend(|| eprintln!("dxfs rm: cannot remove '{}': {e}", path.display()));
-        self.ok = false;
-        self.failures += 1;
+        self.ok.store(false, Relaxed);
     }
 
-    fn tick(&self) {
-        self.bar.set_message(format!("{} removed", self.removed));
+    fn count(&self, n: u64) {
+        let removed = self.removed.fetch_add(n, Relaxed) + n;
+        self.bar.set_message(format!("{removed} removed"));
     }
 
     /// Whether Ctrl-C was pressed: then nothing more is removed.
-    fn stop(&mut self) -> bool {
-        if !self.stopped {
-            self.stopped = self.interrupt.as_ref().is_some_and(|fd| matches!(fd.read_signal(), Ok(Some(_))));
+    fn stop(&self) -> bool {
+        if !self.stopped.load(Relaxed)
+            && self.interrupt.as_ref().is_some_and(|fd| matches!(fd.read_signal(), Ok(Some(_))))
+        {
+            self.stopped.store(true, Relaxed);
         }
-        self.stopped
+        self.stopped.load(Relaxed)
     }
 }
 
@@ -85,20 +94,28 @@ pub fn run(a: RmArgs) -> i32 {
     }
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
-    let mut w = Walk { interrupt: None, stopped: false, removed: 0, ok: true, failures: 0, bar };
+    let mut w = Walk {
+        interrupt: None,
+        stopped: AtomicBool::new(false),
+        removed: AtomicU64::new(0),
+        ok: AtomicBool::new(true),
+        spare: AtomicUsize::new(WALKERS - 1),
+        bar,
+    };
     if let Some(image) = &a.image {
-        return in_image(image, &a, &mut w);
+        return in_image(image, &a, &w);
     }
+    // Blocked before any walking thread starts: they inherit the mask.
     w.interrupt = catch_interrupt();
     for p in &a.paths {
-        remove(p, &a, &mut w);
+        remove(p, &a, &w);
     }
     w.bar.finish_and_clear();
-    if w.stopped {
-        eprintln!("dxfs rm: interrupted after removing {} entries; the rest is as it was", w.removed);
+    if w.stop() {
+        eprintln!("dxfs rm: interrupted after removing {} entries; the rest is as it was", w.removed.load(Relaxed));
         return 130;
     }
-    i32::from(!w.ok)
+    i32::from(!w.ok.load(Relaxed))
 }
 
 /// SIGINT blocked and readable from a descriptor, so the walk can stop between steps
@@ -113,61 +130,71 @@ pub(super) fn catch_interrupt() -> Option<nix::sys::signalfd::SignalFd> {
     SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
-/// Remove `path` as rm(1) would.
-fn remove(path: &Path, a: &RmArgs, w: &mut Walk) {
+/// Remove `path` as rm(1) would. Returns whether something was named as not removed.
+fn remove(path: &Path, a: &RmArgs, w: &Walk) -> bool {
     if w.stop() {
-        return;
+        return false;
     }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => return,
-        Err(e) => return w.failed(path, errno_text(&e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => return false,
+        Err(e) => return fails(w, path, errno_text(&e)),
     };
     if !meta.is_dir() {
-        match std::fs::remove_file(path) {
-            Ok(()) => w.removed += 1,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => {}
-            Err(e) => w.failed(path, errno_text(&e)),
-        }
-        return;
+        return match std::fs::remove_file(path) {
+            Ok(()) => {
+                w.count(1);
+                false
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && a.force => false,
+            Err(e) => fails(w, path, errno_text(&e)),
+        };
     }
     if !a.recursive {
-        return w.failed(path, "Is a directory");
+        return fails(w, path, "Is a directory");
     }
-    let before = w.failures;
-    empty(path, a, w);
+    let inside = empty(path, a, w);
     if w.stop() {
-        return;
+        return inside;
     }
     match std::fs::remove_dir(path) {
-        Ok(()) => w.removed += 1,
+        Ok(()) => {
+            w.count(1);
+            false
+        }
         // Something inside stayed and was named already.
-        Err(_) if w.failures > before => {}
-        Err(e) => w.failed(path, errno_text(&e)),
+        Err(_) if inside => true,
+        Err(e) => fails(w, path, errno_text(&e)),
     }
-    w.tick();
+}
+
+/// Name `path` as not removed; true, for [`remove`].
+fn fails(w: &Walk, path: &Path, e: impl std::fmt::Display) -> bool {
+    w.failed(path, e);
+    true
 }
 
 /// Remove everything inside directory `path`: its files in steps done by the daemon,
-/// then each subdirectory, depth first.
-fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
+/// then each subdirectory, depth first. Returns whether something was named as not
+/// removed.
+fn empty(path: &Path, a: &RmArgs, w: &Walk) -> bool {
     let dir = match open_dir(path) {
         Ok(d) => d,
-        Err(e) => return w.failed(path, errno_text(&e)),
+        Err(e) => return fails(w, path, errno_text(&e)),
     };
     let mut subdirs = Vec::new();
     let mut from = 0;
+    let mut named = false;
     loop {
         match control::empty_step(dir.as_fd(), StepRequest { from, max: step_entries() }) {
             Ok(r) => {
-                w.removed += u64::from(r.removed);
                 for (errno, name) in r.failed {
                     let e = io::Error::from_raw_os_error(errno);
-                    w.failed(&path.join(OsStr::from_bytes(&name)), errno_text(&e));
+                    named = fails(w, &path.join(OsStr::from_bytes(&name)), errno_text(&e));
                 }
-                subdirs.extend(r.subdirs);
+                w.count(u64::from(r.removed));
+                subdirs.extend(r.subdirs.into_iter().map(OsString::from_vec));
                 from = r.next;
-                w.tick();
                 if r.done || w.stop() {
                     break;
                 }
@@ -177,29 +204,50 @@ fn empty(path: &Path, a: &RmArgs, w: &mut Walk) {
                 drop(dir);
                 return empty_by_entries(path, a, w);
             }
-            Err(e) => return w.failed(path, errno_text(&e)),
+            Err(e) => return fails(w, path, errno_text(&e)),
         }
     }
     drop(dir);
-    for name in subdirs {
-        remove(&path.join(OsStr::from_bytes(&name)), a, w);
-    }
+    remove_each(path, &subdirs, a, w) || named
+}
+
+/// [`remove`] each of `names` in `dir`; a spare walking thread, if there is one, takes
+/// names from the same list. Returns whether something was named as not removed.
+fn remove_each(dir: &Path, names: &[OsString], a: &RmArgs, w: &Walk) -> bool {
+    let next = AtomicUsize::new(0);
+    let named = AtomicBool::new(false);
+    let work = || {
+        while let Some(n) = names.get(next.fetch_add(1, Relaxed)) {
+            if remove(&dir.join(n), a, w) {
+                named.store(true, Relaxed);
+            }
+        }
+    };
+    let helped = names.len() > 1 && w.spare.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok();
+    std::thread::scope(|s| {
+        if helped {
+            s.spawn(|| {
+                work();
+                w.spare.fetch_add(1, Relaxed);
+            });
+        }
+        work();
+    });
+    named.load(Relaxed)
 }
 
 /// [`empty`] without the daemon: list, then remove each entry.
-fn empty_by_entries(path: &Path, a: &RmArgs, w: &mut Walk) {
+fn empty_by_entries(path: &Path, a: &RmArgs, w: &Walk) -> bool {
     let list = match std::fs::read_dir(path) {
         Ok(l) => l,
-        Err(e) => return w.failed(path, errno_text(&e)),
+        Err(e) => return fails(w, path, errno_text(&e)),
     };
     let names: Vec<_> = list.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
-    for n in names {
-        remove(&path.join(n), a, w);
-    }
+    remove_each(path, &names, a, w)
 }
 
 /// `--image`: remove through the library, as root of the volume.
-fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
+fn in_image(image: &str, a: &RmArgs, w: &Walk) -> i32 {
     let vol = match super::open_image(image) {
         Ok(v) => v,
         Err(code) => return code,
@@ -224,11 +272,11 @@ fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
             }
             Ok(_) => {}
         }
-        let base = w.removed;
+        let base = w.removed.load(Relaxed);
         let bar = w.bar.clone();
         match vol.remove_tree(parent, &name, &root, &mut |n| bar.set_message(format!("{} removed", base + n))) {
             Ok(r) => {
-                w.removed += r.removed;
+                w.removed.fetch_add(r.removed, Relaxed);
                 let dir = p.parent().unwrap_or(Path::new(""));
                 for (path, e) in r.failed {
                     w.failed(&dir.join(OsStr::from_bytes(&path)), e);
@@ -241,5 +289,5 @@ fn in_image(image: &str, a: &RmArgs, w: &mut Walk) -> i32 {
     if let Err(e) = vol.close() {
         return fail(format!("{image}: {e}"), 8);
     }
-    i32::from(!w.ok)
+    i32::from(!w.ok.load(Relaxed))
 }

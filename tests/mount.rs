@@ -3199,20 +3199,32 @@ fn dxfs_du_prints_what_du_prints() {
     File::create(t.join("a/sparse")).unwrap().set_len(50 << 20).unwrap();
     Command::new("sync").status().unwrap();
     let before = mount_stats(&s.mnt);
-    for flags in [&[][..], &["-s"], &["--apparent-size"], &["-h"], &["-s", "-h"], &["-s", "--apparent-size", "-h"]] {
+    let lines = |o: &std::process::Output| -> BTreeSet<String> {
+        String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect()
+    };
+    let all_flags = [&[][..], &["-s"], &["--apparent-size"], &["-h"], &["-s", "-h"], &["-s", "--apparent-size", "-h"]];
+    let mut printed = Vec::new();
+    for flags in all_flags {
         let theirs = Command::new("du").args(flags).arg("t").current_dir(&s.mnt).output().unwrap();
         let ours = dxfs().arg("du").args(flags).arg("t").current_dir(&s.mnt).output().unwrap();
         assert!(theirs.status.success() && ours.status.success(), "{}", String::from_utf8_lossy(&ours.stderr));
-        let lines = |o: &std::process::Output| -> BTreeSet<String> {
-            String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect()
-        };
         assert_eq!(lines(&ours), lines(&theirs), "du {flags:?}");
         assert!(lines(&ours).len() >= if flags.contains(&"-s") { 1 } else { 5 });
+        printed.push(lines(&theirs));
     }
     let after = mount_stats(&s.mnt);
     let n = |v: &serde_json::Value, op: &str| v["ops"][op]["count"].as_u64().unwrap_or(0);
     assert!(n(&after, "IOCTL") > n(&before, "IOCTL"), "the daemon was not asked");
     m.unmount();
+    // Unmounted, through the library: the same numbers.
+    for (flags, theirs) in all_flags.iter().zip(&printed) {
+        let ours = dxfs().arg("du").arg("--image").arg(&s.image).args(*flags).arg("t").output().unwrap();
+        assert!(ours.status.success(), "{}", String::from_utf8_lossy(&ours.stderr));
+        assert_eq!(&lines(&ours), theirs, "du --image {flags:?}");
+    }
+    let missing = dxfs().arg("du").arg("--image").arg(&s.image).arg("t/none").output().unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot access 't/none'"));
     s.fsck();
 }
 

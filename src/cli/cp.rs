@@ -85,7 +85,7 @@ pub fn run(a: CpArgs) -> i32 {
 /// `--image`: copy through the library into the unmounted volume `image`, as root. A
 /// source that meets an error stops there, and the next source is copied.
 fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
-    let vol = match super::open_image(image) {
+    let vol = match super::open_image(image, false) {
         Ok(v) => v,
         Err(code) => return code,
     };

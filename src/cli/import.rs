@@ -97,7 +97,7 @@ pub fn run(a: ImportArgs) -> i32 {
 
 /// `--image`: unpack through the library into the unmounted volume `image`, as root.
 fn in_image(image: &str, input: Box<dyn Read>, a: &ImportArgs) -> i32 {
-    let vol = match super::open_image(image) {
+    let vol = match super::open_image(image, false) {
         Ok(v) => v,
         Err(code) => return code,
     };

@@ -140,10 +140,11 @@ pub(crate) fn errno_text(e: &std::io::Error) -> String {
 }
 
 /// `--image`: open the unmounted volume `image` (image file, device or nbd:// URI)
-/// read-write through the library; a failure is printed and gives exit status 8.
-pub(crate) fn open_image(image: &str) -> Result<dxfs::Volume, i32> {
-    let dev = dxfs::block::open_device(image, false).map_err(|e| fail(format!("{image}: {e}"), 8))?;
-    dxfs::Volume::open(dev, dxfs::OpenOptions::default()).map_err(|e| fail(format!("{image}: {e}"), 8))
+/// through the library; a failure is printed and gives exit status 8.
+pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {
+    let dev = dxfs::block::open_device(image, read_only).map_err(|e| fail(format!("{image}: {e}"), 8))?;
+    let opts = dxfs::OpenOptions { read_only, ..Default::default() };
+    dxfs::Volume::open(dev, opts).map_err(|e| fail(format!("{image}: {e}"), 8))
 }
 
 /// The names of `p`, a path inside a volume taken from its root (`..` steps back).

@@ -248,7 +248,7 @@ fn empty_by_entries(path: &Path, a: &RmArgs, w: &Walk) -> bool {
 
 /// `--image`: remove through the library, as root of the volume.
 fn in_image(image: &str, a: &RmArgs, w: &Walk) -> i32 {
-    let vol = match super::open_image(image) {
+    let vol = match super::open_image(image, false) {
         Ok(v) => v,
         Err(code) => return code,
     };

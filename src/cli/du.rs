@@ -73,15 +73,66 @@ struct Meta {
 /// Entries the daemon looks at per step.
 const STEP_ENTRIES: u32 = 4096;
 
-struct Walk<'a> {
-    a: &'a DuArgs,
+/// Where the directories are summed: the daemon of a mount, or an image's library.
+#[derive(Clone, Copy)]
+struct Summer<'a> {
     /// An unmounted volume the paths are in (`--image`).
     vol: Option<&'a Volume>,
+}
+
+/// All of one directory's steps: its one-link files' size, then what comes after them
+/// in listing order.
+struct DirSum {
+    files: Size,
+    unreadable: Vec<Vec<u8>>,
+    next: Vec<Next>,
+}
+
+/// How summing a directory ended.
+enum Summed {
+    Done(DirSum),
+    /// Not a dxfs mount: stat each entry.
+    NotDxfs,
+    /// (what failed, why)
+    Failed(&'static str, String),
+}
+
+/// Directories summed ahead of the walk by a second thread, so that two directories'
+/// steps are served at once (the daemon serves each on the CPU it comes from, and on
+/// slow storage their reads overlap). The walk itself stays in du's order: a file with
+/// several links is counted where du meets it first.
+#[derive(Default)]
+struct Ahead {
+    state: parking_lot::Mutex<AheadState>,
+    changed: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct AheadState {
+    /// Directories met and not yet summed, the newest last.
+    queue: Vec<(PathBuf, Option<u64>)>,
+    /// Directories either thread took.
+    taken: std::collections::HashMap<PathBuf, Taken>,
+    finished: bool,
+}
+
+enum Taken {
+    /// Being summed.
+    Busy,
+    /// Summed by the second thread, for the walk to take.
+    Ready(Summed),
+    /// The walk has it.
+    Walked,
+}
+
+struct Walk<'a> {
+    a: &'a DuArgs,
+    summer: Summer<'a>,
+    ahead: &'a Ahead,
     /// Inodes with several links already counted.
     seen: HashSet<u64>,
     ok: bool,
 }
-
 /// A size as du adds it: allocated bytes or apparent bytes.
 #[derive(Clone, Copy, Default)]
 struct Size {
@@ -107,45 +158,89 @@ pub fn run(mut a: DuArgs) -> i32 {
         },
         None => None,
     };
-    let mut w = Walk { a: &a, vol: vol.as_ref(), seen: HashSet::new(), ok: true };
-    for p in &a.paths {
-        let ino = match w.vol {
-            Some(v) => match super::image_lookup(v, p) {
-                Ok(at) => Some(at.ino),
-                Err(e) => {
-                    w.failed("cannot access", p, e);
-                    continue;
-                }
-            },
-            None => None,
-        };
-        w.path(p, ino, true);
-    }
-    i32::from(!w.ok)
+    let summer = Summer { vol: vol.as_ref() };
+    let ahead = Ahead::default();
+    let ok = std::thread::scope(|s| {
+        s.spawn(|| summer.sum_ahead(&ahead));
+        let mut w = Walk { a: &a, summer, ahead: &ahead, seen: HashSet::new(), ok: true };
+        for p in &a.paths {
+            let ino = match summer.vol {
+                Some(v) => match super::image_lookup(v, p) {
+                    Ok(at) => Some(at.ino),
+                    Err(e) => {
+                        w.failed("cannot access", p, e);
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            w.path(p, ino, true);
+        }
+        ahead.state.lock().finished = true;
+        ahead.changed.notify_all();
+        w.ok
+    });
+    i32::from(!ok)
 }
 
-impl Walk<'_> {
-    fn failed(&mut self, what: &str, path: &Path, e: impl std::fmt::Display) {
-        eprintln!("dxfs du: {what} '{}': {e}", path.display());
-        self.ok = false;
+impl Summer<'_> {
+    /// The second thread: sum the newest directory met and not yet taken, until the
+    /// walk ends.
+    fn sum_ahead(self, ahead: &Ahead) {
+        let mut st = ahead.state.lock();
+        loop {
+            let Some((path, ino)) = st.queue.pop() else {
+                if st.finished {
+                    return;
+                }
+                ahead.changed.wait(&mut st);
+                continue;
+            };
+            if st.taken.contains_key(&path) {
+                continue;
+            }
+            st.taken.insert(path.clone(), Taken::Busy);
+            drop(st);
+            let r = self.sum_dir(&path, ino);
+            st = ahead.state.lock();
+            st.taken.insert(path, Taken::Ready(r));
+            ahead.changed.notify_all();
+        }
     }
 
-    /// `path`'s attributes (`ino`'s, in an image).
-    fn meta(&self, path: &Path, ino: Option<u64>) -> Result<Meta, String> {
-        match (self.vol, ino) {
-            (Some(v), Some(ino)) => v
-                .getattr(ino)
-                .map(|a| Meta {
-                    dir: a.kind == dxfs::FileType::Directory,
-                    nlink: u64::from(a.nlink),
-                    ino,
-                    blocks: a.blocks,
-                    size: a.size,
-                })
-                .map_err(|e| e.to_string()),
-            _ => std::fs::symlink_metadata(path)
-                .map(|m| Meta { dir: m.is_dir(), nlink: m.nlink(), ino: m.ino(), blocks: m.blocks(), size: m.size() })
-                .map_err(|e| errno_text(&e)),
+    /// Every step of directory `path` (`ino`, in an image).
+    fn sum_dir(&self, path: &Path, ino: Option<u64>) -> Summed {
+        let dir = if self.vol.is_some() {
+            None
+        } else {
+            match open_dir(path) {
+                Ok(d) => Some(d),
+                Err(e) => return Summed::Failed("cannot read directory", errno_text(&e)),
+            }
+        };
+        let mut sum = DirSum { files: Size::default(), unreadable: Vec::new(), next: Vec::new() };
+        let mut from = 0;
+        loop {
+            match self.step(dir.as_ref(), ino, from) {
+                Some(Ok(r)) => {
+                    sum.files.add(r.blocks, r.bytes);
+                    sum.unreadable.extend(r.unreadable);
+                    let mut linked = r.linked.into_iter().peekable();
+                    for (k, (name, sub)) in r.subdirs.into_iter().enumerate() {
+                        while let Some((ino, blocks, bytes, _)) = linked.next_if(|l| l.3 as usize <= k) {
+                            sum.next.push(Next::Linked { ino, blocks, bytes });
+                        }
+                        sum.next.push(Next::Dir(path.join(OsStr::from_bytes(&name)), sub));
+                    }
+                    sum.next.extend(linked.map(|(ino, blocks, bytes, _)| Next::Linked { ino, blocks, bytes }));
+                    from = r.next;
+                    if r.done {
+                        return Summed::Done(sum);
+                    }
+                }
+                None => return Summed::NotDxfs,
+                Some(Err(e)) => return Summed::Failed("cannot read directory", e),
+            }
         }
     }
 
@@ -180,10 +275,37 @@ impl Walk<'_> {
         }
     }
 
+}
+
+impl Walk<'_> {
     fn print(&self, s: Size, path: &Path) {
         let bytes = if self.a.apparent_size { s.apparent } else { s.allocated };
         let shown = if self.a.human { human(bytes) } else { bytes.div_ceil(1024).to_string() };
         println!("{shown}\t{}", path.display());
+    }
+
+    fn failed(&mut self, what: &str, path: &Path, e: impl std::fmt::Display) {
+        eprintln!("dxfs du: {what} '{}': {e}", path.display());
+        self.ok = false;
+    }
+
+    /// `path`'s attributes (`ino`'s, in an image).
+    fn meta(&self, path: &Path, ino: Option<u64>) -> Result<Meta, String> {
+        match (self.summer.vol, ino) {
+            (Some(v), Some(ino)) => v
+                .getattr(ino)
+                .map(|a| Meta {
+                    dir: a.kind == dxfs::FileType::Directory,
+                    nlink: u64::from(a.nlink),
+                    ino,
+                    blocks: a.blocks,
+                    size: a.size,
+                })
+                .map_err(|e| e.to_string()),
+            _ => std::fs::symlink_metadata(path)
+                .map(|m| Meta { dir: m.is_dir(), nlink: m.nlink(), ino: m.ino(), blocks: m.blocks(), size: m.size() })
+                .map_err(|e| errno_text(&e)),
+        }
     }
 
     /// The size of `path` (inode `ino` in an image) and everything under it; printed
@@ -216,54 +338,36 @@ impl Walk<'_> {
     /// What lies under directory `path` (`ino`, in an image), summed by the daemon when
     /// it serves it, or by the library.
     fn dir(&mut self, path: &Path, ino: Option<u64>) -> Size {
-        let mut total = Size::default();
-        let dir = if self.vol.is_some() {
-            None
-        } else {
-            match open_dir(path) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    self.failed("cannot read directory", path, errno_text(&e));
-                    return total;
-                }
+        let sum = match self.summed(path, ino) {
+            Summed::Done(sum) => sum,
+            Summed::NotDxfs => return self.by_entries(path, Size::default()),
+            Summed::Failed(what, e) => {
+                self.failed(what, path, e);
+                return Size::default();
             }
         };
-        // What comes after the one-link files, in listing order: du counts a file with
-        // several names under the first it meets, descending into each subdirectory as
-        // it meets it.
-        let mut next: Vec<Next> = Vec::new();
-        let mut from = 0;
-        loop {
-            match self.step(dir.as_ref(), ino, from) {
-                Some(Ok(r)) => {
-                    total.add(r.blocks, r.bytes);
-                    for n in r.unreadable {
-                        let e = io::Error::from_raw_os_error(libc::EIO);
-                        self.failed("cannot access", &path.join(OsStr::from_bytes(&n)), errno_text(&e));
-                    }
-                    let mut linked = r.linked.into_iter().peekable();
-                    for (k, (name, sub)) in r.subdirs.into_iter().enumerate() {
-                        while let Some((ino, blocks, bytes, _)) = linked.next_if(|l| l.3 as usize <= k) {
-                            next.push(Next::Linked { ino, blocks, bytes });
-                        }
-                        next.push(Next::Dir(path.join(OsStr::from_bytes(&name)), sub));
-                    }
-                    next.extend(linked.map(|(ino, blocks, bytes, _)| Next::Linked { ino, blocks, bytes }));
-                    from = r.next;
-                    if r.done {
-                        break;
-                    }
-                }
-                // Not a dxfs mount: stat each entry.
-                None => return self.by_entries(path, total),
-                Some(Err(e)) => {
-                    self.failed("cannot read directory", path, e);
-                    return total;
-                }
-            }
+        for n in &sum.unreadable {
+            let e = io::Error::from_raw_os_error(libc::EIO);
+            self.failed("cannot access", &path.join(OsStr::from_bytes(n)), errno_text(&e));
         }
-        drop(dir);
-        for n in next {
+        // The subdirectories met, for the second thread to sum ahead: the walk takes
+        // them first to last, that thread last to first, and they meet in the middle.
+        let subdirs: Vec<_> = sum
+            .next
+            .iter()
+            .filter_map(|n| match n {
+                Next::Dir(p, i) => Some((p.clone(), *i)),
+                Next::Linked { .. } => None,
+            })
+            .collect();
+        if subdirs.len() > 1 {
+            self.ahead.state.lock().queue.extend(subdirs.into_iter().skip(1));
+            self.ahead.changed.notify_all();
+        }
+        // du counts a file with several names under the first it meets, descending
+        // into each subdirectory as it meets it.
+        let mut total = sum.files;
+        for n in sum.next {
             match n {
                 Next::Linked { ino, blocks, bytes } => {
                     if self.seen.insert(ino) {
@@ -277,6 +381,21 @@ impl Walk<'_> {
             }
         }
         total
+    }
+
+    /// Directory `path` summed: by the second thread if it took it (waiting for it to
+    /// finish), else here.
+    fn summed(&self, path: &Path, ino: Option<u64>) -> Summed {
+        let mut st = self.ahead.state.lock();
+        while matches!(st.taken.get(path), Some(Taken::Busy)) {
+            self.ahead.changed.wait(&mut st);
+        }
+        if let Some(Taken::Ready(r)) = st.taken.insert(path.to_path_buf(), Taken::Walked) {
+            return r;
+        }
+        // Taken here: the second thread passes it by.
+        drop(st);
+        self.summer.sum_dir(path, ino)
     }
 
     fn by_entries(&mut self, path: &Path, mut total: Size) -> Size {

@@ -274,7 +274,6 @@ impl Summer<'_> {
             Err(e) => Some(Err(errno_text(&e))),
         }
     }
-
 }
 
 impl Walk<'_> {

@@ -161,7 +161,8 @@ pub fn run(mut a: DuArgs) -> i32 {
     let summer = Summer { vol: vol.as_ref() };
     let ahead = Ahead::default();
     let ok = std::thread::scope(|s| {
-        s.spawn(|| summer.sum_ahead(&ahead));
+        // No thread to be had: the walk sums every directory itself.
+        let _ = std::thread::Builder::new().spawn_scoped(s, || summer.sum_ahead(&ahead));
         let mut w = Walk { a: &a, summer, ahead: &ahead, seen: HashSet::new(), ok: true };
         for p in &a.paths {
             let ino = match summer.vol {

@@ -226,10 +226,14 @@ fn remove_each(dir: &Path, names: &[OsString], a: &RmArgs, w: &Walk) -> bool {
     let helped = names.len() > 1 && w.spare.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok();
     std::thread::scope(|s| {
         if helped {
-            s.spawn(|| {
+            let helper = || {
                 work();
                 w.spare.fetch_add(1, Relaxed);
-            });
+            };
+            // No thread to be had: this one walks alone.
+            if std::thread::Builder::new().spawn_scoped(s, helper).is_err() {
+                w.spare.fetch_add(1, Relaxed);
+            }
         }
         work();
     });

@@ -8,21 +8,35 @@
 //! and `tools` → `fuse` and the command line. A layer only calls the layers below it.
 //! See docs/DESIGN.md and docs/FORMAT.md.
 //!
+//! The main paths, on a volume in memory (an image file: `dxfs::block::open_device`):
+//!
 //! ```
 //! use std::sync::Arc;
-//! use dxfs::block::MemDevice;
-//! use dxfs::{mkfs, MkfsOptions, OpenOptions, Volume};
+//! use dxfs::block::{BlockDevice, MemDevice};
+//! use dxfs::{mkfs, Caller, Error, MkfsOptions, OpenOptions, Volume, XattrMode};
 //!
 //! let dev = Arc::new(MemDevice::new(4096)); // 16 MiB in memory
 //! mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
 //! let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
 //! let root = vol.root();
+//! // Create, write, commit, read, list.
 //! let f = vol.create(root, b"hello.txt", 0o644, 0, 0).unwrap();
 //! vol.write(f.ino, 0, b"hello, world").unwrap();
 //! vol.sync().unwrap();
 //! assert_eq!(vol.read(f.ino, 0, 100).unwrap(), b"hello, world");
 //! let names: Vec<_> = vol.readdir(root, 0, 100).unwrap().into_iter().map(|e| e.name).collect();
 //! assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"hello.txt".to_vec()]);
+//! // Extended attributes.
+//! vol.setxattr(f.ino, b"user.colour", b"blue", XattrMode::Create).unwrap();
+//! assert_eq!(vol.getxattr(f.ino, b"user.colour").unwrap(), b"blue");
+//! // The plain operations check no permission (the kernel does, through a mount); the
+//! // `_as` ones take the caller and apply the kernel's rules.
+//! let nobody = Caller { uid: 65534, gid: 65534, groups: Vec::new() };
+//! assert!(matches!(vol.unlink_as(root, b"hello.txt", &nobody), Err(Error::AccessDenied)));
+//! // Close (the last delta commits), then check the volume as `dxfs fsck -n` does.
+//! vol.close().unwrap();
+//! let report = dxfs::fsck::check(dev as Arc<dyn BlockDevice>, false, &mut |_| {}).unwrap();
+//! assert!(report.errors.is_empty());
 //! ```
 // Unsafe code is denied everywhere; the exceptions are in `fuse`: `uring` (the io_uring
 // buffers the kernel writes into), `devfd` and `control` (one ioctl each) and

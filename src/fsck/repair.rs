@@ -111,14 +111,15 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     // inodes, and an unreadable one (the damaged root block) is written anew.
     let mut raw = [0u8; BLOCK_SIZE];
     dev.read(rb, &mut raw)?;
-    let intact = verify(&raw, rb, None).is_ok();
-    if intact && get_u32(&raw, 0) != INODE_MAGIC {
+    let readable = verify(&raw, rb, None).is_ok();
+    let magic = get_u32(&raw, 0);
+    if readable && magic != INODE_MAGIC && foreign_may_be_live(&*dev, &sb, &raw, rb)? {
         return Err(crate::error::Error::corrupt(format!(
-            "the root inode {root} is unreadable and its block {rb} holds another structure (magic {:#010x}): \
-             the root cannot be recreated there",
-            get_u32(&raw, 0)
+            "the root inode {root} is unreadable and its block {rb} holds another structure (magic {magic:#010x}): \
+             the root cannot be recreated there"
         )));
     }
+    let intact = readable && magic == INODE_MAGIC;
     let vol = Volume::open_for_repair(dev, false)?;
     vol.repair(|st, _| {
         for &b in &nodes {
@@ -149,6 +150,51 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
         "root directory {root} was unreadable: recreated (mode 0755, owner root, no xattrs) with the {found} entries of {} readable index blocks",
         nodes.len()
     ))
+}
+
+/// Whether `raw`, a readable block of another kind found at the root's inode block `rb`,
+/// may be a live structure that recreating the root would write over. Both superblock
+/// copies must name this root (else the root's place itself is in doubt). Structures with
+/// fixed places elsewhere (superblock, state, log, bitmap; the mount mark is never the
+/// root's block, FORMAT §3) cannot be live here. An xattr continuation is live only if
+/// its owner's list names it. An xattr head or a B+tree node may be: kept.
+fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: u64) -> Result<bool> {
+    let mut b = [0u8; BLOCK_SIZE];
+    let last = sb.layout.backup_superblock();
+    dev.read(last, &mut b)?;
+    if Superblock::decode(&b, last).map_or(true, |bk| bk.root_ino != sb.root_ino) {
+        return Ok(true);
+    }
+    Ok(match get_u32(raw, 0) {
+        SB_MAGIC | STATE_MAGIC | COMMIT_MAGIC | BITMAP_MAGIC | MARK_MAGIC => false,
+        XATTR_CONT_MAGIC => continuation_is_named(dev, sb, get_u64(raw, 16), rb)?,
+        _ => true,
+    })
+}
+
+/// Whether inode `owner`'s xattr list names block `cont` as a continuation.
+fn continuation_is_named(dev: &dyn BlockDevice, sb: &Superblock, owner: u64, cont: u64) -> Result<bool> {
+    let (ob, slot) = ino_loc(owner);
+    if slot == 0 || ob < sb.layout.first_free() || ob >= sb.layout.backup_superblock() {
+        return Ok(false);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(ob, &mut b)?;
+    if verify(&b, ob, Some(INODE_MAGIC)).is_err() {
+        // Unreadable: its list cannot be followed, so keep what may be part of it.
+        return Ok(true);
+    }
+    let Ok(Some(i)) = Inode::decode(owner, &b[slot * 256..(slot + 1) * 256]) else { return Ok(false) };
+    let head = i.xattr_block;
+    if head < sb.layout.first_free() || head >= sb.layout.backup_superblock() {
+        return Ok(false);
+    }
+    dev.read(head, &mut b)?;
+    if verify(&b, head, Some(XATTR_MAGIC)).is_err() {
+        return Ok(true);
+    }
+    let n = usize::from(get_u16(&b, 24)).min(16);
+    Ok((0..n).any(|k| get_u64(&b, 32 + 8 * k) == cont))
 }
 
 /// Rebuild directory `d`'s index from the records of its readable leaves (entries that

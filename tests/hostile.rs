@@ -460,18 +460,27 @@ fn a_damaged_newest_commit_is_rolled_back_on_request() {
 }
 
 /// Item 11: a damaged block 0 with an intact backup superblock is repaired from the
-/// backup.
+/// backup. Also when block 0 decodes but cannot be used (found by the image fuzzer, seeds
+/// 1895825535, 1895833515: an unknown incompatible bit, a block count one past the
+/// device): the copies must be equal, so the usable backup is the true one.
 #[test]
 fn a_damaged_superblock_is_repaired_from_its_backup() {
     let (img, ..) = small();
-    for damage in [0usize, 1] {
+    for damage in [0usize, 1, 2, 3] {
         let mut img = img.clone();
+        let blocks = (img.len() / BLOCK_SIZE) as u64;
         let blk = block_of(&mut img, 0);
-        if damage == 0 {
-            blk.fill(0);
-        } else {
+        match damage {
+            0 => blk.fill(0),
             // Checksum-valid but impossible: a block count past the device.
-            put_u64(blk, 88, u64::MAX / 8);
+            1 => put_u64(blk, 88, u64::MAX / 8),
+            2 => {
+                let incompat = get_u32(blk, 24) | 1 << 31;
+                blk[24..28].copy_from_slice(&incompat.to_le_bytes());
+            }
+            _ => put_u64(blk, 88, blocks + 1),
+        }
+        if damage > 0 {
             seal(blk, 0);
         }
         let dev = Arc::new(MemDevice::from_bytes(img));

@@ -223,9 +223,26 @@ fn strip(e: &Error) -> String {
 }
 
 /// The superblock of a volume this code may open: it fits the device and has no unknown
-/// incompatible feature.
+/// incompatible feature. A block 0 that decodes but fails these gives way to a backup in
+/// the device's last block that passes them: the two copies must be equal (FORMAT §3),
+/// so the one that differs is the damaged one (fsck then rewrites block 0).
 pub(crate) fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let sb = read_superblock(dev)?;
+    let Err(e) = usable(dev, &sb) else { return Ok(sb) };
+    let last = dev.block_count() - 1;
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(last, &mut b)?;
+    match Superblock::decode(&b, last) {
+        Ok(backup) if backup != sb && usable(dev, &backup).is_ok() => {
+            tracing::warn!("block 0 cannot be used ({}): using the backup superblock in block {last}", strip(&e));
+            Ok(backup)
+        }
+        _ => Err(e),
+    }
+}
+
+/// Whether this code may open a volume with superblock `sb` on `dev`.
+fn usable(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     if sb.layout.block_count > dev.block_count() {
         return Err(Error::corrupt(format!(
             "volume has {} blocks but the device only {} (truncated image?)",
@@ -236,5 +253,5 @@ pub(crate) fn read_usable_superblock(dev: &dyn BlockDevice) -> Result<Superblock
     if sb.incompat & !KNOWN_INCOMPAT != 0 {
         return Err(Error::corrupt(format!("unknown incompatible features {:#x}", sb.incompat)));
     }
-    Ok(sb)
+    Ok(())
 }

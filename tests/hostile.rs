@@ -517,6 +517,30 @@ fn a_superblock_naming_the_wrong_root_gives_way_to_its_backup() {
     }
 }
 
+/// Found by the image fuzzer (seeds 1895830155, 1895832321): both superblock copies
+/// naming another inode as the root (a file, a directory that is not its own parent).
+/// No copy helps; repair finds the one directory that is its own parent and writes it
+/// into both.
+#[test]
+fn both_superblocks_naming_the_wrong_root_are_repaired_from_the_inodes() {
+    let (img, f, d) = small();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    for wrong in [f, d] {
+        let mut img = img.clone();
+        for at in [0, last] {
+            let blk = block_of(&mut img, at);
+            put_u64(blk, 120, wrong);
+            seal(blk, at);
+        }
+        let dev = Arc::new(MemDevice::from_bytes(img));
+        repair_holds(dev.clone());
+        assert_ne!(get_u64(&dev.to_bytes(), 120), wrong, "block 0 was not written again");
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        assert!(vol.lookup(vol.root(), b"f").is_ok() && vol.lookup(vol.root(), b"d").is_ok());
+        close_and_check(dev, vol);
+    }
+}
+
 /// Item 12: with both superblock copies damaged, fsck fails (exit 8) saying what is
 /// wrong with each copy and that none can be used.
 #[test]
@@ -556,8 +580,9 @@ fn a_root_inode_in_the_backup_superblock_is_refused() {
 }
 
 /// Both superblock copies naming a free slot of an intact inode block that holds files
-/// as the root: the root is recreated in that slot only, the files beside it keep their
-/// inodes and contents, and the old tree goes to /lost+found.
+/// as the root, and the old root's block unreadable (else repair finds the old root, the
+/// only directory that is its own parent): the root is recreated in that slot only, the
+/// files beside it keep their inodes and contents, and the old tree goes to /lost+found.
 #[test]
 fn a_recreated_root_keeps_its_blocks_other_inodes() {
     let (dev, vol) = mem_volume(BLOCKS);
@@ -580,6 +605,7 @@ fn a_recreated_root_keeps_its_blocks_other_inodes() {
         put_u64(blk, 120, new_root);
         seal(blk, at);
     }
+    block_of(&mut img, ino_loc(root).0).fill(0);
     let dev = Arc::new(MemDevice::from_bytes(img));
     let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
     assert!(fixed.fixed.iter().any(|m| m.contains("recreated")), "root not recreated: {fixed:#?}");

@@ -165,6 +165,25 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let sb = read_usable_superblock(&*dev)?;
     // A volume with features this fsck does not know may be checked but not changed.
     let repair = repair && sb.ro_compat & !KNOWN_RO_COMPAT == 0;
+    if repair && pass < MAX_DROP_PASSES {
+        if let Some(found) = repair::find_root(&*dev, &sb)? {
+            let fixed = Superblock { root_ino: found, ..sb.clone() };
+            for at in [SUPERBLOCK, sb.layout.backup_superblock()] {
+                dev.write(at, &fixed.encode(at)[..])?;
+            }
+            dev.flush()?;
+            let mut next = check_pass(dev, repair, progress, pass + 1)?;
+            next.fixed.insert(
+                0,
+                format!(
+                    "both superblock copies named inode {} as the root, which is none: \
+                     the root is directory {found}, its own parent (written to both)",
+                    sb.root_ino
+                ),
+            );
+            return Ok(next);
+        }
+    }
     let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
     let sb_fixes = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from

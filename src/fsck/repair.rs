@@ -152,6 +152,35 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     ))
 }
 
+/// Both superblock copies name as the root an inode that is plainly none (a file, a free
+/// slot, a block of another kind): the root is the one directory that is its own parent,
+/// found by reading every intact inode block. Returns it when there is exactly one.
+pub(super) fn find_root(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<u64>> {
+    if crate::volume::root_is_wrong(dev, sb)? != Some(true) {
+        return Ok(None);
+    }
+    let mut found = Vec::new();
+    let mut b = [0u8; BLOCK_SIZE];
+    for blk in sb.layout.first_free()..sb.layout.backup_superblock() {
+        dev.read(blk, &mut b)?;
+        if verify(&b, blk, Some(INODE_MAGIC)).is_err() {
+            continue;
+        }
+        for slot in 1..BLOCK_SIZE / 256 {
+            let ino = blk * (BLOCK_SIZE / 256) as u64 + slot as u64;
+            if let Ok(Some(i)) = Inode::decode(ino, &b[slot * 256..(slot + 1) * 256]) {
+                if i.is_dir() && i.parent == ino {
+                    found.push(ino);
+                }
+            }
+        }
+        if found.len() > 1 {
+            return Ok(None);
+        }
+    }
+    Ok(found.first().copied())
+}
+
 /// Whether `raw`, a readable block of another kind found at the root's inode block `rb`,
 /// may be a live structure that recreating the root would write over. Both superblock
 /// copies must name this root (else the root's place itself is in doubt). Structures with

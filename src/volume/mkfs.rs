@@ -192,7 +192,7 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 /// place but of another kind, or, in an intact inode block, a free slot or an inode that
 /// is not a directory that is its own parent. `None` when its block does not verify
 /// (nothing can be told).
-fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>> {
+pub(crate) fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>> {
     let (rb, slot) = ino_loc(sb.root_ino);
     if rb >= dev.block_count() {
         return Ok(None);

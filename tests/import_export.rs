@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::dxfs;
+use common::{dxfs, tar_entry};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
@@ -296,20 +296,6 @@ fn mkfs_d_of_a_tar_archive_replaces_and_links_as_tar_does() {
     assert_eq!(fs::metadata(dst.join("unlisted")).unwrap().mode() & 0o7777, 0o755);
     let d = fs::metadata(dst.join("d")).unwrap();
     assert_eq!((d.mode() & 0o7777, d.mtime()), (0o751, 1_400_000_000), "d's time is set after its contents");
-}
-
-/// A complete header of one entry (owner root), checksummed.
-fn tar_entry(kind: tar::EntryType, name: &str, mode: u32, mtime: u64, size: u64) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_path(name).unwrap();
-    h.set_entry_type(kind);
-    h.set_mode(mode);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(mtime);
-    h.set_size(size);
-    h.set_cksum();
-    h
 }
 
 /// `mkfs -d ARCHIVE` into a new image in `dir` (fsck clean), exported to `dir/out`.

@@ -9,6 +9,8 @@
 //! the few tests about image files themselves (the file lock, mount(8), a user other
 //! than root) say so and skip. `.ci/run` runs the suite both ways.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -3530,18 +3532,7 @@ fn dxfs_import_replaces_and_refuses_as_tar_does() {
     let s = Scratch::new(64);
     let archive = s.tmp.path().join("t.tar");
     let mut b = tar::Builder::new(File::create(&archive).unwrap());
-    let entry = |kind, name: &str, mode, mtime, size| {
-        let mut h = tar::Header::new_gnu();
-        h.set_path(name).unwrap();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(mtime);
-        h.set_size(size);
-        h.set_cksum();
-        h
-    };
+    let entry = common::tar_entry;
     let mut add = |kind, name: &str, mode, mtime, data: &[u8]| {
         b.append(&entry(kind, name, mode, mtime, data.len() as u64), data).unwrap();
     };

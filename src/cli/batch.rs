@@ -132,8 +132,7 @@ pub(crate) struct Sender {
 
 impl Sender {
     pub fn new(prog: &'static str) -> Sender {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+        let bar = super::spinner();
         let shared = Arc::new(Shared {
             prog,
             daemon: AtomicBool::new(true),

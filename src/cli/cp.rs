@@ -100,7 +100,7 @@ fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
         None if srcs.len() > 1 => None,
         None => super::image_parent(&vol, dest).map(|(dir, name)| (dir, Some(name))),
     };
-    let bar = super::export::spinner();
+    let bar = super::spinner();
     match target {
         None if srcs.len() > 1 => failed(format!("target '{}' is not a directory", dest.display())),
         None => failed(format!("cannot create '{}': No such file or directory", dest.display())),

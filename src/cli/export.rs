@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dxfs::block::{BlockDevice, FileDevice};
 use dxfs::{OpenOptions, Volume};
 
-use super::fail;
+use super::{fail, spinner};
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
@@ -15,13 +15,6 @@ pub struct ExportArgs {
     image: PathBuf,
     /// Directory to write the tree into (created if missing; must be empty).
     dir: PathBuf,
-}
-
-pub(super) fn spinner() -> indicatif::ProgressBar {
-    // Drawn only when stderr is a terminal.
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
-    bar
 }
 
 pub fn run(a: ExportArgs) -> i32 {

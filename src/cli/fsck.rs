@@ -37,8 +37,7 @@ pub fn run(a: FsckArgs) -> i32 {
         }
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let bar = super::spinner();
     let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));
     let opts = dxfs::fsck::CheckOptions { repair: !a.no_change, rollback: a.rollback };
     let r = dxfs::fsck::check_with(dev, &opts, &mut progress);

@@ -103,7 +103,7 @@ fn in_image(image: &str, input: Box<dyn Read>, a: &ImportArgs) -> i32 {
     };
     let mut code = match super::image_lookup(&vol, &a.dest) {
         Ok(d) if d.kind == dxfs::FileType::Directory => {
-            let bar = super::export::spinner();
+            let bar = super::spinner();
             let r = dxfs::tools::import_tar::import_tar_into(&vol, input, d.ino, &mut |s| {
                 bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
             });

@@ -139,6 +139,13 @@ pub(crate) fn errno_text(e: &std::io::Error) -> String {
     }
 }
 
+/// A progress line on stderr, drawn only when stderr is a terminal.
+pub(crate) fn spinner() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    bar
+}
+
 /// `--image`: open the unmounted volume `image` (image file, device or nbd:// URI)
 /// through the library; a failure is printed and gives exit status 8.
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {

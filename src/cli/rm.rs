@@ -92,8 +92,7 @@ pub fn run(a: RmArgs) -> i32 {
             return fail(format!("rm: refusing to remove '{}'", p.display()), 1);
         }
     }
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let bar = super::spinner();
     let mut w = Walk {
         interrupt: None,
         stopped: AtomicBool::new(false),

@@ -162,3 +162,17 @@ pub fn dxfs(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A complete tar header of one entry (owner root), checksummed.
+pub fn tar_entry(kind: tar::EntryType, name: &str, mode: u32, mtime: u64, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_path(name).unwrap();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    h.set_size(size);
+    h.set_cksum();
+    h
+}

@@ -45,6 +45,10 @@ pub struct MkfsArgs {
     /// the device is then not recognised, and older readers can write the volume.
     #[arg(long)]
     no_mount_mark: bool,
+    /// No recursive statistics on directories (no RSTATS feature: `dxfs du` then walks,
+    /// and older readers can write the volume).
+    #[arg(long)]
+    no_rstats: bool,
     /// Every commit with two device flushes (no ONE_FLUSH_COMMIT feature: small deltas
     /// then do not log their file data), as older readers need.
     #[arg(long)]
@@ -169,6 +173,7 @@ pub fn run(a: MkfsArgs) -> i32 {
         log_blocks: None,
         root_owner,
         lazy_inode_free: !a.no_lazy_inode_free,
+        rstats: !a.no_rstats,
         mount_mark: !a.no_mount_mark,
         one_flush_commit: !a.no_one_flush_commit,
     };

@@ -64,6 +64,11 @@ pub const RO_COMPAT_GROW_PENDING: u32 = 8;
 /// recognised, as ext4's MMP block does. A writer that does not know the mark would not
 /// honour it, and an old fsck would free its block as leaked; a reader loses nothing.
 pub const RO_COMPAT_MOUNT_MARK: u32 = 16;
+/// ro_compat: every directory's recursive statistics are kept in the state block's
+/// rstat tree, and every named non-directory's `parent` names the directory it is counted
+/// in (FORMAT.md §6.2). A writer that does not know this would leave the counters wrong;
+/// a reader loses nothing.
+pub(crate) const RO_COMPAT_RSTATS: u32 = 32;
 /// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
@@ -80,10 +85,13 @@ pub(crate) const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
     | RO_COMPAT_XATTR_FILTER_K
     | RO_COMPAT_LAZY_INODE_FREE
     | RO_COMPAT_GROW_PENDING
-    | RO_COMPAT_MOUNT_MARK;
+    | RO_COMPAT_MOUNT_MARK
+    | RO_COMPAT_RSTATS;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
 pub(crate) const LAZY_FREE_OWNER: u64 = 1;
+/// Owner recorded in the nodes of the rstat tree (slot 2 of block 0: no inode either).
+pub(crate) const RSTAT_OWNER: u64 = 2;
 /// Bits each xattr name sets in the filter of a new volume: k = ln2 · m / n for m = 32
 /// bits and the typical n = 2 names of an inode that has any (docs/DESIGN.md, "Xattrs").
 pub const DEFAULT_FILTER_HASHES: u8 = 11;
@@ -425,6 +433,11 @@ impl Superblock {
         self.ro_compat & RO_COMPAT_LAZY_INODE_FREE != 0
     }
 
+    /// Whether directories keep recursive statistics (ro_compat RSTATS, FORMAT.md §6.2).
+    pub fn rstats(&self) -> bool {
+        self.ro_compat & RO_COMPAT_RSTATS != 0
+    }
+
     /// Whether the xattr bloom filter is in force.
     pub fn xattr_filter(&self) -> bool {
         self.ro_compat & (RO_COMPAT_XATTR_FILTER | RO_COMPAT_XATTR_FILTER_K) != 0
@@ -523,6 +536,9 @@ pub struct State {
     /// The lazy-free tree: inode block → mask of slots freed but still marked used in
     /// the block (ro_compat LAZY_INODE_FREE; empty otherwise).
     pub lazy_frees: TreeRoot,
+    /// The rstat tree: each directory's recursive statistics and the link directories of
+    /// each file with several links (ro_compat RSTATS; empty otherwise).
+    pub rstats: TreeRoot,
 }
 
 impl State {
@@ -535,6 +551,8 @@ impl State {
         put_u64(b, 40, self.inodes);
         put_u64(b, 48, self.lazy_frees.root);
         put_u16(b, 56, self.lazy_frees.depth);
+        put_u64(b, 64, self.rstats.root);
+        put_u16(b, 72, self.rstats.depth);
     }
     pub fn decode(b: &Block) -> State {
         State {
@@ -543,6 +561,7 @@ impl State {
             commit_seq: get_u64(b, 32),
             inodes: get_u64(b, 40),
             lazy_frees: TreeRoot { root: get_u64(b, 48), depth: get_u16(b, 56) },
+            rstats: TreeRoot { root: get_u64(b, 64), depth: get_u16(b, 72) },
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod hash;
 pub(crate) mod nbd;
 pub(crate) mod overlay;
 pub(crate) mod probe;
+pub(crate) mod rstat;
 pub(crate) mod valid;
 
 use std::sync::Arc;

@@ -79,15 +79,17 @@ pub enum LeafKind {
     Readahead,
     /// The cross-directory rename mutex.
     Rename,
+    /// The rstat tree.
+    Rstats,
 }
 
 /// How many [`LeafKind`]s there are.
-pub(crate) const LEAF_KINDS: usize = 8;
+pub(crate) const LEAF_KINDS: usize = 9;
 
 /// The names of the volume-wide leaf locks, in the order of `LeafKind` (the index of a lock
 /// in `LockStats::leaf_held_by`).
 pub const LEAF_NAMES: [&str; LEAF_KINDS] =
-    ["space map", "lives", "lazy-free tree", "xattr hints", "shared inode block", "density", "readahead", "rename"];
+    ["space map", "lives", "lazy-free tree", "xattr hints", "shared inode block", "density", "readahead", "rename", "rstat tree"];
 
 /// Time spent on the volume-wide leaf locks of one volume (all zero unless enabled).
 #[derive(Default)]

@@ -21,6 +21,7 @@ use crate::fs::file;
 use crate::volume::{mark, read_usable_superblock, Volume};
 
 mod repair;
+mod rstats;
 mod tally;
 mod walk;
 use repair::*;
@@ -220,6 +221,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     }
     let Tree { mut inodes, subdirs, drops, root_lost } = w.namespace(root)?;
     let orphans = w.orphans(state.orphan_head, &mut inodes)?;
+    let rstat_found = w.rstat_records();
     let xattr_counts = w.xattr_counts();
     let nlink_fixes = w.nlink_fixes(&inodes, &orphans, &subdirs);
     let Slots { lazy, lazy_all, mut lazy_drops, mut slot_fixes, reinit } = w.inode_slots(&inodes);
@@ -256,6 +258,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // A wrong inode count is repaired with the rest (dropped entries leave one).
     let live = w.r.inodes + lost_all.len() as u64;
     let inode_count_fix = (state.inodes != live && state_damage.is_none()).then_some((state.inodes, live));
+    let rstats = rstat_found.map(|(found, broken)| w.check_rstats(&inodes, &found, broken));
     let mut r = w.r;
     // Repairs in two kinds. Global ones follow from the whole walk (a leak is a block
     // nothing seen owns; a link count counts the entries seen), so they are made only when
@@ -310,6 +313,17 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             format!("directory {d}: entry {:?} moved from key {k:#x} to its name's", String::from_utf8_lossy(name))
         }))
         .collect();
+    // The counters follow from everything else: with other findings they are checked
+    // again once those are repaired, and not reported (they would follow the damage).
+    // Alone they are rebuilt, and reported unless this pass checks what a repair left
+    // (the counters then followed the other repairs).
+    let rstats = rstats.filter(|c| !c.errors.is_empty());
+    let others = !global.is_empty() || !local.is_empty() || !lost.is_empty() || !r.errors.is_empty();
+    let rstats_later = rstats.is_some() && others;
+    let rstat_fix = rstats.is_some() && !rstats_later;
+    if let Some(c) = rstats.as_ref().filter(|_| rstat_fix && pass == 0) {
+        global.extend(c.errors.iter().map(|m| format!("{m} (the counters are rebuilt)")));
+    }
     let lost_msgs: Vec<String> = lost
         .iter()
         .map(|l| format!("inode {} ({}) is in no directory: a repair puts it into /lost+found", l.ino, l.what()))
@@ -340,6 +354,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 commit_seq: journal_seq,
                 inodes: r.inodes,
                 lazy_frees: TreeRoot::default(),
+                rstats: TreeRoot::default(),
             };
             rebuild(&*dev, layout, bitmap_now.then_some(&w.owner), state_now.then_some(state))?;
         }
@@ -386,7 +401,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         next.fixed.splice(0..0, told);
         return Ok(next);
     }
-    let do_global = repair && global_ok && (!global.is_empty() || !lost.is_empty());
+    let do_global = repair && global_ok && (!global.is_empty() || !lost.is_empty() || rstat_fix);
     let do_local = repair && !local.is_empty();
     if do_global || do_local {
         drop(w.st);
@@ -405,6 +420,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
             rekey: &rekey,
             orphan_cut: w.orphan_cut.filter(|_| do_global),
+            rstats: rstats.as_ref().filter(|_| do_global && rstat_fix),
         };
         repair_volume(dev.clone(), &fixes)?;
         r.fixed.extend(local);
@@ -412,7 +428,10 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         // global repairs, and an xattr list stored again leaves the old chain's blocks
         // that were not plainly its own (a damaged chain may name another's block) to be
         // found leaked: check again, so that one fsck leaves the volume clean.
-        let again = over_meta > 0 || inode_fixes.iter().any(|(_, f, _)| matches!(f, InodeFix::Xattrs(_)));
+        let again = over_meta > 0
+            || inode_fixes.iter().any(|(_, f, _)| matches!(f, InodeFix::Xattrs(_)))
+            // (Lost inodes are put back below, and that checks again too.)
+            || (rstats_later && lost.is_empty());
         if again && pass < MAX_DROP_PASSES {
             let mut told = std::mem::take(&mut r.fixed);
             if do_global {

@@ -297,6 +297,8 @@ pub(super) struct Fixes<'a> {
     pub(super) rekey: &'a [(u64, u64, Vec<u8>, u64, FileType)],
     /// Where to end the orphan list: after an inode, or at the head.
     pub(super) orphan_cut: Option<Option<u64>>,
+    /// The rstat tree and files' counting directories, written last.
+    pub(super) rstats: Option<&'a super::rstats::RstatCheck>,
 }
 
 /// Apply the safe repairs inside one delta of an opened volume.
@@ -373,6 +375,14 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 InodeFix::DropExtents(bad) => file::drop_extent_records(st, &mut i, bad)?,
             }
             st.put_inode(&i)?;
+        }
+        if let Some(c) = f.rstats {
+            for &(ino, p) in &c.parents {
+                let mut i = st.inode_unchecked(ino)?;
+                i.parent = p;
+                st.put_inode(&i)?;
+            }
+            st.store().rebuild_rstats(&c.records)?;
         }
         Ok(())
     })?;

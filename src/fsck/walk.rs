@@ -35,6 +35,9 @@ pub(super) struct Walk<'a> {
     pub(super) meta: HashSet<u64>,
     data_runs: Vec<(u64, Extent)>,
     pub(super) links: HashMap<u64, u32>,
+    /// The directories naming each non-directory, once per name (its rstat counting
+    /// directory must be one of them).
+    pub(super) names_of: HashMap<u64, Vec<u64>>,
     pub(super) seen: HashSet<u64>,
     /// References to each xattr head block.
     pub(super) xattr_refs: HashMap<u64, u32>,
@@ -111,6 +114,7 @@ impl<'a> Walk<'a> {
             meta: HashSet::new(),
             data_runs: Vec::new(),
             links: HashMap::new(),
+            names_of: HashMap::new(),
             seen: HashSet::new(),
             xattr_refs: HashMap::new(),
             bad: HashSet::new(),
@@ -570,6 +574,9 @@ impl Walk<'_> {
                         self.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
                     }
                     *self.links.entry(c).or_insert(0) += 1;
+                    if ft != FileType::Directory {
+                        self.names_of.entry(c).or_default().push(ino);
+                    }
                     if ft == FileType::Directory {
                         *subdirs.entry(ino).or_insert(0) += 1;
                         if self.seen.contains(&c) {

@@ -220,7 +220,13 @@ impl Volume {
             self.storage_room()?;
             let mut op = self.op(want);
             op.check_writable()?;
-            let (c, read) = match deferred::defer_misses(|| cost(&op)) {
+            // The rstat records the change may rewrite are marked before its room is
+            // checked: their leaves count against the log's room (`Inner::mark_rstats`).
+            let (c, read) = match deferred::defer_misses(|| {
+                let r = cost(&op)?;
+                op.mark_rstats(want)?;
+                Ok(r)
+            }) {
                 Err(Error::Missed) if !outer => {
                     drop(op);
                     self.read_put_off()?;

@@ -251,6 +251,12 @@ impl Op<'_> {
         if !self.locks.add(ino, mode) {
             return false;
         }
+        // Rstat leaves its change may rewrite that no charge counted yet: start again, so
+        // that the charge checks the log's room with them (seldom: a file's records are
+        // its directory's, marked by the charge already).
+        if self.mark_rstats(&[(ino, mode)]).unwrap_or(0) > 0 {
+            return false;
+        }
         // The operation now also orders against what `ino`'s lock orders.
         self.stamp = self.counters.next_stamp();
         true

@@ -40,6 +40,8 @@ pub struct MkfsOptions {
     /// Let small deltas commit with one device flush, their file data logged (incompat
     /// ONE_FLUSH_COMMIT); without it every commit takes two flushes.
     pub one_flush_commit: bool,
+    /// Keep recursive statistics on every directory (ro_compat RSTATS).
+    pub rstats: bool,
 }
 
 impl Default for MkfsOptions {
@@ -57,6 +59,7 @@ impl Default for MkfsOptions {
             lazy_inode_free: true,
             mount_mark: true,
             one_flush_commit: true,
+            rstats: true,
         }
     }
 }
@@ -100,7 +103,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         incompat: if o.one_flush_commit { INCOMPAT_ONE_FLUSH_COMMIT } else { 0 },
         ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 }
             | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 }
-            | if o.mount_mark { RO_COMPAT_MOUNT_MARK } else { 0 },
+            | if o.mount_mark { RO_COMPAT_MOUNT_MARK } else { 0 }
+            | if o.rstats { RO_COMPAT_RSTATS } else { 0 },
         uuid,
         label: o.label.clone(),
         layout,
@@ -126,7 +130,18 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
     ri.ctime = t;
     ri.crtime = t;
     st.put_inode(&ri)?;
-    let state = State { orphan_head: 0, next_generation: 1, commit_seq: 0, inodes: 1, lazy_frees: TreeRoot::default() };
+    if o.rstats {
+        st.enable_rstats();
+        st.tx().rstat_insert(root, t)?;
+    }
+    let state = State {
+        orphan_head: 0,
+        next_generation: 1,
+        commit_seq: 0,
+        inodes: 1,
+        lazy_frees: TreeRoot::default(),
+        rstats: st.rstat_tree().unwrap_or_default(),
+    };
     state.encode_into(st.tx().fresh_block(STATE_BLOCK));
     // Empty log areas: no commit block is valid.
     let zero = vec![0u8; BLOCK_SIZE];

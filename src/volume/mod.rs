@@ -39,6 +39,7 @@ mod namespace;
 mod ranges;
 mod readdir;
 mod resize;
+mod rstats;
 mod tree;
 mod trim;
 mod types;

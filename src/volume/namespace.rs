@@ -18,8 +18,11 @@ impl Inner {
         let t = now();
         let generation = self.generations.take();
         self.inodes.add(1);
+        // With recursive statistics every inode names the directory it is counted in.
+        let counted_in = if self.st.has_rstats() || mode & libc::S_IFMT == libc::S_IFDIR { parent.ino } else { 0 };
         let make = |ino| {
             let mut i = Inode::new(ino, mode);
+            i.parent = counted_in;
             i.uid = uid;
             i.gid = gid;
             i.nlink = 1;
@@ -76,12 +79,21 @@ impl Inner {
         p.ctime = t;
         self.st.put_inode(&p)?;
         self.st.put_inode(&i)?;
+        if ft == FileType::Directory && self.st.has_rstats() {
+            self.st.tx().rstat_insert(i.ino, i.ctime)?;
+        }
         Ok((p, i))
     }
 
-    /// Drop one link of `i` (locked for writing by the caller); free it when no link and
-    /// no open handle remain.
-    pub(super) fn drop_link(&self, mut i: Inode) -> Result<()> {
+    /// Drop the link of `i` (locked for writing by the caller) in directory `dir`; free
+    /// it when no link and no open handle remain.
+    pub(super) fn drop_link(&self, mut i: Inode, dir: u64) -> Result<()> {
+        self.link_dropped(&mut i, dir)?;
+        if i.is_dir() && self.st.has_rstats() {
+            // What it counted was noted before this change; it counts nothing from now.
+            self.st.note_change_of(i.ino);
+            self.st.tx().rstat_remove(i.ino)?;
+        }
         i.nlink = i.nlink.saturating_sub(if i.is_dir() { 2 } else { 1 });
         i.ctime = now();
         if i.nlink > 0 {
@@ -459,7 +471,7 @@ impl Volume {
         let (g, (mut p, mut i)) = self.charged_with(&[(newparent, Mode::Write), (ino, Mode::Write)], |g| {
             let p = g.dir_inode(newparent)?;
             let i = g.st.inode(ino)?;
-            Ok((Cost::new(Inner::dir_cost(&p), 0, false), (p, i)))
+            Ok((Cost::new(Inner::dir_cost(&p) + g.rstat_cost(), 0, false), (p, i)))
         })?;
         if p.nlink == 0 {
             // A removed directory (still alive for its holder) takes no new names.
@@ -481,7 +493,11 @@ impl Volume {
             }
             held
         };
+        let links = g.link_added(&mut i, newparent)?;
         dir::insert(&mut g.st.tx(), &mut p, newname, ino, type_of(i.mode)?)?;
+        if let Some(l) = &links {
+            g.st.tx().set_link_dirs(ino, Some(l))?;
+        }
         {
             let mut life = g.life.lock();
             life.unlinked_at.remove(&ino);
@@ -493,7 +509,9 @@ impl Volume {
         if !held && i.nlink == 0 {
             // An O_TMPFILE file (or one unlinked while open) gets a name: off the orphan
             // list, or a crash would free a linked inode.
+            let counted_in = i.parent;
             i = g.unlist_orphan(ino)?;
+            i.parent = counted_in;
         }
         let t = now();
         i.nlink += 1;
@@ -556,7 +574,7 @@ impl Volume {
         }
         g.st.put_inode(&p)?;
         let left = i.nlink.saturating_sub(if want_dir { 2 } else { 1 });
-        g.drop_link(i)?;
+        g.drop_link(i, parent)?;
         Ok(left)
     }
 
@@ -614,7 +632,8 @@ impl Volume {
                 let np = g.dir_inode(newparent)?;
                 // A whiteout is a new entry and inode where the old name was.
                 let whiteout = if flags.whiteout { Inner::dir_cost(&p) + g.inode_cost() } else { 0 };
-                Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout, 0, !flags.whiteout), (p, np)))
+                let links = 2 * g.rstat_cost();
+                Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout + links, 0, !flags.whiteout), (p, np)))
             })?;
             if p.nlink == 0 || np0.nlink == 0 {
                 // A removed directory (still alive for its holder) has no names to move and
@@ -651,12 +670,16 @@ impl Volume {
         if si.is_dir() && parent != newparent && g.is_within(newparent, src.ino)? {
             return Err(Error::Invalid("cannot move a directory into itself".into()));
         }
+        let si_links = g.link_moved(&mut si, parent, newparent)?;
         let t = now();
         if flags.exchange {
             let d = dst.unwrap();
             let mut di = g.st.inode(d.ino)?;
             if di.is_dir() && parent != newparent && g.is_within(parent, d.ino)? {
                 return Err(Error::Invalid("cannot move a directory into itself".into()));
+            }
+            if let Some(l) = g.link_moved(&mut di, newparent, parent)? {
+                g.st.tx().set_link_dirs(di.ino, Some(&l))?;
             }
             dir::replace(&mut g.st.tx(), &mut p, src.key, name, d.ino, d.ft)?;
             g.st.put_inode(&p)?;
@@ -734,8 +757,11 @@ impl Volume {
                     g.st.put_inode(&b)?;
                 }
                 let di = g.st.inode(di.ino)?;
-                g.drop_link(di)?;
+                g.drop_link(di, newparent)?;
             }
+        }
+        if let Some(l) = si_links {
+            g.st.tx().set_link_dirs(src.ino, Some(&l))?;
         }
         if flags.whiteout {
             let p = g.dir_inode(parent)?;

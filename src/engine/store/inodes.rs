@@ -56,8 +56,7 @@ impl Tx<'_> {
         put_u16(blk, IB_USED, (used | (1 << s)) & !1);
         i.encode(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE]);
         self.release_block();
-        let st = self.store();
-        st.changed_inodes.shard(i.ino).insert(i.ino);
+        self.store().note_change(i.ino, || None);
         Ok(Some(i))
     }
 
@@ -131,6 +130,8 @@ impl Tx<'_> {
     /// when it is reused, instead of at every commit (docs/DESIGN.md, "Lazy inode frees").
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
         let (b, s) = self.store().check_ino(ino)?;
+        self.release_block();
+        self.store().note_change_of(ino);
         // The owner never changes while the block is in use.
         let owner = get_u64(self.block(b, Some(INODE_MAGIC))?, IB_OWNER);
         self.release_block();

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 
 mod hints;
 mod inodes;
+mod rstats;
 mod tx;
 
 pub(crate) use hints::{BlockHints, XATTR_SHARE_HINTS};
@@ -55,7 +56,9 @@ pub struct Store {
     /// Inodes stored (`put_inode`) since the last snapshot: every change to a file or
     /// directory stores its inode (times, size, links), so an inode not here has nothing
     /// in the delta being built (an fsync of it need not commit).
-    changed_inodes: Sharded<rustc_hash::FxHashSet<u64>>,
+    /// With recursive statistics, each also with what it counted for before the delta
+    /// changed it (`rstats.rs`).
+    changed_inodes: Sharded<rustc_hash::FxHashMap<u64, Option<rstats::Counted>>>,
     /// Read an uncached inode block together with its aligned window of inode blocks
     /// (off unless the volume's sorted prefetch is on).
     pub inode_readahead: bool,
@@ -69,6 +72,17 @@ pub struct Store {
     /// the tree (a tree lookup doubled the cost of a cached getattr). Kept equal to the
     /// tree by every change to it.
     lazy_masks: Sharded<rustc_hash::FxHashMap<u64, u16>>,
+    /// The rstat tree's root (ro_compat RSTATS; the state block carries it), held while
+    /// the tree changes shape.
+    rstats: Leaf<Option<TreeRoot>>,
+    /// The volume keeps recursive statistics (`rstats` is `Some`).
+    rstats_enabled: bool,
+    /// The rstat records the snapshot will rewrite, and their leaves.
+    rstat_marks: parking_lot::Mutex<rstats::Marks>,
+    /// `rstat_marks`' leaves, counted: log room the snapshot will use.
+    rstat_leaves: AtomicU64,
+    /// fsck rebuilt the rstat tree in this delta (`rebuild_rstats`).
+    rstats_rebuilt: std::sync::atomic::AtomicBool,
     /// Running share of live inode slots in the windows read lately: windows pay only
     /// when most of what they bring in is live (a directory thinned to 1% is not).
     density: Leaf<Density>,
@@ -226,6 +240,7 @@ pub(crate) fn open_lenient(
                 commit_seq: journal.seq,
                 inodes: 0,
                 lazy_frees: TreeRoot::default(),
+                rstats: TreeRoot::default(),
             }
         }
         Err(e) => return Err(e),
@@ -240,7 +255,17 @@ pub(crate) fn open_lenient(
     if !lazy && state.lazy_frees.root != 0 {
         return Err(Error::corrupt("a lazy-free tree on a volume without the LAZY_INODE_FREE feature"));
     }
+    // The counters are derived data: a root that cannot be one is set aside (nothing is
+    // written through it), the counters read as absent and fsck rebuilds them.
+    let rstats = sb.rstats();
+    let mut rstat_tree = state.rstats;
+    if rstat_tree.root >= sb.layout.block_count || (rstat_tree.root == 0) != (rstat_tree.depth == 0) {
+        tracing::error!("rstat tree root {rstat_tree:?} is invalid: set aside (dxfs fsck rebuilds the tree)");
+        rstat_tree = TreeRoot::default();
+    }
     let mut store = Store::new(dev, cache, space, sb, reserve_regions);
+    *store.rstats.get_mut() = rstats.then_some(rstat_tree);
+    store.rstats_enabled = rstats;
     *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
     store.lazy_enabled = lazy;
     store.load_lazy_masks();
@@ -298,6 +323,11 @@ impl Store {
             lazy: Leaf::new(LeafKind::LazyFree, None, serial.clone()),
             lazy_enabled: false,
             lazy_masks: Sharded::new(6),
+            rstats: Leaf::new(LeafKind::Rstats, None, serial.clone()),
+            rstats_enabled: false,
+            rstat_marks: Default::default(),
+            rstat_leaves: AtomicU64::new(0),
+            rstats_rebuilt: Default::default(),
             density: Leaf::new(LeafKind::Density, Density { share: 1.0, sweeps: 0 }, serial.clone()),
             serial,
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
@@ -503,7 +533,7 @@ impl Store {
 
     /// Whether inode `ino` was stored since the last snapshot (see `changed_inodes`).
     pub fn inode_changed(&self, ino: u64) -> bool {
-        self.changed_inodes.shard(ino).contains(&ino)
+        self.changed_inodes.shard(ino).contains_key(&ino)
     }
 
     /// Read the inode blocks `blocks` (sorted prefetch): in aligned windows of

@@ -206,23 +206,25 @@ impl<'a> Tx<'a> {
     /// this one off the list), and only [`Tx::set_next_orphan`] changes it.
     pub fn put_inode(&mut self, inode: &Inode) -> Result<()> {
         let (b, s) = self.st.check_ino(inode.ino)?;
+        self.release_block();
+        self.st.note_change_of(inode.ino);
         let blk = self.block_mut(b, Some(INODE_MAGIC))?;
         let slot = &mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE];
         let link = get_u64(slot, INODE_NEXT_ORPHAN);
         inode.encode(slot);
         put_u64(slot, INODE_NEXT_ORPHAN, link);
         self.release_block();
-        self.st.changed_inodes.shard(inode.ino).insert(inode.ino);
         Ok(())
     }
 
     /// Set inode `ino`'s orphan-list link (the caller holds the orphan list's lock).
     pub fn set_next_orphan(&mut self, ino: u64, next: u64) -> Result<()> {
         let (b, s) = self.st.check_ino(ino)?;
+        self.release_block();
+        self.st.note_change_of(ino);
         let blk = self.block_mut(b, Some(INODE_MAGIC))?;
         put_u64(&mut blk[s * INODE_SIZE..(s + 1) * INODE_SIZE], INODE_NEXT_ORPHAN, next);
         self.release_block();
-        self.st.changed_inodes.shard(ino).insert(ino);
         Ok(())
     }
 }

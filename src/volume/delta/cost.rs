@@ -85,7 +85,8 @@ impl Delta {
     ) -> std::result::Result<(), Short> {
         // The write-back's worst case counts as already logged: a delta commits before
         // its write-back could overflow the log (see `Delta::writeback_log`).
-        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64 + self.writeback_log();
+        // So do the rstat leaves its snapshot will rewrite (`Store::mark_rstats`).
+        let used = (st.dirty_count() + st.pending_bitmap_blocks()) as u64 + self.writeback_log() + st.rstat_leaves();
         if used + others + OP_LOG_BLOCKS > self.log_capacity {
             return Err(if OP_LOG_BLOCKS > self.log_capacity { Short::Never } else { Short::Delta });
         }
@@ -145,8 +146,10 @@ impl Inner {
 
     /// Blocks charged to take an inode slot: one inode block (a new region is sized to
     /// what the budget allows, and is at least that one block).
+    /// A new directory's rstat record may split the rstat tree (`rstat_cost`): charged
+    /// for every create, which is simpler than telling them apart and costs nothing kept.
     pub(in crate::volume) fn inode_cost(&self) -> u64 {
-        1
+        1 + self.rstat_cost()
     }
 }
 

@@ -347,12 +347,18 @@ impl Delta {
             }
             *self.dirty_runs.get_mut() -= runs(&pages);
             let mut inode = st.inode(ino)?;
+            // Its blocks change: so do the rstat records above it (marked by its writes
+            // already, unless a commit split off part of this delta meanwhile).
+            if let Err(e) = st.mark_rstats(&[inode.parent]) {
+                tracing::error!("rstats: file {ino}: {e}");
+            }
             self.in_flight.get_mut().insert(ino);
             *self.any_in_flight.get_mut() = true;
             loop {
                 let n = {
                     let mut tx = st.tx();
-                    let n = file::writeback(&mut tx, &mut inode, &mut pages, limit, &mut data, &mut inplace)?;
+                    let room = limit.saturating_sub(st.rstat_leaves() as usize);
+                    let n = file::writeback(&mut tx, &mut inode, &mut pages, room, &mut data, &mut inplace)?;
                     tx.put_inode(&inode)?;
                     n
                 };
@@ -403,8 +409,15 @@ impl Delta {
         self.flushed_data = false;
         self.seq += 1;
         state.commit_seq = self.seq;
+        if let Err(e) = st.fold_rstats() {
+            // The counters are then off until fsck rebuilds them; the delta is sound.
+            tracing::error!("rstats: {e}");
+        }
         if let Some(t) = st.lazy_frees() {
             state.lazy_frees = t;
+        }
+        if let Some(t) = st.rstat_tree() {
+            state.rstats = t;
         }
         state.encode_into(st.tx().fresh_block(STATE_BLOCK));
         st.take_dirty()

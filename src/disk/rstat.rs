@@ -7,7 +7,7 @@ use super::format::Inode;
 use crate::error::{Error, Result};
 
 /// Bytes of a directory's record.
-pub(crate) const RSTAT_LEN: usize = 48;
+pub(crate) const RSTAT_LEN: usize = 56;
 /// Key bit of a link record: the rest of the key is the file's inode number.
 pub(crate) const LINKS_KEY: u64 = 1 << 63;
 /// Bytes of one (directory, links) entry of a link record.
@@ -28,6 +28,10 @@ pub struct Rstat {
     pub bytes: u64,
     /// Their `blocks` fields (4 KiB blocks).
     pub blocks: u64,
+    /// Entries in the subtree's directories (the directory's own included) that name a
+    /// file with two links or more: while there are none, the files reached from the
+    /// directory are exactly the files counted in it (what `du` sums).
+    pub hardlinks: u64,
     /// The newest ctime in the subtree, the directory's own included.
     pub rctime: (i64, u32),
 }
@@ -39,8 +43,9 @@ impl Rstat {
         put_u64(&mut b, 8, self.dirs);
         put_u64(&mut b, 16, self.bytes);
         put_u64(&mut b, 24, self.blocks);
-        put_u64(&mut b, 32, self.rctime.0 as u64);
-        put_u32(&mut b, 40, self.rctime.1);
+        put_u64(&mut b, 32, self.hardlinks);
+        put_u64(&mut b, 40, self.rctime.0 as u64);
+        put_u32(&mut b, 48, self.rctime.1);
         b
     }
 
@@ -54,9 +59,10 @@ impl Rstat {
             dirs: get_u64(v, 8),
             bytes: get_u64(v, 16),
             blocks: get_u64(v, 24),
-            rctime: (get_u64(v, 32) as i64, get_u32(v, 40)),
+            hardlinks: get_u64(v, 32),
+            rctime: (get_u64(v, 40) as i64, get_u32(v, 48)),
         };
-        if r.rctime.1 >= 1_000_000_000 || get_u32(v, 44) != 0 {
+        if r.rctime.1 >= 1_000_000_000 || get_u32(v, 52) != 0 {
             return Err(Error::corrupt("rstat record with a bad time or reserved bytes"));
         }
         Ok(r)
@@ -70,6 +76,7 @@ impl Rstat {
             dirs: u64::from(dir),
             bytes: i.size,
             blocks: i.blocks,
+            hardlinks: 0,
             rctime: i.ctime,
         };
         if let Some(b) = below {
@@ -84,6 +91,7 @@ impl Rstat {
         self.dirs = self.dirs.saturating_add(o.dirs);
         self.bytes = self.bytes.saturating_add(o.bytes);
         self.blocks = self.blocks.saturating_add(o.blocks);
+        self.hardlinks = self.hardlinks.saturating_add(o.hardlinks);
         self.rctime = self.rctime.max(o.rctime);
     }
 }
@@ -166,10 +174,10 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_bad_ones_are_refused() {
-        let r = Rstat { files: 3, dirs: 1, bytes: 1 << 40, blocks: 9, rctime: (-5, 999_999_999) };
+        let r = Rstat { files: 3, dirs: 1, bytes: 1 << 40, blocks: 9, hardlinks: 2, rctime: (-5, 999_999_999) };
         assert_eq!(Rstat::decode(&r.encode()).unwrap(), r);
         let mut bad = r.encode();
-        bad[40..44].copy_from_slice(&1_000_000_000u32.to_le_bytes());
+        bad[48..52].copy_from_slice(&1_000_000_000u32.to_le_bytes());
         assert!(Rstat::decode(&bad).is_err());
         assert!(Rstat::decode(&r.encode()[..40]).is_err());
 

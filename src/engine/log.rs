@@ -609,6 +609,7 @@ mod tests {
             commit_seq: seq,
             inodes: 1,
             lazy_frees: Default::default(),
+            rstats: Default::default(),
         };
         st.encode_into(&mut b);
         seal(&mut b, STATE_BLOCK);

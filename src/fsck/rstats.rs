@@ -70,6 +70,8 @@ impl Walk<'_> {
         // Where each named inode is counted.
         let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut links: Vec<(u64, LinkDirs)> = Vec::new();
+        // Entries naming a file of several links, per directory.
+        let mut hard: HashMap<u64, u64> = HashMap::new();
         for (&ino, i) in inodes {
             if i.nlink == 0 || ino == root {
                 continue;
@@ -87,6 +89,9 @@ impl Walk<'_> {
                     c.parents.push((ino, p));
                 }
                 if dirs.len() >= 2 {
+                    for &d in dirs {
+                        *hard.entry(d).or_insert(0) += 1;
+                    }
                     links.push((ino, l));
                 }
                 p
@@ -106,7 +111,11 @@ impl Walk<'_> {
         }
         let mut sums: HashMap<u64, Rstat> = HashMap::new();
         for &d in order.iter().rev() {
-            let mut r = Rstat { rctime: inodes.get(&d).map_or((0, 0), |i| i.ctime), ..Rstat::default() };
+            let mut r = Rstat {
+                rctime: inodes.get(&d).map_or((0, 0), |i| i.ctime),
+                hardlinks: hard.get(&d).copied().unwrap_or(0),
+                ..Rstat::default()
+            };
             for &k in children.get(&d).into_iter().flatten() {
                 if let Some(i) = inodes.get(&k) {
                     r.add(&Rstat::of(i, sums.get(&k)));

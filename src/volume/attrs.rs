@@ -225,6 +225,9 @@ impl Volume {
 
     /// Value of an xattr.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        if let Some(v) = self.rstat_xattr(ino, name)? {
+            return Ok(v);
+        }
         let (idx, suffix) = xattr::split_name(name)?;
         self.reading(&[(ino, Mode::Read)], |r, seen| {
             let i = read_inode(r, ino)?;

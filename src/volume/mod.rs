@@ -40,6 +40,7 @@ mod ranges;
 mod readdir;
 mod resize;
 mod rstats;
+pub use rstats::{RSTAT_XATTRS, RSTAT_XATTR_PREFIX};
 mod tree;
 mod trim;
 mod types;

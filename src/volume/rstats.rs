@@ -118,12 +118,54 @@ impl Volume {
     /// Directory `ino`'s recursive statistics, as of the last commit (`None` on a volume
     /// without them): the inodes counted below it and their sizes, and the newest ctime
     /// in its subtree (FORMAT.md §6.2).
+    ///
+    /// Exact: when a change below it is not committed yet, the delta commits first.
     pub fn rstat(&self, ino: u64) -> Result<Option<Rstat>> {
-        let g = self.op(&[(ino, Mode::Read)]);
-        let i = g.st.inode(ino)?;
-        if !i.is_dir() {
-            return Err(Error::NotDir);
+        for _ in 0..3 {
+            let g = self.op(&[(ino, Mode::Read)]);
+            let i = g.st.inode(ino)?;
+            if !i.is_dir() {
+                return Err(Error::NotDir);
+            }
+            if !g.st.rstat_pending(ino) {
+                return g.st.rstat(ino);
+            }
+            drop(g);
+            self.commit()?;
         }
+        // Changed again under it after each commit: the last committed value.
+        let g = self.op(&[(ino, Mode::Read)]);
         g.st.rstat(ino)
     }
+
+    /// The value of virtual xattr `name` of directory `ino` (FORMAT.md §6.2; `None`: not
+    /// such a name). Decimal text, as CephFS gives its `ceph.dir.r*`.
+    pub(super) fn rstat_xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        let Some(field) = name.strip_prefix(RSTAT_XATTR_PREFIX.as_bytes()) else { return Ok(None) };
+        if !RSTAT_XATTRS.iter().any(|n| n.as_bytes() == field) {
+            return Ok(None);
+        }
+        let r = match self.rstat(ino) {
+            Ok(Some(r)) => r,
+            // A file, or a volume without the counters: no such attribute.
+            Ok(None) | Err(Error::NotDir) => return Err(Error::NoData),
+            Err(e) => return Err(e),
+        };
+        let v = match field {
+            b"rfiles" => r.files.to_string(),
+            b"rsubdirs" => r.dirs.to_string(),
+            b"rentries" => r.files.saturating_add(r.dirs).to_string(),
+            b"rbytes" => r.bytes.to_string(),
+            b"rallocated" => r.blocks.saturating_mul(BLOCK_SIZE as u64).to_string(),
+            b"rhardlinks" => r.hardlinks.to_string(),
+            _ => format!("{}.{:09}", r.rctime.0, r.rctime.1),
+        };
+        Ok(Some(v.into_bytes()))
+    }
 }
+
+/// Prefix of the recursive statistics' virtual xattrs.
+pub const RSTAT_XATTR_PREFIX: &str = "dxfs.dir.";
+/// Their names after the prefix (FORMAT.md §6.2 says what each sums).
+pub const RSTAT_XATTRS: [&str; 7] = ["rfiles", "rsubdirs", "rentries", "rbytes", "rallocated", "rhardlinks", "rctime"];
+

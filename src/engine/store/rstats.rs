@@ -25,11 +25,14 @@ use rustc_hash::{FxHashMap, FxHashSet};
 /// What an inode counted for before the delta changed it, in the directory `parent`:
 /// its own numbers and, for a directory, the sums below it. `None` in the change map:
 /// it counted for nothing (a free slot, no link).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Counted {
     parent: u64,
     own: Rstat,
     below: Option<Rstat>,
+    /// A file with several links: the directories holding them (each entry counts in
+    /// `hardlinks` there and above).
+    names: Vec<(u64, u32)>,
 }
 
 /// Most directories one push walks through: a walk longer than this meets a loop of
@@ -43,6 +46,7 @@ struct Change {
     dirs: i128,
     bytes: i128,
     blocks: i128,
+    hardlinks: i128,
 }
 
 impl Change {
@@ -52,7 +56,12 @@ impl Change {
             dirs: sign * i128::from(r.dirs),
             bytes: sign * i128::from(r.bytes),
             blocks: sign * i128::from(r.blocks),
+            hardlinks: sign * i128::from(r.hardlinks),
         }
+    }
+
+    fn names(n: u32, sign: i128) -> Change {
+        Change { hardlinks: sign * i128::from(n), ..Change::default() }
     }
 
     fn add(&mut self, o: &Change) {
@@ -60,6 +69,7 @@ impl Change {
         self.dirs += o.dirs;
         self.bytes += o.bytes;
         self.blocks += o.blocks;
+        self.hardlinks += o.hardlinks;
     }
 
     /// `r` changed by this; false when a sum would leave `u64` (counters that were wrong
@@ -75,6 +85,7 @@ impl Change {
         one(&mut r.dirs, self.dirs);
         one(&mut r.bytes, self.bytes);
         one(&mut r.blocks, self.blocks);
+        one(&mut r.hardlinks, self.hardlinks);
         ok
     }
 }
@@ -139,8 +150,12 @@ impl Store {
             true => Some(self.rstat(ino)?.unwrap_or_default()),
             false => None,
         };
+        let names = match !i.is_dir() && i.nlink >= 2 {
+            true => self.link_dirs(ino)?.map(|l| l.0).unwrap_or_default(),
+            false => Vec::new(),
+        };
         let parent = if ino == self.sb.root_ino { 0 } else { i.parent };
-        Ok(Some(Counted { parent, own: Rstat::of(&i, None), below }))
+        Ok(Some(Counted { parent, own: Rstat::of(&i, None), below, names }))
     }
 
     /// Note that the delta changes inode `ino`, which counted for `before` until now
@@ -199,6 +214,12 @@ impl Store {
         Ok(added)
     }
 
+    /// Whether the next snapshot may rewrite directory `dir`'s record (a change below it
+    /// is not committed yet).
+    pub fn rstat_pending(&self, dir: u64) -> bool {
+        self.rstat_marks.lock().dirs.contains(&dir)
+    }
+
     /// Leaves of the rstat tree the snapshot will rewrite, as marked so far.
     pub fn rstat_leaves(&self) -> u64 {
         self.rstat_leaves.load(Ordering::Relaxed)
@@ -214,24 +235,28 @@ impl Store {
             return Ok(());
         }
         let mut changed: Vec<(u64, Option<Counted>)> = Vec::new();
-        self.changed_inodes.for_each(|s| changed.extend(s.iter().map(|(&i, &b)| (i, b))));
+        self.changed_inodes.for_each(|s| changed.extend(s.iter().map(|(&i, b)| (i, b.clone()))));
         changed.sort_unstable_by_key(|&(i, _)| i);
         let mut fold = Fold { st: self, t, acc: FxHashMap::default(), newest: FxHashMap::default(), stops: FxHashSet::default() };
         let mut now = Vec::with_capacity(changed.len());
-        for &(ino, before) in &changed {
+        for (ino, before) in changed {
             let n = fold.st.counted_now(ino, false).unwrap_or_else(|e| {
                 tracing::error!("rstats: inode {ino} at the snapshot: {e}");
                 None
             });
-            let was_dir = before.is_some_and(|b| b.below.is_some());
-            if was_dir || n.is_some_and(|n| n.own.dirs == 1) {
+            let was_dir = before.as_ref().is_some_and(|b| b.below.is_some());
+            if was_dir || n.as_ref().is_some_and(|n| n.own.dirs == 1) {
                 fold.stops.insert(ino);
             }
             now.push((ino, before, n));
         }
         // Everything out as it was.
-        for &(_, before, _) in &now {
-            if let Some(b) = before.filter(|b| b.parent != 0) {
+        for (_, before, _) in &now {
+            let Some(b) = before else { continue };
+            for &(d, k) in &b.names {
+                fold.push(d, Change::names(k, -1), None);
+            }
+            if b.parent != 0 {
                 let mut r = b.own;
                 if let Some(below) = &b.below {
                     r.add(below);
@@ -240,19 +265,23 @@ impl Store {
             }
         }
         // Files back in as they are.
-        for &(_, _, n) in &now {
-            if let Some(n) = n.filter(|n| n.own.dirs == 0 && n.parent != 0) {
+        for (_, _, n) in &now {
+            let Some(n) = n.as_ref().filter(|n| n.own.dirs == 0) else { continue };
+            for &(d, k) in &n.names {
+                fold.push(d, Change::names(k, 1), None);
+            }
+            if n.parent != 0 {
                 fold.push(n.parent, Change::of(&n.own, 1), Some(n.own.rctime));
             }
         }
         // Directories back in, deepest (among the changed ones) first.
-        let dirs: Vec<(u64, Counted)> =
-            now.iter().filter_map(|&(i, _, n)| n.filter(|n| n.own.dirs == 1).map(|n| (i, n))).collect();
-        let mut order: Vec<(usize, u64, Counted)> = Vec::with_capacity(dirs.len());
+        let mut order: Vec<(usize, u64, Counted)> = Vec::new();
         let mut depth: FxHashMap<u64, usize> = FxHashMap::default();
-        for &(ino, n) in &dirs {
-            let d = fold.depth(ino, n.parent, &mut depth);
-            order.push((d, ino, n));
+        for (ino, _, n) in now {
+            if let Some(n) = n.filter(|n| n.own.dirs == 1) {
+                let d = fold.depth(ino, n.parent, &mut depth);
+                order.push((d, ino, n));
+            }
         }
         order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         for (_, ino, n) in order {
@@ -382,7 +411,10 @@ impl Fold<'_> {
             }
             r.rctime = r.rctime.max(own.unwrap_or_default()).max(newest.unwrap_or_default());
             out = Some(r);
-            Ok(Some(r.encode()))
+            // An unchanged record stays clean (a change that counts for nothing, an
+            // atime, must not dirty a leaf no charge counted).
+            let new = r.encode();
+            Ok((new[..] != *v).then_some(new))
         })?;
         if out.is_none() && d != 0 {
             tracing::error!("rstats: directory {d} has no record (run fsck)");
@@ -423,6 +455,9 @@ impl Tx<'_> {
 
     /// Set (or with `None`, remove) file `ino`'s link record.
     pub fn set_link_dirs(&mut self, ino: u64, dirs: Option<&LinkDirs>) -> Result<()> {
+        self.release_block();
+        // The record is part of what the file counts for: noted before it changes.
+        self.store().note_change_of(ino);
         self.rstat_tree_change(|tx, t| match dirs {
             Some(l) => btree::insert(tx, t, RSTAT_OWNER, LINKS_KEY | ino, &l.encode(), true),
             None => btree::remove(tx, t, RSTAT_OWNER, LINKS_KEY | ino).map(drop),

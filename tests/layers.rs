@@ -39,7 +39,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "disk",
         height: 1,
-        levels: &[&["codec", "hash"], &["format", "device"], &["fault", "valid", "overlay", "probe", "nbd"]],
+        levels: &[&["codec", "hash"], &["format", "device"], &["fault", "valid", "overlay", "probe", "nbd", "rstat"]],
         mutual: false,
         below: None,
     },
@@ -79,6 +79,7 @@ const LAYERS: &[Layer] = &[
             "ranges",
             "readdir",
             "resize",
+            "rstats",
             "tree",
             "trim",
             "types",
@@ -90,7 +91,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "fsck",
         height: 5,
-        levels: &[&["Report"], &["walk"], &["tally", "repair"]],
+        levels: &[&["Report"], &["walk"], &["tally", "rstats"], &["repair"]],
         mutual: false,
         below: None,
     },

@@ -88,8 +88,17 @@ pub(crate) const LEAF_KINDS: usize = 9;
 
 /// The names of the volume-wide leaf locks, in the order of `LeafKind` (the index of a lock
 /// in `LockStats::leaf_held_by`).
-pub const LEAF_NAMES: [&str; LEAF_KINDS] =
-    ["space map", "lives", "lazy-free tree", "xattr hints", "shared inode block", "density", "readahead", "rename", "rstat tree"];
+pub const LEAF_NAMES: [&str; LEAF_KINDS] = [
+    "space map",
+    "lives",
+    "lazy-free tree",
+    "xattr hints",
+    "shared inode block",
+    "density",
+    "readahead",
+    "rename",
+    "rstat tree",
+];
 
 /// Time spent on the volume-wide leaf locks of one volume (all zero unless enabled).
 #[derive(Default)]

@@ -149,8 +149,11 @@ impl Walk<'_> {
         let wanted: std::collections::HashSet<u64> = c.records.iter().map(|(k, _)| *k).collect();
         let mut extra: Vec<u64> = found.keys().copied().filter(|k| !wanted.contains(k)).collect();
         extra.sort_unstable();
-        wrong.extend(extra.iter().map(|k| format!("rstat record {k:#x} names no directory or file with several links")));
-        wrong.extend(c.parents.iter().map(|(i, p)| format!("file {i}: counted in a directory that names it not (fixed: {p})")));
+        wrong
+            .extend(extra.iter().map(|k| format!("rstat record {k:#x} names no directory or file with several links")));
+        wrong.extend(
+            c.parents.iter().map(|(i, p)| format!("file {i}: counted in a directory that names it not (fixed: {p})")),
+        );
         wrong.sort();
         let n = wrong.len();
         c.errors.extend(wrong.into_iter().take(SHOWN));

@@ -633,7 +633,10 @@ impl Volume {
                 // A whiteout is a new entry and inode where the old name was.
                 let whiteout = if flags.whiteout { Inner::dir_cost(&p) + g.inode_cost() } else { 0 };
                 let links = 2 * g.rstat_cost();
-                Ok((Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout + links, 0, !flags.whiteout), (p, np)))
+                Ok((
+                    Cost::new(Inner::dir_cost(&p) + Inner::dir_cost(&np) + whiteout + links, 0, !flags.whiteout),
+                    (p, np),
+                ))
             })?;
             if p.nlink == 0 || np0.nlink == 0 {
                 // A removed directory (still alive for its holder) has no names to move and

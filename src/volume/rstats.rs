@@ -168,4 +168,3 @@ impl Volume {
 pub const RSTAT_XATTR_PREFIX: &str = "dxfs.dir.";
 /// Their names after the prefix (FORMAT.md §6.2 says what each sums).
 pub const RSTAT_XATTRS: [&str; 7] = ["rfiles", "rsubdirs", "rentries", "rbytes", "rallocated", "rhardlinks", "rctime"];
-

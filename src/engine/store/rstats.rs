@@ -237,7 +237,8 @@ impl Store {
         let mut changed: Vec<(u64, Option<Counted>)> = Vec::new();
         self.changed_inodes.for_each(|s| changed.extend(s.iter().map(|(&i, b)| (i, b.clone()))));
         changed.sort_unstable_by_key(|&(i, _)| i);
-        let mut fold = Fold { st: self, t, acc: FxHashMap::default(), newest: FxHashMap::default(), stops: FxHashSet::default() };
+        let mut fold =
+            Fold { st: self, t, acc: FxHashMap::default(), newest: FxHashMap::default(), stops: FxHashSet::default() };
         let mut now = Vec::with_capacity(changed.len());
         for (ino, before) in changed {
             let n = fold.st.counted_now(ino, false).unwrap_or_else(|e| {

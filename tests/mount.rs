@@ -3230,6 +3230,54 @@ fn dxfs_du_prints_what_du_prints() {
     s.fsck();
 }
 
+/// `dxfs du -s` of a tree with no hard links reads the directory's recursive statistics
+/// (the virtual xattrs `dxfs.dir.r*`, one GETXATTR each, no IOCTL) and prints what du(1)
+/// prints; once a hard link lies below it, it walks again, and still agrees.
+#[test]
+fn dxfs_du_s_reads_the_counters_while_they_are_what_du_sums() {
+    require_fuse!();
+    let s = Scratch::new(128);
+    let m = s.mount(&[]);
+    let t = s.path("t");
+    fs::create_dir_all(t.join("a/b")).unwrap();
+    for i in 0..300usize {
+        let dir = ["a", "a/b", ""][i % 3];
+        fs::write(t.join(dir).join(format!("f{i}")), vec![3u8; i * 131]).unwrap();
+    }
+    std::os::unix::fs::symlink("somewhere", t.join("a/link")).unwrap();
+    File::create(t.join("a/sparse")).unwrap().set_len(9 << 20).unwrap();
+    Command::new("sync").status().unwrap();
+    let run = |prog: &str, flags: &[&str]| -> String {
+        let mut c = if prog == "du" { Command::new("du") } else { dxfs() };
+        if prog != "du" {
+            c.arg("du");
+        }
+        let o = c.args(flags).arg("t").current_dir(&s.mnt).output().unwrap();
+        assert!(o.status.success(), "{prog}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let flag_sets = [&["-s"][..], &["-s", "--apparent-size"], &["-s", "-h"]];
+    let ioctls = |s: &Scratch| mount_stats(&s.mnt)["ops"]["IOCTL"]["count"].as_u64().unwrap_or(0);
+    let before = ioctls(&s);
+    for flags in flag_sets {
+        assert_eq!(run("dxfs", flags), run("du", flags), "du {flags:?}");
+    }
+    assert_eq!(ioctls(&s), before, "the counters answered: no directory was walked");
+    let rfiles = xattr::get(&t, "dxfs.dir.rfiles").unwrap().unwrap();
+    assert_eq!(String::from_utf8(rfiles).unwrap(), "302", "300 files, a symlink, a sparse file");
+    assert_eq!(xattr::get(&t, "dxfs.dir.rsubdirs").unwrap().unwrap(), b"2");
+    // A hard link below: du counts it where it meets it, so the walk answers.
+    fs::hard_link(t.join("a/f0"), t.join("a/b/f0-again")).unwrap();
+    Command::new("sync").status().unwrap();
+    assert_eq!(xattr::get(&t, "dxfs.dir.rhardlinks").unwrap().unwrap(), b"2");
+    for flags in flag_sets {
+        assert_eq!(run("dxfs", flags), run("du", flags), "du {flags:?} with a hard link");
+    }
+    assert!(ioctls(&s) > before, "walked");
+    m.unmount();
+    s.fsck();
+}
+
 /// Ctrl-C stops `dxfs rm -r` between two steps: it exits 130 saying how much went, and
 /// what is left is whole (fsck clean).
 #[test]

@@ -3,7 +3,8 @@
 //! (`dxfs::fuse::control`), so a tree costs a few requests per directory instead of a
 //! stat per file; elsewhere entries are stat'ed one by one. With `--image` the volume
 //! is read through the library (`Volume::sum_step`), unmounted. Files with several
-//! links count once, as du counts them.
+//! links count once, as du counts them. `-s` of a directory on a volume that keeps
+//! recursive statistics reads them instead of walking (`Summer::read_counters`).
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -209,6 +210,28 @@ impl Summer<'_> {
         }
     }
 
+    /// What lies below directory `path` (`ino`, in an image), read from its recursive
+    /// statistics (FORMAT.md §6.2) when they are exactly what du sums: on a volume that
+    /// keeps them, with no entry below naming a file of several links (du counts such a
+    /// file where it meets it first; the counters, in the one directory it is counted
+    /// in). `None`: walk.
+    fn read_counters(&self, path: &Path, ino: Option<u64>) -> Option<Size> {
+        let (allocated, apparent, hardlinks) = match (self.vol, ino) {
+            (Some(v), Some(ino)) => {
+                let r = v.rstat(ino).ok()??;
+                (r.blocks.saturating_mul(dxfs::BLOCK_SIZE as u64), r.bytes, r.hardlinks)
+            }
+            _ => {
+                let get = |n: &str| -> Option<u64> {
+                    let v = xattr::get(path, format!("{}{n}", dxfs::RSTAT_XATTR_PREFIX)).ok()??;
+                    std::str::from_utf8(&v).ok()?.parse().ok()
+                };
+                (get("rallocated")?, get("rbytes")?, get("rhardlinks")?)
+            }
+        };
+        (hardlinks == 0).then_some(Size { allocated, apparent })
+    }
+
     /// Every step of directory `path` (`ino`, in an image).
     fn sum_dir(&self, path: &Path, ino: Option<u64>) -> Summed {
         let dir = if self.vol.is_some() {
@@ -324,7 +347,11 @@ impl Walk<'_> {
         }
         total.add(meta.blocks, meta.size);
         if meta.dir {
-            let below = self.dir(path, ino);
+            let counted = if top && self.a.summarize { self.summer.read_counters(path, ino) } else { None };
+            let below = match counted {
+                Some(s) => s,
+                None => self.dir(path, ino),
+            };
             total.add(below.allocated / 512, below.apparent);
             if top || !self.a.summarize {
                 self.print(total, path);

@@ -21,13 +21,16 @@ pub(super) struct RstatCheck {
     pub(super) parents: Vec<(u64, u64)>,
 }
 
+/// The rstat tree's records by key, and what made part of it unreadable.
+pub(super) type Found = (HashMap<u64, Vec<u8>>, Option<String>);
+
 /// Most differences reported one by one.
 const SHOWN: usize = 20;
 
 impl Walk<'_> {
     /// The rstat tree's records, its blocks owned (`None`: a volume without the feature).
     /// A tree that cannot be read gives what could be read, and an error.
-    pub(super) fn rstat_records(&mut self) -> Option<(HashMap<u64, Vec<u8>>, Option<String>)> {
+    pub(super) fn rstat_records(&mut self) -> Option<Found> {
         let t = self.st.rstat_tree()?;
         if t.root == 0 {
             return Some((HashMap::new(), None));

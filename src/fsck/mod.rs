@@ -155,7 +155,14 @@ fn check_marked(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMu
         _ => {}
     }
     let _held = if repair_ok { mark::acquire(&dev, &sb, mark::DEFAULT_INTERVAL_MS)? } else { None };
-    let mut r = check_pass(dev, repair, progress, 0)?;
+    let mut r = check_pass(dev.clone(), repair, progress, 0)?;
+    // The recursive counters follow every other repair, and the passes may have run out
+    // before they were rebuilt: one more check, which rebuilds them silently (pass > 0).
+    if repair && sb.rstats() && !r.fixed.is_empty() && r.errors.is_empty() {
+        let last = check_pass(dev, repair, progress, 1)?;
+        r.fixed.extend(last.fixed);
+        r.errors.extend(last.errors);
+    }
     r.warnings.splice(0..0, warnings);
     r.errors.splice(0..0, errors);
     r.fixed.splice(0..0, fixed);
@@ -258,7 +265,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // A wrong inode count is repaired with the rest (dropped entries leave one).
     let live = w.r.inodes + lost_all.len() as u64;
     let inode_count_fix = (state.inodes != live && state_damage.is_none()).then_some((state.inodes, live));
-    let rstats = rstat_found.map(|(found, broken)| w.check_rstats(&inodes, &found, broken));
+    let rstats = rstat_found.map(|(found, broken, unowned)| w.check_rstats(&inodes, &found, broken, unowned));
     let mut r = w.r;
     // Repairs in two kinds. Global ones follow from the whole walk (a leak is a block
     // nothing seen owns; a link count counts the entries seen), so they are made only when
@@ -421,6 +428,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             rekey: &rekey,
             orphan_cut: w.orphan_cut.filter(|_| do_global),
             rstats: rstats.as_ref().filter(|_| do_global && rstat_fix),
+            drop_rstats: rstats.as_ref().is_some_and(|c| c.unowned),
         };
         repair_volume(dev.clone(), &fixes)?;
         r.fixed.extend(local);

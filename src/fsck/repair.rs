@@ -299,6 +299,8 @@ pub(super) struct Fixes<'a> {
     pub(super) orphan_cut: Option<Option<u64>>,
     /// The rstat tree and files' counting directories, written last.
     pub(super) rstats: Option<&'a super::rstats::RstatCheck>,
+    /// Forget the rstat tree (too broken to walk: its blocks go as leaked).
+    pub(super) drop_rstats: bool,
 }
 
 /// Apply the safe repairs inside one delta of an opened volume.
@@ -375,6 +377,9 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 InodeFix::DropExtents(bad) => file::drop_extent_records(st, &mut i, bad)?,
             }
             st.put_inode(&i)?;
+        }
+        if f.drop_rstats {
+            st.store().drop_rstats();
         }
         if let Some(c) = f.rstats {
             for &(ino, p) in &c.parents {

@@ -15,14 +15,18 @@ use super::walk::Walk;
 #[derive(Default)]
 pub(super) struct RstatCheck {
     pub(super) errors: Vec<String>,
+    /// The tree's blocks are owned by nothing (it could not be walked): any repair drops
+    /// the tree, since the leak check frees them.
+    pub(super) unowned: bool,
     /// The whole tree, sorted by key.
     pub(super) records: Vec<(u64, Vec<u8>)>,
     /// Files counted in a directory that names them not: (file, directory to count it in).
     pub(super) parents: Vec<(u64, u64)>,
 }
 
-/// The rstat tree's records by key, and what made part of it unreadable.
-pub(super) type Found = (HashMap<u64, Vec<u8>>, Option<String>);
+/// The rstat tree's records by key, what made part of it unreadable, and whether its
+/// blocks could not even be listed (then owned by nothing: the tree must go with them).
+pub(super) type Found = (HashMap<u64, Vec<u8>>, Option<String>, bool);
 
 /// Most differences reported one by one.
 const SHOWN: usize = 20;
@@ -33,10 +37,11 @@ impl Walk<'_> {
     pub(super) fn rstat_records(&mut self) -> Option<Found> {
         let t = self.st.rstat_tree()?;
         if t.root == 0 {
-            return Some((HashMap::new(), None));
+            return Some((HashMap::new(), None, false));
         }
         let mut found = HashMap::new();
         let mut broken = None;
+        let mut unowned = false;
         let checked = btree::check(&mut self.st.tx(), &t, RSTAT_OWNER);
         match checked {
             Ok(stats) => {
@@ -53,9 +58,12 @@ impl Walk<'_> {
             }
             // Its blocks are not owned then: the leak check frees them, and the repair
             // builds a new tree.
-            Err(e) => broken = Some(format!("rstat tree broken: {e} (a repair rebuilds it)")),
+            Err(e) => {
+                broken = Some(format!("rstat tree broken: {e} (a repair rebuilds it)"));
+                unowned = true;
+            }
         }
-        Some((found, broken))
+        Some((found, broken, unowned))
     }
 
     /// Recount the statistics from the walk's `inodes` (each file counted once, in the
@@ -66,9 +74,10 @@ impl Walk<'_> {
         inodes: &HashMap<u64, Inode>,
         found: &HashMap<u64, Vec<u8>>,
         broken: Option<String>,
+        unowned: bool,
     ) -> RstatCheck {
         let root = self.st.sb.root_ino;
-        let mut c = RstatCheck::default();
+        let mut c = RstatCheck { unowned, ..RstatCheck::default() };
         c.errors.extend(broken);
         // Where each named inode is counted.
         let mut children: HashMap<u64, Vec<u64>> = HashMap::new();

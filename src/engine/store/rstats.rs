@@ -195,12 +195,14 @@ impl Store {
                 if x == 0 || !self.rstat_marks.lock().dirs.insert(x) {
                     break;
                 }
-                let leaf = btree::leaves_from(&mut self.tx(), &t, RSTAT_OWNER, x, 1)?;
-                if let Some(&l) = leaf.first() {
-                    if self.rstat_marks.lock().leaves.insert(l) {
-                        added += 1;
-                    }
-                }
+                // A tree that cannot be read counts a leaf per record (its snapshot then
+                // writes nothing through it anyway).
+                let leaf = btree::leaves_from(&mut self.tx(), &t, RSTAT_OWNER, x, 1).ok();
+                let new = match leaf.as_ref().and_then(|l| l.first()) {
+                    Some(&l) => self.rstat_marks.lock().leaves.insert(l),
+                    None => true,
+                };
+                added += u64::from(new);
                 if x == self.sb.root_ino {
                     break;
                 }
@@ -307,6 +309,15 @@ impl Store {
         marks.dirs.clear();
         marks.leaves.clear();
         *self.rstat_leaves.get_mut() = 0;
+    }
+
+    /// fsck: forget a tree too broken to walk (its blocks, which nothing owned, are freed
+    /// as leaked by the same repair); the check after it finds no record and rebuilds.
+    pub fn drop_rstats(&self) {
+        if self.rstat_tree().is_some() {
+            *self.rstats.lock() = Some(TreeRoot::default());
+            self.rstats_rebuilt.store(true, Ordering::Relaxed);
+        }
     }
 
     /// fsck: replace the rstat tree with `records` (sorted by key), as the last change of
@@ -431,16 +442,26 @@ fn record(tx: &mut Tx<'_>, t: &TreeRoot, key: u64) -> Result<Option<Vec<u8>>> {
 
 impl Tx<'_> {
     /// Change the rstat tree under its lock: `f` gets the tree and a handle of its own.
-    fn rstat_tree_change<T>(&mut self, f: impl FnOnce(&mut Tx<'_>, &mut TreeRoot) -> Result<T>) -> Result<T> {
+    /// A tree found damaged is set aside (the counters read as absent, its blocks are
+    /// left to fsck, which rebuilds it): derived data never fails the change it follows.
+    fn rstat_tree_change(&mut self, f: impl FnOnce(&mut Tx<'_>, &mut TreeRoot) -> Result<()>) -> Result<()> {
         self.release_block();
         let st = self.store();
         let mut root = st.rstats.lock();
         let Some(mut t) = *root else {
             return Err(Error::corrupt("rstat tree used on a volume without it"));
         };
-        let r = f(&mut st.tx(), &mut t);
-        *root = Some(t);
-        r
+        match f(&mut st.tx(), &mut t) {
+            Err(Error::Corrupt(m)) => {
+                tracing::error!("rstat tree: {m}: set aside until dxfs fsck rebuilds it");
+                *root = Some(TreeRoot::default());
+                Ok(())
+            }
+            r => {
+                *root = Some(t);
+                r
+            }
+        }
     }
 
     /// A new directory's record: nothing below it yet, its own ctime the newest.

@@ -23,7 +23,8 @@ impl Inner {
         }
         let mut from = Vec::with_capacity(want.len());
         for &(ino, mode) in want {
-            if mode != Mode::Write {
+            // Marked already: a directory whose chain is marked (files are never marked).
+            if mode != Mode::Write || self.st.rstat_pending(ino) {
                 continue;
             }
             let i = match self.st.inode(ino) {

@@ -78,7 +78,7 @@ pub struct Store {
     /// The volume keeps recursive statistics (`rstats` is `Some`).
     rstats_enabled: bool,
     /// The rstat records the snapshot will rewrite, and their leaves.
-    rstat_marks: parking_lot::Mutex<rstats::Marks>,
+    rstat_marks: rstats::Marks,
     /// `rstat_marks`' leaves, counted: log room the snapshot will use.
     rstat_leaves: AtomicU64,
     /// fsck rebuilt the rstat tree in this delta (`rebuild_rstats`).

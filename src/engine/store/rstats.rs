@@ -20,6 +20,7 @@
 use super::*;
 use crate::disk::rstat::{LinkDirs, Rstat, LINKS_KEY, RSTAT_LEN};
 use crate::engine::btree;
+use crate::engine::leaf::Sharded;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What an inode counted for before the delta changed it, in the directory `parent`:
@@ -91,11 +92,17 @@ impl Change {
 }
 
 /// The records a delta's snapshot will rewrite, marked by the charges of the operations
-/// that change them, and the leaves they lie in (what the snapshot adds to the log).
-#[derive(Default)]
+/// that change them (in shards: every change looks here, and almost always finds its
+/// directory marked), and the leaves they lie in (what the snapshot adds to the log).
 pub(super) struct Marks {
-    dirs: FxHashSet<u64>,
-    leaves: FxHashSet<u64>,
+    dirs: Sharded<FxHashSet<u64>>,
+    leaves: parking_lot::Mutex<FxHashSet<u64>>,
+}
+
+impl Default for Marks {
+    fn default() -> Marks {
+        Marks { dirs: Sharded::new(6), leaves: Default::default() }
+    }
 }
 
 impl Store {
@@ -187,19 +194,24 @@ impl Store {
     /// the leaves newly counted against the log's room. A directory that cannot be read
     /// ends its walk (its records are then not rewritten either).
     pub fn mark_rstats(&self, from: &[u64]) -> Result<u64> {
-        let Some(t) = self.rstat_tree() else { return Ok(0) };
+        if !self.rstats_enabled {
+            return Ok(0);
+        }
+        let marks = &self.rstat_marks;
+        let mut tree = None;
         let mut added = 0;
         for &start in from {
             let mut x = start;
             for _ in 0..MAX_WALK {
-                if x == 0 || !self.rstat_marks.lock().dirs.insert(x) {
+                if x == 0 || !marks.dirs.shard(x).insert(x) {
                     break;
                 }
                 // A tree that cannot be read counts a leaf per record (its snapshot then
                 // writes nothing through it anyway).
+                let t = *tree.get_or_insert_with(|| self.rstat_tree().unwrap_or_default());
                 let leaf = btree::leaves_from(&mut self.tx(), &t, RSTAT_OWNER, x, 1).ok();
                 let new = match leaf.as_ref().and_then(|l| l.first()) {
-                    Some(&l) => self.rstat_marks.lock().leaves.insert(l),
+                    Some(&l) => marks.leaves.lock().insert(l),
                     None => true,
                 };
                 added += u64::from(new);
@@ -219,7 +231,7 @@ impl Store {
     /// Whether the next snapshot may rewrite directory `dir`'s record (a change below it
     /// is not committed yet).
     pub fn rstat_pending(&self, dir: u64) -> bool {
-        self.rstat_marks.lock().dirs.contains(&dir)
+        self.rstat_marks.dirs.shard(dir).contains(&dir)
     }
 
     /// Leaves of the rstat tree the snapshot will rewrite, as marked so far.
@@ -305,9 +317,9 @@ impl Store {
     }
 
     fn clear_marks(&mut self) {
-        let marks = self.rstat_marks.get_mut();
-        marks.dirs.clear();
-        marks.leaves.clear();
+        let marks = &mut self.rstat_marks;
+        marks.dirs.for_each(|s| s.clear());
+        marks.leaves.get_mut().clear();
         *self.rstat_leaves.get_mut() = 0;
     }
 

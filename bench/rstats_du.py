@@ -49,7 +49,8 @@ def main():
     ap.add_argument("--dxfs-bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "dxfs"))
     a = ap.parse_args()
     dxfs = os.path.abspath(a.dxfs_bin)
-    size = max(2, a.files * 4608 // (1 << 30) + 2)
+    # ext4 makes an inode per 16 KiB: room for every file.
+    size = max(2, a.files * 20_000 // (1 << 30) + 2)
     rows = []
     for fs, cmd in (("ext4", ["du", "-s"]), ("dxfs", [dxfs, "du", "-s"])):
         with LoopVolume(fs, size, dxfs, "auto", fsck=True) as v:

@@ -2,7 +2,7 @@
 //! each up, unlink them all. Prints µs per operation and device blocks read/written.
 //!
 //! cargo run --release --example engine_bench -- [N] [--file IMAGE] [--hash H] [--name-len L]
-//!     [--readdir-order] [--sync-every K] [--no-lazy-free]
+//!     [--readdir-order] [--sync-every K] [--no-lazy-free] [--no-rstats]
 //! cargo run --release --example engine_bench -- [N] --threads T [--dirs private|shared]
 //!
 //! By default the volume lives in memory (a `MemDevice`); `--file` puts it in an image
@@ -11,7 +11,7 @@
 //! names to L bytes (seed 000's lookup cost against name length). `--readdir-order` unlinks
 //! in readdir order (as `rm -rf`), `--sync-every K` commits every K unlinks (as a mount's
 //! periodic commits cut a long removal), `--no-lazy-free` makes the volume without lazy
-//! inode frees (the A/B baseline).
+//! inode frees and `--no-rstats` without recursive statistics (the A/B baselines).
 //!
 //! `--threads T` measures scaling instead (issue 14): for 1..=T threads, in private
 //! directories and in one shared directory, each thread creates, looks up and unlinks
@@ -66,7 +66,8 @@ fn main() {
         None => Arc::new(MemDevice::new(blocks)),
     };
     let lazy_inode_free = !args.iter().any(|a| a == "--no-lazy-free");
-    mkfs(dev.clone(), &MkfsOptions { hash, lazy_inode_free, ..Default::default() }).expect("mkfs");
+    let rstats = !args.iter().any(|a| a == "--no-rstats");
+    mkfs(dev.clone(), &MkfsOptions { hash, lazy_inode_free, rstats, ..Default::default() }).expect("mkfs");
     let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
     let root = vol.root();
     let dir = vol.mkdir(root, b"d", 0o755, 0, 0).expect("mkdir").ino;

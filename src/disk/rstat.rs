@@ -69,7 +69,7 @@ impl Rstat {
     }
 
     /// What inode `i` adds to the directory it is counted in: itself, and below it.
-    pub fn of(i: &Inode, below: Option<&Rstat>) -> Rstat {
+    pub(crate) fn of(i: &Inode, below: Option<&Rstat>) -> Rstat {
         let dir = i.is_dir();
         let mut r = Rstat {
             files: u64::from(!dir),

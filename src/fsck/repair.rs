@@ -378,6 +378,8 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
             }
             st.put_inode(&i)?;
         }
+        // The rstat tree's lock is a leaf: no cache block may be held meanwhile.
+        st.let_go();
         if f.drop_rstats {
             st.store().drop_rstats();
         }
@@ -387,6 +389,7 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 i.parent = p;
                 st.put_inode(&i)?;
             }
+            st.let_go();
             st.store().rebuild_rstats(&c.records)?;
         }
         Ok(())

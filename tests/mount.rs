@@ -2736,9 +2736,15 @@ fn aio_pwrite(fd: i32, buf: &Aligned, offset: i64) -> i64 {
     let n = unsafe { libc::syscall(libc::SYS_io_submit, ctx, 1, list.as_mut_ptr()) };
     assert_eq!(n, 1, "io_submit: {}", io::Error::last_os_error());
     let mut ev = [IoEvent::default()];
-    // SAFETY: room for one event; no timeout (wait for it).
-    let got = unsafe { libc::syscall(libc::SYS_io_getevents, ctx, 1, 1, ev.as_mut_ptr(), std::ptr::null::<u8>()) };
-    assert_eq!(got, 1, "io_getevents");
+    let got = loop {
+        // SAFETY: room for one event; no timeout (wait for it).
+        let got = unsafe { libc::syscall(libc::SYS_io_getevents, ctx, 1, 1, ev.as_mut_ptr(), std::ptr::null::<u8>()) };
+        // A signal to the test process (another test's child ending) interrupts the wait.
+        if got != -1 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break got;
+        }
+    };
+    assert_eq!(got, 1, "io_getevents: {}", io::Error::last_os_error());
     // SAFETY: the context was set up above and has nothing in flight.
     unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
     ev[0].res

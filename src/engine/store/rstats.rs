@@ -243,11 +243,20 @@ impl Store {
     /// the volume to itself, before the snapshot takes the dirty blocks.
     pub fn fold_rstats(&mut self) -> Result<()> {
         let Some(t) = self.rstat_tree() else { return Ok(()) };
-        if std::mem::take(self.rstats_rebuilt.get_mut()) {
-            // fsck rebuilt the tree from the inodes as they are now: nothing to push.
-            self.clear_marks();
-            return Ok(());
+        // fsck rebuilt the tree from the inodes as they are now: nothing to push.
+        let rebuilt = std::mem::take(self.rstats_rebuilt.get_mut());
+        let r = if rebuilt { Ok(()) } else { self.fold(t) };
+        // Whatever happened, the marks were this delta's: a failed fold must not keep
+        // their room from every later delta.
+        self.clear_marks();
+        if let Err(Error::Corrupt(m)) = &r {
+            tracing::error!("rstat tree: {m}: set aside until dxfs fsck rebuilds it");
+            *self.rstats.get_mut() = Some(TreeRoot::default());
         }
+        r
+    }
+
+    fn fold(&mut self, t: TreeRoot) -> Result<()> {
         let mut changed: Vec<(u64, Option<Counted>)> = Vec::new();
         self.changed_inodes.for_each(|s| changed.extend(s.iter().map(|(&i, b)| (i, b.clone()))));
         changed.sort_unstable_by_key(|&(i, _)| i);
@@ -312,7 +321,6 @@ impl Store {
         for d in rest {
             fold.settle(d, None)?;
         }
-        self.clear_marks();
         Ok(())
     }
 

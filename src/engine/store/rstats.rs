@@ -34,6 +34,8 @@ pub(crate) struct Counted {
     /// A file with several links: the directories holding them (each entry counts in
     /// `hardlinks` there and above).
     names: Vec<(u64, u32)>,
+    /// Which inode of this number: a number freed and taken again in one delta is two.
+    generation: u32,
 }
 
 /// Most directories one push walks through: a walk longer than this meets a loop of
@@ -162,7 +164,7 @@ impl Store {
             false => Vec::new(),
         };
         let parent = if ino == self.sb.root_ino { 0 } else { i.parent };
-        Ok(Some(Counted { parent, own: Rstat::of(&i, None), below, names }))
+        Ok(Some(Counted { parent, own: Rstat::of(&i, None), below, names, generation: i.generation }))
     }
 
     /// Note that the delta changes inode `ino`, which counted for `before` until now
@@ -260,8 +262,14 @@ impl Store {
         let mut changed: Vec<(u64, Option<Counted>)> = Vec::new();
         self.changed_inodes.for_each(|s| changed.extend(s.iter().map(|(&i, b)| (i, b.clone()))));
         changed.sort_unstable_by_key(|&(i, _)| i);
-        let mut fold =
-            Fold { st: self, t, acc: FxHashMap::default(), newest: FxHashMap::default(), stops: FxHashSet::default() };
+        let mut fold = Fold {
+            st: self,
+            t,
+            acc: FxHashMap::default(),
+            newest: FxHashMap::default(),
+            stops: FxHashSet::default(),
+            reborn: FxHashSet::default(),
+        };
         let mut now = Vec::with_capacity(changed.len());
         for (ino, before) in changed {
             let n = fold.st.counted_now(ino, false).unwrap_or_else(|e| {
@@ -272,20 +280,25 @@ impl Store {
             if was_dir || n.as_ref().is_some_and(|n| n.own.dirs == 1) {
                 fold.stops.insert(ino);
             }
+            if let (Some(b), Some(n)) = (&before, &n) {
+                if b.generation != n.generation {
+                    fold.reborn.insert(ino);
+                }
+            }
             now.push((ino, before, n));
         }
         // Everything out as it was.
         for (_, before, _) in &now {
             let Some(b) = before else { continue };
             for &(d, k) in &b.names {
-                fold.push(d, Change::names(k, -1), None);
+                fold.push_out(d, Change::names(k, -1));
             }
             if b.parent != 0 {
                 let mut r = b.own;
                 if let Some(below) = &b.below {
                     r.add(below);
                 }
-                fold.push(b.parent, Change::of(&r, -1), None);
+                fold.push_out(b.parent, Change::of(&r, -1));
             }
         }
         // Files back in as they are.
@@ -360,16 +373,27 @@ impl Store {
 }
 
 /// One snapshot's pushes: sums waiting per directory, the newest ctime reaching each,
-/// and the directories the delta changed (where a push stops).
+/// the directories the delta changed (where a push stops), and the numbers freed and
+/// taken again by another inode in the delta.
 struct Fold<'a> {
     st: &'a Store,
     t: TreeRoot,
     acc: FxHashMap<u64, Change>,
     newest: FxHashMap<u64, (i64, u32)>,
     stops: FxHashSet<u64>,
+    reborn: FxHashSet<u64>,
 }
 
 impl Fold<'_> {
+    /// Take `c` out of directory `from` as it was: where the number is another inode now
+    /// (a directory removed and its number taken again), the old one's own removal
+    /// carries it, and the new one must not lose it.
+    fn push_out(&mut self, from: u64, c: Change) {
+        if !self.reborn.contains(&from) {
+            self.push(from, c, None);
+        }
+    }
+
     /// Add `c` (and the time `t`) to directory `from` and the ancestors above it, up to
     /// the root or the first directory the delta changed, which passes it on itself.
     fn push(&mut self, from: u64, c: Change, t: Option<(i64, u32)>) {

@@ -69,6 +69,11 @@ pub const RO_COMPAT_MOUNT_MARK: u32 = 16;
 /// in (FORMAT.md §6.2). A writer that does not know this would leave the counters wrong;
 /// a reader loses nothing.
 pub(crate) const RO_COMPAT_RSTATS: u32 = 32;
+/// ro_compat: every bitmap block records how many of its bits are set (`used`,
+/// FORMAT.md §5), so that a bit cleared under live metadata by a bad writer is seen
+/// when the map is read, before the allocator hands the block out. A writer that does
+/// not know this would leave the counts wrong; a reader loses nothing.
+pub(crate) const RO_COMPAT_BITMAP_COUNTS: u32 = 64;
 /// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
@@ -86,7 +91,8 @@ pub(crate) const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
     | RO_COMPAT_LAZY_INODE_FREE
     | RO_COMPAT_GROW_PENDING
     | RO_COMPAT_MOUNT_MARK
-    | RO_COMPAT_RSTATS;
+    | RO_COMPAT_RSTATS
+    | RO_COMPAT_BITMAP_COUNTS;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
 pub(crate) const LAZY_FREE_OWNER: u64 = 1;
@@ -111,6 +117,20 @@ pub(crate) const INODES_PER_BLOCK: u64 = 16;
 /// Bits of free-space map per bitmap block (the first 32 bytes are header).
 pub(crate) const BITMAP_HEADER: usize = 32;
 pub(crate) const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - BITMAP_HEADER) * 8) as u64;
+/// Offset of a bitmap block's `used` count (ro_compat BITMAP_COUNTS), a `u32`.
+pub(crate) const BITMAP_USED: usize = 16;
+
+/// The bits a bitmap block sets (what its `used` count must say).
+pub(crate) fn bitmap_bits_set(b: &[u8]) -> u32 {
+    b[BITMAP_HEADER..BLOCK_SIZE].iter().map(|x| x.count_ones()).sum()
+}
+
+/// Write a bitmap block's `used` count from its bits (every writer does, whether or not
+/// the volume has ro_compat BITMAP_COUNTS: without it the field is unused).
+pub(crate) fn count_bitmap_bits(b: &mut [u8]) {
+    let n = bitmap_bits_set(b);
+    put_u32(b, BITMAP_USED, n);
+}
 /// Longest name in a directory.
 pub(crate) const NAME_MAX: usize = 255;
 /// Largest file: 2^32 blocks of 4 KiB (extents address logical blocks with 32 bits).
@@ -436,6 +456,12 @@ impl Superblock {
     /// Whether directories keep recursive statistics (ro_compat RSTATS, FORMAT.md §6.2).
     pub fn rstats(&self) -> bool {
         self.ro_compat & RO_COMPAT_RSTATS != 0
+    }
+
+    /// Whether bitmap blocks carry a checked `used` count (ro_compat BITMAP_COUNTS,
+    /// FORMAT.md §5).
+    pub fn bitmap_counts(&self) -> bool {
+        self.ro_compat & RO_COMPAT_BITMAP_COUNTS != 0
     }
 
     /// Whether the xattr bloom filter is in force.

@@ -12,6 +12,7 @@
 // The rules run on hostile values: no arithmetic here may wrap or truncate.
 #![deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 
+use crate::disk::codec::get_u32;
 use crate::disk::format::*;
 use crate::error::{Error, Result};
 
@@ -124,6 +125,19 @@ pub(crate) fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) ->
         return Err(Error::corrupt(format!(
             "inode {ino}: {what} root {} at depth {} is out of range",
             t.root, t.depth
+        )));
+    }
+    Ok(())
+}
+
+/// Check bitmap block `at` on a volume with ro_compat BITMAP_COUNTS: its `used` count
+/// equals the bits it sets. A bit cleared under live metadata would let the allocator
+/// write over it; a count that disagrees shows the map is not to be trusted.
+pub(crate) fn check_bitmap_count(b: &[u8], at: u64) -> Result<()> {
+    let (said, set) = (get_u32(b, BITMAP_USED), bitmap_bits_set(b));
+    if said != set {
+        return Err(Error::corrupt(format!(
+            "bitmap block {at} counts {said} blocks in use, but its bits mark {set}"
         )));
     }
     Ok(())

@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use crate::disk::codec::*;
 use crate::disk::device::BlockDevice;
-use crate::disk::format::{Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
+use crate::disk::format::{count_bitmap_bits, Layout, BITMAP_HEADER, BITMAP_MAGIC, BITS_PER_BITMAP_BLOCK};
+use crate::disk::valid::check_bitmap_count;
 use crate::engine::cache::{note_dirtied, MetaCache};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 const WORDS_PER_BLOCK: usize = (BLOCK_SIZE - BITMAP_HEADER) / 8;
 
@@ -209,13 +210,26 @@ impl Space {
         (block_count / 128).clamp(32, 128).min(block_count / 16)
     }
 
-    /// Read the bitmap from its blocks.
-    pub fn load(dev: &dyn BlockDevice, cache: &MetaCache, layout: Layout) -> Result<Space> {
+    /// Read the bitmap from its blocks. With `counted` (ro_compat BITMAP_COUNTS), also
+    /// say which blocks' `used` count disagrees with their bits (by index, with why):
+    /// the map is loaded from the bits either way, and the caller decides whether it may
+    /// allocate from it.
+    pub fn load(
+        dev: &dyn BlockDevice,
+        cache: &MetaCache,
+        layout: Layout,
+        counted: bool,
+    ) -> Result<(Space, Vec<(u64, String)>)> {
         let mut s = Space::fresh(layout);
         s.dirty.clear();
         s.count_pending();
+        let mut miscounted = Vec::new();
         for i in 0..layout.bitmap_count() {
-            let b = cache.get(dev, layout.bitmap_block(i), Some(BITMAP_MAGIC))?;
+            let at = layout.bitmap_block(i);
+            let b = cache.get(dev, at, Some(BITMAP_MAGIC))?;
+            if let Some(Error::Corrupt(m)) = check_bitmap_count(&b[..], at).err().filter(|_| counted) {
+                miscounted.push((i, m));
+            }
             let base = i as usize * WORDS_PER_BLOCK;
             for w in 0..WORDS_PER_BLOCK {
                 s.words.put(base + w, get_u64(&b[..], BITMAP_HEADER + 8 * w));
@@ -235,7 +249,23 @@ impl Space {
             }
         }
         s.free = s.count_free();
-        Ok(s)
+        Ok((s, miscounted))
+    }
+
+    /// Take every block bitmap block `i` covers as in use, in memory only: its count
+    /// disagrees with its bits, so a read-only open trusts none of them (a block read
+    /// as free would make the inodes in it read as stale).
+    pub fn distrust(&mut self, i: u64) {
+        let base = i as usize * WORDS_PER_BLOCK;
+        for w in base..(base + WORDS_PER_BLOCK).min(self.words.len()) {
+            self.words.put(w, u64::MAX);
+        }
+        self.free = self.count_free();
+    }
+
+    /// Write bitmap block `i` again with the next commit (a repair of its count).
+    pub fn rewrite(&mut self, i: u64) {
+        add_pending(&mut self.dirty, &self.pending, i);
     }
 
     fn count_free(&self) -> u64 {
@@ -608,6 +638,7 @@ impl Space {
             for w in 0..WORDS_PER_BLOCK {
                 put_u64(&mut b[..], BITMAP_HEADER + 8 * w, self.words.word(base + w));
             }
+            count_bitmap_bits(&mut b[..]);
         }
     }
 

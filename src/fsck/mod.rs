@@ -196,12 +196,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let sb_fixes = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
-    let (st, state, bitmap_damage, state_damage, journal_seq) =
+    let (st, state, bitmap_damage, state_damage, journal_seq, miscounted) =
         match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true, false) {
             Ok(o) => {
                 let (b, s) = (o.bitmap_damage.map(|e| e.to_string()), o.state_damage.map(|e| e.to_string()));
                 r.rebuilt.extend(b.iter().chain(&s).cloned());
-                (o.opened.store, o.opened.state, b, s, o.opened.journal.seq)
+                (o.opened.store, o.opened.state, b, s, o.opened.journal.seq, o.opened.miscounted)
             }
             Err(crate::error::Error::Corrupt(m)) => {
                 // A damaged newest commit: the way out loses that delta, so it is asked for.
@@ -297,7 +297,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
         )
+        // A count is rewritten from the bits only once the walk has put right every bit
+        // it could (a bit under an unwalked block must keep the map untrusted).
+        .chain(miscounted.iter().map(|(_, m)| format!("free-space map: {m}")))
         .collect();
+    let recount: Vec<u64> = miscounted.iter().map(|&(i, _)| i).collect();
     if leaked.len() > 20 {
         // A repairable finding like the rest: it must not block the repair itself.
         global.insert(20, format!("... and {} more leaked blocks", leaked.len() - 20));
@@ -422,6 +426,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             lazy_drops: if do_global { &lazy_drops } else { none },
             reinit: if do_global { &reinit } else { &[] },
             marked_free: &marked_free,
+            recount: if do_global { &recount } else { none },
             xattr_refs: if do_global { &xattr_fixes } else { &[] },
             inode_fixes: &inode_fixes,
             inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),

@@ -289,6 +289,9 @@ pub(super) struct Fixes<'a> {
     pub(super) reinit: &'a [(u64, u64)],
     /// Blocks something owns that the map marks free.
     pub(super) marked_free: &'a [u64],
+    /// Bitmap blocks (by index) whose `used` count disagrees with their bits: written
+    /// again, counted from the bits as repaired.
+    pub(super) recount: &'a [u64],
     /// Shared xattr blocks whose reference count is wrong: (block, count, users).
     pub(super) xattr_refs: &'a [(u64, u32, u32)],
     pub(super) inode_fixes: &'a [(u64, InodeFix, String)],
@@ -332,6 +335,9 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
         }
         for &b in f.marked_free {
             st.space().mark_used(b);
+        }
+        for &i in f.recount {
+            st.space().rewrite(i);
         }
         for &(b, _, users) in f.xattr_refs {
             put_u32(st.block_mut(b, Some(XATTR_MAGIC))?, 16, users);

@@ -229,12 +229,12 @@ impl Inspector {
             });
             ("mount mark", check(MARK_MAGIC), f)
         } else if (n >= l.bitmap_start && n < l.first_free()) || l.spilled_bitmap_blocks().any(|b| b == n) {
-            let used: u64 = b[BITMAP_HEADER..].iter().map(|x| u64::from(x.count_ones())).sum();
             (
                 "bitmap",
                 check(BITMAP_MAGIC),
                 vec![
-                    ("bits_set", used),
+                    ("used", u64::from(get_u32(&b, BITMAP_USED))),
+                    ("bits_set", u64::from(bitmap_bits_set(&b[..]))),
                     ("first_block", if n < l.first_free() { (n - l.bitmap_start) * BITS_PER_BITMAP_BLOCK } else { n }),
                 ],
             )

@@ -104,7 +104,8 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 }
             | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 }
             | if o.mount_mark { RO_COMPAT_MOUNT_MARK } else { 0 }
-            | if o.rstats { RO_COMPAT_RSTATS } else { 0 },
+            | if o.rstats { RO_COMPAT_RSTATS } else { 0 }
+            | RO_COMPAT_BITMAP_COUNTS,
         uuid,
         label: o.label.clone(),
         layout,

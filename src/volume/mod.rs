@@ -365,23 +365,21 @@ impl Volume {
     /// Open a volume: check the superblock, replay the log, load free space, and free
     /// inodes left on the orphan list by an unclean stop.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Volume> {
-        Self::open_checked(dev, opts, true, true)
+        Self::open_checked(dev, opts, false)
     }
 
     /// Open read-write for fsck's repairs: without requiring a readable root directory
-    /// (a repair may write a new one), and leaving the orphan list alone, so that what
-    /// the check counted (live inodes, owned blocks) is what the repair finds. The next
-    /// ordinary open frees the orphans. `allow_rollback` as in [`OpenOptions`].
+    /// (a repair may write a new one), leaving the orphan list alone, so that what the
+    /// check counted (live inodes, owned blocks) is what the repair finds, and past
+    /// bitmap counts that disagree with their bits (the repair checked the bits against
+    /// the tree and rewrites the counts). The next ordinary open frees the orphans.
+    /// `allow_rollback` as in [`OpenOptions`].
     pub(crate) fn open_for_repair(dev: Arc<dyn BlockDevice>, allow_rollback: bool) -> Result<Volume> {
-        Self::open_checked(dev, OpenOptions { allow_rollback, ..Default::default() }, false, false)
+        Self::open_checked(dev, OpenOptions { allow_rollback, ..Default::default() }, true)
     }
 
-    fn open_checked(
-        dev: Arc<dyn BlockDevice>,
-        opts: OpenOptions,
-        need_root: bool,
-        free_orphans: bool,
-    ) -> Result<Volume> {
+    fn open_checked(dev: Arc<dyn BlockDevice>, opts: OpenOptions, repair: bool) -> Result<Volume> {
+        let (need_root, free_orphans) = (!repair, !repair);
         let sb = read_usable_superblock(&*dev)?;
         let mut opts = opts;
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
@@ -409,9 +407,21 @@ impl Volume {
             for e in o.damage() {
                 tracing::warn!("{e}; read-only, without it (dxfs fsck rebuilds it)");
             }
-            o.opened
+            let mut opened = o.opened;
+            for (i, m) in std::mem::take(&mut opened.miscounted) {
+                tracing::warn!("free-space map: {m}; read-only, taking its blocks as in use (dxfs fsck checks it)");
+                opened.store.space().distrust(i);
+            }
+            opened
         } else {
-            crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions, opts.allow_rollback)?
+            let o =
+                crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions, opts.allow_rollback)?;
+            // A map whose counts disagree with its bits may mark live metadata free: no
+            // allocation from it until fsck has checked it against the tree.
+            if let Some((_, m)) = o.miscounted.first().filter(|_| !repair) {
+                return Err(Error::corrupt(format!("free-space map: {m} (dxfs fsck checks it against the tree)")));
+            }
+            o
         };
         let (journal, mut st, state) = (opened.journal, opened.store, opened.state);
         st.inode_readahead = opts.sorted_prefetch;

@@ -129,6 +129,7 @@ fn new_bitmap_block(layout: &Layout, i: u64) -> Box<Block> {
             b[BITMAP_HEADER + (j / 8) as usize] |= 1 << (j % 8);
         }
     }
+    count_bitmap_bits(&mut b[..]);
     seal(&mut b, at);
     b
 }

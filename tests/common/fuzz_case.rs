@@ -68,8 +68,14 @@ pub enum Prop {
     /// log), or the mount mark elsewhere.
     MisplacedWrite,
     /// File data written over a block that held live metadata (an inode block, a tree
-    /// node, an xattr block) when the writes began.
+    /// node, an xattr block) when the writes began, which the volume's own map could
+    /// have told was live: marked used, or under a bitmap block whose checked `used`
+    /// count disagrees with its bits (ro_compat BITMAP_COUNTS).
     DataOverMetadata,
+    /// As [`Prop::DataOverMetadata`], over a block that the map marks free with a count
+    /// that agrees (or without checked counts): only fsck's walk of the tree can see
+    /// it is live.
+    DataOverUnmarkedMetadata,
     /// A file read returned a metadata block.
     MetadataRead,
     /// readdir went back to an earlier position or never ended.
@@ -95,14 +101,14 @@ impl Prop {
             self,
             Prop::RepairFailed
                 | Prop::FsckAfterRepairNotOk
-                | Prop::DataOverMetadata
+                | Prop::DataOverUnmarkedMetadata
                 | Prop::MetadataRead
                 | Prop::DamagedByWrites
                 | Prop::LostWrite
         )
     }
 
-    pub const ALL: [Prop; 18] = [
+    pub const ALL: [Prop; 19] = [
         Prop::Panic,
         Prop::Crash,
         Prop::Hang,
@@ -115,6 +121,7 @@ impl Prop {
         Prop::SuperblockOverwritten,
         Prop::MisplacedWrite,
         Prop::DataOverMetadata,
+        Prop::DataOverUnmarkedMetadata,
         Prop::MetadataRead,
         Prop::Runaway,
         Prop::CleanButUnreadable,
@@ -136,6 +143,7 @@ impl Prop {
             Prop::SuperblockOverwritten => "superblock-overwritten",
             Prop::MisplacedWrite => "misplaced-write",
             Prop::DataOverMetadata => "data-over-metadata",
+            Prop::DataOverUnmarkedMetadata => "data-over-unmarked-metadata",
             Prop::MetadataRead => "metadata-read",
             Prop::Runaway => "runaway",
             Prop::CleanButUnreadable => "clean-but-unreadable",
@@ -379,6 +387,8 @@ struct Watch {
     phase: String,
     /// Blocks holding live metadata when the user writes began.
     live_meta: HashSet<u64>,
+    /// Of those, the ones the volume's map marked free with a count that agrees.
+    unmarked: HashSet<u64>,
     /// A superblock still says the volume has a mount mark (ro_compat MOUNT_MARK) as the
     /// phase begins. A volume whose copies both lost the flag has none: its old mark
     /// block is an ordinary block then, which a repair may free and a write may use.
@@ -404,6 +414,7 @@ impl Recorder {
                 mode: Mode::ReadOnly,
                 phase: String::new(),
                 live_meta: HashSet::new(),
+                unmarked: HashSet::new(),
                 mark_kept: true,
                 found: Vec::new(),
             }),
@@ -415,6 +426,12 @@ impl Recorder {
             Mode::User { trust_bitmap } => self.live_metadata(trust_bitmap),
             _ => HashSet::new(),
         };
+        let img = self.inner.to_bytes();
+        let unmarked = live_meta
+            .iter()
+            .copied()
+            .filter(|&b| !mutate::bitmap_used(&img, &self.geo, b) && mutate::bitmap_agrees(&img, &self.geo, b))
+            .collect();
         let mark_kept = [0, self.geo.backup()].iter().any(|&b| {
             let mut sb = vec![0u8; BS];
             self.inner.read(b, &mut sb).is_ok() && u32::from_le_bytes(sb[28..32].try_into().unwrap()) & 16 != 0
@@ -423,6 +440,7 @@ impl Recorder {
         w.mode = mode;
         w.phase = phase.to_string();
         w.live_meta = live_meta;
+        w.unmarked = unmarked;
         w.mark_kept = mark_kept;
     }
 
@@ -498,9 +516,10 @@ impl Recorder {
                 }
             } else if matches!(w.mode, Mode::User { .. }) && data && w.live_meta.contains(&b) {
                 let k = self.base_kinds[b as usize];
+                let prop = if w.unmarked.contains(&b) { Prop::DataOverUnmarkedMetadata } else { Prop::DataOverMetadata };
                 add(
                     &mut w,
-                    Prop::DataOverMetadata,
+                    prop,
                     format!("file data written over block {b}, a live {k} when the writes began"),
                 );
             }

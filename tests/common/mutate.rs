@@ -32,6 +32,9 @@ const MARK_MAGIC: &[u8; 4] = b"DXMM";
 const BTREE_MAGIC: &[u8; 4] = b"DXTN";
 /// Blocks a bitmap block covers.
 const BITS_PER_BITMAP: u64 = 32512;
+/// A bitmap block's `used` count (u32) and the ro_compat flag that makes it checked.
+const BITMAP_USED: usize = 16;
+const BITMAP_COUNTS: u64 = 64;
 /// Descriptor flag of a logged file-data image.
 const DATA_TARGET: u64 = 1 << 63;
 
@@ -319,6 +322,20 @@ pub fn bitmap_used(img: &[u8], g: &Geometry, b: u64) -> bool {
     }
     let j = b % BITS_PER_BITMAP;
     block(img, g.bitmap_start + i)[32 + (j / 8) as usize] & (1 << (j % 8)) != 0
+}
+
+/// Whether the map of `img` may be trusted to say block `b` is free: no superblock copy
+/// asks for checked counts (ro_compat BITMAP_COUNTS), or the `used` count of the bitmap
+/// block covering `b` agrees with its bits. A volume then has no way short of fsck's
+/// walk to see that the block is live (ext4 and XFS without rmap cannot either).
+pub fn bitmap_agrees(img: &[u8], g: &Geometry, b: u64) -> bool {
+    let counted = [0, g.backup()].iter().all(|&c| get(block(img, c), 28, 4) & BITMAP_COUNTS != 0);
+    let i = b / BITS_PER_BITMAP;
+    if !counted || i >= g.bitmap_blocks {
+        return true;
+    }
+    let blk = block(img, g.bitmap_start + i);
+    get(blk, BITMAP_USED, 4) == blk[32..].iter().map(|x| u64::from(x.count_ones())).sum::<u64>()
 }
 
 /// The kind of every block of a sound image: the fixed structures by position, the rest
@@ -1161,10 +1178,33 @@ fn mutate_field(
     Some(m)
 }
 
-/// Set or clear one bit of bitmap block `b`: under live metadata, data, a fixed block,
-/// the mark, the backup superblock, a free block or past the end of the volume.
+/// Damage bitmap block `b`: its `used` count (one case in eight), or one bit, set or
+/// cleared under live metadata, data, a fixed block, the mark, the backup superblock, a
+/// free block or past the end of the volume. Half the bit flips also move the count
+/// with the bit, as a writer that means harm would: then only fsck's walk sees it.
 fn mutate_bitmap(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, b: u64) -> Mutation {
     let g = idx.geo;
+    if ch.below(8) == 0 {
+        let blk = block_mut(img, b);
+        let old = get(blk, BITMAP_USED, 4);
+        let (new, why) = match ch.below(4) {
+            0 => (0, "zero"),
+            1 => (u64::from(u32::MAX), "u32::MAX"),
+            2 => (old.wrapping_sub(1) & 0xffff_ffff, "-1"),
+            _ => ((old + 1) & 0xffff_ffff, "+1"),
+        };
+        put(blk, BITMAP_USED, 4, new);
+        reseal(blk, b);
+        return Mutation {
+            block: b,
+            kind: Kind::Bitmap,
+            field: "used".into(),
+            old,
+            new,
+            why: why.into(),
+            note: "resealed".into(),
+        };
+    }
     let i = b - g.bitmap_start;
     let lo = i * BITS_PER_BITMAP;
     let hi = lo + BITS_PER_BITMAP;
@@ -1187,6 +1227,11 @@ fn mutate_bitmap(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, b: u64) -> M
     let blk = block_mut(img, b);
     let old = u64::from(blk[byte] >> bit & 1);
     blk[byte] ^= 1 << bit;
+    let counted = ch.below(2) == 0;
+    if counted {
+        let used = blk[32..].iter().map(|x| u64::from(x.count_ones())).sum::<u64>();
+        put(blk, BITMAP_USED, 4, used);
+    }
     reseal(blk, b);
     let why = if target.is_some() { why } else { "a block" };
     Mutation {
@@ -1196,7 +1241,7 @@ fn mutate_bitmap(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, b: u64) -> M
         old,
         new: old ^ 1,
         why: format!("{} {why}", if old == 0 { "set on" } else { "cleared under" }),
-        note: "resealed".into(),
+        note: if counted { "its count moved with it, resealed" } else { "resealed" }.into(),
     }
 }
 

@@ -136,6 +136,10 @@ pub(crate) struct Opened {
     pub journal: Journal,
     pub store: Store,
     pub state: State,
+    /// Bitmap blocks (by index) whose `used` count disagrees with their bits (ro_compat
+    /// BITMAP_COUNTS), with why: the map came from the bits, and only a repair, which
+    /// checks them against the tree first, may allocate from it.
+    pub miscounted: Vec<(u64, String)>,
 }
 
 /// The engine's one open sequence, shared by `Volume::open` and fsck: recover the log —
@@ -222,11 +226,11 @@ pub(crate) fn open_lenient(
         }
     }
     let (mut bitmap_damage, mut state_damage) = (None, None);
-    let space = match Space::load(&*dev, &cache, sb.layout) {
+    let (space, miscounted) = match Space::load(&*dev, &cache, sb.layout, sb.bitmap_counts()) {
         Ok(s) => s,
         Err(e @ Error::Corrupt(_)) => {
             bitmap_damage = Some(context("free-space map", e));
-            Space::all_used(sb.layout)
+            (Space::all_used(sb.layout), Vec::new())
         }
         Err(e) => return Err(e),
     };
@@ -269,7 +273,7 @@ pub(crate) fn open_lenient(
     *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
     store.lazy_enabled = lazy;
     store.load_lazy_masks();
-    Ok(LenientOpen { opened: Opened { journal, store, state }, bitmap_damage, state_damage })
+    Ok(LenientOpen { opened: Opened { journal, store, state, miscounted }, bitmap_damage, state_damage })
 }
 
 /// Say which structure a corruption was found in.

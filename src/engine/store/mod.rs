@@ -344,6 +344,13 @@ impl Store {
         Tx::new(self)
     }
 
+    /// The first of blocks `[start, start + len)` that memory holds as live metadata. The
+    /// allocator never hands such a block out, so a file extent over one is a wild
+    /// pointer (a read refuses it rather than return metadata as file data).
+    pub fn holds_metadata(&self, start: u64, len: u64) -> Option<u64> {
+        self.cache.first_held(start, len)
+    }
+
     /// The free-space map and the budget, locked (a leaf lock: take nothing while
     /// holding it, and never hold it across device I/O).
     pub fn space(&self) -> LeafGuard<'_, Space> {

@@ -224,7 +224,7 @@ fn unmap(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     for e in &old {
         let cut_s = e.logical.max(start);
         let cut_e = e.end().min(end);
-        st.free_deferred(e.phys + (cut_s - e.logical), cut_e - cut_s);
+        free_data(st, inode.ino, e.phys + (cut_s - e.logical), cut_e - cut_s);
         if e.logical < start {
             new.push(Extent { len: start - e.logical, ..*e });
         }
@@ -295,9 +295,31 @@ pub(crate) fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
 }
 
 /// The block holding logical block `p`, when a written extent maps it (an overwrite of
-/// it may go in place: `writeback::InPlace`).
+/// it may go in place: `writeback::InPlace`). Never a block memory holds as metadata
+/// (`Store::holds_metadata`): the extent is wild, and the page goes to a fresh block
+/// instead ([`free_data`] leaves the metadata alone).
 pub(crate) fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
-    Ok(extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical)))
+    let b = extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical));
+    Ok(b.filter(|&b| st.store().holds_metadata(b, 1).is_none()))
+}
+
+/// Free file data blocks `[phys, phys + len)` with the delta, but none that memory holds
+/// as metadata: the allocator never gave such a block to a file, so a wild extent
+/// mapped it, and freeing it would hand live metadata out again. fsck finds the rest.
+pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64) {
+    let end = phys + len;
+    let mut at = phys;
+    while at < end {
+        let Some(b) = st.store().holds_metadata(at, end - at) else {
+            st.free_deferred(at, end - at);
+            return;
+        };
+        if b > at {
+            st.free_deferred(at, b - at);
+        }
+        tracing::error!("inode {ino}: an extent maps block {b}, which holds metadata: not freed (run dxfs fsck)");
+        at = b + 1;
+    }
 }
 
 /// The last extent that starts before logical block `lblk`: one tree descent, not a scan

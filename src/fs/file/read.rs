@@ -5,7 +5,7 @@ use crate::disk::codec::*;
 use crate::disk::device::AlignedBuf;
 use crate::disk::format::*;
 use crate::engine::store::{MetaRead, Tx};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use super::{extents_in, Pages};
 
@@ -52,7 +52,14 @@ pub(crate) fn plan_read(
         if !e.unwritten {
             let s = e.logical.max(first);
             let t = e.end().min(last + 1);
-            plan.runs.push((s, e.phys + (s - e.logical), t - s));
+            let (phys, n) = (e.phys + (s - e.logical), t - s);
+            if let Some(b) = st.store().holds_metadata(phys, n) {
+                return Err(Error::corrupt(format!(
+                    "inode {}: the extent at logical block {} maps block {b}, which holds metadata",
+                    inode.ino, e.logical
+                )));
+            }
+            plan.runs.push((s, phys, n));
         }
     }
     Ok(plan)

@@ -9,7 +9,7 @@ use crate::disk::valid::guard_data_write;
 use crate::engine::store::Tx;
 use crate::error::{Error, Result};
 
-use super::{extent_record, goal_for, map, unmap, written_block, Pages};
+use super::{extent_record, free_data, goal_for, map, unmap, written_block, Pages};
 use crate::engine::btree;
 
 /// File data on its way to the device: `pages` go to consecutive blocks from `phys`.
@@ -254,7 +254,7 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
         Ok(Some(Extent { phys, ..e }.encode_value()))
     })?;
     if let (true, Some(old)) = (changed, old) {
-        st.free_deferred(old, 1);
+        free_data(st, ino, old, 1);
         return Ok(true);
     }
     // Otherwise: the extent holding p and the one before it, in one descent.
@@ -292,7 +292,7 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
         put(st, tree, Extent { logical: p + 1, len: e.len - rest, phys: e.phys + rest, unwritten: false }, false)?;
         *count += 1;
     }
-    st.free_deferred(e.phys + (p - e.logical), 1);
+    free_data(st, ino, e.phys + (p - e.logical), 1);
     Ok(true)
 }
 

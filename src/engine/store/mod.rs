@@ -347,7 +347,9 @@ impl Store {
     /// The first of blocks `[start, start + len)` that memory holds as live metadata. The
     /// allocator never hands such a block out, so a file extent over one is a wild
     /// pointer (a read refuses it rather than return metadata as file data).
+    /// Takes the shards' locks: the caller holds no cache block (`MetaRead::let_go`).
     pub fn holds_metadata(&self, start: u64, len: u64) -> Option<u64> {
+        debug_assert_eq!(crate::engine::leaf::guards_held(), 0, "a shard lock taken while a cache block is held");
         self.cache.first_held(start, len)
     }
 

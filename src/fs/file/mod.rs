@@ -300,6 +300,7 @@ pub(crate) fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
 /// instead ([`free_data`] leaves the metadata alone).
 pub(crate) fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
     let b = extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical));
+    st.let_go();
     Ok(b.filter(|&b| st.store().holds_metadata(b, 1).is_none()))
 }
 
@@ -309,6 +310,7 @@ pub(crate) fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option
 pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64) {
     let end = phys + len;
     let mut at = phys;
+    st.let_go();
     while at < end {
         let Some(b) = st.store().holds_metadata(at, end - at) else {
             st.free_deferred(at, end - at);

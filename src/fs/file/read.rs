@@ -53,6 +53,7 @@ pub(crate) fn plan_read(
             let s = e.logical.max(first);
             let t = e.end().min(last + 1);
             let (phys, n) = (e.phys + (s - e.logical), t - s);
+            st.let_go();
             if let Some(b) = st.store().holds_metadata(phys, n) {
                 return Err(Error::corrupt(format!(
                     "inode {}: the extent at logical block {} maps block {b}, which holds metadata",

@@ -136,9 +136,7 @@ pub(crate) fn check_tree(t: &TreeRoot, layout: &Layout, what: &str, ino: u64) ->
 pub(crate) fn check_bitmap_count(b: &[u8], at: u64) -> Result<()> {
     let (said, set) = (get_u32(b, BITMAP_USED), bitmap_bits_set(b));
     if said != set {
-        return Err(Error::corrupt(format!(
-            "bitmap block {at} counts {said} blocks in use, but its bits mark {set}"
-        )));
+        return Err(Error::corrupt(format!("bitmap block {at} counts {said} blocks in use, but its bits mark {set}")));
     }
     Ok(())
 }

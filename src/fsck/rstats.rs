@@ -164,7 +164,9 @@ impl Walk<'_> {
         wrong
             .extend(extra.iter().map(|k| format!("rstat record {k:#x} names no directory or file with several links")));
         wrong.extend(
-            c.parents.iter().map(|(i, p)| format!("file {i}: counted in a directory that does not name it (should be directory {p})")),
+            c.parents.iter().map(|(i, p)| {
+                format!("file {i}: counted in a directory that does not name it (should be directory {p})")
+            }),
         );
         wrong.sort();
         let n = wrong.len();

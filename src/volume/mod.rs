@@ -414,8 +414,14 @@ impl Volume {
             }
             opened
         } else {
-            let o =
-                crate::engine::store::open(dev, sb, true, opts.cache_blocks, opts.reserve_regions, opts.allow_rollback)?;
+            let o = crate::engine::store::open(
+                dev,
+                sb,
+                true,
+                opts.cache_blocks,
+                opts.reserve_regions,
+                opts.allow_rollback,
+            )?;
             // A map whose counts disagree with its bits may mark live metadata free: no
             // allocation from it until fsck has checked it against the tree.
             if let Some((_, m)) = o.miscounted.first().filter(|_| !repair) {

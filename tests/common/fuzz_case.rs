@@ -422,16 +422,19 @@ impl Recorder {
     }
 
     fn set(&self, mode: Mode, phase: &str) {
-        let live_meta = match mode {
-            Mode::User { trust_bitmap } => self.live_metadata(trust_bitmap),
-            _ => HashSet::new(),
+        let (live_meta, unmarked) = match mode {
+            Mode::User { trust_bitmap } => {
+                let img = self.inner.to_bytes();
+                let live = self.live_metadata(&img, trust_bitmap);
+                let unmarked = live
+                    .iter()
+                    .copied()
+                    .filter(|&b| !mutate::bitmap_used(&img, &self.geo, b) && mutate::bitmap_agrees(&img, &self.geo, b))
+                    .collect();
+                (live, unmarked)
+            }
+            _ => (HashSet::new(), HashSet::new()),
         };
-        let img = self.inner.to_bytes();
-        let unmarked = live_meta
-            .iter()
-            .copied()
-            .filter(|&b| !mutate::bitmap_used(&img, &self.geo, b) && mutate::bitmap_agrees(&img, &self.geo, b))
-            .collect();
         let mark_kept = [0, self.geo.backup()].iter().any(|&b| {
             let mut sb = vec![0u8; BS];
             self.inner.read(b, &mut sb).is_ok() && u32::from_le_bytes(sb[28..32].try_into().unwrap()) & 16 != 0
@@ -455,8 +458,7 @@ impl Recorder {
     /// Blocks that hold, sealed at their own address, the kind of metadata (inode, tree
     /// node, xattr) they held in the pristine image, and (with `trust_bitmap`) that the
     /// volume's bitmap marks used: a repair may have dropped a block it found damaged.
-    fn live_metadata(&self, trust_bitmap: bool) -> HashSet<u64> {
-        let img = self.inner.to_bytes();
+    fn live_metadata(&self, img: &[u8], trust_bitmap: bool) -> HashSet<u64> {
         (0..self.geo.blocks)
             .filter(|&b| {
                 let k = self.base_kinds[b as usize];
@@ -464,7 +466,7 @@ impl Recorder {
                 matches!(k, Kind::Inode | Kind::Btree | Kind::XattrHead | Kind::XattrCont)
                     && Kind::of_magic(blk) == Some(k)
                     && mutate::sealed(blk, b)
-                    && (!trust_bitmap || mutate::bitmap_used(&img, &self.geo, b))
+                    && (!trust_bitmap || mutate::bitmap_used(img, &self.geo, b))
             })
             .collect()
     }
@@ -516,12 +518,9 @@ impl Recorder {
                 }
             } else if matches!(w.mode, Mode::User { .. }) && data && w.live_meta.contains(&b) {
                 let k = self.base_kinds[b as usize];
-                let prop = if w.unmarked.contains(&b) { Prop::DataOverUnmarkedMetadata } else { Prop::DataOverMetadata };
-                add(
-                    &mut w,
-                    prop,
-                    format!("file data written over block {b}, a live {k} when the writes began"),
-                );
+                let prop =
+                    if w.unmarked.contains(&b) { Prop::DataOverUnmarkedMetadata } else { Prop::DataOverMetadata };
+                add(&mut w, prop, format!("file data written over block {b}, a live {k} when the writes began"));
             }
         }
     }

@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     // Recovery directly: what it would write home.
     let dev = MemDevice::from_bytes(img.clone());
     let layout = dxfs::read_superblock(&dev).expect("the superblock is intact").layout;
-    if let Ok((_, replay)) = Journal::recover(&dev, layout, false) {
+    if let Ok((_, replay)) = Journal::recover_from(&dev, layout, false, false) {
         for (t, _) in replay.meta.iter().chain(&replay.data) {
             let t = *t;
             let ok = t != 0

@@ -125,6 +125,18 @@ fn a_wrapping_extent_never_reaches_the_superblock() {
     wild_extent_is_contained(|_| u64::MAX - 1, |_| 0, 4096);
 }
 
+/// [`small`] with file `f`'s one extent cut to one block and pointed at directory `d`'s
+/// index leaf; returns the image, `f`, `d` and the leaf.
+fn file_over_dir_leaf() -> (Vec<u8>, u64, u64, u64) {
+    let (mut img, f, d) = small();
+    let leaf = dir_leaf(&img, d);
+    patch_inode(&mut img, f, |s| {
+        put_u64(s, EXT0_PHYS, leaf);
+        s[EXT0_LEN..EXT0_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
+    });
+    (img, f, d, leaf)
+}
+
 /// Found by the image fuzzer (seeds 1342178989, 1342182994 and 10 more): a file extent
 /// over a block that holds metadata (another directory's index leaf). Reads of the file
 /// returned the leaf's bytes, also after a repair, which only reported the block as
@@ -132,12 +144,7 @@ fn a_wrapping_extent_never_reaches_the_superblock() {
 /// directory keeps its entries.
 #[test]
 fn a_file_extent_over_metadata_is_dropped() {
-    let (mut img, f, d) = small();
-    let leaf = dir_leaf(&img, d);
-    patch_inode(&mut img, f, |s| {
-        put_u64(s, EXT0_PHYS, leaf);
-        s[EXT0_LEN..EXT0_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
-    });
+    let (img, f, d, _) = file_over_dir_leaf();
     let dev = Arc::new(MemDevice::from_bytes(img));
     repair_holds(dev.clone());
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
@@ -154,12 +161,7 @@ fn a_file_extent_over_metadata_is_dropped() {
 /// overwrite goes to a fresh block, and the leaf is never freed.
 #[test]
 fn a_read_never_returns_metadata_memory_holds() {
-    let (mut img, f, d) = small();
-    let leaf = dir_leaf(&img, d);
-    patch_inode(&mut img, f, |s| {
-        put_u64(s, EXT0_PHYS, leaf);
-        s[EXT0_LEN..EXT0_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
-    });
+    let (img, f, d, leaf) = file_over_dir_leaf();
     let k = leaf as usize * BLOCK_SIZE;
     let before = img[k..k + BLOCK_SIZE].to_vec();
     let (dev, vol) = open(img, false);

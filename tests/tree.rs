@@ -210,18 +210,27 @@ fn crash_anywhere_in_a_tree_removal_leaves_part_of_the_tree() {
     vol.sync().unwrap();
     let after = simple(&dump(&vol));
     drop(vol);
+    every_cut(&dev, start, |at, got| {
+        for (p, v) in got {
+            assert_eq!(before.get(p), Some(v), "{at}: {p} is not as it was");
+            if let Some((parent, _)) = p.rsplit_once('/') {
+                assert!(parent.is_empty() || got.contains_key(parent), "{at}: {p} without its parent");
+            }
+        }
+        assert!(after.keys().all(|p| got.contains_key(p)));
+    });
+}
+
+/// Cut the writes from event `start` on at every point, keeping all of them or only the
+/// flushed ones (more than 100, or the test means nothing): each image must recover
+/// (fsck clean), and `check` gets where it was cut and what it holds.
+fn every_cut(dev: &FaultDevice, start: usize, mut check: impl FnMut(&str, &BTreeMap<String, String>)) {
     let n = dev.events();
     assert!(n - start > 100, "too few writes to mean anything: {}", n - start);
     for mode in [CrashMode::All, CrashMode::DropUnflushed] {
         for at in start..=n {
             let got = simple(&recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at {at}: {e}")));
-            for (p, v) in &got {
-                assert_eq!(before.get(p), Some(v), "{mode:?} at {at}: {p} is not as it was");
-                if let Some((parent, _)) = p.rsplit_once('/') {
-                    assert!(parent.is_empty() || got.contains_key(parent), "{mode:?} at {at}: {p} without its parent");
-                }
-            }
-            assert!(after.keys().all(|p| got.contains_key(p)));
+            check(&format!("{mode:?} at {at}"), &got);
         }
     }
 }
@@ -270,16 +279,11 @@ fn crash_anywhere_in_a_tar_import_leaves_exact_counters() {
     let after = simple(&dump(&vol));
     assert_eq!(vol.rstat(vol.root()).unwrap().unwrap().hardlinks, 10, "five files of two names");
     drop(vol);
-    let n = dev.events();
-    assert!(n - start > 100, "too few writes to mean anything: {}", n - start);
-    for mode in [CrashMode::All, CrashMode::DropUnflushed] {
-        for at in start..=n {
-            let got = simple(&recover(dev.crash_image(at, mode)).unwrap_or_else(|e| panic!("{mode:?} at {at}: {e}")));
-            for p in got.keys() {
-                assert!(after.contains_key(p), "{mode:?} at {at}: {p} is not in the archive");
-            }
+    every_cut(&dev, start, |at, got| {
+        for p in got.keys() {
+            assert!(after.contains_key(p), "{at}: {p} is not in the archive");
         }
-    }
+    });
 }
 
 /// Paths with their type and contents (link counts change as a tree goes).

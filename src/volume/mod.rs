@@ -379,7 +379,6 @@ impl Volume {
     }
 
     fn open_checked(dev: Arc<dyn BlockDevice>, opts: OpenOptions, repair: bool) -> Result<Volume> {
-        let (need_root, free_orphans) = (!repair, !repair);
         let sb = read_usable_superblock(&*dev)?;
         let mut opts = opts;
         if sb.ro_compat & !KNOWN_RO_COMPAT != 0 {
@@ -466,7 +465,7 @@ impl Volume {
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;
-        if need_root {
+        if !repair {
             inner.dir_inode(root)?;
         }
         let orphans = inner.life.lock().state.orphan_head != 0;
@@ -501,7 +500,7 @@ impl Volume {
         if !read_only && vol.lock().st.sb.grow_from != 0 {
             resize::finish_pending_grow(&vol)?;
         }
-        if !read_only && orphans && free_orphans {
+        if !read_only && orphans && !repair {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).
             let mut guard = 0u64;

@@ -93,9 +93,10 @@ pub enum Prop {
 impl Prop {
     /// Whether the CI slice fails on this property. The others are counted and printed
     /// but known to be open (docs/BENCHMARKS.md, "The image fuzzer"): repairs that do not
-    /// always finish or hold on the hardest damage, and the allocator trusting the
-    /// free-space map (file data over live metadata whose bit was cleared, reads of a
-    /// block two owners claim), which only fsck's ownership walk sees, as in ext4.
+    /// always finish or hold on the hardest damage, and the allocator trusting a
+    /// free-space map that agrees with itself (file data over live metadata whose bit
+    /// was cleared with its count, reads of a block two owners claim), which only
+    /// fsck's ownership walk sees, as in ext4.
     pub fn enforced(self) -> bool {
         !matches!(
             self,

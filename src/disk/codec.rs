@@ -82,6 +82,31 @@ pub(crate) fn verify(block: &Block, blockno: u64, want: Option<u32>) -> Result<(
     Ok(())
 }
 
+/// Whether `data`, read as file data from block `blockno`, is a metadata block sealed
+/// at that very address. File data is written whole by its file, so it is one only when
+/// a wild extent maps a block that holds metadata: the caller must neither return it
+/// nor write over it. (All magics begin `DX`: one compare per block, a checksum only on
+/// a match.)
+pub(crate) fn sealed_metadata(data: &[u8], blockno: u64) -> bool {
+    data.len() == BLOCK_SIZE
+        && data.starts_with(b"DX")
+        && <&Block>::try_from(data).is_ok_and(|b| verify(b, blockno, None).is_ok())
+}
+
+/// The first block of `data` (whole blocks read from block `first` on) that
+/// [`sealed_metadata`] finds, as an error naming it.
+pub(crate) fn refuse_sealed_metadata(data: &[u8], first: u64) -> Result<()> {
+    for (k, blk) in data.chunks(BLOCK_SIZE).enumerate() {
+        let b = first + k as u64;
+        if sealed_metadata(blk, b) {
+            return Err(Error::corrupt(format!(
+                "block {b}, mapped as file data, holds a metadata block (a wild extent): not used"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +125,27 @@ mod tests {
             c[bit / 8] ^= 1 << (bit % 8);
             assert!(verify(&c, 42, None).is_err(), "flip of bit {bit} undetected");
         }
+    }
+
+    /// Only a block sealed at the address it was read from counts as metadata read as
+    /// file data: the same bytes elsewhere, a flipped bit or a foreign magic do not.
+    #[test]
+    fn sealed_metadata_is_told_from_data() {
+        let mut b = [0u8; BLOCK_SIZE];
+        b[..4].copy_from_slice(b"DXIN");
+        seal(&mut b, 42);
+        assert!(sealed_metadata(&b, 42));
+        assert!(!sealed_metadata(&b, 43));
+        let mut run = vec![7u8; 2 * BLOCK_SIZE];
+        run.extend_from_slice(&b);
+        assert!(refuse_sealed_metadata(&run, 40).is_err());
+        assert!(refuse_sealed_metadata(&run, 41).is_ok());
+        let mut c = b;
+        c[100] ^= 1;
+        assert!(!sealed_metadata(&c, 42));
+        let mut d = b;
+        d[..4].copy_from_slice(b"ABCD");
+        seal(&mut d, 42);
+        assert!(!sealed_metadata(&d, 42));
     }
 }

@@ -230,6 +230,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let orphans = w.orphans(state.orphan_head, &mut inodes)?;
     let rstat_found = w.rstat_records();
     let xattr_counts = w.xattr_counts();
+    w.regions(&inodes);
     let nlink_fixes = w.nlink_fixes(&inodes, &orphans, &subdirs);
     let Slots { lazy, lazy_all, mut lazy_drops, mut slot_fixes, reinit } = w.inode_slots(&inodes);
     let over_meta = w.data_over_metadata();

@@ -370,6 +370,10 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 InodeFix::Blocks(n) => i.blocks = *n,
                 InodeFix::XattrFilter(m) => i.xattr_filter = *m,
                 InodeFix::Parent(p) => i.parent = *p,
+                InodeFix::NoRegion => {
+                    let d = i.dir_mut()?;
+                    (d.region_start, d.region_len, d.region_used) = (0, 0, 0);
+                }
                 InodeFix::Size(s) => i.size = *s,
                 InodeFix::Times => {
                     for t in [&mut i.atime, &mut i.mtime, &mut i.ctime, &mut i.crtime] {

@@ -9,7 +9,7 @@ use crate::disk::format::*;
 use crate::engine::btree;
 use crate::fs::xattr;
 
-use super::walk::Walk;
+use super::walk::{InodeFix, Walk};
 
 /// Inode slots against the live inodes: per inode block, the slots the lazy-free tree
 /// frees (`lazy`; `lazy_all` also for blocks no reached inode lives in), lazy-free records
@@ -74,6 +74,59 @@ impl Walk<'_> {
         nlink_fixes
     }
 
+    /// Directory inode regions against every other owner the walk found. A region is
+    /// only a reservation, worth less than anything it overlaps: one that names a block
+    /// something else owns, an initialised block that is another directory's inode
+    /// block, or a blank block a reached inode lives in, is cleared by a repair (its
+    /// children stay where they are). The rest are claimed: the initialised blocks as
+    /// inode blocks, the blank ones as their directory's. Lowest directory first, so two
+    /// overlapping regions give the same finding whatever the walk's order.
+    pub(super) fn regions(&mut self, inodes: &HashMap<u64, Inode>) {
+        let live: HashSet<u64> = inodes.keys().map(|&i| ino_loc(i).0).collect();
+        let mut regions = std::mem::take(&mut self.regions);
+        regions.sort_unstable_by_key(|&(ino, _)| ino);
+        let layout = self.st.sb.layout;
+        for (ino, d) in regions {
+            if !d.region_ok(&layout) {
+                continue; // the inode itself is unusable (its check says why)
+            }
+            let blocks = d.region_start..d.region_start + d.region_len as u64;
+            let initialised = d.region_start + d.region_used as u64;
+            let problem = blocks.clone().find_map(|b| {
+                match self.owner.get(&b) {
+                    Some(&u64::MAX) => return Some(format!("block {b} is another region's inode block")),
+                    Some(&o) => return Some(format!("block {b} is also owned by inode {o}")),
+                    None => {}
+                }
+                if b >= initialised {
+                    return live.contains(&b).then(|| format!("its blank block {b} holds live inodes"));
+                }
+                let owner = self.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u64(blk, IB_OWNER));
+                match owner {
+                    Ok(o) if o != ino => Some(format!("block {b} is an inode block of directory {o}")),
+                    _ => None, // an unreadable one holding no live inode is written empty
+                }
+            });
+            if let Some(p) = problem {
+                let m = format!(
+                    "directory {ino}: inode region of {} blocks at {} ({} initialised) overlaps other \
+                     owners ({p}): a repair clears it",
+                    d.region_len, d.region_start, d.region_used
+                );
+                self.fix(ino, InodeFix::NoRegion, m);
+                continue;
+            }
+            for b in blocks {
+                if b >= initialised {
+                    self.own(b, ino, "reserved region");
+                } else {
+                    self.owner.insert(b, u64::MAX); // an inode block, shared by its inodes
+                }
+            }
+            self.regions.push((ino, d));
+        }
+    }
+
     /// Inode blocks and the lazy-free tree against the live inodes (see [`Slots`]).
     pub(super) fn inode_slots(&mut self, inodes: &HashMap<u64, Inode>) -> Slots {
         // Inode blocks: used slots must be exactly the live inodes.
@@ -84,16 +137,11 @@ impl Walk<'_> {
         }
         // Which directory's region each initialised region block belongs to.
         let mut region_of: HashMap<u64, u64> = HashMap::new();
-        for (ino, i) in inodes {
-            // Only a region that keeps the rules (a bad one made its directory unusable).
-            if let InodeData::Dir(d) = &i.data {
-                if !d.region_ok(&self.st.sb.layout) {
-                    continue;
-                }
-                for k in 0..d.region_used as u64 {
-                    ib.entry(d.region_start + k).or_insert(0);
-                    region_of.insert(d.region_start + k, *ino);
-                }
+        // Only the regions that keep the rules (`regions`).
+        for (ino, d) in &self.regions {
+            for k in 0..d.region_used as u64 {
+                ib.entry(d.region_start + k).or_insert(0);
+                region_of.insert(d.region_start + k, *ino);
             }
         }
         // The lazy-free tree: slots freed without rewriting their inode block.

@@ -55,6 +55,9 @@ pub(super) struct Walk<'a> {
     pub(super) rekey: Vec<(u64, u64, Vec<u8>, u64, FileType)>,
     /// Where a repair ends the orphan list: after this inode, or at the head (`None`).
     pub(super) orphan_cut: Option<Option<u64>>,
+    /// Each reached directory's inode region, claimed once every other owner is known
+    /// (`regions`); after that, only the regions that keep the rules.
+    pub(super) regions: Vec<(u64, DirInfo)>,
     pub(super) progress: &'a mut dyn FnMut(u64),
 }
 
@@ -79,6 +82,9 @@ pub(super) enum InodeFix {
     XattrFilter(u32),
     /// A directory's parent: the directory that names it.
     Parent(u64),
+    /// A directory's inode region that overlaps what others own: cleared (its children
+    /// stay where they are; the next child reserves a new region).
+    NoRegion,
 }
 
 /// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
@@ -123,6 +129,7 @@ impl<'a> Walk<'a> {
             complete: true,
             rekey: Vec::new(),
             orphan_cut: None,
+            regions: Vec::new(),
             progress,
         }
     }
@@ -355,13 +362,8 @@ impl Walk<'_> {
                     let m = format!("directory {ino}: {} entries counted, inode says {}", stats.records, d.entries);
                     self.fix(ino, InodeFix::Entries(stats.records), m);
                 }
-                for k in 0..d.region_len as u64 {
-                    let b = d.region_start + k;
-                    if k >= d.region_used as u64 {
-                        self.own(b, ino, "reserved region");
-                    } else {
-                        self.owner.entry(b).or_insert(u64::MAX); // inode block, shared
-                    }
+                if d.region_len > 0 {
+                    self.regions.push((ino, *d));
                 }
             }
             InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {

@@ -457,8 +457,9 @@ impl Recorder {
     }
 
     /// Blocks that hold, sealed at their own address, the kind of metadata (inode, tree
-    /// node, xattr) they held in the pristine image, and (with `trust_bitmap`) that the
-    /// volume's bitmap marks used: a repair may have dropped a block it found damaged.
+    /// node, xattr) they held in the pristine image, an inode block with a linked inode
+    /// (`holds_linked_inode`), and (with `trust_bitmap`) that the volume's bitmap marks
+    /// used: a repair may have dropped a block it found damaged.
     fn live_metadata(&self, img: &[u8], trust_bitmap: bool) -> HashSet<u64> {
         (0..self.geo.blocks)
             .filter(|&b| {
@@ -468,6 +469,7 @@ impl Recorder {
                     && Kind::of_magic(blk) == Some(k)
                     && mutate::sealed(blk, b)
                     && (!trust_bitmap || mutate::bitmap_used(img, &self.geo, b))
+                    && (k != Kind::Inode || holds_linked_inode(blk))
             })
             .collect()
     }
@@ -525,6 +527,14 @@ impl Recorder {
             }
         }
     }
+}
+
+/// Whether an inode block has a used slot whose inode is linked. A block whose inodes
+/// all have no links holds only the unlinked-but-open, which the next read-write open
+/// frees (the orphan list): the volume may then free the block and reuse it for data.
+fn holds_linked_inode(blk: &[u8]) -> bool {
+    let used = u16::from_le_bytes([blk[24], blk[25]]);
+    (1..16).any(|s| used & (1 << s) != 0 && u32::from_le_bytes(blk[256 * s + 12..256 * s + 16].try_into().unwrap()) > 0)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

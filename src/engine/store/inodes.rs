@@ -173,7 +173,10 @@ impl Tx<'_> {
         }
         if let Ok(o) = self.inode(owner) {
             if let Ok(d) = o.dir() {
-                return Ok(b >= d.region_start && b < d.region_start + d.region_used as u64);
+                // The whole region, not only its initialised part: a block there that
+                // held an inode contradicts the region (damage), and freeing it would let
+                // the region initialise a block someone else may own by then.
+                return Ok(b >= d.region_start && b < d.region_start + d.region_len as u64);
             }
         }
         Ok(false)

@@ -125,10 +125,12 @@ impl ReadPlan {
                 let at = (first * bs - offset) as usize;
                 let dst = &mut out[at..at + n as usize * BLOCK_SIZE];
                 if ahead(phys, dst) {
+                    refuse_sealed_metadata(dst, phys)?;
                     continue;
                 }
                 if dst.as_ptr().align_offset(BLOCK_SIZE) == 0 {
                     dev.read_data(phys, dst)?;
+                    refuse_sealed_metadata(dst, phys)?;
                     continue;
                 }
             }
@@ -138,6 +140,7 @@ impl ReadPlan {
             if !ahead(phys, buf) {
                 dev.read_data(phys, buf)?;
             }
+            refuse_sealed_metadata(buf, phys)?;
             for p in first..first + n {
                 let k = (p - first) as usize * BLOCK_SIZE;
                 place(out, p, &buf[k..k + BLOCK_SIZE]);
@@ -168,7 +171,10 @@ pub(crate) fn read_page(st: &mut Tx, inode: &Inode, p: u64) -> Result<Box<Block>
     let mut b = super::pages::zeroed();
     if let Some(e) = extents_in(st, inode, p, p + 1)?.first() {
         if !e.unwritten {
-            st.store().dev().read_data(e.phys + (p - e.logical), &mut b[..])?;
+            let phys = e.phys + (p - e.logical);
+            st.store().dev().read_data(phys, &mut b[..])?;
+            // Merged with new bytes and written back in place, it would overwrite metadata.
+            refuse_sealed_metadata(&b[..], phys)?;
         }
     }
     Ok(b)

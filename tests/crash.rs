@@ -395,7 +395,9 @@ fn crash_at_every_write_of_concurrent_direct_writes() {
                     }
                     match rng.gen_range(0..6) {
                         0 => drop(vol.fsync(f)),
-                        1 => drop(vol.setattr(f, &SetAttr { size: Some(rng.gen_range(0..200_000)), ..Default::default() })),
+                        1 => drop(
+                            vol.setattr(f, &SetAttr { size: Some(rng.gen_range(0..200_000)), ..Default::default() }),
+                        ),
                         _ => {}
                     }
                 }

@@ -622,7 +622,7 @@ fn readahead_serves_reads_in_any_order() {
     let (srv_sock, px_sock) = (dir.path().join("srv"), dir.path().join("px"));
     let srv = nbdkit(&srv_sock, &["memory", "64M"]);
     let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
-    let dev = NbdDevice::open(&px.uri(5), false).unwrap();
+    let dev = NbdDevice::open(&px.uri(5.0), false).unwrap();
     let mib = 256usize; // blocks
     let total = 16 * mib;
     let fill = |b: usize| -> Vec<u8> { vec![(b as u8).wrapping_mul(7).wrapping_add(1); BLOCK_SIZE] };
@@ -748,7 +748,7 @@ impl Proxy {
         Proxy { ctl, sock: sock.to_path_buf(), thread: Some(thread) }
     }
 
-    fn uri(&self, timeout_s: u32) -> String {
+    fn uri(&self, timeout_s: f64) -> String {
         format!("nbd+unix:///?socket={}&timeout={timeout_s}", self.sock.display())
     }
 
@@ -992,7 +992,7 @@ fn crash_at_each_request() {
         // A run without a cut: how many requests the open and the workload take.
         fresh(one_flush);
         let px = Proxy::start(&px_sock, &srv_sock, serve(), usize::MAX, Cut::Connection, Box::new(restart.clone()));
-        let dev = open_device(&px.uri(5), false).unwrap();
+        let dev = open_device(&px.uri(5.0), false).unwrap();
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
         let opened = px.requests().len();
         let (durable, err) = crash_workload(&vol, STEPS);
@@ -1027,7 +1027,10 @@ fn crash_at_each_request() {
                 let what = format!("{cut:?} at request {k}, one-flush commits {one_flush}");
                 fresh(one_flush);
                 let px = Proxy::start(&px_sock, &srv_sock, serve(), k, cut, Box::new(restart.clone()));
-                let timeout = if cut == Cut::KillServer { 1 } else { 20 };
+                // Left down, the server is given up on after the timeout: short, since
+                // each such point waits it out (a request the live server leaves this long
+                // is retried on a new connection, which the test also allows).
+                let timeout = if cut == Cut::KillServer { 0.25 } else { 20.0 };
                 let dev = open_device(&px.uri(timeout), false).unwrap();
                 let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
                 let t0 = Instant::now();
@@ -1074,7 +1077,7 @@ fn commit_block_uses_fua_when_offered() {
         }
         let srv = nbdkit(&srv_sock, &args);
         let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
-        let dev = NbdDevice::open(&px.uri(5), false).unwrap();
+        let dev = NbdDevice::open(&px.uri(5.0), false).unwrap();
         assert_eq!(dev.can_fua(), offered);
         let dev: Arc<dyn BlockDevice> = Arc::new(dev);
         let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
@@ -1129,7 +1132,7 @@ fn multi_conn_spreads_requests() {
         };
         let srv = nbdkit(&srv_sock, &args);
         let px = Proxy::start(&px_sock, &srv_sock, srv, usize::MAX, Cut::Connection, Box::new(|| unreachable!()));
-        let dev = NbdDevice::open(&format!("{}&conns=4", px.uri(5)), false).unwrap();
+        let dev = NbdDevice::open(&format!("{}&conns=4", px.uri(5.0)), false).unwrap();
         assert_eq!(dev.can_multi_conn(), allowed);
         assert_eq!(dev.connections(), conns, "{filter}");
         let dev: Arc<dyn BlockDevice> = Arc::new(dev);

@@ -423,6 +423,40 @@ fn cp_import_and_rm_work_on_an_image() {
     assert!(e.contains("is not a directory"), "{e}");
     assert_image_clean(&img);
 
+    // Inside a tree, an entry that cannot be copied is reported and the copy goes on
+    // with its siblings, as cp -a does (exit 1); so does an archive's (exit 2, as tar).
+    let mixed = tmp.path().join("mixed");
+    fs::create_dir_all(mixed.join("b")).unwrap();
+    fs::write(mixed.join("b/inner"), b"keeps b from being removed").unwrap();
+    fs::write(mixed.join("a"), b"a1").unwrap();
+    let (code, _, e) = cp(&[mixed.to_str().unwrap(), "/"]);
+    assert_eq!(code, 0, "{e}");
+    fs::remove_dir_all(mixed.join("b")).unwrap();
+    fs::write(mixed.join("b"), b"now a file").unwrap();
+    fs::write(mixed.join("a"), b"a2").unwrap();
+    fs::write(mixed.join("c"), b"c").unwrap();
+    let (code, _, e) = cp(&[mixed.to_str().unwrap(), "/"]);
+    assert_eq!(code, 1, "{e}");
+    assert!(e.contains(&format!("cannot copy '{}'", mixed.join("b").display())) && e.contains("is a directory"), "{e}");
+    let out = exported(&img, tmp.path(), "out-mixed");
+    assert_eq!(fs::read(out.join("mixed/a")).unwrap(), b"a2", "the sibling before the refused entry");
+    assert_eq!(fs::read(out.join("mixed/c")).unwrap(), b"c", "the sibling after it");
+    assert!(out.join("mixed/b").is_dir(), "the directory is not replaced by a file");
+    // The archive names the refused entry first (a non-empty directory in the way).
+    fs::write(mixed.join("a"), b"a3").unwrap();
+    fs::write(mixed.join("c"), b"c3").unwrap();
+    let mixed_tar = tmp.path().join("mixed.tar");
+    let ok = Command::new("tar").arg("-cf").arg(&mixed_tar).arg("-C").arg(&mixed).args(["b", "a", "c"]).status();
+    assert!(ok.expect("GNU tar").success());
+    let (code, _, e) = dxfs(&["import", "--image", image, "--tar", mixed_tar.to_str().unwrap(), "/mixed"]);
+    assert_eq!(code, 2, "{e}");
+    assert!(e.lines().count() == 1 && e.contains("b:"), "{e}");
+    assert_image_clean(&img);
+    let out = exported(&img, tmp.path(), "out-mixed-tar");
+    assert_eq!(fs::read(out.join("mixed/a")).unwrap(), b"a3");
+    assert_eq!(fs::read(out.join("mixed/c")).unwrap(), b"c3");
+    assert!(out.join("mixed/b").is_dir());
+
     // An archive of the source unpacks into a directory holding other entries.
     let archive = tmp.path().join("tree.tar");
     let ok = Command::new("tar")

@@ -82,18 +82,18 @@ pub fn run(a: CpArgs) -> i32 {
     i32::from(!c.s.ok())
 }
 
-/// `--image`: copy through the library into the unmounted volume `image`, as root. A
-/// source that meets an error stops there, and the next source is copied.
+/// `--image`: copy through the library into the unmounted volume `image`, as root. An
+/// entry that cannot be copied is reported, and the copy goes on, as `cp -a` does.
 fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
     let vol = match super::open_image(image, false) {
         Ok(v) => v,
         Err(code) => return code,
     };
     let into = super::image_lookup(&vol, dest).ok().filter(|a| a.kind == dxfs::FileType::Directory).map(|a| a.ino);
-    let mut ok = true;
-    let mut failed = |msg: String| {
+    let ok = std::cell::Cell::new(true);
+    let failed = |msg: String| {
         eprintln!("dxfs cp: {msg}");
-        ok = false;
+        ok.set(false);
     };
     let target = match into {
         Some(dir) => Some((dir, None)),
@@ -110,9 +110,14 @@ fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
                     failed(format!("cannot copy '{}': no name to copy it under", src.display()));
                     continue;
                 };
-                let r = dxfs::tools::import::import_as(&vol, src, dir, &name, &mut |s| {
-                    bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
-                });
+                let r = dxfs::tools::import::import_as(
+                    &vol,
+                    src,
+                    dir,
+                    &name,
+                    &mut |s| bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20)),
+                    &mut |e| failed(format!("cannot copy '{}': {}", e.path.display(), e.error)),
+                );
                 if let Err(e) = r {
                     failed(format!("cannot copy '{}': {e}", src.display()));
                 }
@@ -123,7 +128,7 @@ fn in_image(image: &str, srcs: &[PathBuf], dest: &Path) -> i32 {
     if let Err(e) = vol.close() {
         return super::fail(format!("{image}: {e}"), 8);
     }
-    i32::from(!ok)
+    i32::from(!ok.get())
 }
 
 impl Copier {

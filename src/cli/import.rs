@@ -24,8 +24,8 @@ pub struct ImportArgs {
     #[arg(long, value_name = "ARCHIVE", required = true)]
     tar: PathBuf,
     /// The directory is inside this unmounted volume (image file, device or nbd://
-    /// URI), from its root; unpacked through the library, as root, stopping at the
-    /// first error.
+    /// URI), from its root; unpacked through the library, as root (an entry that
+    /// cannot be made is reported and the next one unpacked, as tar does).
     #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
     /// The directory to unpack into (it must exist, as for `tar -C`).
@@ -104,11 +104,20 @@ fn in_image(image: &str, input: Box<dyn Read>, a: &ImportArgs) -> i32 {
     let mut code = match super::image_lookup(&vol, &a.dest) {
         Ok(d) if d.kind == dxfs::FileType::Directory => {
             let bar = super::spinner();
-            let r = dxfs::tools::import_tar::import_tar_into(&vol, input, d.ino, &mut |s| {
-                bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20))
-            });
+            let mut failed = false;
+            let r = dxfs::tools::import_tar::import_tar_into(
+                &vol,
+                input,
+                d.ino,
+                &mut |s| bar.set_message(format!("{} inodes, {} MiB", s.inodes, s.bytes >> 20)),
+                &mut |e| {
+                    // As tar: the entry is reported, the next one unpacked, and the exit is 2.
+                    eprintln!("dxfs import: {e}");
+                    failed = true;
+                },
+            );
             bar.finish_and_clear();
-            r.map_or_else(|e| super::fail(format!("import: {e}"), 2), |_| 0)
+            r.map_or_else(|e| super::fail(format!("import: {e}"), 2), |_| i32::from(failed) * 2)
         }
         _ => super::fail(format!("import: '{}' is not a directory in {image}", a.dest.display()), 2),
     };

@@ -42,6 +42,9 @@ struct Importer<'a> {
     buf: Vec<u8>,
     /// Names may be taken already (`import_as`): see `make_room`.
     merge: bool,
+    /// Where an entry's error goes when the copy goes on past it (`import_as`, as
+    /// `cp -a`); `None`: the first error ends the import (`import`, as `mke2fs -d`).
+    going_on: Option<&'a mut dyn FnMut(PathError)>,
 }
 
 /// Copy the contents of `src` (a directory) into the volume's root directory; the root
@@ -51,7 +54,7 @@ pub fn import(vol: &Volume, src: &Path, progress: &mut dyn FnMut(&ImportStats)) 
     if !md.is_dir() {
         return Err(vol_err(src, Error::NotDir));
     }
-    let mut im = Importer::new(vol, progress, false);
+    let mut im = Importer::new(vol, progress, false, None);
     let root = vol.root();
     im.copy_dir(src, root)?;
     im.finish(src, root, &md)?;
@@ -62,22 +65,30 @@ pub fn import(vol: &Volume, src: &Path, progress: &mut dyn FnMut(&ImportStats)) 
 /// `dir` of a volume that may hold that name already, as `cp -a` copies onto a live
 /// tree: a directory merges into the directory of its name, and any other entry
 /// replaces the entry of its name. A directory and a non-directory never replace each
-/// other (`IsDir`, `NotDir`), as `cp` refuses. Stops at the first error.
+/// other (`IsDir`, `NotDir`), as `cp` refuses. As `cp -a`, an entry that cannot be
+/// copied is given to `failed` and the copy goes on with the next; only a volume that
+/// has stopped taking changes (`Error::Failed`) ends it, as an error.
 pub fn import_as(
     vol: &Volume,
     src: &Path,
     dir: u64,
     name: &[u8],
     progress: &mut dyn FnMut(&ImportStats),
+    failed: &mut dyn FnMut(PathError),
 ) -> Result<ImportStats> {
-    let md = fs::symlink_metadata(src).map_err(|e| io(src, e))?;
-    let mut im = Importer::new(vol, progress, true);
-    im.copy_entry(src, &md, dir, name)?;
+    let mut im = Importer::new(vol, progress, true, Some(failed));
+    let copied = fs::symlink_metadata(src).map_err(|e| io(src, e)).and_then(|md| im.copy_entry(src, &md, dir, name));
+    im.went_wrong(copied)?;
     Ok(im.stats)
 }
 
 impl<'a> Importer<'a> {
-    fn new(vol: &'a Volume, progress: &'a mut dyn FnMut(&ImportStats), merge: bool) -> Self {
+    fn new(
+        vol: &'a Volume,
+        progress: &'a mut dyn FnMut(&ImportStats),
+        merge: bool,
+        going_on: Option<&'a mut dyn FnMut(PathError)>,
+    ) -> Self {
         Importer {
             vol,
             seen: HashMap::new(),
@@ -85,11 +96,24 @@ impl<'a> Importer<'a> {
             progress,
             buf: super::copy_buffer(),
             merge,
+            going_on,
         }
     }
 }
 
 impl Importer<'_> {
+    /// An entry's result: its error ends the import, or is reported and passed over
+    /// (`going_on`), unless the volume itself has stopped.
+    fn went_wrong(&mut self, r: Result<()>) -> Result<()> {
+        match (r, &mut self.going_on) {
+            (Err(e), Some(report)) if !matches!(e.error, Error::Failed) => {
+                report(e);
+                Ok(())
+            }
+            (r, _) => r,
+        }
+    }
+
     fn copy_dir(&mut self, src: &Path, dir: u64) -> Result<()> {
         let mut names: Vec<_> = fs::read_dir(src)
             .map_err(|e| io(src, e))?
@@ -99,8 +123,10 @@ impl Importer<'_> {
         names.sort();
         for name in names {
             let path = src.join(&name);
-            let md = fs::symlink_metadata(&path).map_err(|e| io(&path, e))?;
-            self.copy_entry(&path, &md, dir, name.as_bytes())?;
+            let copied = fs::symlink_metadata(&path)
+                .map_err(|e| io(&path, e))
+                .and_then(|md| self.copy_entry(&path, &md, dir, name.as_bytes()));
+            self.went_wrong(copied)?;
         }
         Ok(())
     }

@@ -30,18 +30,40 @@ fn err(path: &[u8], error: Error) -> PathError {
 
 /// Unpack the archive `src` reads into the volume's root directory. `progress` is called
 /// after each entry.
+/// Stops at the first error (as `mke2fs -d`).
 pub fn import_tar(vol: &Volume, src: impl Read, progress: &mut dyn FnMut(&ImportStats)) -> Result<ImportStats> {
-    import_tar_into(vol, src, vol.root(), progress)
+    unpack(vol, src, vol.root(), progress, None)
 }
 
 /// Unpack the archive `src` reads into directory `top` (`tar -x -C`), which takes the
-/// attributes of the archive's root entry (`./`) if it has one. Stops at the first error.
+/// attributes of the archive's root entry (`./`) if it has one. As `tar -x`, an entry
+/// that cannot be made is given to `failed` and the next one is unpacked; an archive
+/// that cannot be read, or a volume that has stopped taking changes
+/// (`Error::Failed`), ends it as an error.
 pub fn import_tar_into(
     vol: &Volume,
     src: impl Read,
     top: u64,
     progress: &mut dyn FnMut(&ImportStats),
+    failed: &mut dyn FnMut(PathError),
 ) -> Result<ImportStats> {
+    unpack(vol, src, top, progress, Some(failed))
+}
+
+fn unpack(
+    vol: &Volume,
+    src: impl Read,
+    top: u64,
+    progress: &mut dyn FnMut(&ImportStats),
+    mut going_on: Option<&mut dyn FnMut(PathError)>,
+) -> Result<ImportStats> {
+    let mut went_wrong = |r: Result<()>| match (r, &mut going_on) {
+        (Err(e), Some(report)) if !matches!(e.error, Error::Failed) => {
+            report(e);
+            Ok(())
+        }
+        (r, _) => r,
+    };
     let mut archive = tar::Archive::new(src);
     let mut un = Unpacker {
         vol,
@@ -55,12 +77,12 @@ pub fn import_tar_into(
     let entries = archive.entries().map_err(|e| err(b"(archive)", Error::Io(e)))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| err(b"(archive)", Error::Io(e)))?;
-        un.entry(&mut entry)?;
+        went_wrong(un.entry(&mut entry))?;
         progress(&un.stats);
     }
     // Directory times last, deepest first, so that nothing made in them moves them.
     for (path, ino, attr) in un.dirs.iter().rev() {
-        vol.setattr(*ino, attr).map_err(|e| err(path, e))?;
+        went_wrong(vol.setattr(*ino, attr).map(drop).map_err(|e| err(path, e)))?;
     }
     Ok(un.stats)
 }

@@ -940,3 +940,28 @@ fn a_region_over_other_owners_is_cleared_and_never_freed_into() {
     }
     close_and_check(dev, vol);
 }
+
+/// A file extent over an initialised block of a directory's region (its children's
+/// inode block): the extent is the wild one and goes, and the region stays, so the next
+/// child of the directory still takes a slot in that block.
+#[test]
+fn a_file_extent_over_a_region_block_loses_to_the_region() {
+    let (mut img, f, d) = small();
+    let (dev, vol) = open(img.clone(), true);
+    let one = vol.unwrap().lookup(d, b"one").unwrap().ino;
+    drop(dev);
+    let children = ino_loc(one).0;
+    patch_inode(&mut img, f, |s| {
+        put_u64(s, EXT0_PHYS, children);
+        s[EXT0_LEN..EXT0_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
+    });
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let found = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert!(!found.errors.iter().chain(&found.fixed).any(|e| e.contains("inode region")), "{found:#?}");
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.read(f, 0, 4096).unwrap(), vec![0u8; 4096], "the extent is a hole");
+    let three = vol.create(d, b"three", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(ino_loc(three).0, children, "the region kept its block");
+    close_and_check(dev, vol);
+}

@@ -93,18 +93,27 @@ impl Walk<'_> {
             let blocks = d.region_start..d.region_start + d.region_len as u64;
             let initialised = d.region_start + d.region_used as u64;
             let problem = blocks.clone().find_map(|b| {
-                match self.owner.get(&b) {
-                    Some(&u64::MAX) => return Some(format!("block {b} is another region's inode block")),
-                    Some(&o) => return Some(format!("block {b} is also owned by inode {o}")),
-                    None => {}
+                let owned = self.owner.get(&b).copied();
+                let also = |o: u64| format!("block {b} is also owned by inode {o}");
+                if owned == Some(u64::MAX) {
+                    return Some(format!("block {b} is another region's inode block"));
                 }
                 if b >= initialised {
-                    return live.contains(&b).then(|| format!("its blank block {b} holds live inodes"));
+                    return owned
+                        .map(also)
+                        .or_else(|| live.contains(&b).then(|| format!("its blank block {b} holds live inodes")));
                 }
-                let owner = self.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u64(blk, IB_OWNER));
-                match owner {
-                    Ok(o) if o != ino => Some(format!("block {b} is an inode block of directory {o}")),
-                    _ => None, // an unreadable one holding no live inode is written empty
+                let header = self.st.tx().block(b, Some(INODE_MAGIC)).map(|blk| get_u64(blk, IB_OWNER));
+                match (header, owned) {
+                    (Ok(o), _) if o != ino => Some(format!("block {b} is an inode block of directory {o}")),
+                    (Ok(_), Some(o)) if self.meta.contains(&b) => Some(also(o)),
+                    // Its own inode block: a file extent over it is the wild one, and goes
+                    // (`data_over_metadata`).
+                    (Ok(_), _) => None,
+                    // Unreadable: written empty if it holds no live inode, but never when
+                    // something else owns it.
+                    (Err(_), Some(o)) => Some(also(o)),
+                    (Err(_), None) => None,
                 }
             });
             if let Some(p) = problem {

@@ -50,19 +50,45 @@ pub enum Error {
     /// half way, or a panic in the volume): memory may no longer match any state on disk,
     /// which still holds the last committed delta. Reported as EIO; remount to recover.
     Failed,
-    /// Internal: a metadata block an operation needs is not cached, and the operation
-    /// puts the device read off until it has let go of its locks, then starts again
-    /// (`engine::deferred`). Never returned by the library; EIO if it ever were.
-    #[doc(hidden)]
+    /// Control flow between the volume's layers, opaque outside the crate: never returned
+    /// by the library; EIO if it ever were.
+    Internal(Internal),
+}
+
+/// What [`Error::Internal`] carries: nothing a caller can make or look into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Internal(Flow);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    /// A metadata block an operation needs is not cached, and the operation puts the
+    /// device read off until it has let go of its locks, then starts again
+    /// (`engine::deferred`).
     Missed,
-    /// Internal: an operation asked not to wait (`Volume::try_write`,
-    /// `Volume::unless_it_waits_for_requests`) would have had to wait; nothing was
-    /// changed. Never returned by the library; EIO if it ever were.
-    #[doc(hidden)]
+    /// An operation asked not to wait (`Volume::try_write`,
+    /// `Volume::unless_it_waits_for_requests`) would have had to wait; nothing was changed.
     WouldWait,
 }
 
 impl Error {
+    /// [`Flow::Missed`].
+    pub(crate) fn missed() -> Error {
+        Error::Internal(Internal(Flow::Missed))
+    }
+
+    /// [`Flow::WouldWait`].
+    pub(crate) fn would_wait() -> Error {
+        Error::Internal(Internal(Flow::WouldWait))
+    }
+
+    pub(crate) fn is_missed(&self) -> bool {
+        matches!(self, Error::Internal(Internal(Flow::Missed)))
+    }
+
+    pub(crate) fn is_would_wait(&self) -> bool {
+        matches!(self, Error::Internal(Internal(Flow::WouldWait)))
+    }
+
     /// The errno this error is reported as through FUSE.
     pub fn errno(&self) -> i32 {
         match self {
@@ -94,7 +120,7 @@ impl Error {
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::AccessDenied => libc::EACCES,
             Error::Busy(_) => libc::EBUSY,
-            Error::Failed | Error::Missed | Error::WouldWait => libc::EIO,
+            Error::Failed | Error::Internal(_) => libc::EIO,
         }
     }
 
@@ -128,8 +154,12 @@ impl fmt::Display for Error {
             Error::AccessDenied => f.write_str("permission denied"),
             Error::Busy(m) => write!(f, "volume busy: {m}"),
             Error::Failed => f.write_str("the volume failed earlier and accepts no more changes; remount to recover"),
-            Error::Missed => f.write_str("a metadata block was not cached (internal: the operation starts again)"),
-            Error::WouldWait => f.write_str("the operation would wait for room (internal: it is done elsewhere)"),
+            Error::Internal(Internal(Flow::Missed)) => {
+                f.write_str("a metadata block was not cached (internal: the operation starts again)")
+            }
+            Error::Internal(Internal(Flow::WouldWait)) => {
+                f.write_str("the operation would wait for room (internal: it is done elsewhere)")
+            }
         }
     }
 }

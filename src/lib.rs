@@ -69,7 +69,7 @@ pub use disk::codec::BLOCK_SIZE;
 pub use disk::format::{FileType, Layout, Superblock, DEFAULT_FILTER_HASHES, MAX_FILE_SIZE};
 pub use disk::hash;
 pub use disk::rstat::Rstat;
-pub use error::{Error, Result};
+pub use error::{Error, Internal, Result};
 pub use fs::acl;
 pub use fs::dir::DirEntry;
 pub use volume::{

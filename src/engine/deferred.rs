@@ -2,7 +2,7 @@
 //! (issue 14: no lock held across device I/O on the request path).
 //!
 //! Inside [`defer_misses`], a metadata block missing from the cache is not read: the
-//! cache notes what is wanted ([`Wanted`]) and fails the access with [`Error::Missed`].
+//! cache notes what is wanted ([`Wanted`]) and fails the access with an internal error (`Error::missed`).
 //! The operation's code lets that error pass up like any other, which drops its locks;
 //! the volume then reads what was wanted with nothing held
 //! ([`crate::engine::store::Store::plan_reads`]) and starts the operation again, which
@@ -52,7 +52,7 @@ impl Drop for Scope {
 
 /// Run `f` with cache misses put off (see the module doc), unless this operation has
 /// had its [`MAX_ROUNDS`]. `f` must change nothing before its last read: it may fail
-/// with [`Error::Missed`] and run again.
+/// with an internal error (`Error::missed`) and run again.
 pub(crate) fn defer_misses<T>(f: impl FnOnce() -> T) -> T {
     let on = ROUNDS.with(|r| r.get()) < MAX_ROUNDS;
     let _scope = Scope(DEFERRING.with(|d| d.replace(on)));
@@ -109,7 +109,7 @@ pub(crate) fn want(w: Wanted) {
 /// [`defer_misses`] scope.
 pub(crate) fn missed(b: u64) -> Error {
     want(Wanted::Blocks(vec![b]));
-    Error::Missed
+    Error::missed()
 }
 
 /// The reads this thread put off since it last asked, in the order noted.

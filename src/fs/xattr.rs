@@ -249,7 +249,7 @@ fn load_bytes(st: &mut (impl MetaRead + ?Sized), inode: &Inode) -> Result<Vec<u8
     }
     // Counted once read: an attempt that missed the cache runs again (`engine::deferred`).
     let r = load_from_blocks(st, inode);
-    if !matches!(r, Err(Error::Missed)) {
+    if !matches!(r, Err(ref e) if e.is_missed()) {
         st.store().xattr_block_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     r

@@ -13,7 +13,7 @@ use crate::engine::deferred;
 thread_local! {
     /// Set while a [`Volume::try_write`] runs: a charge that would wait for room in the
     /// delta (a flush's progress, a commit's snapshot or a landing) fails with
-    /// `Error::WouldWait` instead, before anything is changed.
+    /// an internal error (`Error::would_wait`) instead, before anything is changed.
     static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set while [`Volume::unless_it_waits_for_requests`] runs: the thread serves requests,
     /// so it must not wait for files unlinked moments ago to be let go (their FORGET or
@@ -36,11 +36,11 @@ impl Drop for Serving {
     }
 }
 
-/// Before a wait for room: fails with `Error::WouldWait` when this thread's operation
+/// Before a wait for room: fails with an internal error (`Error::would_wait`) when this thread's operation
 /// must not wait (see `NO_WAIT`).
 fn may_wait() -> Result<()> {
     if NO_WAIT.with(|c| c.get()) {
-        return Err(Error::WouldWait);
+        return Err(Error::would_wait());
     }
     Ok(())
 }
@@ -191,7 +191,7 @@ impl Volume {
         }
         may_wait()?;
         if SERVING.with(|c| c.get()) {
-            return Err(Error::WouldWait);
+            return Err(Error::would_wait());
         }
         *settled = true;
         self.settle_unlinked();
@@ -207,7 +207,7 @@ impl Volume {
     pub fn unless_it_waits_for_requests<T>(&self, f: impl FnOnce(&Volume) -> Result<T>) -> Result<Option<T>> {
         let _serving = Serving::set();
         match f(self) {
-            Err(Error::WouldWait) => Ok(None),
+            Err(e) if e.is_would_wait() => Ok(None),
             r => r.map(Some),
         }
     }
@@ -225,9 +225,9 @@ impl Volume {
             let (c, read) = match deferred::defer_misses(|| {
                 let r = cost(&op)?;
                 op.mark_rstats(want)?;
-                Ok(r)
+                Ok::<_, Error>(r)
             }) {
-                Err(Error::Missed) if !outer => {
+                Err(e) if e.is_missed() && !outer => {
                     drop(op);
                     self.read_put_off()?;
                     continue;

@@ -25,7 +25,7 @@ use crate::engine::deferred;
 
 /// Marks what a closure's callers may do to it: **run it again**, up to
 /// `deferred::MAX_ROUNDS` + 1 times. A run that meets a block the cache lacks fails with
-/// `Missed`, having let go of every lock; the block is read with nothing held, and the
+/// a miss (`Error::missed`), having let go of every lock; the block is read with nothing held, and the
 /// closure runs from the start (docs/DESIGN.md, "No lock across a metadata read"). So it
 /// must change nothing before its last read, and compute the same thing from the same
 /// state each time. Every closure handed to [`Volume::unlocked_reads`],
@@ -44,7 +44,7 @@ impl<T, F: Fn(&Inner) -> Result<(Cost, T)>> RetriedCost<T> for F {}
 use crate::engine::leaf::LEAF_KINDS;
 pub use crate::engine::leaf::LEAF_NAMES as LEAF_LOCK_NAMES;
 use crate::engine::store::MetaRead;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Totals of the volume's volume-wide locks since the volume was opened: the volume lock
 /// (held exclusively by commits' snapshots, flushes and what must see the volume at rest;
@@ -418,13 +418,13 @@ impl Volume {
 
     /// Run `f`, an operation that only reads (or the part of one before it changes
     /// anything), with its cache misses put off (`engine::deferred`): each time it fails
-    /// with `Missed` it has let go of all it held; what it missed is read, with nothing
+    /// with a miss (`Error::missed`) it has let go of all it held; what it missed is read, with nothing
     /// held, and it runs again. Reads it noted but did not wait for (readahead) are done
     /// after it, also with nothing held.
     pub(super) fn unlocked_reads<T>(&self, mut f: impl Retried<T>) -> Result<T> {
         let r = loop {
             match deferred::defer_misses(&mut f) {
-                Err(Error::Missed) => {
+                Err(e) if e.is_missed() => {
                     if let Err(e) = self.read_put_off() {
                         break Err(e);
                     }

@@ -552,7 +552,7 @@ impl Volume {
     pub fn try_write(&self, ino: u64, offset: u64, data: &[u8], how: WriteAs) -> Result<Option<usize>> {
         let _no_wait = super::charge::NoWait::set();
         match self.write_with(ino, offset, data, how) {
-            Err(Error::WouldWait) => Ok(None),
+            Err(e) if e.is_would_wait() => Ok(None),
             r => r.map(Some),
         }
     }
@@ -590,7 +590,7 @@ impl Volume {
             match r {
                 Ok(n) => done += n,
                 // Not a short write: the whole write is done again by a caller that waits.
-                Err(Error::WouldWait) => return Err(Error::WouldWait),
+                Err(e) if e.is_would_wait() => return Err(e),
                 Err(e) if done == 0 => return Err(e),
                 Err(_) => break,
             }

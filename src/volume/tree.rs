@@ -283,7 +283,7 @@ impl Volume {
     pub fn try_import_entry(&self, dir: u64, e: &NewEntry<'_>, caller: &Caller) -> Result<Option<u64>> {
         let _no_wait = super::charge::NoWait::set();
         match self.import_entry_by(dir, e, caller) {
-            Err(Error::WouldWait) => Ok(None),
+            Err(e) if e.is_would_wait() => Ok(None),
             r => r.map(Some),
         }
     }

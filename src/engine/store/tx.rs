@@ -245,7 +245,7 @@ impl MetaRead for Tx<'_> {
                 // A miss, read once the operation has let go.
                 let w = if st.inode_readahead { INODE_WINDOW as usize } else { 1 };
                 deferred::want(Wanted::Inodes(vec![b], w));
-                return Err(Error::Missed);
+                return Err(Error::missed());
             }
             None => {
                 // A miss: read the block's window of inode blocks with it.

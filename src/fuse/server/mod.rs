@@ -242,7 +242,7 @@ impl Server {
             }
             v.unless_it_waits_for_requests(f)?.ok_or_else(|| {
                 PUT_OFF.with(|c| c.set(true));
-                Error::WouldWait
+                Error::would_wait()
             })
         };
         match catch_unwind(AssertUnwindSafe(|| run(&self.vol))) {

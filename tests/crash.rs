@@ -363,7 +363,7 @@ fn device_dies_under_a_flush_ahead_of_the_commit() {
 /// Writers of that shape, as the server calls the volume for them (`try_write` on the
 /// receiving thread, `write_with` on a kept one when it would wait): three threads
 /// writing aligned and unaligned runs of up to 16 blocks over one another into three
-/// files, with fsyncs and truncates, near the volume's end of room. Cut at every write,
+/// files, with fsyncs and truncates, on a 4 MiB volume. Cut at every write,
 /// keeping all of them or the flushed ones: each image recovers fsck clean (a leak is an
 /// fsck error).
 #[test]

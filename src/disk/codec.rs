@@ -83,10 +83,9 @@ pub(crate) fn verify(block: &Block, blockno: u64, want: Option<u32>) -> Result<(
 }
 
 /// Whether `data`, read as file data from block `blockno`, is a metadata block sealed
-/// at that very address. File data is written whole by its file, so it is one only when
-/// a wild extent maps a block that holds metadata: the caller must neither return it
-/// nor write over it. (All magics begin `DX`: one compare per block, a checksum only on
-/// a match.)
+/// at that very address: a wild extent over metadata, or a block a repair left mapped
+/// with stale metadata in it. A partial write must not merge it and write it back in
+/// place. (All magics begin `DX`: one compare per block, a checksum only on a match.)
 pub(crate) fn sealed_metadata(data: &[u8], blockno: u64) -> bool {
     data.len() == BLOCK_SIZE
         && data.starts_with(b"DX")

@@ -102,16 +102,9 @@ impl<'a> Importer<'a> {
 }
 
 impl Importer<'_> {
-    /// An entry's result: its error ends the import, or is reported and passed over
-    /// (`going_on`), unless the volume itself has stopped.
+    /// An entry's result (`tools::go_on`).
     fn went_wrong(&mut self, r: Result<()>) -> Result<()> {
-        match (r, &mut self.going_on) {
-            (Err(e), Some(report)) if !matches!(e.error, Error::Failed) => {
-                report(e);
-                Ok(())
-            }
-            (r, _) => r,
-        }
+        super::go_on(r, &mut self.going_on)
     }
 
     fn copy_dir(&mut self, src: &Path, dir: u64) -> Result<()> {

@@ -57,13 +57,7 @@ fn unpack(
     progress: &mut dyn FnMut(&ImportStats),
     mut going_on: Option<&mut dyn FnMut(PathError)>,
 ) -> Result<ImportStats> {
-    let mut went_wrong = |r: Result<()>| match (r, &mut going_on) {
-        (Err(e), Some(report)) if !matches!(e.error, Error::Failed) => {
-            report(e);
-            Ok(())
-        }
-        (r, _) => r,
-    };
+    let mut went_wrong = |r: Result<()>| super::go_on(r, &mut going_on);
     let mut archive = tar::Archive::new(src);
     let mut un = Unpacker {
         vol,

@@ -27,6 +27,20 @@ impl std::fmt::Display for PathError {
 
 impl std::error::Error for PathError {}
 
+/// An entry's result in an import that may go on past errors: with `going_on`, an
+/// error is reported there and passed over, unless the volume itself has stopped
+/// (`Error::Failed`); without, it ends the import.
+#[cfg(feature = "host-tools")]
+fn go_on(r: Result<(), PathError>, going_on: &mut Option<&mut dyn FnMut(PathError)>) -> Result<(), PathError> {
+    match (r, going_on) {
+        (Err(e), Some(report)) if !matches!(e.error, crate::error::Error::Failed) => {
+            report(e);
+            Ok(())
+        }
+        (r, _) => r,
+    }
+}
+
 /// The buffer [`copy_contents`] reads through: one per import, not one per file (an
 /// allocation of this size per small file doubled an import's time).
 #[cfg(feature = "host-tools")]

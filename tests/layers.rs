@@ -95,12 +95,12 @@ const LAYERS: &[Layer] = &[
         mutual: false,
         below: None,
     },
-    // Four tools, independent of each other, and the types they share.
+    // Four tools, independent of each other, and what they share.
     Layer {
         name: "tools",
         height: 5,
         levels: &[
-            &["PathError", "ImportStats", "copy_contents", "copy_buffer"],
+            &["PathError", "ImportStats", "copy_contents", "copy_buffer", "go_on"],
             &["inspect", "import", "import_tar", "export"],
         ],
         mutual: false,

@@ -964,3 +964,110 @@ fn a_file_extent_over_a_region_block_loses_to_the_region() {
     assert_eq!(ino_loc(three).0, children, "the region kept its block");
     close_and_check(dev, vol);
 }
+
+/// A volume stopped as a crash would, right after a delta that logged file `f`'s two new
+/// blocks as data (a one-flush commit), with directory `d` of two entries committed
+/// before it. Returns the image, `f`, `d` and the newest commit's area.
+fn live_data_log() -> (Vec<u8>, u64, u64, u64) {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    vol.create(d, b"one", 0o644, 0, 0).unwrap();
+    vol.create(d, b"two", 0o644, 0, 0).unwrap();
+    vol.sync().unwrap();
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, &[7u8; 2 * BLOCK_SIZE]).unwrap();
+    vol.sync().unwrap();
+    vol.poison();
+    drop(vol);
+    let img = dev.to_bytes();
+    let log_blocks = u64::from(get_u32(&img, 84));
+    let area = [LOG_START, LOG_START + log_blocks]
+        .into_iter()
+        .filter(|&a| &img[a as usize * BLOCK_SIZE..][..4] == b"DXLC")
+        .max_by_key(|&a| get_u64(&img, a as usize * BLOCK_SIZE + 16))
+        .expect("a commit to replay");
+    (img, f, d, area)
+}
+
+/// The commit at `area`'s logged file data: (descriptor index, target block).
+fn logged_data(img: &[u8], area: u64) -> Vec<(usize, u64)> {
+    let a = area as usize * BLOCK_SIZE;
+    let n = get_u32(img, a + 24) as usize;
+    (0..n)
+        .map(|i| (i, get_u64(img, a + BLOCK_SIZE + 8 * i)))
+        .filter(|(_, e)| e >> 63 == 1)
+        .map(|(i, e)| (i, e & !(1 << 63)))
+        .collect()
+}
+
+/// Recompute the commit at `area`'s body crc and reseal it.
+fn reseal_commit(img: &mut [u8], area: u64) {
+    let a = area as usize * BLOCK_SIZE;
+    let n = get_u32(img, a + 24) as usize;
+    let body = (n.div_ceil(512) + n) * BLOCK_SIZE;
+    let crc = crc32c::crc32c(&img[a + BLOCK_SIZE..a + BLOCK_SIZE + body]);
+    img[a + 28..a + 32].copy_from_slice(&crc.to_le_bytes());
+    seal(block_of(img, area), area);
+}
+
+/// Found by the image fuzzer (seeds 1610615997, 1610624268, 1610651447): a log
+/// descriptor moved a logged data block's target onto live metadata, and replay wrote
+/// file data over it. Now an open holds such data back and refuses, naming the block,
+/// and fsck, which knows every block's owner, drops it and retires the log.
+#[test]
+fn logged_data_aimed_at_live_metadata_is_never_replayed() {
+    let (mut img, f, d, area) = live_data_log();
+    let data = logged_data(&img, area);
+    assert_eq!(data.len(), 2, "the delta logs f's two blocks as data");
+    let leaf = dir_leaf(&img, d);
+    let (i, _) = data[0];
+    let at = (area as usize + 1) * BLOCK_SIZE + 8 * i;
+    put_u64(&mut img, at, leaf | 1 << 63);
+    reseal_commit(&mut img, area);
+    let k = leaf as usize * BLOCK_SIZE;
+    let before = img[k..k + BLOCK_SIZE].to_vec();
+    for read_only in [false, true] {
+        let (dev, vol) = open(img.clone(), read_only);
+        match vol {
+            Err(Error::Corrupt(m)) => {
+                assert!(m.contains(&format!("block {leaf}, which holds a metadata block")), "{m}")
+            }
+            other => panic!("read_only {read_only}: {:?}", other.map(|_| ())),
+        }
+        assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "file data over the directory leaf");
+    }
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let found = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    let named = format!("file data for block {leaf}, which holds live metadata");
+    assert!(found.errors.iter().any(|e| e.contains(&named)), "{:#?}", found.errors);
+    repair_holds(dev.clone());
+    assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the repair wrote over the leaf");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4, "the directory is intact");
+    assert_eq!(vol.read(f, 0, 2 * BLOCK_SIZE).unwrap().len(), 2 * BLOCK_SIZE);
+    close_and_check(dev, vol);
+}
+
+/// The legitimate case the rule above must not lose: a crash kept a one-flush commit but
+/// not its data's home write, to a block that held metadata before (stale, sealed at its
+/// address). The open cannot tell it from live metadata and refuses; fsck sees that a
+/// file owns the block and replays the data.
+#[test]
+fn logged_data_over_stale_metadata_is_replayed_by_fsck() {
+    let (mut img, f, d, area) = live_data_log();
+    let (_, t) = logged_data(&img, area)[1];
+    let leaf = dir_leaf(&img, d);
+    let stale = img[leaf as usize * BLOCK_SIZE..(leaf as usize + 1) * BLOCK_SIZE].to_vec();
+    block_of(&mut img, t).copy_from_slice(&stale);
+    seal(block_of(&mut img, t), t);
+    let (_, vol) = open(img.clone(), false);
+    assert!(is_corrupt(vol), "an open replayed data over what it cannot tell from live metadata");
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let found = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    assert!(found.errors.iter().any(|e| e.contains(&format!("block {t}, which still holds stale"))), "{found:#?}");
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.read(f, 0, 2 * BLOCK_SIZE).unwrap(), vec![7u8; 2 * BLOCK_SIZE], "the logged data");
+    close_and_check(dev, vol);
+}

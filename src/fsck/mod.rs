@@ -196,12 +196,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let sb_fixes = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
-    let (st, state, bitmap_damage, state_damage, journal_seq, miscounted) =
+    let (st, state, bitmap_damage, state_damage, mut journal, miscounted, held) =
         match crate::engine::store::open_lenient(dev.clone(), sb.clone(), repair, 1 << 16, true, false) {
             Ok(o) => {
                 let (b, s) = (o.bitmap_damage.map(|e| e.to_string()), o.state_damage.map(|e| e.to_string()));
                 r.rebuilt.extend(b.iter().chain(&s).cloned());
-                (o.opened.store, o.opened.state, b, s, o.opened.journal.seq, o.opened.miscounted)
+                (o.opened.store, o.opened.state, b, s, o.opened.journal, o.opened.miscounted, o.held_data)
             }
             Err(crate::error::Error::Corrupt(m)) => {
                 // A damaged newest commit: the way out loses that delta, so it is asked for.
@@ -233,6 +233,38 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     w.regions(&inodes);
     let nlink_fixes = w.nlink_fixes(&inodes, &orphans, &subdirs);
     let Slots { lazy, lazy_all, mut lazy_drops, mut slot_fixes, reinit } = w.inode_slots(&inodes);
+    // Logged file data the open held back, its home holding a metadata block: replayed
+    // where a file owns the block (stale metadata that a crash left before the data
+    // arrived), dropped where metadata or nothing does (a damaged log). A drop then
+    // commits an empty delta, so that no later open replays that log again.
+    let mut dropped_log = false;
+    for (t, img) in held {
+        let seq = journal.seq;
+        if w.file_data(t) {
+            let m = format!("delta {seq} logs file data for block {t}, which still holds stale metadata");
+            if repair {
+                dev.write(t, &img[..])?;
+                w.r.fixed.push(format!("{m}: replayed"));
+            } else {
+                w.r.errors.push(format!("{m} (a repair replays the data)"));
+            }
+        } else {
+            let what = if w.meta.contains(&t) { "live metadata" } else { "a metadata block that no file owns" };
+            let m = format!("delta {seq} logs file data for block {t}, which holds {what}");
+            if repair {
+                dropped_log = true;
+                w.r.fixed.push(format!("{m}: not replayed"));
+            } else {
+                w.r.errors.push(format!("{m} (a repair drops it)"));
+            }
+        }
+    }
+    if repair {
+        dev.flush()?;
+        if dropped_log {
+            journal.commit(&*dev, &[], &[])?;
+        }
+    }
     let over_meta = w.data_over_metadata();
     let layout = w.st.sb.layout;
     let Usage { mut leaked, marked_free } = w.space_map(bitmap_damage.is_some());
@@ -363,7 +395,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             let state = State {
                 orphan_head: 0,
                 next_generation,
-                commit_seq: journal_seq,
+                commit_seq: journal.seq,
                 inodes: r.inodes,
                 lazy_frees: TreeRoot::default(),
                 rstats: TreeRoot::default(),

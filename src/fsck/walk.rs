@@ -289,6 +289,13 @@ impl Walk<'_> {
         }
     }
 
+    /// Whether block `b` is file data of a usable inode the walk reached, and not
+    /// metadata too. (Before `data_over_metadata`, which takes the extents.)
+    pub(super) fn file_data(&self, b: u64) -> bool {
+        !self.meta.contains(&b)
+            && self.data_runs.iter().any(|(ino, e)| !self.bad.contains(ino) && b >= e.phys && b - e.phys < e.len)
+    }
+
     /// File data extents over blocks that hold metadata (a wild or stretched extent):
     /// the metadata is checksummed and the extent is not, so a repair drops the extent
     /// (its range becomes a hole). Called once every owner is known. Returns how many.

@@ -403,6 +403,7 @@ impl Volume {
                 opts.reserve_regions,
                 opts.allow_rollback,
             )?;
+            o.refuse_held()?;
             for e in o.damage() {
                 tracing::warn!("{e}; read-only, without it (dxfs fsck rebuilds it)");
             }

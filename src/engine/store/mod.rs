@@ -16,7 +16,7 @@ use crate::engine::btree::BTREE_MAGIC;
 use crate::engine::cache::{Filled, MetaCache, Reads, Windows};
 use crate::engine::deferred::{self, Wanted};
 use crate::engine::leaf::{shard_index, slot, Leaf, LeafGuard, LeafKind, Padded, Serial, Sharded, SLOTS};
-use crate::engine::log::Journal;
+use crate::engine::log::{BlockImages, Journal, Replay};
 use crate::engine::space::{Bitmap, Claim, Promises, Space};
 use crate::error::{Error, Result};
 
@@ -155,6 +155,7 @@ pub(crate) fn open(
     allow_rollback: bool,
 ) -> Result<Opened> {
     let o = open_lenient(dev, sb, apply, cache_blocks, reserve_regions, allow_rollback)?;
+    o.refuse_held()?;
     if let Some(e) = o.bitmap_damage.or(o.state_damage) {
         return Err(e);
     }
@@ -171,9 +172,25 @@ pub(crate) struct LenientOpen {
     /// Why the state block could not be read: `opened.state` then holds a state with no
     /// orphans and no inode count. The tree can rebuild it (fsck).
     pub state_damage: Option<Error>,
+    /// Logged file data whose home holds a sealed metadata block (`hold_data_over_metadata`):
+    /// neither written nor overlaid. Only an owner map tells stale metadata from live, so
+    /// only fsck replays it; every other open refuses.
+    pub held_data: BlockImages,
 }
 
 impl LenientOpen {
+    /// Refuse an open that held logged file data back.
+    pub(crate) fn refuse_held(&self) -> Result<()> {
+        match self.held_data.first() {
+            Some((t, _)) => Err(Error::corrupt(format!(
+                "delta {} logs file data for block {t}, which holds a metadata block: not replayed \
+                 (dxfs fsck replays it if a file owns the block, and drops it if metadata does)",
+                self.opened.journal.seq
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Both damages, the map's first.
     pub(crate) fn damage(&self) -> impl Iterator<Item = &Error> {
         self.bitmap_damage.iter().chain(&self.state_damage)
@@ -200,7 +217,8 @@ pub(crate) fn open_lenient(
         dev.read(STATE_BLOCK, &mut b)?;
         verify(&b, STATE_BLOCK, Some(STATE_MAGIC)).ok().map(|_| State::decode(&b).commit_seq)
     };
-    let (journal, replay) = Journal::recover_from(&*dev, sb.layout, false, allow_rollback)?;
+    let (journal, mut replay) = Journal::recover_from(&*dev, sb.layout, false, allow_rollback)?;
+    let held_data = hold_data_over_metadata(&*dev, &mut replay)?;
     if let Some(home) = home_seq.filter(|&h| h > journal.seq) {
         if !allow_rollback {
             return Err(Error::corrupt(format!(
@@ -273,7 +291,33 @@ pub(crate) fn open_lenient(
     *store.lazy.get_mut() = lazy.then_some(state.lazy_frees);
     store.lazy_enabled = lazy;
     store.load_lazy_masks();
-    Ok(LenientOpen { opened: Opened { journal, store, state, miscounted }, bitmap_damage, state_damage })
+    Ok(LenientOpen { opened: Opened { journal, store, state, miscounted }, bitmap_damage, state_damage, held_data })
+}
+
+/// Take out of `replay` the logged file data whose home holds a sealed metadata block
+/// (or that the replay also names as metadata), and return it. A legitimate target is
+/// file data in the recovered state, but it may still hold stale metadata: a crash can
+/// keep a one-flush commit and lose the data's home write to a block that was metadata
+/// before. A damaged log may name live metadata instead, and replaying would write file
+/// data over it. One read per logged data block, at an open that has them to replay.
+fn hold_data_over_metadata(dev: &dyn BlockDevice, replay: &mut Replay) -> Result<BlockImages> {
+    let meta: std::collections::HashSet<u64> = replay.meta.iter().map(|(t, _)| *t).collect();
+    let (mut held, mut kept) = (Vec::new(), Vec::new());
+    let mut b = [0u8; BLOCK_SIZE];
+    for (t, img) in std::mem::take(&mut replay.data) {
+        let over_meta = meta.contains(&t) || {
+            dev.read(t, &mut b)?;
+            sealed_metadata(&b, t)
+        };
+        if over_meta {
+            tracing::warn!("logged file data for block {t}, which holds a metadata block: held back");
+            held.push((t, img));
+        } else {
+            kept.push((t, img));
+        }
+    }
+    replay.data = kept;
+    Ok(held)
 }
 
 /// Say which structure a corruption was found in.

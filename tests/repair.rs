@@ -367,7 +367,7 @@ fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_li
         dxfs::internals::seal(&mut blk, rb);
         dev.write(rb, &blk).unwrap();
     };
-    for magic in [b"DXXC", b"DXST"] {
+    for magic in [b"DXXC", b"DXST", b"DXTN"] {
         let (dev, kept) = volume();
         relabel(&dev, magic);
         let r = check(&dev, true);
@@ -387,6 +387,27 @@ fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_li
     relabel(&dev, b"DXXA");
     let e = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).map(|r| r.errors).unwrap_err();
     assert!(e.to_string().contains("cannot be recreated there"), "{e}");
+    // A B+tree node its owner's tree reaches may be live: directory `keep`'s leaf, moved
+    // to the root's block (the seed 1610625145 relabelled block has owner 0, reached by
+    // no tree, and is recreated above).
+    let (dev, _) = volume();
+    let vol = Volume::open(dev.clone(), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let keep = vol.lookup(vol.root(), b"keep").unwrap().ino;
+    drop(vol);
+    let (kb, ks) = ino_loc(keep);
+    let mut iblk = [0u8; BLOCK_SIZE];
+    dev.read(kb, &mut iblk).unwrap();
+    let leaf = u64::from_le_bytes(iblk[ks * 256 + 128..ks * 256 + 136].try_into().unwrap());
+    let rb = ino_loc(ino_of_mem(&dev)).0;
+    let mut node = [0u8; BLOCK_SIZE];
+    dev.read(leaf, &mut node).unwrap();
+    dxfs::internals::seal(&mut node, rb);
+    dev.write(rb, &node).unwrap();
+    iblk[ks * 256 + 128..ks * 256 + 136].copy_from_slice(&rb.to_le_bytes());
+    dxfs::internals::seal(&mut iblk, kb);
+    dev.write(kb, &iblk).unwrap();
+    let e = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).map(|r| r.errors).unwrap_err();
+    assert!(e.to_string().contains("cannot be recreated there"), "a node its owner reaches: {e}");
 }
 
 /// The root's inode number, read from the superblock.

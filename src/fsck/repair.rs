@@ -86,8 +86,14 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     let root = sb.root_ino;
     let (rb, slot) = ino_loc(root);
     let o = crate::engine::store::open_lenient(dev.clone(), sb.clone(), true, 1 << 12, true, false)?;
+    let state = o.opened.state;
     let store = o.opened.store;
     let mut st = store.tx();
+    // A B+tree node at the root's block is live only if its owner's tree reaches it.
+    let mut raw = [0u8; BLOCK_SIZE];
+    dev.read(rb, &mut raw)?;
+    let node_reached = get_u32(&raw, 0) == crate::engine::btree::BTREE_MAGIC
+        && node_is_reached(&mut st, &state, sb.layout, get_u64(&raw, 16), rb);
     let mut recs = std::collections::BTreeMap::new();
     let mut nodes = Vec::new();
     for b in sb.layout.first_free()..sb.layout.backup_superblock() {
@@ -109,11 +115,9 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     // The root's block is written only where it holds no other live record: a readable
     // block of another kind stops the repair, a readable inode block keeps its other
     // inodes, and an unreadable one (the damaged root block) is written anew.
-    let mut raw = [0u8; BLOCK_SIZE];
-    dev.read(rb, &mut raw)?;
     let readable = verify(&raw, rb, None).is_ok();
     let magic = get_u32(&raw, 0);
-    if readable && magic != INODE_MAGIC && foreign_may_be_live(&*dev, &sb, &raw, rb)? {
+    if readable && magic != INODE_MAGIC && foreign_may_be_live(&*dev, &sb, &raw, rb, node_reached)? {
         return Err(crate::error::Error::corrupt(format!(
             "the root inode {root} is unreadable and its block {rb} holds another structure (magic {magic:#010x}): \
              the root cannot be recreated there"
@@ -187,7 +191,13 @@ pub(super) fn find_root(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
 /// fixed places elsewhere (superblock, state, log, bitmap; the mount mark is never the
 /// root's block, FORMAT §3) cannot be live here. An xattr continuation is live only if
 /// its owner's list names it. An xattr head or a B+tree node may be: kept.
-fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: u64) -> Result<bool> {
+fn foreign_may_be_live(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    raw: &Block,
+    rb: u64,
+    node_reached: bool,
+) -> Result<bool> {
     let mut b = [0u8; BLOCK_SIZE];
     let last = sb.layout.backup_superblock();
     dev.read(last, &mut b)?;
@@ -197,8 +207,34 @@ fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: 
     Ok(match get_u32(raw, 0) {
         SB_MAGIC | STATE_MAGIC | COMMIT_MAGIC | BITMAP_MAGIC | MARK_MAGIC => false,
         XATTR_CONT_MAGIC => continuation_is_named(dev, sb, get_u64(raw, 16), rb)?,
+        crate::engine::btree::BTREE_MAGIC => node_reached,
         _ => true,
     })
+}
+
+/// Whether the tree of B+tree node `b`'s owner (an inode, or the lazy-free or rstat
+/// tree, FORMAT §6.1–6.2) reaches it. An owner that is no inode, or an inode with no
+/// tree, cannot; one that cannot be read, or a tree that cannot be walked, may.
+fn node_is_reached(st: &mut Tx, state: &State, layout: Layout, owner: u64, b: u64) -> bool {
+    let tree = match owner {
+        1 => state.lazy_frees,
+        2 => state.rstats,
+        _ => {
+            let (ob, slot) = ino_loc(owner);
+            if slot == 0 || !layout.meta_block_ok(ob) {
+                return false;
+            }
+            match st.inode_unchecked(owner) {
+                Ok(i) => match i.data {
+                    InodeData::Dir(d) => d.tree,
+                    InodeData::ExtentTree { tree, .. } => tree,
+                    _ => return false,
+                },
+                Err(_) => return true,
+            }
+        }
+    };
+    crate::engine::btree::blocks(st, &tree, owner).map_or(true, |found| found.contains(&b))
 }
 
 /// Whether inode `owner`'s xattr list names block `cont` as a continuation.

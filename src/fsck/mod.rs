@@ -440,7 +440,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 }
             })
             .collect();
-        told.extend(drop_entries(dev.clone(), &drops, &salvage)?);
+        told.extend(drop_entries(dev.clone(), &drops, &salvage, &marked_free)?);
         let mut next = check_pass(dev, repair, progress, pass + 1)?;
         next.fixed.splice(0..0, told);
         return Ok(next);

@@ -9,12 +9,24 @@ use super::*;
 pub(super) const MAX_DROP_PASSES: u32 = 4;
 
 /// Remove the entries `drops` from their directories and rebuild the indexes of the
-/// directories `salvage` from what can be read of them, in one delta. Returns a line per
-/// rebuilt directory.
-pub(super) fn drop_entries(dev: Arc<dyn BlockDevice>, drops: &[Drop], salvage: &[u64]) -> Result<Vec<String>> {
+/// directories `salvage` from what can be read of them, in one delta, after marking in
+/// use the blocks `marked_free` (owned, the walk found). Returns a line per rebuilt
+/// directory and per block marked.
+pub(super) fn drop_entries(
+    dev: Arc<dyn BlockDevice>,
+    drops: &[Drop],
+    salvage: &[u64],
+    marked_free: &[u64],
+) -> Result<Vec<String>> {
     let vol = Volume::open_for_repair(dev, false)?;
     let mut told = Vec::new();
     vol.repair(|st, _| {
+        // A rebuilt index takes new blocks: never one the walk found owned but marked
+        // free (it was the root's inode block once, fuzzer seed 2415936894).
+        for &b in marked_free {
+            st.space().mark_used(b);
+        }
+        told.extend(marked_free.iter().take(20).map(|b| format!("block {b} is in use but marked free")));
         for (d, key, _, _) in drops {
             let mut p = st.inode_unchecked(*d)?;
             dir::remove(st, &mut p, *key)?;

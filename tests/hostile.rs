@@ -1051,22 +1051,63 @@ fn logged_data_aimed_at_live_metadata_is_never_replayed() {
 
 /// The legitimate case the rule above must not lose: a crash kept a one-flush commit but
 /// not its data's home write, to a block that held metadata before (stale, sealed at its
-/// address). The open cannot tell it from live metadata and refuses; fsck sees that a
-/// file owns the block and replays the data.
+/// address). The delta logged the extent that maps the block, so the open replays it.
+/// (The crash tests reach this case on their own.)
 #[test]
-fn logged_data_over_stale_metadata_is_replayed_by_fsck() {
+fn logged_data_over_stale_metadata_is_replayed() {
     let (mut img, f, d, area) = live_data_log();
     let (_, t) = logged_data(&img, area)[1];
-    let leaf = dir_leaf(&img, d);
+    stale_metadata_at(&mut img, d, t);
+    let (dev, vol) = open(img, false);
+    let vol = vol.expect("the logged extent maps the block");
+    assert_eq!(vol.read(f, 0, 2 * BLOCK_SIZE).unwrap(), vec![7u8; 2 * BLOCK_SIZE], "the logged data");
+    close_and_check(dev, vol);
+}
+
+/// A copy of directory `d`'s leaf, sealed at block `t`: stale metadata there.
+fn stale_metadata_at(img: &mut [u8], d: u64, t: u64) {
+    let leaf = dir_leaf(img, d);
     let stale = img[leaf as usize * BLOCK_SIZE..(leaf as usize + 1) * BLOCK_SIZE].to_vec();
-    block_of(&mut img, t).copy_from_slice(&stale);
-    seal(block_of(&mut img, t), t);
+    block_of(img, t).copy_from_slice(&stale);
+    seal(block_of(img, t), t);
+}
+
+/// Stale metadata under logged data whose extent the log does not show (the log's image
+/// of the file's inode block moved to a free block, without the file, after its home
+/// write): the open cannot tell it from live metadata and refuses; fsck sees that the
+/// file maps the block and replays the data.
+#[test]
+fn logged_data_a_file_owns_is_replayed_by_fsck() {
+    let (mut img, f, d, area) = live_data_log();
+    let (_, t) = logged_data(&img, area)[1];
+    stale_metadata_at(&mut img, d, t);
+    let (fb, fslot) = ino_loc(f);
+    let a = area as usize * BLOCK_SIZE;
+    let n = get_u32(&img, a + 24) as usize;
+    let i = (0..n).find(|&i| get_u64(&img, a + BLOCK_SIZE + 8 * i) == fb).expect("the delta logs f's inode block");
+    let junk = BLOCKS - 100;
+    put_u64(&mut img, a + BLOCK_SIZE + 8 * i, junk);
+    let at = a + (1 + n.div_ceil(512) + i) * BLOCK_SIZE;
+    // Its home write done before the crash, as the next commit would make it durable.
+    let logged = img[at..at + BLOCK_SIZE].to_vec();
+    block_of(&mut img, fb).copy_from_slice(&logged);
+    let image: &mut [u8; BLOCK_SIZE] = (&mut img[at..at + BLOCK_SIZE]).try_into().unwrap();
+    let used = u16::from_le_bytes([image[24], image[25]]) & !(1 << fslot);
+    image[24..26].copy_from_slice(&used.to_le_bytes());
+    seal(image, junk);
+    reseal_commit(&mut img, area);
+    // The delta before, whose older image of that inode block recovery would replay
+    // first, is gone from the other area.
+    let log_blocks = u64::from(get_u32(&img, 84));
+    let other = if area == LOG_START { LOG_START + log_blocks } else { LOG_START };
+    block_of(&mut img, other).fill(0);
     let (_, vol) = open(img.clone(), false);
     assert!(is_corrupt(vol), "an open replayed data over what it cannot tell from live metadata");
     let dev = Arc::new(MemDevice::from_bytes(img));
     let found = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
     assert!(found.errors.iter().any(|e| e.contains(&format!("block {t}, which still holds stale"))), "{found:#?}");
-    repair_holds(dev.clone());
+    let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).unwrap();
+    assert!(fixed.fixed.iter().any(|e| e.contains("replayed")), "{fixed:#?}");
     let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
     assert_eq!(vol.read(f, 0, 2 * BLOCK_SIZE).unwrap(), vec![7u8; 2 * BLOCK_SIZE], "the logged data");
     close_and_check(dev, vol);

@@ -171,6 +171,13 @@ fn step(
     Ok(Some(blk))
 }
 
+/// The records of `b`, a leaf image for block `blk` under whatever owner it names; none
+/// if its header or a slot breaks the rules (recovery reads the log's images with it).
+pub(crate) fn image_leaf_records(b: &Block, blk: u64) -> Vec<(u64, &[u8])> {
+    let owner = crate::disk::codec::get_u64(b, node::OFF_OWNER);
+    hdr(b, blk, owner, 0).and_then(|h| collect(b, &h, blk)).unwrap_or_default()
+}
+
 /// Look up `key`.
 #[cfg(test)]
 pub(crate) fn get(s: &mut (impl NodeRead + ?Sized), t: &TreeRoot, owner: u64, key: u64) -> Result<Option<Vec<u8>>> {

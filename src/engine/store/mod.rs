@@ -295,19 +295,23 @@ pub(crate) fn open_lenient(
 }
 
 /// Take out of `replay` the logged file data whose home holds a sealed metadata block
-/// (or that the replay also names as metadata), and return it. A legitimate target is
-/// file data in the recovered state, but it may still hold stale metadata: a crash can
-/// keep a one-flush commit and lose the data's home write to a block that was metadata
-/// before. A damaged log may name live metadata instead, and replaying would write file
-/// data over it. One read per logged data block, at an open that has them to replay.
+/// (or that the replay also names as metadata) and that no extent in the replayed
+/// metadata maps, and return it. A crash can keep a one-flush commit and lose the home
+/// write of its data to a block that was metadata before: stale metadata there, and the
+/// delta that took the block for a file logged the extent that maps it (data logged as
+/// an overwrite in place went to a block already written as file data). A damaged log
+/// may name live metadata instead, which no logged extent maps, and replaying would
+/// write file data over it. One read per logged data block, at an open that has them.
 fn hold_data_over_metadata(dev: &dyn BlockDevice, replay: &mut Replay) -> Result<BlockImages> {
     let meta: std::collections::HashSet<u64> = replay.meta.iter().map(|(t, _)| *t).collect();
+    let mut mapped: Option<Vec<(u64, u64)>> = None;
     let (mut held, mut kept) = (Vec::new(), Vec::new());
     let mut b = [0u8; BLOCK_SIZE];
     for (t, img) in std::mem::take(&mut replay.data) {
         let over_meta = meta.contains(&t) || {
             dev.read(t, &mut b)?;
             sealed_metadata(&b, t)
+                && !mapped.get_or_insert_with(|| logged_extents(&replay.meta)).iter().any(|&(p, n)| t >= p && t - p < n)
         };
         if over_meta {
             tracing::warn!("logged file data for block {t}, which holds a metadata block: held back");
@@ -318,6 +322,36 @@ fn hold_data_over_metadata(dev: &dyn BlockDevice, replay: &mut Replay) -> Result
     }
     replay.data = kept;
     Ok(held)
+}
+
+/// The file extents (first block, length) that the metadata images `meta` hold: inline
+/// in inode records, and 12-byte records of B+tree leaves (a directory entry of that
+/// length passes too, which can only keep more data in the replay, never less).
+fn logged_extents(meta: &BlockImages) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for (b, img) in meta {
+        match get_u32(&img[..], 0) {
+            INODE_MAGIC => {
+                let used = get_u16(&img[..], IB_USED);
+                for slot in (1..INODES_PER_BLOCK as usize).filter(|s| used & (1 << s) != 0) {
+                    let ino = b * INODES_PER_BLOCK + slot as u64;
+                    let rec = &img[slot * INODE_SIZE..(slot + 1) * INODE_SIZE];
+                    if let Ok(Some(Inode { data: InodeData::Extents { ext, n }, .. })) = Inode::decode(ino, rec) {
+                        out.extend(ext.iter().take(usize::from(n)).map(|e| (e.phys, e.len)));
+                    }
+                }
+            }
+            BTREE_MAGIC => {
+                for (_, v) in crate::engine::btree::image_leaf_records(img, *b) {
+                    if let Ok(e) = Extent::decode_value(0, v) {
+                        out.push((e.phys, e.len));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Say which structure a corruption was found in.

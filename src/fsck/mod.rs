@@ -237,13 +237,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // where a file owns the block (stale metadata that a crash left before the data
     // arrived), dropped where metadata or nothing does (a damaged log). A drop then
     // commits an empty delta, so that no later open replays that log again.
-    let mut dropped_log = false;
+    let (mut replayed, mut dropped_log) = (false, false);
     for (t, img) in held {
         let seq = journal.seq;
         if w.file_data(t) {
             let m = format!("delta {seq} logs file data for block {t}, which still holds stale metadata");
             if repair {
                 dev.write(t, &img[..])?;
+                replayed = true;
                 w.r.fixed.push(format!("{m}: replayed"));
             } else {
                 w.r.errors.push(format!("{m} (a repair replays the data)"));
@@ -259,11 +260,11 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             }
         }
     }
-    if repair {
+    if replayed {
         dev.flush()?;
-        if dropped_log {
-            journal.commit(&*dev, &[], &[])?;
-        }
+    }
+    if dropped_log {
+        journal.commit(&*dev, &[], &[])?;
     }
     let over_meta = w.data_over_metadata();
     let layout = w.st.sb.layout;

@@ -202,7 +202,8 @@ pub(super) fn find_root(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
 /// copies must name this root (else the root's place itself is in doubt). Structures with
 /// fixed places elsewhere (superblock, state, log, bitmap; the mount mark is never the
 /// root's block, FORMAT §3) cannot be live here. An xattr continuation is live only if
-/// its owner's list names it. An xattr head or a B+tree node may be: kept.
+/// its owner's list names it, a B+tree node only if its owner's tree reaches it
+/// (`node_reached`). An xattr head may be: kept.
 fn foreign_may_be_live(
     dev: &dyn BlockDevice,
     sb: &Superblock,

@@ -172,9 +172,9 @@ pub(crate) struct LenientOpen {
     /// Why the state block could not be read: `opened.state` then holds a state with no
     /// orphans and no inode count. The tree can rebuild it (fsck).
     pub state_damage: Option<Error>,
-    /// Logged file data whose home holds a sealed metadata block (`hold_data_over_metadata`):
-    /// neither written nor overlaid. Only an owner map tells stale metadata from live, so
-    /// only fsck replays it; every other open refuses.
+    /// Logged file data whose home holds a sealed metadata block that no logged extent
+    /// maps (`hold_data_over_metadata`): neither written nor overlaid. Only an owner map
+    /// tells whether a file owns the block, so only fsck replays it; other opens refuse.
     pub held_data: BlockImages,
 }
 

@@ -12,6 +12,11 @@ pub enum Error {
     Corrupt(String),
     /// Out of space (ENOSPC).
     NoSpace,
+    /// A directory quota above the change has no room for it (EDQUOT).
+    QuotaExceeded,
+    /// A rename or link would move blocks between directories under different quotas
+    /// (EXDEV: copy and remove instead, as `mv` does).
+    CrossDevice,
     /// No such file or directory (ENOENT).
     NotFound,
     /// Entry already exists (EEXIST).
@@ -103,6 +108,8 @@ impl Error {
             // As ext4 and XFS: "structure needs cleaning", which fsck does.
             Error::Corrupt(_) => libc::EUCLEAN,
             Error::NoSpace => libc::ENOSPC,
+            Error::QuotaExceeded => libc::EDQUOT,
+            Error::CrossDevice => libc::EXDEV,
             Error::NotFound => libc::ENOENT,
             Error::Exists => libc::EEXIST,
             Error::NotDir => libc::ENOTDIR,
@@ -136,6 +143,8 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(m) => write!(f, "corrupt volume: {m}"),
             Error::NoSpace => f.write_str("no space left on volume"),
+            Error::QuotaExceeded => f.write_str("directory quota exceeded"),
+            Error::CrossDevice => f.write_str("the directories are under different quotas"),
             Error::NotFound => f.write_str("no such file or directory"),
             Error::Exists => f.write_str("file exists"),
             Error::NotDir => f.write_str("not a directory"),

@@ -75,7 +75,7 @@ pub use fs::dir::DirEntry;
 pub use volume::{
     grow, mkfs, mount_mark_status, read_superblock, AtimePolicy, Attr, Caller, EmptyStep, Grown, LockStats,
     MkfsOptions, NewEntry, NewNode, OpenOptions, ReadStats, RenameFlags, SetAttr, SetTime, StatFs, SumStep, Time,
-    TreeRemoval, Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES, RSTAT_XATTRS, RSTAT_XATTR_PREFIX,
+    TreeRemoval, Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES, RSTAT_XATTRS, RSTAT_XATTR_PREFIX, Quota, QUOTA_USED_XATTR, QUOTA_XATTR,
 };
 
 /// Internals that the project's own tests, benchmarks and tools reach into (on-disk

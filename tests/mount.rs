@@ -1209,6 +1209,80 @@ fn full_volume_with_writeback_cache() {
     s.fsck();
 }
 
+/// A directory quota through the mount, with the writeback cache (the default): set by
+/// root with the virtual xattr (`setfattr -n dxfs.quota.max_bytes`), refused to other
+/// users; EDQUOT comes from write() — for a file opened before the quota was set too —
+/// and everything write() accepted is kept; rename out of the quota is EXDEV.
+#[test]
+fn directory_quota_through_the_mount() {
+    require_fuse!();
+    let s = Scratch::new(64);
+    let m = s.mount(&["--allow-other"]);
+    let q = s.path("q");
+    fs::create_dir(&q).unwrap();
+    fs::set_permissions(&q, fs::Permissions::from_mode(0o777)).unwrap();
+    let early = q.join("early");
+    let mut f = File::create(&early).unwrap();
+    setxattr(&q, dxfs::QUOTA_XATTR, b"4194304", 0).unwrap();
+    assert_eq!(getxattr(&q, dxfs::QUOTA_XATTR, 64).unwrap(), b"4194304");
+    // `df q` shows the quota as the size, as CephFS shows a quota root.
+    let st = nix::sys::statvfs::statvfs(&q).unwrap();
+    assert_eq!(st.blocks() * st.fragment_size(), 4 << 20, "df of the quota's directory");
+    let whole = nix::sys::statvfs::statvfs(&s.mnt).unwrap();
+    assert!(whole.blocks() * whole.fragment_size() > 32 << 20, "df of the mount");
+    if Command::new("setpriv").arg("--version").stdout(Stdio::null()).status().is_ok() {
+        let script = format!(
+            "python3 -c \"import os,sys\ntry:\n os.setxattr('{}', '{}', b'1')\nexcept OSError as e:\n sys.exit(e.errno)\"",
+            q.display(),
+            dxfs::QUOTA_XATTR
+        );
+        let out = as_nobody(&script);
+        assert_eq!(out.status.code(), Some(libc::EPERM), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut accepted = 0u64;
+    let err = loop {
+        match f.write(&pattern(accepted, 256 << 10)) {
+            Ok(n) => accepted += n as u64,
+            Err(e) => break e,
+        }
+        assert!(accepted <= 64 << 20, "64 MiB written under a 4 MiB quota");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    assert!(accepted <= 4 << 20, "{accepted} bytes accepted under a 4 MiB quota");
+    f.sync_all().expect("fsync after EDQUOT: what write() accepted must be on the volume");
+    drop(f);
+    // A file opened now bypasses the cache: EDQUOT at once, or after what little is left.
+    let late = q.join("late");
+    let mut g = File::create(&late).unwrap();
+    let mut more = 0u64;
+    let err = loop {
+        match g.write(&pattern(more, 64 << 10)) {
+            Ok(n) => more += n as u64,
+            Err(e) => break e,
+        }
+        assert!(more <= 4 << 20);
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    drop(g);
+    let st = nix::sys::statvfs::statvfs(&q).unwrap();
+    assert!(st.blocks_available() * st.fragment_size() < 256 << 10, "df of a full quota: {} free", st.blocks_available());
+    let e = fs::rename(&early, s.path("out")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    // Outside the quota, writes go on; removing a file gives its room back.
+    fs::write(s.path("free"), pattern(0, 8 << 20)).unwrap();
+    fs::remove_file(&late).unwrap();
+    m.unmount();
+    let m = s.mount(&[]);
+    assert_eq!(getxattr(&q, dxfs::QUOTA_XATTR, 64).unwrap(), b"4194304");
+    let back = fs::read(&early).unwrap();
+    assert_eq!(back.len() as u64, accepted);
+    assert!(back == pattern(0, back.len()), "content written under the quota");
+    removexattr(&q, dxfs::QUOTA_XATTR).unwrap();
+    fs::write(q.join("big"), pattern(0, 8 << 20)).unwrap();
+    m.unmount();
+    s.fsck();
+}
+
 /// On a full mount with the writeback cache (opens are messages there), a file read and
 /// removed gives its space to the next write at once, though the RELEASE of the reader's
 /// descriptor is sent by the kernel in the background and may come after the UNLINK and

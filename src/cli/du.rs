@@ -444,7 +444,7 @@ impl Walk<'_> {
 
 /// A size as `du -h` prints it: bytes below 1 KiB, else powers of 1024 rounded up, with
 /// one decimal below 10.
-fn human(bytes: u64) -> String {
+pub(super) fn human(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
     if bytes < 1024 {
         return bytes.to_string();

@@ -46,6 +46,7 @@ mod info;
 mod inspect;
 mod mkfs;
 mod mount;
+mod quota;
 mod resize;
 mod rm;
 mod stats;
@@ -100,6 +101,9 @@ enum Cmd {
     /// Unpack a tar archive into a directory as `tar -x` (with its xattrs); on a mount
     /// the daemon makes the entries in batches, as the caller.
     Import(import::ImportArgs),
+    /// Show, set (`SIZE`) or remove (`none`) a directory's quota: a limit on the bytes it
+    /// and its subtree allocate, enforced at write() with EDQUOT.
+    Quota(quota::QuotaArgs),
     /// Trim every free block of an unmounted volume (thin storage and sparse images shrink).
     Trim(TrimArgs),
     /// Copy a volume's tree out to a directory, read-only (the inverse of mkfs -d).
@@ -225,6 +229,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Trim(a) => trim::run(a),
         Cmd::Rm(a) => rm::run(a),
         Cmd::Du(a) => du::run(a),
+        Cmd::Quota(a) => quota::run(a),
         Cmd::Cp(a) => cp::run(a),
         Cmd::Import(a) => import::run(a),
         Cmd::Debug(c) => debug::run(c),

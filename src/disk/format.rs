@@ -74,6 +74,11 @@ pub(crate) const RO_COMPAT_RSTATS: u32 = 32;
 /// when the map is read, before the allocator hands the block out. A writer that does
 /// not know this would leave the counts wrong; a reader loses nothing.
 pub(crate) const RO_COMPAT_BITMAP_COUNTS: u32 = 64;
+/// ro_compat: a directory's `quota` field (FORMAT.md §7.4) limits the space allocated
+/// below it, as counted by the recursive statistics (needs RSTATS). A writer that does
+/// not know it would let the subtree grow past its limit, and would clear the field when
+/// it rewrote the inode; a reader loses nothing.
+pub(crate) const RO_COMPAT_DIR_QUOTA: u32 = 128;
 /// incompat: the volume was grown past the bitmap blocks mkfs laid out; bitmap block
 /// i ≥ `bitmap_blocks` lives at block 32512·i, the first block it covers (FORMAT.md §2).
 /// A reader that does not know this would look for the bitmap in the wrong place.
@@ -92,7 +97,8 @@ pub(crate) const KNOWN_RO_COMPAT: u32 = RO_COMPAT_XATTR_FILTER
     | RO_COMPAT_GROW_PENDING
     | RO_COMPAT_MOUNT_MARK
     | RO_COMPAT_RSTATS
-    | RO_COMPAT_BITMAP_COUNTS;
+    | RO_COMPAT_BITMAP_COUNTS
+    | RO_COMPAT_DIR_QUOTA;
 /// Owner recorded in the nodes of the lazy-free tree: 1 is never an inode number
 /// (it would be slot 1 of block 0, the superblock).
 pub(crate) const LAZY_FREE_OWNER: u64 = 1;
@@ -458,6 +464,11 @@ impl Superblock {
         self.ro_compat & RO_COMPAT_RSTATS != 0
     }
 
+    /// Whether directories may carry a space quota (ro_compat DIR_QUOTA, FORMAT.md §7.4).
+    pub fn dir_quota(&self) -> bool {
+        self.ro_compat & RO_COMPAT_DIR_QUOTA != 0 && self.rstats()
+    }
+
     /// Whether bitmap blocks carry a checked `used` count (ro_compat BITMAP_COUNTS,
     /// FORMAT.md §5).
     pub fn bitmap_counts(&self) -> bool {
@@ -705,6 +716,9 @@ pub struct DirInfo {
     pub region_used: u32,
     /// Number of entries (not counting . and ..).
     pub entries: u64,
+    /// Most bytes the subtree may have allocated, 0 for no limit (ro_compat DIR_QUOTA;
+    /// without it the field is reserved and ignored).
+    pub quota: u64,
 }
 
 /// An inode, decoded. Times are (seconds, nanoseconds).
@@ -845,6 +859,7 @@ impl Inode {
                 put_u32(&mut d, 24, di.region_len);
                 put_u32(&mut d, 28, di.region_used);
                 put_u64(&mut d, 32, di.entries);
+                put_u64(&mut d, 40, di.quota);
                 (FMT_DIR, 0)
             }
         };
@@ -893,6 +908,7 @@ impl Inode {
                 region_len: get_u32(d, 24),
                 region_used: get_u32(d, 28),
                 entries: get_u64(d, 32),
+                quota: get_u64(d, 40),
             }),
             f => return Err(bad(&format!("unknown data format {f}"))),
         };
@@ -985,6 +1001,7 @@ mod tests {
             region_len: 8,
             region_used: 2,
             entries: 1_000_000,
+            quota: 1 << 40,
         };
         d.encode(&mut s);
         assert_eq!(Inode::decode(33, &s).unwrap(), Some(d));

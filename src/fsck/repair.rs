@@ -423,6 +423,7 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                     let d = i.dir_mut()?;
                     (d.region_start, d.region_len, d.region_used) = (0, 0, 0);
                 }
+                InodeFix::NoQuota => i.dir_mut()?.quota = 0,
                 InodeFix::Size(s) => i.size = *s,
                 InodeFix::Times => {
                     for t in [&mut i.atime, &mut i.mtime, &mut i.ctime, &mut i.crtime] {

@@ -85,6 +85,8 @@ pub(super) enum InodeFix {
     /// A directory's inode region that overlaps what others own: cleared (its children
     /// stay where they are; the next child reserves a new region).
     NoRegion,
+    /// A quota where the volume has none (the field is reserved): cleared.
+    NoQuota,
 }
 
 /// A live inode that no directory names, which a repair links into /lost+found as `#INO`.
@@ -371,6 +373,10 @@ impl Walk<'_> {
                 }
                 if d.region_len > 0 {
                     self.regions.push((ino, *d));
+                }
+                if d.quota != 0 && !self.st.sb.dir_quota() {
+                    let m = format!("directory {ino}: a quota on a volume without DIR_QUOTA (a reserved field)");
+                    self.fix(ino, InodeFix::NoQuota, m);
                 }
             }
             InodeData::Extents { .. } | InodeData::ExtentTree { .. } => {

@@ -5,6 +5,7 @@ use crate::fs::acl;
 use crate::fs::xattr;
 
 use super::*;
+use super::quota::{QUOTA_USED_XATTR, QUOTA_XATTR};
 use crate::disk::valid::normal_time;
 use crate::engine::store::{read_inode, MetaRead};
 
@@ -228,6 +229,14 @@ impl Volume {
         if let Some(v) = self.rstat_xattr(ino, name)? {
             return Ok(v);
         }
+        if name == QUOTA_XATTR.as_bytes() || name == QUOTA_USED_XATTR.as_bytes() {
+            let limit = name == QUOTA_XATTR.as_bytes();
+            return match self.quota(ino) {
+                Ok(Some(q)) => Ok(if limit { q.limit } else { q.used }.to_string().into_bytes()),
+                Ok(None) | Err(Error::NotDir) => Err(Error::NoData),
+                Err(e) => Err(e),
+            };
+        }
         let (idx, suffix) = xattr::split_name(name)?;
         self.reading(&[(ino, Mode::Read)], |r, seen| {
             let i = read_inode(r, ino)?;
@@ -262,6 +271,17 @@ impl Volume {
     }
 
     fn setxattr_by(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode, caller: Option<&Caller>) -> Result<()> {
+        if name == QUOTA_XATTR.as_bytes() {
+            let bytes = std::str::from_utf8(value).ok().and_then(|v| v.trim_end_matches('\0').trim().parse().ok());
+            let bytes = bytes.ok_or_else(|| Error::Invalid("a quota is a number of bytes".into()))?;
+            let has = self.quota(ino)?.is_some();
+            match (has, mode) {
+                (true, XattrMode::Create) => return Err(Error::Exists),
+                (false, XattrMode::Replace) => return Err(Error::NoData),
+                _ => {}
+            }
+            return self.set_quota(ino, Some(bytes));
+        }
         let (idx, suffix) = xattr::split_name(name)?;
         if value.len() > xattr::VALUE_MAX {
             return Err(Error::TooBig);
@@ -324,6 +344,13 @@ impl Volume {
 
     /// Remove an xattr.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        if name == QUOTA_XATTR.as_bytes() {
+            self.quota(ino).and_then(|q| q.ok_or(Error::NoData)).map_err(|e| match e {
+                Error::NotDir => Error::NoData,
+                e => e,
+            })?;
+            return self.set_quota(ino, None);
+        }
         let (idx, suffix) = xattr::split_name(name)?;
         let g = self.charged(&[(ino, Mode::Write)], |_| Ok(Cost::new(0, 0, true)))?;
         let mut i = g.st.inode(ino)?;

@@ -9,6 +9,7 @@ use super::contention::{Op, RetriedCost};
 use super::delta::{Cost, Short};
 use super::*;
 use crate::engine::deferred;
+use crate::engine::space::Claim;
 
 thread_local! {
     /// Set while a [`Volume::try_write`] runs: a charge that would wait for room in the
@@ -216,16 +217,23 @@ impl Volume {
         let mut commits = 0;
         let mut waits = 0;
         let mut settled = false;
+        let mut quota_committed = false;
         loop {
             self.storage_room()?;
             let mut op = self.op(want);
             op.check_writable()?;
             // The rstat records the change may rewrite are marked before its room is
             // checked: their leaves count against the log's room (`Inner::mark_rstats`).
-            let (c, read) = match deferred::defer_misses(|| {
-                let r = cost(&op)?;
+            let (c, read, quota) = match deferred::defer_misses(|| {
+                let (c, r) = cost(&op)?;
                 op.mark_rstats(want)?;
-                Ok::<_, Error>(r)
+                // A change that may allocate is charged to the quotas above it.
+                let quota = match c.claim {
+                    Claim::Deletion => Vec::new(),
+                    _ if c.meta + c.pages == 0 => Vec::new(),
+                    _ => op.quota_roots(want)?,
+                };
+                Ok::<_, Error>((c, r, quota))
             }) {
                 Err(e) if e.is_missed() && !outer => {
                     drop(op);
@@ -234,7 +242,27 @@ impl Volume {
                 }
                 r => r?,
             };
-            match op.delta.reserve(&op.st, c, 1) {
+            let blocks = c.meta + c.pages;
+            // A cache's write-back carries data its writer was told is written: counted,
+            // never refused (the FUSE server sends writers past the cache near a limit).
+            if !quota.is_empty() && !op.quota_charge(&quota, blocks, c.claim == Claim::WriteBack) {
+                let changed = !op.delta.is_empty(&op.st);
+                drop(op);
+                // What the quota counts may have been freed since the last snapshot, or
+                // over-counted: commit once, and judge by the exact use.
+                if quota_committed || !changed {
+                    return Err(Error::QuotaExceeded);
+                }
+                may_wait()?;
+                self.commit()?;
+                quota_committed = true;
+                continue;
+            }
+            let r = op.delta.reserve(&op.st, c, 1);
+            if r.is_err() && !quota.is_empty() {
+                op.quota_uncharge(&quota, blocks);
+            }
+            match r {
                 Ok(()) => {
                     op.charged(c);
                     return Ok((op, read));
@@ -268,6 +296,9 @@ impl Volume {
                     let runs = self.s.in_flight_runs.load(Ordering::Acquire);
                     if op.delta.room_beside(c, pages, runs) {
                         if op.delta.reserve(&op.st, c, 2).is_ok() {
+                            // Charged again: the quota's charge went back with the
+                            // first try (nothing was snapshotted since, under `op`).
+                            op.quota_charge(&quota, blocks, true);
                             self.s.ask_background();
                             op.charged(c);
                             return Ok((op, read));

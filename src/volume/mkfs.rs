@@ -40,7 +40,8 @@ pub struct MkfsOptions {
     /// Let small deltas commit with one device flush, their file data logged (incompat
     /// ONE_FLUSH_COMMIT); without it every commit takes two flushes.
     pub one_flush_commit: bool,
-    /// Keep recursive statistics on every directory (ro_compat RSTATS).
+    /// Keep recursive statistics on every directory (ro_compat RSTATS), and with them
+    /// allow directory quotas (ro_compat DIR_QUOTA).
     pub rstats: bool,
 }
 
@@ -104,7 +105,7 @@ pub fn mkfs(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<Superblock> {
         ro_compat: if o.xattr_filter { RO_COMPAT_XATTR_FILTER_K } else { 0 }
             | if o.lazy_inode_free { RO_COMPAT_LAZY_INODE_FREE } else { 0 }
             | if o.mount_mark { RO_COMPAT_MOUNT_MARK } else { 0 }
-            | if o.rstats { RO_COMPAT_RSTATS } else { 0 }
+            | if o.rstats { RO_COMPAT_RSTATS | RO_COMPAT_DIR_QUOTA } else { 0 }
             | RO_COMPAT_BITMAP_COUNTS,
         uuid,
         label: o.label.clone(),

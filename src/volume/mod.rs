@@ -36,10 +36,12 @@ mod locks;
 pub(crate) mod mark;
 mod mkfs;
 mod namespace;
+mod quota;
 mod ranges;
 mod readdir;
 mod resize;
 mod rstats;
+pub use quota::{Quota, QUOTA_USED_XATTR, QUOTA_XATTR};
 pub use rstats::{RSTAT_XATTRS, RSTAT_XATTR_PREFIX};
 mod tree;
 mod trim;
@@ -126,6 +128,8 @@ struct Inner {
     /// `(sequence number, linearization stamp)` of every delta sealed, once a test asked
     /// for them ([`Volume::record_commit_stamps`]).
     commit_stamps: Mutex<Option<Vec<(u64, u64)>>>,
+    /// Directory quotas met so far, and their use (`quota.rs`).
+    quotas: quota::Quotas,
 }
 
 /// What lives behind `Inner::life`.
@@ -463,6 +467,7 @@ impl Volume {
             mark,
             holder: None,
             commit_stamps: Mutex::new(None),
+            quotas: Default::default(),
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;

@@ -94,6 +94,9 @@ impl Inner {
             self.st.note_change_of(i.ino);
             self.st.tx().rstat_remove(i.ino)?;
         }
+        if i.is_dir() {
+            self.quota_dir_removed(i.ino);
+        }
         i.nlink = i.nlink.saturating_sub(if i.is_dir() { 2 } else { 1 });
         i.ctime = now();
         if i.nlink > 0 {
@@ -493,6 +496,9 @@ impl Volume {
             }
             held
         };
+        if i.nlink > 0 {
+            g.quota_same_roots(i.parent, newparent)?;
+        }
         let links = g.link_added(&mut i, newparent)?;
         dir::insert(&mut g.st.tx(), &mut p, newname, ino, type_of(i.mode)?)?;
         if let Some(l) = &links {
@@ -673,6 +679,7 @@ impl Volume {
         if si.is_dir() && parent != newparent && g.is_within(newparent, src.ino)? {
             return Err(Error::Invalid("cannot move a directory into itself".into()));
         }
+        g.quota_same_roots(parent, newparent)?;
         let si_links = g.link_moved(&mut si, parent, newparent)?;
         let t = now();
         if flags.exchange {

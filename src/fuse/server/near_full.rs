@@ -85,10 +85,64 @@ impl Server {
         near
     }
 
+    /// A directory quota is a limit the page cache knows nothing of either: the same
+    /// near-full rule, per file, with the room its quotas leave (`Volume::quota_room`).
+    /// Once a file open for writing comes within two cushions of a limit, its attributes
+    /// are dropped and given out with no validity, so each write() into it asks first;
+    /// new opens bypass the cache. Returns the room, when the file is that near.
+    pub(super) fn quota_near_check(&self, ino: u64) -> Option<u64> {
+        let bound = self.bound.get()?;
+        if !self.vol.has_quotas() {
+            return None;
+        }
+        let room = self.vol.quota_room(ino).ok()??;
+        let near = room < 2 * bound.cushion() + NEAR_FULL_SLACK;
+        if !near {
+            if self.quota_near.lock().remove(&ino) {
+                tracing::debug!("file {ino}: away from its quota's limit again");
+            }
+            return None;
+        }
+        let writer = self.writers.shard(ino).contains_key(&ino);
+        if writer && self.quota_near.lock().insert(ino) {
+            if let Some(tx) = &*self.invalidate.lock() {
+                self.lookups.touched(ino);
+                let _ = tx.send(wire::notify_inval_inode(self.fuse_ino(ino), -1, 0));
+            }
+        }
+        Some(room)
+    }
+
+    /// A quota was set: files already open for writing below it may now be near its
+    /// limit, with pages in the cache the volume has not seen.
+    pub(super) fn quota_set(&self) {
+        let mut writers: Vec<u64> = Vec::new();
+        self.writers.each_locked(|w| writers.extend(w.keys().copied()));
+        for ino in writers {
+            self.quota_near_check(ino);
+        }
+    }
+
+    /// Whether a write() into the cache of `ino` (open for writing) is to be refused,
+    /// and with which error: ENOSPC when the volume is near full and less than a cushion
+    /// is left, EDQUOT when a quota above it is that near.
+    pub(super) fn cached_write_refused(&self, ino: u64) -> Option<i32> {
+        if self.near_full_check() && self.available() < self.cushion() + NEAR_FULL_SLACK {
+            return Some(libc::ENOSPC);
+        }
+        match self.quota_near_check(ino) {
+            Some(room) if room < self.cushion() + NEAR_FULL_SLACK => Some(libc::EDQUOT),
+            _ => None,
+        }
+    }
+
     /// How long the kernel may keep a file's attributes: not at all for a file open for
-    /// writing while the volume is near full (see `near_full_check`).
+    /// writing while the volume, or a quota above it, is near full (see
+    /// `near_full_check`, `quota_near_check`).
     pub(super) fn attr_valid(&self, ino: u64) -> Valid {
-        if self.near_full.load(Ordering::Relaxed) && self.writers.shard(ino).contains_key(&ino) {
+        if (self.near_full.load(Ordering::Relaxed) || self.quota_near.lock().contains(&ino))
+            && self.writers.shard(ino).contains_key(&ino)
+        {
             return Valid::from(Duration::ZERO);
         }
         Valid::from(self.opts.attr_timeout)
@@ -114,7 +168,7 @@ impl Server {
             if !SERVING.get() && self.open_waits_for_settling(flags) {
                 self.vol.settle_unlinked();
             }
-            if self.near_full_check() {
+            if self.near_full_check() || self.quota_near_check(ino).is_some() {
                 open_flags |= fopen::DIRECT_IO;
             }
         }
@@ -154,6 +208,7 @@ impl Server {
                 *n -= 1;
                 if *n == 0 {
                     w.remove(&ino);
+                    self.quota_near.lock().remove(&ino);
                 }
             }
         }

@@ -7,7 +7,7 @@ use crate::fuse::transport::Reply;
 use crate::fuse::wire::{self, fattr, EntryOut, InHeader, Request, StatfsOut, Valid};
 use crate::{Attr, NewNode, RenameFlags, SetAttr, WriteAs, XattrMode};
 
-use super::near_full::{COUNTED_WRITE, NEAR_FULL_SLACK};
+use super::near_full::COUNTED_WRITE;
 use super::reply::{done, dtype, set_time, xattr_reply};
 use super::{caller_of, kernel_reads_ahead, Server, COUNTED, STATS_XATTR};
 
@@ -109,6 +109,7 @@ impl Server {
             Ok(None) => return None,
             Ok(Some(n)) => {
                 self.near_full_check();
+                self.quota_near_check(ino);
                 // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
                 // drop the pages other descriptors cached for the range once the write is
                 // done, so buffered reads would see the old data. Drop them before the
@@ -197,6 +198,10 @@ impl Server {
         if ino == self.root && name == STATS_XATTR.as_bytes() {
             return Reply::Error(libc::EPERM);
         }
+        // A quota binds the directory's owner too: only root sets or clears one.
+        if name == crate::QUOTA_XATTR.as_bytes() && h.uid != 0 {
+            return Reply::Error(libc::EPERM);
+        }
         let mode = match flags as i32 & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
@@ -205,12 +210,16 @@ impl Server {
         };
         // Who sets an access ACL decides whether the setgid bit stays (the only rule
         // that needs the caller; the groups come from /proc, so only then).
-        done(if name == b"system.posix_acl_access" {
+        let r = if name == b"system.posix_acl_access" {
             let caller = caller_of(h);
             self.call(op, |v| v.setxattr_as(ino, name, value, mode, &caller))
         } else {
             self.call(op, |v| v.setxattr(ino, name, value, mode))
-        })
+        };
+        if r.is_ok() && name == crate::QUOTA_XATTR.as_bytes() {
+            self.quota_set();
+        }
+        done(r)
     }
 
     pub(super) fn fallocate(&self, op: u32, ino: u64, o: u64, n: u64, mode: u32) -> Reply {
@@ -250,14 +259,13 @@ impl Server {
             Request::Interrupt { .. } => Reply::None,
             Request::Lookup { name } => self.lookup(op, ino, name),
             // A write() into the page cache of a file open for writing asks this first
-            // when the volume is near full: no room for the cushion, no write.
-            Request::Getattr { flags, fh }
-                if flags & wire::GETATTR_FH != 0
-                    && fh == COUNTED_WRITE
-                    && self.near_full_check()
-                    && self.available() < self.cushion() + NEAR_FULL_SLACK =>
-            {
-                Reply::Error(libc::ENOSPC)
+            // when the volume or a quota above it is near full: no room for the cushion,
+            // no write.
+            Request::Getattr { flags, fh } if flags & wire::GETATTR_FH != 0 && fh == COUNTED_WRITE => {
+                match self.cached_write_refused(ino) {
+                    Some(e) => Reply::Error(e),
+                    None => self.attr(self.call(op, |v| v.getattr(ino))),
+                }
             }
             Request::Getattr { .. } => self.attr(self.call(op, |v| v.getattr(ino))),
             Request::Statx { .. } => self.statx(self.call(op, |v| v.getattr(ino))),
@@ -376,7 +384,7 @@ impl Server {
             Request::Statfs => match self.call(op, |v| {
                 // The cushion may have changed level since the last write: keep it first.
                 self.keep_cushion();
-                Ok(v.statfs())
+                v.statfs_at(ino)
             }) {
                 Ok(s) => {
                     let mut out = Vec::with_capacity(StatfsOut::SIZE);
@@ -417,6 +425,9 @@ impl Server {
                 }
                 Err(e) => Reply::Error(e),
             },
+            Request::Removexattr { name } if name.eq(crate::QUOTA_XATTR.as_bytes()) && h.uid != 0 => {
+                Reply::Error(libc::EPERM)
+            }
             Request::Removexattr { name } => done(self.call(op, |v| v.removexattr(ino, name))),
             // Only sent without default_permissions; the volume decides.
             Request::Access { mask } => {

@@ -445,6 +445,9 @@ impl Inner {
         self.sync_counters();
         let before = self.delta.seq;
         let r = self.delta.prepare_commit(&mut self.st, &mut self.life.get_mut().state, journal);
+        if r.is_ok() {
+            self.quotas_snapshotted();
+        }
         if let Some(log) = self.commit_stamps.get_mut() {
             log.extend((before + 1..=self.delta.seq).map(|seq| (seq, stamp)));
         }

@@ -145,6 +145,14 @@ fn crash_at_every_write(dev: &FaultDevice, snaps: &[(usize, Dump)], between: &[V
             let ok_now = got == snaps[k].1;
             let ok_next = snaps.get(k + 1).is_some_and(|s| got == s.1);
             let ok_between = between.get(k).is_some_and(|b| b.contains(&got));
+            if !(ok_now || ok_next || ok_between) && std::env::var_os("DXFS_CRASH_DEBUG").is_some() {
+                eprintln!(
+                    "got {got:#?}\nsync {:#?}\nnext {:#?}\nbetween {:#?}",
+                    snaps[k].1,
+                    snaps.get(k + 1).map(|s| &s.1),
+                    between.get(k)
+                );
+            }
             assert!(
                 ok_now || ok_next || ok_between,
                 "{mode:?} at write {at}/{n}: recovered state is neither sync {k}, nor the next, nor one between"
@@ -269,6 +277,78 @@ fn crash_at_every_write_overwriting_in_place() {
         CrashMode::NewestUnflushed(3),
     ];
     crash_at_every_write(&dev, &snaps, &[], &modes);
+}
+
+/// Writes, truncates and removals under a directory quota, with the commits a write
+/// short of quota makes itself: a crash anywhere recovers to a sync point or a state
+/// between (fsck clean), the quota is there, and the subtree holds no more than it.
+#[test]
+fn crash_at_every_write_under_a_quota() {
+    use rand::rngs::StdRng;
+    const LIMIT: u64 = 256 << 10;
+    let dev = fault_device(64);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let q = vol.mkdir(vol.root(), b"q", 0o755, 0, 0).unwrap().ino;
+    let s = vol.mkdir(q, b"s", 0o755, 0, 0).unwrap().ino;
+    vol.set_quota(q, Some(LIMIT)).unwrap();
+    let mut snaps = vec![(dev.events(), dump(&vol))];
+    let mut between = vec![Vec::new()];
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut refused = 0;
+    for step in 0..120u64 {
+        let d = if rng.gen_range(0..2) == 0 { q } else { s };
+        let name = format!("f{}", rng.gen_range(0..6));
+        match rng.gen_range(0..6) {
+            0..=2 => {
+                let f = match vol.lookup(d, name.as_bytes()) {
+                    Ok(a) => Ok(a),
+                    Err(_) => {
+                        // A state of its own: the write's quota check may commit it.
+                        let f = vol.create(d, name.as_bytes(), 0o644, 0, 0);
+                        between.last_mut().expect("one per sync").push(dump(&vol));
+                        f
+                    }
+                };
+                if let Ok(a) = f {
+                    let len = rng.gen_range(1..48_000usize);
+                    match vol.write(a.ino, rng.gen_range(0..60_000u64), &vec![step as u8; len]) {
+                        Ok(_) => {}
+                        Err(dxfs::Error::QuotaExceeded) => refused += 1,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+            3 => {
+                if let Ok(a) = vol.lookup(d, name.as_bytes()) {
+                    let _ = vol.setattr(a.ino, &SetAttr { size: Some(rng.gen_range(0..20_000)), ..Default::default() });
+                }
+            }
+            _ => {
+                let _ = vol.unlink(d, name.as_bytes());
+            }
+        }
+        if rng.gen_range(0..3) == 0 {
+            vol.sync().unwrap();
+            snaps.push((dev.events(), dump(&vol)));
+            between.push(Vec::new());
+        } else {
+            between.last_mut().expect("one per sync").push(dump(&vol));
+        }
+    }
+    vol.sync().unwrap();
+    snaps.push((dev.events(), dump(&vol)));
+    between.push(Vec::new());
+    drop(vol);
+    assert!(refused > 5, "the workload met the quota only {refused} times");
+    crash_at_every_write(&dev, &snaps, &between, &[CrashMode::All, CrashMode::DropUnflushed, CrashMode::Torn]);
+    for at in snaps[0].0..=dev.events() {
+        let img = Arc::new(MemDevice::from_bytes(dev.crash_image(at, CrashMode::All)));
+        let vol = Volume::open(img, OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        let q = vol.lookup(vol.root(), b"q").unwrap().ino;
+        assert_eq!(vol.quota(q).unwrap().map(|q| q.limit), Some(LIMIT), "the quota at write {at}");
+        let used = vol.rstat(q).unwrap().unwrap().blocks * 4096 + vol.getattr(q).unwrap().blocks * 512;
+        assert!(used <= LIMIT, "{used} bytes under the quota at write {at}");
+    }
 }
 
 #[test]

@@ -76,6 +76,7 @@ const LAYERS: &[Layer] = &[
             "mark",
             "mkfs",
             "namespace",
+            "quota",
             "ranges",
             "readdir",
             "resize",

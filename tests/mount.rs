@@ -1265,7 +1265,11 @@ fn directory_quota_through_the_mount() {
     assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
     drop(g);
     let st = nix::sys::statvfs::statvfs(&q).unwrap();
-    assert!(st.blocks_available() * st.fragment_size() < 256 << 10, "df of a full quota: {} free", st.blocks_available());
+    assert!(
+        st.blocks_available() * st.fragment_size() < 256 << 10,
+        "df of a full quota: {} free",
+        st.blocks_available()
+    );
     let e = fs::rename(&early, s.path("out")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
     // Outside the quota, writes go on; removing a file gives its room back.

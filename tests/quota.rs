@@ -267,9 +267,21 @@ fn no_quota_without_counters() {
 #[derive(Clone, Debug)]
 enum Step {
     /// Write `blocks` blocks at block `at` of file `file` in directory `dir`.
-    Write { dir: usize, file: usize, at: u64, blocks: u64 },
-    Unlink { dir: usize, file: usize },
-    Truncate { dir: usize, file: usize, blocks: u64 },
+    Write {
+        dir: usize,
+        file: usize,
+        at: u64,
+        blocks: u64,
+    },
+    Unlink {
+        dir: usize,
+        file: usize,
+    },
+    Truncate {
+        dir: usize,
+        file: usize,
+        blocks: u64,
+    },
     Sync,
 }
 

@@ -4,8 +4,8 @@ use crate::error::{Error, Result};
 use crate::fs::acl;
 use crate::fs::xattr;
 
-use super::*;
 use super::quota::{QUOTA_USED_XATTR, QUOTA_XATTR};
+use super::*;
 use crate::disk::valid::normal_time;
 use crate::engine::store::{read_inode, MetaRead};
 

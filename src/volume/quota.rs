@@ -383,14 +383,14 @@ impl Volume {
 
     /// Whether this open has met a directory quota (they are found as changes walk up
     /// to them: any change below one meets it before it allocates).
-    pub fn has_quotas(&self) -> bool {
+    pub(crate) fn has_quotas(&self) -> bool {
         self.s.inner.read_inner().quotas.met.load(Ordering::Relaxed)
     }
 
     /// The bytes every quota above inode `ino` still allows (the least; `None`: no quota
     /// above it). What the FUSE server uses to send writers past the page cache near a
     /// limit.
-    pub fn quota_room(&self, ino: u64) -> Result<Option<u64>> {
+    pub(crate) fn quota_room(&self, ino: u64) -> Result<Option<u64>> {
         let g = self.op(&[(ino, Mode::Read)]);
         g.quota_room(ino)
     }

@@ -675,6 +675,7 @@ fn inode_block_fields(blk: &[u8]) -> Vec<Field> {
                 f(p("dir.region_len"), d + 24, 4, Count),
                 f(p("dir.region_used"), d + 28, 4, Count),
                 f(p("dir.entries"), d + 32, 8, Count),
+                f(p("dir.quota"), d + 40, 8, Size),
             ]),
             _ => {}
         }

@@ -2,7 +2,7 @@
 //! each up, unlink them all. Prints µs per operation and device blocks read/written.
 //!
 //! cargo run --release --example engine_bench -- [N] [--file IMAGE] [--hash H] [--name-len L]
-//!     [--readdir-order] [--sync-every K] [--no-lazy-free] [--no-rstats]
+//!     [--readdir-order] [--sync-every K] [--no-lazy-free] [--no-rstats] [--quota BYTES]
 //! cargo run --release --example engine_bench -- [N] --threads T [--dirs private|shared]
 //!
 //! By default the volume lives in memory (a `MemDevice`); `--file` puts it in an image
@@ -11,7 +11,8 @@
 //! names to L bytes (seed 000's lookup cost against name length). `--readdir-order` unlinks
 //! in readdir order (as `rm -rf`), `--sync-every K` commits every K unlinks (as a mount's
 //! periodic commits cut a long removal), `--no-lazy-free` makes the volume without lazy
-//! inode frees and `--no-rstats` without recursive statistics (the A/B baselines).
+//! inode frees and `--no-rstats` without recursive statistics (the A/B baselines);
+//! `--quota BYTES` puts the directory under a quota.
 //!
 //! `--threads T` measures scaling instead (issue 14): for 1..=T threads, in private
 //! directories and in one shared directory, each thread creates, looks up and unlinks
@@ -71,6 +72,10 @@ fn main() {
     let vol = Volume::open(dev.clone(), OpenOptions::default()).expect("open");
     let root = vol.root();
     let dir = vol.mkdir(root, b"d", 0o755, 0, 0).expect("mkdir").ino;
+    // `--quota BYTES`: the directory under a quota (every create charged to it).
+    if let Some(q) = opt("--quota").and_then(|q| q.parse().ok()) {
+        vol.set_quota(dir, Some(q)).expect("quota");
+    }
     let names: Vec<Vec<u8>> = (0..n)
         .map(|i| {
             let mut v = format!("file-{i:08}").into_bytes();

@@ -251,6 +251,54 @@ fn an_import_stops_whole_at_the_limit() {
     close_and_check(dev, vol);
 }
 
+/// A file with no link still takes its blocks: one unlinked while open, and an
+/// O_TMPFILE, stay charged to the quota they were below (the counters count them
+/// nowhere), across commits, until they are freed; an O_TMPFILE links only under the
+/// quota it was made below.
+#[test]
+fn files_without_a_link_stay_charged() {
+    let (dev, vol) = mem_volume(16384);
+    let root = vol.root();
+    let q = mkdir(&vol, root, "q");
+    let other = mkdir(&vol, root, "other");
+    vol.set_quota(q, Some(1 << 20)).unwrap();
+    vol.set_quota(other, Some(1 << 20)).unwrap();
+    // Unlinked while open: its 600 KiB still count after a commit.
+    let f = create(&vol, q, "f");
+    vol.open_file(f).unwrap();
+    vol.write(f, 0, &vec![1u8; 600 << 10]).unwrap();
+    vol.unlink(q, b"f").unwrap();
+    vol.sync().unwrap();
+    let used = vol.quota(q).unwrap().unwrap().used;
+    assert!(used >= 600 << 10, "an open unlinked file's blocks left the quota: {used}");
+    let g = create(&vol, q, "g");
+    let (reached, e) = write_until_error(&vol, g, 0, &[2u8; 4096]);
+    assert!(matches!(e, Error::QuotaExceeded));
+    assert!(reached <= 424 << 10, "{reached} bytes beside 600 KiB held open under 1 MiB");
+    // Writes into the unlinked file are charged too.
+    let (_, e) = write_until_error(&vol, f, 600 << 10, &[1u8; 4096]);
+    assert!(matches!(e, Error::QuotaExceeded));
+    // Its last release frees it, and the room comes back.
+    vol.release(f).unwrap();
+    vol.sync().unwrap();
+    vol.write(g, reached, &vec![2u8; 400 << 10]).unwrap();
+    vol.unlink(q, b"g").unwrap();
+    // An O_TMPFILE below the quota: charged, and linked only below it.
+    let n = dxfs::NewNode { mode: libc::S_IFREG | 0o600, uid: 0, gid: 0, rdev: 0, umask: 0 };
+    let t = vol.make_tmpfile(q, n).unwrap().ino;
+    let (written, e) = write_until_error(&vol, t, 0, &[3u8; 64 << 10]);
+    assert!(matches!(e, Error::QuotaExceeded));
+    vol.sync().unwrap();
+    assert!(vol.quota(q).unwrap().unwrap().used >= written);
+    assert!(matches!(vol.link(t, other, b"t"), Err(Error::CrossDevice)));
+    assert!(matches!(vol.link(t, root, b"t"), Err(Error::CrossDevice)));
+    vol.link(t, q, b"t").unwrap();
+    vol.release(t).unwrap();
+    assert!(allocated(&vol, q) <= 1 << 20);
+    assert!(allocated(&vol, q) >= written);
+    close_and_check(dev, vol);
+}
+
 /// A volume made without the counters has no quotas to set.
 #[test]
 fn no_quota_without_counters() {

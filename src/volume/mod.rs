@@ -241,6 +241,9 @@ pub struct Volume {
 /// The volume's state, shared with the thread that commits a full delta in the
 /// background (`commit_soon`).
 struct Shared {
+    /// Whether a directory quota was met (`quota.rs`; the same flag as the volume's):
+    /// read on every WRITE through the mount, without the volume lock.
+    quotas_met: Arc<AtomicBool>,
     /// The device (also in the store): file data is read and written without the lock.
     dev: Arc<dyn BlockDevice>,
     /// File data read ahead for sequential readers (`ahead.rs`).
@@ -478,6 +481,7 @@ impl Volume {
         let dev = inner.st.dev().clone();
         let vol = Volume {
             s: Arc::new(Shared {
+                quotas_met: inner.quotas.met.clone(),
                 ahead: ahead::ReadAhead::new(dev.clone(), data_readahead),
                 dev,
                 inner: VolumeLock(Padded(RwLock::new(inner))),

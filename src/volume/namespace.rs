@@ -109,6 +109,8 @@ impl Inner {
             // lives' lock would have seen (it guards only what is decided when it is held).
             return self.free_inode(i);
         }
+        // It lives on with its blocks: they stay charged to the quotas it was below.
+        self.quota_file_unlinked(&i, dir)?;
         {
             // Its blocks, and those its dirty pages would take: what letting it go frees.
             let blocks = i.blocks.saturating_add(self.delta.new_page_count(i.ino));
@@ -381,6 +383,7 @@ impl Volume {
         let (mode, acls) = g.inherited(&p, mode, n.umask)?;
         let mut i = g.new_inode(&mut p, mode, n.uid, gid, 0)?;
         i.nlink = 0;
+        g.quota_file_unlinked(&i, parent)?;
         {
             let mut life = g.life.lock();
             push_orphan(&g.st, &mut life, i.ino)?;
@@ -498,6 +501,8 @@ impl Volume {
         };
         if i.nlink > 0 {
             g.quota_same_roots(i.parent, newparent)?;
+        } else {
+            g.quota_link_unlinked(&i, newparent)?;
         }
         let links = g.link_added(&mut i, newparent)?;
         dir::insert(&mut g.st.tx(), &mut p, newname, ino, type_of(i.mode)?)?;

@@ -44,22 +44,28 @@ struct Root {
 /// other tables every operation reads.
 pub(super) struct Quotas {
     roots: Mutex<FxHashMap<u64, Root>>,
+    /// Files with no link that still live (open, held, O_TMPFILE) and were below a quota
+    /// when they lost their last link or were made: inode → (generation, the roots then).
+    /// The counters count them nowhere, but their blocks are still taken: each snapshot
+    /// adds them to their roots' use, and drops the ones freed or linked again.
+    unlinked: Mutex<FxHashMap<u64, (u32, Vec<u64>)>>,
     nearest: Sharded<FxHashMap<u64, Option<u64>>>,
     /// Raised before `nearest` is cleared: a walk that read the chain before that
     /// remembers nothing (it may have read a quota as it was before the change).
     generation: AtomicU64,
     /// Whether a quota root was ever met (what a caller checks before asking more).
-    met: AtomicBool,
+    pub(super) met: Arc<AtomicBool>,
 }
 
 impl Default for Quotas {
     fn default() -> Quotas {
         Quotas {
             roots: Mutex::default(),
+            unlinked: Mutex::default(),
             // Directories of one region share a shard, as in the store's tables.
             nearest: Sharded::new(6),
             generation: AtomicU64::new(0),
-            met: AtomicBool::new(false),
+            met: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -198,19 +204,42 @@ impl Inner {
         Ok(out)
     }
 
-    /// The directory inode `ino` is counted in, if any: itself for a directory (a change
-    /// of it allocates for it or for what it holds), else its counting directory.
-    fn counting_dir(&self, ino: u64) -> Result<Option<u64>> {
+    /// The quota roots inode `ino`'s blocks count against, nearest first: for a
+    /// directory those above itself (a change of it allocates for it or for what it
+    /// holds), for a named file those above its counting directory, for a file with no
+    /// link those it was below when it lost the last one.
+    fn roots_of(&self, ino: u64) -> Result<Vec<u64>> {
         let i = match self.st.inode(ino) {
             Ok(i) => i,
-            Err(Error::NotFound) => return Ok(None),
+            Err(Error::NotFound) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        Ok(match () {
-            _ if i.is_dir() => Some(ino),
-            _ if i.nlink == 0 => None,
-            _ => Some(i.parent),
-        })
+        match () {
+            _ if i.is_dir() => self.roots_above(ino),
+            _ if i.nlink == 0 => Ok(self.unlinked_roots(&i)),
+            _ => self.roots_above(i.parent),
+        }
+    }
+
+    /// The roots an unlinked file `i` was below (none if not noted).
+    fn unlinked_roots(&self, i: &Inode) -> Vec<u64> {
+        match self.quotas.unlinked.lock().get(&i.ino) {
+            Some((g, roots)) if *g == i.generation => roots.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// File `i` has no link now (unlinked while open or held, or an O_TMPFILE made in
+    /// directory `dir`) and lives on: its blocks stay charged to the quotas above `dir`.
+    pub(super) fn quota_file_unlinked(&self, i: &Inode, dir: u64) -> Result<()> {
+        if !self.quotas_on() || i.is_dir() {
+            return Ok(());
+        }
+        let roots = self.roots_above(dir)?;
+        if !roots.is_empty() {
+            self.quotas.unlinked.lock().insert(i.ino, (i.generation, roots));
+        }
+        Ok(())
     }
 
     /// The quota roots a change of the inodes `want` locks for writing is charged to.
@@ -223,11 +252,9 @@ impl Inner {
             if mode != Mode::Write {
                 continue;
             }
-            if let Some(d) = self.counting_dir(ino)? {
-                for q in self.roots_above(d)? {
-                    if !out.contains(&q) {
-                        out.push(q);
-                    }
+            for q in self.roots_of(ino)? {
+                if !out.contains(&q) {
+                    out.push(q);
                 }
             }
         }
@@ -264,9 +291,25 @@ impl Inner {
     /// counts it, and no charge outstanding.
     pub(super) fn quotas_snapshotted(&self) {
         let roots: Vec<u64> = self.quotas.roots.lock().keys().copied().collect();
+        if roots.is_empty() {
+            return;
+        }
+        // Files with no link still taking blocks below a root; the rest are forgotten.
+        let mut unlinked: FxHashMap<u64, u64> = FxHashMap::default();
+        let noted: Vec<(u64, (u32, Vec<u64>))> = self.quotas.unlinked.lock().drain().collect();
+        for (ino, (generation, under)) in noted {
+            let Ok(i) = self.st.inode(ino) else { continue };
+            if i.generation != generation || i.nlink > 0 {
+                continue;
+            }
+            for &q in &under {
+                *unlinked.entry(q).or_default() += i.blocks;
+            }
+            self.quotas.unlinked.lock().insert(ino, (generation, under));
+        }
         for q in roots {
             // A record that cannot be read (a tree set aside): keep the estimate.
-            let blocks = self.blocks_below(q).ok();
+            let blocks = self.blocks_below(q).ok().map(|b| b.saturating_add(unlinked.get(&q).copied().unwrap_or(0)));
             if let Some(r) = self.quotas.roots.lock().get_mut(&q) {
                 r.committed = blocks.unwrap_or(r.committed.saturating_add(r.charged));
                 r.charged = 0;
@@ -297,6 +340,19 @@ impl Inner {
         Ok(())
     }
 
+    /// EXDEV when file `i`, with no link, would be linked into directory `to` under
+    /// other quotas than those it was charged to; else it is counted by the counters
+    /// from now on.
+    pub(super) fn quota_link_unlinked(&self, i: &Inode, to: u64) -> Result<()> {
+        if !self.quotas_on() {
+            return Ok(());
+        }
+        if self.unlinked_roots(i).first().copied() != self.nearest_root(to)? {
+            return Err(Error::CrossDevice);
+        }
+        Ok(())
+    }
+
     /// The bytes the subtree of every quota root above inode `ino` may still allocate
     /// (the least of them; `None`: no quota above it).
     pub(super) fn quota_room(&self, ino: u64) -> Result<Option<u64>> {
@@ -308,8 +364,7 @@ impl Inner {
         if !self.quotas_on() {
             return Ok(None);
         }
-        let Some(d) = self.counting_dir(ino)? else { return Ok(None) };
-        let roots = self.roots_above(d)?;
+        let roots = self.roots_of(ino)?;
         let t = self.quotas.roots.lock();
         Ok(roots
             .iter()
@@ -384,7 +439,7 @@ impl Volume {
     /// Whether this open has met a directory quota (they are found as changes walk up
     /// to them: any change below one meets it before it allocates).
     pub(crate) fn has_quotas(&self) -> bool {
-        self.s.inner.read_inner().quotas.met.load(Ordering::Relaxed)
+        self.s.quotas_met.load(Ordering::Relaxed)
     }
 
     /// The bytes every quota above inode `ino` still allows (the least; `None`: no quota

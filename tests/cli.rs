@@ -250,3 +250,39 @@ fn resize_grows_and_info_shows_the_new_size() {
     let (code, out, _) = dxfs(&["fsck", "-n", img_s]);
     assert_eq!(code, 0, "{out}");
 }
+
+/// `dxfs quota --image`: set, show and remove a directory's quota on an unmounted
+/// volume; bad sizes are refused; `info` names the feature; fsck clean after.
+#[test]
+fn quota_on_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img");
+    let img_s = img.to_str().unwrap();
+    assert_eq!(dxfs(&["mkfs", img_s, "--size", "16M"]).0, 0);
+    let (_, out, _) = dxfs(&["info", img_s]);
+    assert!(out.contains("(dir_quota)"), "{out}");
+    {
+        let dev = dxfs::block::open_device(img_s, false).unwrap();
+        let vol = dxfs::Volume::open(dev, dxfs::OpenOptions::default()).unwrap();
+        let q = vol.mkdir(vol.root(), b"q", 0o755, 0, 0).unwrap().ino;
+        vol.write(vol.create(q, b"f", 0o644, 0, 0).unwrap().ino, 0, &[1u8; 8192]).unwrap();
+        vol.close().unwrap();
+    }
+    let (code, out, err) = dxfs(&["quota", "--image", img_s, "q"]);
+    assert_eq!((code, out.trim()), (0, "q: no quota"), "{err}");
+    let (code, out, err) = dxfs(&["quota", "--image", img_s, "q", "1M"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "q: quota 1.0M, used 12K (1%)");
+    let (_, out, _) = dxfs(&["quota", "--image", img_s, "q"]);
+    assert_eq!(out.trim(), "q: quota 1.0M, used 12K (1%)");
+    for bad in ["1", "lots", "0"] {
+        let (code, _, err) = dxfs(&["quota", "--image", img_s, "q", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+    }
+    let (code, _, err) = dxfs(&["quota", "--image", img_s, "nothere", "1M"]);
+    assert_eq!(code, 1, "{err}");
+    let (code, out, _) = dxfs(&["quota", "--image", img_s, "q", "none"]);
+    assert_eq!((code, out.trim()), (0, "q: no quota"));
+    let (code, out, err) = dxfs(&["fsck", "-n", img_s]);
+    assert_eq!(code, 0, "{out}{err}");
+}

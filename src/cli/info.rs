@@ -55,7 +55,7 @@ pub fn run(a: InfoArgs) -> i32 {
             "features": {"compat": sb.compat, "incompat": sb.incompat, "ro_compat": sb.ro_compat,
                          "xattr_filter": sb.xattr_filter(), "lazy_inode_free": sb.lazy_inode_free(),
                          "mount_mark": sb.mount_mark(), "rstats": sb.rstats(),
-                         "bitmap_counts": sb.bitmap_counts()},
+                         "bitmap_counts": sb.bitmap_counts(), "dir_quota": sb.dir_quota()},
             "mount_mark_block": sb.mount_mark().then_some(l.mark_block),
             "mount_mark": mark,
             "xattr_filter_hashes": if sb.xattr_filter() { Some(sb.filter_hashes()) } else { None },
@@ -70,7 +70,7 @@ pub fn run(a: InfoArgs) -> i32 {
         println!("Filesystem UUID:          {uuid}");
         println!("Format version:           {}", sb.version);
         println!(
-            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{}{}{}{} incompat {:#x}{}",
+            "Features:                 compat {:#x}{} ro_compat {:#x}{}{}{}{}{}{}{} incompat {:#x}{}",
             sb.compat,
             if sb.compat & 1 != 0 { " (dir_reservation)" } else { "" },
             sb.ro_compat,
@@ -79,6 +79,7 @@ pub fn run(a: InfoArgs) -> i32 {
             if sb.mount_mark() { " (mount_mark)" } else { "" },
             if sb.rstats() { " (rstats)" } else { "" },
             if sb.bitmap_counts() { " (bitmap_counts)" } else { "" },
+            if sb.dir_quota() { " (dir_quota)" } else { "" },
             if sb.grow_from != 0 {
                 format!(" (grow_pending from {} blocks: the next read-write open finishes it)", sb.grow_from)
             } else {

@@ -1151,3 +1151,27 @@ fn an_index_rebuilt_never_takes_a_block_marked_free_under_metadata() {
     assert!(vol.readdir(d, 0, 1000).unwrap().len() > 2 + 300, "the readable leaves' entries are kept");
     close_and_check(dev, vol);
 }
+
+/// A quota on a volume without ro_compat DIR_QUOTA lies in a reserved field: the volume
+/// ignores it (no EDQUOT, no quota shown), fsck reports it and the repair clears it.
+#[test]
+fn a_quota_without_the_feature_is_ignored_and_cleared() {
+    let dev = Arc::new(MemDevice::new(BLOCKS));
+    dxfs::mkfs(dev.clone(), &dxfs::MkfsOptions { rstats: false, ..Default::default() }).unwrap();
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let d = vol.mkdir(vol.root(), b"d", 0o755, 0, 0).unwrap().ino;
+    vol.close().unwrap();
+    let mut img = settled(&dev);
+    patch_inode(&mut img, d, |s| put_u64(s, 128 + 40, 64 << 10));
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    assert!(vol.quota(d).unwrap().is_none());
+    let f = vol.create(d, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, &vec![1u8; 256 << 10]).unwrap();
+    vol.close().unwrap();
+    repair_holds(dev.clone());
+    let img = dev.to_bytes();
+    let (b, s) = ino_loc(d);
+    let at = b as usize * BLOCK_SIZE + s * 256 + 128 + 40;
+    assert_eq!(get_u64(&img, at), 0, "the repair cleared the field");
+}

@@ -1225,6 +1225,10 @@ fn directory_quota_through_the_mount() {
     let mut f = File::create(&early).unwrap();
     setxattr(&q, dxfs::QUOTA_XATTR, b"4194304", 0).unwrap();
     assert_eq!(getxattr(&q, dxfs::QUOTA_XATTR, 64).unwrap(), b"4194304");
+    // `dxfs quota` reads it through the same attributes.
+    let out = dxfs().arg("quota").arg(&q).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && shown.contains("quota 4.0M, used "), "{shown}");
     // `df q` shows the quota as the size, as CephFS shows a quota root.
     let st = nix::sys::statvfs::statvfs(&q).unwrap();
     assert_eq!(st.blocks() * st.fragment_size(), 4 << 20, "df of the quota's directory");
@@ -1281,7 +1285,9 @@ fn directory_quota_through_the_mount() {
     let back = fs::read(&early).unwrap();
     assert_eq!(back.len() as u64, accepted);
     assert!(back == pattern(0, back.len()), "content written under the quota");
-    removexattr(&q, dxfs::QUOTA_XATTR).unwrap();
+    let out = dxfs().args(["quota"]).arg(&q).arg("none").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(getxattr(&q, dxfs::QUOTA_XATTR, 64).map_err(|e| e.raw_os_error()), Err(Some(libc::ENODATA)));
     fs::write(q.join("big"), pattern(0, 8 << 20)).unwrap();
     m.unmount();
     s.fsck();

@@ -23,8 +23,12 @@ impl Inner {
         }
         let mut from = Vec::with_capacity(want.len());
         for &(ino, mode) in want {
+            if mode != Mode::Write {
+                continue;
+            }
+            self.st.read_counted(ino)?;
             // Marked already: a directory whose chain is marked (files are never marked).
-            if mode != Mode::Write || self.st.rstat_pending(ino) {
+            if self.st.rstat_pending(ino) {
                 continue;
             }
             let i = match self.st.inode(ino) {

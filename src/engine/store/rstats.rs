@@ -167,6 +167,20 @@ impl Store {
         Ok(Some(Counted { parent, own: Rstat::of(&i, None), below, names, generation: i.generation }))
     }
 
+    /// Read what the first change of inode `ino` in this delta will note
+    /// ([`Store::note_change_of`]: its rstat record or link record), so that a cache
+    /// miss comes here, in a charge's cost function, where it is put off and read with
+    /// the locks let go, not under them. Only a miss is an error.
+    pub fn read_counted(&self, ino: u64) -> Result<()> {
+        if !self.rstats_enabled || self.changed_inodes.shard(ino).contains_key(&ino) {
+            return Ok(());
+        }
+        match self.counted_now(ino, true) {
+            Err(e) if e.is_missed() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Note that the delta changes inode `ino`, which counted for `before` until now
     /// (read only the first time, and only when the volume keeps statistics).
     pub(super) fn note_change(&self, ino: u64, before: impl FnOnce() -> Option<Counted>) {

@@ -104,18 +104,27 @@ impl Inner {
     }
 
     /// The nearest quota root at or above directory `dir` (found by walking up once, then
-    /// remembered).
+    /// remembered). A chain that cannot be walked (a damaged volume, which fsck repairs)
+    /// ends the walk with no root: derived data never fails the change it follows.
     fn nearest_root(&self, dir: u64) -> Result<Option<u64>> {
         let generation = self.quotas.generation.load(Ordering::SeqCst);
         let mut path = Vec::new();
         let mut x = dir;
+        let broken = |m: String| {
+            tracing::error!("quotas: {m} (run fsck): no quota is enforced below it");
+            None
+        };
         let found = loop {
             if let Some(&n) = self.quotas.nearest.shard(x).get(&x) {
                 break n;
             }
-            let i = self.st.inode(x)?;
+            let i = match self.st.inode(x) {
+                Ok(i) => i,
+                Err(e) if e.is_missed() => return Err(e),
+                Err(e) => break broken(format!("directory {x} on the chain from {dir}: {e}")),
+            };
             let InodeData::Dir(d) = i.data else {
-                return Err(Error::corrupt(format!("inode {x} on a parent chain is not a directory")));
+                break broken(format!("inode {x} on the chain from {dir} is not a directory"));
             };
             if d.quota > 0 {
                 self.learn_root(x, d.quota)?;
@@ -127,7 +136,7 @@ impl Inner {
                 break None;
             }
             if path.len() > MAX_WALK {
-                return Err(Error::corrupt(format!("the parent chain from directory {dir} loops")));
+                break broken(format!("the parent chain from directory {dir} loops"));
             }
             x = i.parent;
         };
@@ -174,9 +183,14 @@ impl Inner {
     /// Blocks directory `dir` and its subtree hold, as of the last snapshot: its record's
     /// and its own (the counters count a directory in its parent, but a quota holds the
     /// index its names take).
+    /// Without a record (a tree set aside until fsck rebuilds it) only its own count.
     fn blocks_below(&self, dir: u64) -> Result<u64> {
-        let below = self.st.rstat(dir)?.ok_or_else(|| Error::corrupt(format!("directory {dir} has no counters")))?;
-        Ok(below.blocks.saturating_add(self.st.inode(dir)?.blocks))
+        let below = match self.st.rstat(dir) {
+            Ok(r) => r.map_or(0, |r| r.blocks),
+            Err(e) if e.is_missed() => return Err(e),
+            Err(_) => 0,
+        };
+        Ok(below.saturating_add(self.st.inode(dir)?.blocks))
     }
 
     /// The quota roots above directory `dir`, nearest first.

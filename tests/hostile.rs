@@ -1175,3 +1175,31 @@ fn a_quota_without_the_feature_is_ignored_and_cleared() {
     let at = b as usize * BLOCK_SIZE + s * 256 + 128 + 40;
     assert_eq!(get_u64(&img, at), 0, "the repair cleared the field");
 }
+
+/// A directory below a quota whose parent chain is damaged (its `parent` names a file):
+/// changes below it go on, under no quota, rather than fail (derived data never fails
+/// the change it follows); fsck puts the parent right, and the quota holds again.
+#[test]
+fn a_damaged_chain_under_a_quota_fails_no_change() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let q = vol.mkdir(root, b"q", 0o755, 0, 0).unwrap().ino;
+    let s = vol.mkdir(q, b"s", 0o755, 0, 0).unwrap().ino;
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    vol.set_quota(q, Some(1 << 20)).unwrap();
+    vol.close().unwrap();
+    let mut img = settled(&dev);
+    patch_inode(&mut img, s, |slot| put_u64(slot, 96, f));
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    let g = vol.create(s, b"g", 0o644, 0, 0).unwrap().ino;
+    vol.write(g, 0, &vec![1u8; 2 << 20]).unwrap();
+    vol.close().unwrap();
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    // g's 2 MiB now count: the subtree is past its limit, and nothing more is allocated.
+    let r = vol.create(s, b"h", 0o644, 0, 0);
+    assert!(matches!(r, Err(Error::QuotaExceeded)), "the quota holds again: {r:?}");
+    vol.close().unwrap();
+    assert_clean(dev);
+}

@@ -260,16 +260,11 @@ impl Layout {
         (self.bitmap_blocks..self.bitmap_count()).map(|i| self.bitmap_block(i))
     }
 
-    /// Whether block `b` is a spilled bitmap block (without walking them: a hostile block
-    /// count may make billions).
-    pub fn is_spilled_bitmap_block(&self, b: u64) -> bool {
-        b % BITS_PER_BITMAP_BLOCK == 0
-            && (self.bitmap_blocks..self.bitmap_count()).contains(&(b / BITS_PER_BITMAP_BLOCK))
-    }
-
-    /// Whether block `b` is one of [`Layout::fixed_data_blocks`].
-    pub fn is_fixed_data_block(&self, b: u64) -> bool {
-        self.is_spilled_bitmap_block(b) || (self.mark_block != 0 && b == self.mark_block)
+    /// Whether block `b` is a spilled bitmap block (one of a grown volume's bitmap
+    /// blocks that live in the data area).
+    pub fn is_spilled_bitmap(&self, b: u64) -> bool {
+        let i = b / BITS_PER_BITMAP_BLOCK;
+        b % BITS_PER_BITMAP_BLOCK == 0 && i >= self.bitmap_blocks && i < self.bitmap_count()
     }
 
     /// The fixed structures that live in the data area: spilled bitmap blocks and the
@@ -388,8 +383,7 @@ impl Superblock {
         let (rb, rs) = ino_loc(root_ino);
         // The root's inode block lies in the data area, off the fixed blocks there (a
         // repair that recreates the root writes that block).
-        if rb < layout.first_free() || rb >= layout.backup_superblock() || rs == 0 || layout.is_spilled_bitmap_block(rb)
-        {
+        if rb < layout.first_free() || rb >= layout.backup_superblock() || rs == 0 || layout.is_spilled_bitmap(rb) {
             return Err(Error::corrupt("root inode number out of range"));
         }
         let region_blocks = get_u16(b, 130);
@@ -414,7 +408,7 @@ impl Superblock {
         // Without MOUNT_MARK bytes 168..176 are reserved: ignored.
         if ro_compat & RO_COMPAT_MOUNT_MARK != 0 {
             let m = get_u64(b, 168);
-            if m < layout.first_free() || m >= layout.backup_superblock() || m == rb || layout.is_fixed_data_block(m) {
+            if m < layout.first_free() || m >= layout.backup_superblock() || m == rb || layout.is_spilled_bitmap(m) {
                 return Err(Error::corrupt(format!("mount mark block {m} is out of place")));
             }
             layout.mark_block = m;
@@ -1183,13 +1177,13 @@ mod tests {
         // 2952803245 hung here), and the membership test agrees with the list.
         let huge = Layout::grown(u64::MAX, layout.log_blocks, layout.bitmap_blocks).unwrap();
         let at = huge.bitmap_block(huge.bitmap_count() - 1);
-        assert!(huge.is_spilled_bitmap_block(at) && !huge.is_spilled_bitmap_block(at + 1));
+        assert!(huge.is_spilled_bitmap(at) && !huge.is_spilled_bitmap(at + 1));
         let stray_huge =
             Superblock { layout: Layout { mark_block: 0, ..huge }, incompat: INCOMPAT_SPILLED_BITMAP, ..sb.clone() };
         let _ = Superblock::decode(&stray_huge.encode(0), 0);
         let spilled: Vec<u64> = grown.spilled_bitmap_blocks().collect();
         for b in 0..grown.block_count {
-            assert_eq!(grown.is_spilled_bitmap_block(b), spilled.contains(&b), "block {b}");
+            assert_eq!(grown.is_spilled_bitmap(b), spilled.contains(&b), "block {b}");
         }
         let zero = [0u8; BLOCK_SIZE];
         assert!(Superblock::decode(&zero, 0).is_err());

@@ -53,13 +53,6 @@ impl Layout {
         }
     }
 
-    /// Whether block `b` is a spilled bitmap block (one of a grown volume's bitmap
-    /// blocks that live in the data area).
-    pub fn is_spilled_bitmap(&self, b: u64) -> bool {
-        let i = b / BITS_PER_BITMAP_BLOCK;
-        b % BITS_PER_BITMAP_BLOCK == 0 && i >= self.bitmap_blocks && i < self.bitmap_count()
-    }
-
     /// Whether block `b` may be a data-area metadata block (see [`Layout::data_run_ok`]).
     pub fn meta_block_ok(&self, b: u64) -> bool {
         self.data_run_ok(b, 1)

@@ -228,7 +228,7 @@ impl Inspector {
                 ]
             });
             ("mount mark", check(MARK_MAGIC), f)
-        } else if (n >= l.bitmap_start && n < l.first_free()) || l.is_spilled_bitmap_block(n) {
+        } else if (n >= l.bitmap_start && n < l.first_free()) || l.is_spilled_bitmap(n) {
             (
                 "bitmap",
                 check(BITMAP_MAGIC),

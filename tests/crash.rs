@@ -16,13 +16,47 @@ use rand::{Rng, SeedableRng};
 
 const BLOCKS: u64 = 1024;
 
-/// What a workload leaves: the state at each sync (with the device's write count when it
-/// returned), the states after each operation between sync k and sync k+1 (`between[k]`:
-/// a delta may commit between syncs, when its write-back's worst case no longer fits in
-/// the log beside the next operation), and the flushes ahead of the commit it ran.
-struct Run {
+/// The states a crash may recover to, recorded as a workload runs: the state at each sync
+/// (with the device's write count when it returned), and the states after each operation
+/// between sync k and sync k+1 (`between[k]`: a delta may commit between syncs, when its
+/// write-back's worst case no longer fits in the log beside the next operation, or when a
+/// change short of quota commits).
+struct States {
     snaps: Vec<(usize, Dump)>,
     between: Vec<Vec<Dump>>,
+}
+
+impl States {
+    /// The state the workload starts from.
+    fn new(vol: &Volume, dev: &FaultDevice) -> States {
+        States { snaps: vec![(dev.events(), dump(vol))], between: vec![Vec::new()] }
+    }
+
+    /// Sync, and record the state it made durable.
+    fn sync(&mut self, vol: &Volume, dev: &FaultDevice) {
+        vol.sync().unwrap();
+        self.snaps.push((dev.events(), dump(vol)));
+        self.between.push(Vec::new());
+    }
+
+    /// Record the state after an operation.
+    fn op_done(&mut self, vol: &Volume) {
+        self.between.last_mut().expect("one per sync").push(dump(vol));
+    }
+
+    /// After an operation: a sync one time in three, else the state recorded.
+    fn step(&mut self, vol: &Volume, dev: &FaultDevice, rng: &mut impl Rng) {
+        if rng.gen_range(0..3) == 0 {
+            self.sync(vol, dev);
+        } else {
+            self.op_done(vol);
+        }
+    }
+}
+
+/// What a workload leaves: its states and the flushes ahead of the commit it ran.
+struct Run {
+    states: States,
     flushes: u64,
 }
 
@@ -31,8 +65,7 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
     let vol = Volume::open(dev.clone(), opts).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let root = vol.root();
-    let mut snaps = vec![(dev.events(), dump(&vol))];
-    let mut between = vec![Vec::new()];
+    let mut states = States::new(&vol, &dev);
     let mut files: Vec<u64> = Vec::new();
     let mut dirs: Vec<u64> = vec![root];
     for step in 0..steps {
@@ -93,20 +126,12 @@ fn workload(dev: Arc<FaultDevice>, seed: u64, steps: usize, opts: OpenOptions) -
                 let _ = vol.symlink(d, format!("s{step}").as_bytes(), &vec![b'x'; rng.gen_range(1..100)], 0, 0);
             }
         }
-        if rng.gen_range(0..3) == 0 {
-            vol.sync().unwrap();
-            snaps.push((dev.events(), dump(&vol)));
-            between.push(Vec::new());
-        } else {
-            between.last_mut().expect("one per sync").push(dump(&vol));
-        }
+        states.step(&vol, &dev, &mut rng);
     }
-    vol.sync().unwrap();
-    snaps.push((dev.events(), dump(&vol)));
-    between.push(Vec::new());
+    states.sync(&vol, &dev);
     let flushes = vol.flushes();
     drop(vol);
-    Run { snaps, between, flushes }
+    Run { states, flushes }
 }
 
 /// A fresh volume of `BLOCKS` blocks with log areas of `log_blocks`, on a device that
@@ -125,7 +150,7 @@ fn crash_everywhere(seed: u64, steps: usize, modes: &[CrashMode]) {
 fn crash_everywhere_with(seed: u64, steps: usize, modes: &[CrashMode], log_blocks: u32, opts: OpenOptions) -> u64 {
     let dev = fault_device(log_blocks);
     let run = workload(dev.clone(), seed, steps, opts);
-    crash_at_every_write(&dev, &run.snaps, &run.between, modes);
+    crash_at_every_write(&dev, &run.states.snaps, &run.states.between, modes);
     run.flushes
 }
 
@@ -291,8 +316,7 @@ fn crash_at_every_write_under_a_quota() {
     let q = vol.mkdir(vol.root(), b"q", 0o755, 0, 0).unwrap().ino;
     let s = vol.mkdir(q, b"s", 0o755, 0, 0).unwrap().ino;
     vol.set_quota(q, Some(LIMIT)).unwrap();
-    let mut snaps = vec![(dev.events(), dump(&vol))];
-    let mut between = vec![Vec::new()];
+    let mut states = States::new(&vol, &dev);
     let mut rng = StdRng::seed_from_u64(5);
     let mut refused = 0;
     for step in 0..120u64 {
@@ -305,7 +329,7 @@ fn crash_at_every_write_under_a_quota() {
                     Err(_) => {
                         // A state of its own: the write's quota check may commit it.
                         let f = vol.create(d, name.as_bytes(), 0o644, 0, 0);
-                        between.last_mut().expect("one per sync").push(dump(&vol));
+                        states.op_done(&vol);
                         f
                     }
                 };
@@ -327,19 +351,12 @@ fn crash_at_every_write_under_a_quota() {
                 let _ = vol.unlink(d, name.as_bytes());
             }
         }
-        if rng.gen_range(0..3) == 0 {
-            vol.sync().unwrap();
-            snaps.push((dev.events(), dump(&vol)));
-            between.push(Vec::new());
-        } else {
-            between.last_mut().expect("one per sync").push(dump(&vol));
-        }
+        states.step(&vol, &dev, &mut rng);
     }
-    vol.sync().unwrap();
-    snaps.push((dev.events(), dump(&vol)));
-    between.push(Vec::new());
+    states.sync(&vol, &dev);
     drop(vol);
     assert!(refused > 5, "the workload met the quota only {refused} times");
+    let States { snaps, between } = states;
     crash_at_every_write(&dev, &snaps, &between, &[CrashMode::All, CrashMode::DropUnflushed, CrashMode::Torn]);
     for at in snaps[0].0..=dev.events() {
         let img = Arc::new(MemDevice::from_bytes(dev.crash_image(at, CrashMode::All)));

@@ -4,9 +4,9 @@
 //!
 //! Enforced with the delta's own accounting (seed 003): every change that may allocate
 //! charges its worst case to each quota root above the inodes it changes, before it
-//! changes anything. A root's use is its record's `blocks` as of the last snapshot plus
-//! what changes charged since; each snapshot reads the records again and starts the
-//! charges from zero. A change that would pass a limit commits once (what it counted
+//! changes anything. A root's use is what it held at the last snapshot (its own blocks,
+//! its record's, and those of files below it with no link that still live) plus what
+//! changes charged since; each snapshot counts again and starts the charges from zero. A change that would pass a limit commits once (what it counted
 //! may have been freed or over-counted since) and then fails with EDQUOT. Deletions are
 //! never refused; a cache's write-back of data it accepted is counted, not refused.
 //!
@@ -157,11 +157,16 @@ impl Inner {
         if self.quotas.roots.lock().contains_key(&dir) {
             return Ok(());
         }
-        let committed = self.blocks_below(dir)?;
-        let limit = bytes / BLOCK_SIZE as u64;
-        self.quotas.roots.lock().entry(dir).or_insert(Root { limit, outer: None, committed, charged: 0 });
-        self.quotas.met.store(true, Ordering::Relaxed);
+        let r = self.new_root(dir, bytes)?;
+        self.quotas.roots.lock().entry(dir).or_insert(r);
         Ok(())
+    }
+
+    /// Directory `dir` as a root with a quota of `bytes`, its use as of the last snapshot.
+    fn new_root(&self, dir: u64, bytes: u64) -> Result<Root> {
+        let committed = self.blocks_below(dir)?;
+        self.quotas.met.store(true, Ordering::Relaxed);
+        Ok(Root { limit: bytes / BLOCK_SIZE as u64, outer: None, committed, charged: 0 })
     }
 
     /// Directory `dir`'s quota was just set to `bytes`: known from now on with that
@@ -173,10 +178,8 @@ impl Inner {
             self.quotas.roots.lock().remove(&dir);
             return Ok(());
         }
-        let committed = self.blocks_below(dir)?;
-        let limit = bytes / BLOCK_SIZE as u64;
-        self.quotas.roots.lock().insert(dir, Root { limit, outer: None, committed, charged: 0 });
-        self.quotas.met.store(true, Ordering::Relaxed);
+        let r = self.new_root(dir, bytes)?;
+        self.quotas.roots.lock().insert(dir, r);
         Ok(())
     }
 
@@ -317,7 +320,8 @@ impl Inner {
                 continue;
             }
             for &q in &under {
-                *unlinked.entry(q).or_default() += i.blocks;
+                let n = unlinked.entry(q).or_default();
+                *n = n.saturating_add(i.blocks);
             }
             self.quotas.unlinked.lock().insert(ino, (generation, under));
         }

@@ -69,8 +69,8 @@ pub(super) struct Server {
     /// Free space is within two cushions of the end (see `near_full_check`).
     near_full: AtomicBool,
     /// Files open for writing whose directory quota is within two cushions of its limit
-    /// (see `quota_near_check`).
-    quota_near: parking_lot::Mutex<rustc_hash::FxHashSet<u64>>,
+    /// (see `quota_near_check`): sharded as `writers`, since attribute replies look here.
+    quota_near: Sharded<rustc_hash::FxHashSet<u64>>,
     /// Bytes the volume keeps for the kernel's write-back (see `keep_cushion`).
     kept: AtomicU64,
     /// The kernel granted the writeback cache: it keeps the times of the files it caches.
@@ -125,7 +125,7 @@ impl Server {
             transport: std::sync::OnceLock::new(),
             bound: std::sync::OnceLock::new(),
             near_full: AtomicBool::new(false),
-            quota_near: Default::default(),
+            quota_near: Sharded::new(10),
             kept: AtomicU64::new(0),
             kernel_keeps_times: AtomicBool::new(false),
             writers: Sharded::new(10),

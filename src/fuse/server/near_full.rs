@@ -98,13 +98,13 @@ impl Server {
         let room = self.vol.quota_room(ino).ok()??;
         let near = room < 2 * bound.cushion() + NEAR_FULL_SLACK;
         if !near {
-            if self.quota_near.lock().remove(&ino) {
+            if self.quota_near.shard(ino).remove(&ino) {
                 tracing::debug!("file {ino}: away from its quota's limit again");
             }
             return None;
         }
         let writer = self.writers.shard(ino).contains_key(&ino);
-        if writer && self.quota_near.lock().insert(ino) {
+        if writer && self.quota_near.shard(ino).insert(ino) {
             if let Some(tx) = &*self.invalidate.lock() {
                 self.lookups.touched(ino);
                 let _ = tx.send(wire::notify_inval_inode(self.fuse_ino(ino), -1, 0));
@@ -140,9 +140,9 @@ impl Server {
     /// writing while the volume, or a quota above it, is near full (see
     /// `near_full_check`, `quota_near_check`).
     pub(super) fn attr_valid(&self, ino: u64) -> Valid {
-        if (self.near_full.load(Ordering::Relaxed) || self.quota_near.lock().contains(&ino))
-            && self.writers.shard(ino).contains_key(&ino)
-        {
+        let writer = || self.writers.shard(ino).contains_key(&ino);
+        let quota_near = || self.vol.has_quotas() && self.quota_near.shard(ino).contains(&ino);
+        if (self.near_full.load(Ordering::Relaxed) || quota_near()) && writer() {
             return Valid::from(Duration::ZERO);
         }
         Valid::from(self.opts.attr_timeout)
@@ -208,7 +208,7 @@ impl Server {
                 *n -= 1;
                 if *n == 0 {
                     w.remove(&ino);
-                    self.quota_near.lock().remove(&ino);
+                    self.quota_near.shard(ino).remove(&ino);
                 }
             }
         }

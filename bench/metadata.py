@@ -5,7 +5,8 @@
                               [--dxfs-bin target/release/dxfs]
 
 A target `T-nowb` is transport T with the writeback cache off (`-o no_writeback_cache`),
-`T-plain` a plain fuse mount rather than fuseblk (`-o noblkdev`).
+`T-plain` a plain fuse mount rather than fuseblk (`-o noblkdev`), `T-nokeep` without
+keepers (`-o keep_awake_us=0`: idle CPUs may halt between requests).
 Each target gets a fresh volume on a loop device over a sparse file in /dev/shm (the
 same kind of device for all); the operations of bench/metaops.py run N times each, in
 one directory, from this process. Prints µs per operation (median over the runs), the
@@ -25,14 +26,30 @@ def requests(v):
     return {k: c["count"] for k, c in v.stats().get("ops", {}).items()}
 
 
+def daemon_cpu_us(v):
+    """CPU time of every thread of the dxfs daemon so far, in µs (0 for ext4)."""
+    d = getattr(v, "daemon", None)
+    if d is None:
+        return 0.0
+    total = 0
+    for tid in os.listdir(f"/proc/{d.pid}/task"):
+        try:
+            total += int(open(f"/proc/{d.pid}/task/{tid}/schedstat").read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1000
+
+
 def one_run(kind, dxfs, n, size_gib):
-    """{op label: (µs per op, {opcode: requests per op})} for one fresh volume."""
+    """{op label: (µs per op, {opcode: requests per op}, daemon CPU µs per op)} for one
+    fresh volume."""
     out = {}
     # "uring-nowb": the io_uring transport with the writeback cache off; "uring-plain": a
     # plain fuse mount instead of fuseblk (the default as root over a block device).
     transport, _, variant = kind.partition("-")
     fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", transport)
-    options = {"nowb": ["-o", "no_writeback_cache"], "plain": ["-o", "noblkdev"]}.get(variant, [])
+    options = {"nowb": ["-o", "no_writeback_cache"], "plain": ["-o", "noblkdev"],
+               "nokeep": ["-o", "keep_awake_us=0"]}.get(variant, [])
     with LoopVolume(fs, size_gib, dxfs, transport, options) as t:
         d = os.path.join(t.mnt, "d")
         os.mkdir(d)
@@ -40,16 +57,17 @@ def one_run(kind, dxfs, n, size_gib):
         for label, fn, setup, teardown, count in metaops.make_ops(d, names):
             if setup:
                 setup()
-            before = requests(t)
+            before, cpu_before = requests(t), daemon_cpu_us(t)
             start = time.perf_counter()
             fn()
             us = (time.perf_counter() - start) * 1e6 / count
+            cpu = (daemon_cpu_us(t) - cpu_before) / count
             after = requests(t)
             if teardown:
                 teardown()
             reqs = {k: (after.get(k, 0) - before.get(k, 0)) / count for k in after}
             reqs["GETXATTR"] = reqs.get("GETXATTR", 0) - 1 / count  # the stats read itself
-            out[label] = (us, {k: v for k, v in reqs.items() if v > 0.005})
+            out[label] = (us, {k: v for k, v in reqs.items() if v > 0.005}, cpu)
         out["transport"] = t.stats().get("transport", "kernel")
     return out
 
@@ -94,6 +112,14 @@ def main():
         reqs = results[dx][0][label][1] if dx else {}
         req_text = ", ".join(f"{k} {v:.2f}" for k, v in sorted(reqs.items(), key=lambda kv: -kv[1]))
         print(f"| {label} | " + " | ".join(cells) + f" | {req_text or 'none'} |")
+    dxfs_targets = [t for t in targets if t != "ext4"]
+    if dxfs_targets:
+        print("\nThe daemon's CPU time per operation, µs (every thread, keepers included; median):\n")
+        print("| operation | " + " | ".join(dxfs_targets) + " |")
+        print("|---|" + "---|" * len(dxfs_targets))
+        for label in labels:
+            cells = [f"{statistics.median(run[label][2] for run in results[t]):.1f}" for t in dxfs_targets]
+            print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ const LAYERS: &[Layer] = &[
         name: "fuse",
         height: 6,
         levels: &[
-            &["wire", "mountinfo", "devfd", "fusermount", "lookups", "control", "blockers"],
+            &["wire", "mountinfo", "devfd", "fusermount", "lookups", "control", "blockers", "keep_awake"],
             &["stats", "dirty_bound", "uring"],
             &["transport"],
             &["FuseOptions", "MountFlags", "ReaddirPlus"],

@@ -3838,3 +3838,56 @@ fn dxfs_cp_stops_cleanly_at_ctrl_c() {
     m.unmount();
     s.fsck();
 }
+
+/// CPU time so far of the daemon `pid`'s threads named `dxfs-keep-*`, and how many.
+fn keeper_cpu(pid: u32) -> (Duration, usize) {
+    let (mut ns, mut n) = (0u64, 0);
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("dxfs-keep-") {
+            n += 1;
+            let stat = fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            ns += stat.split(' ').next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    (Duration::from_nanos(ns), n)
+}
+
+/// Keepers (`-o keep_awake_us`) spin while requests come and sleep once they stop;
+/// `keep_awake_us=0` starts none. (Whether the default starts them depends on how fast
+/// the host wakes an idle CPU: not checked here.)
+#[test]
+fn keepers_spin_only_while_requests_come() {
+    require_fuse!();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if fs::metadata(ENABLE_URING).is_err() || !nix::unistd::geteuid().is_root() || cpus < 2 {
+        skipping("keepers_spin_only_while_requests_come: needs FUSE over io_uring, root and two CPUs");
+        return;
+    }
+    let s = Scratch::new(32);
+    let m = s.mount(&["-o", "transport=uring,keep_awake_us=2000"]);
+    fs::write(s.path("f"), b"x").unwrap();
+    let pid = m.child.as_ref().unwrap().id();
+    let v = mount_stats(&s.mnt);
+    assert!(v["transport"].as_str().unwrap().contains("idle CPUs kept awake"), "{v}");
+    let (before, n) = keeper_cpu(pid);
+    assert_eq!(n, cpus, "one keeper per CPU");
+    let start = Instant::now();
+    for _ in 0..20_000 {
+        listxattr(&s.path("f"), 4096).unwrap();
+    }
+    let busy = start.elapsed();
+    let (during, _) = keeper_cpu(pid);
+    assert!(during - before > busy / 4, "keepers spun {:?} of {busy:?} of requests", during - before);
+    std::thread::sleep(Duration::from_millis(100));
+    let (idle_start, _) = keeper_cpu(pid);
+    std::thread::sleep(Duration::from_millis(500));
+    let (idle_end, _) = keeper_cpu(pid);
+    assert!(idle_end - idle_start < Duration::from_millis(50), "keepers spun {:?} while idle", idle_end - idle_start);
+    m.unmount();
+    let m = s.mount(&["-o", "transport=uring,keep_awake_us=0"]);
+    let pid = m.child.as_ref().unwrap().id();
+    assert_eq!(keeper_cpu(pid).1, 0, "keep_awake_us=0 started keepers");
+    m.unmount();
+    s.fsck();
+}

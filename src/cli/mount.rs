@@ -129,6 +129,8 @@ fn mount_option(
         "transport" => o.transport = val.unwrap_or("").parse()?,
         "readahead_kb" => o.readahead_kb = num(val)? as u32,
         "spin_us" => o.spin = std::time::Duration::from_micros(num(val)? as u64),
+        "keep_awake_us" if val == Some("auto") => o.keep_awake = None,
+        "keep_awake_us" => o.keep_awake = Some(std::time::Duration::from_micros(num(val)? as u64)),
         "attr_timeout" => o.attr_timeout = seconds(num(val)?)?,
         "entry_timeout" => o.entry_timeout = seconds(num(val)?)?,
         "negative_timeout" => o.negative_timeout = seconds(num(val)?)?,

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::dirty_bound::DirtyBound;
+use super::keep_awake::Keepers;
 use crate::Volume;
 
 use super::mountinfo::{connection_of, mount_id_of, Conn};
@@ -226,11 +227,22 @@ fn serve(
         // registered, everything else come that way.
         threads.push(spawn_device(dev.clone(), server.clone(), "dxfs-fuse-0")?);
         first = 1;
-        match start_queues(dev, server, conn) {
+        let (linger, why) = super::keep_awake::decide(opts.keep_awake);
+        tracing::info!("{why}");
+        let keepers = match linger.map(|l| Keepers::start(&super::keep_awake::allowed_cpus(), l)) {
+            Some(Ok(k)) => Some(Arc::new(k)),
+            Some(Err(e)) => {
+                tracing::warn!("keepers not started: {e}");
+                None
+            }
+            None => None,
+        };
+        let kept = if keepers.is_some() { ", idle CPUs kept awake" } else { "" };
+        match start_queues(dev, server, conn, keepers) {
             Ok(mut queues) => {
                 let n = queues.len();
                 threads.append(&mut queues);
-                return Ok((threads, format!("io_uring ({n} queues, one per CPU, threads pinned)")));
+                return Ok((threads, format!("io_uring ({n} queues, one per CPU, threads pinned{kept})")));
             }
             Err(e) => tracing::warn!("{e}; serving through /dev/fuse instead"),
         }
@@ -278,7 +290,13 @@ fn possible_cpus() -> usize {
 /// on `/dev/fuse` (it switches to the ring only when every queue has an entry), so the
 /// caller may fall back to classic threads; queue threads that did register then idle
 /// until the session ends.
-fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<Conn>) -> io::Result<Vec<JoinHandle<()>>> {
+/// The queue threads share `keepers`, which stop when the last queue ends.
+fn start_queues(
+    dev: &Arc<File>,
+    server: &Arc<Server>,
+    conn: Option<Conn>,
+    keepers: Option<Arc<Keepers>>,
+) -> io::Result<Vec<JoinHandle<()>>> {
     let cpus = possible_cpus();
     let cfg = QueueConfig {
         depth: QUEUE_DEPTH,
@@ -291,12 +309,12 @@ fn start_queues(dev: &Arc<File>, server: &Arc<Server>, conn: Option<Conn>) -> io
     // so registration fails half way (the other queues registered).
     let broken: Option<usize> = std::env::var("DXFS_TEST_BREAK_URING_QUEUE").ok().and_then(|v| v.parse().ok());
     for qid in 0..cpus {
-        let (dev, server, tx) = (dev.clone(), server.clone(), tx.clone());
+        let (dev, server, tx, keepers) = (dev.clone(), server.clone(), tx.clone(), keepers.clone());
         let cfg = if broken == Some(qid) { QueueConfig { payload_size: 4096, ..cfg } } else { cfg };
         threads.push(
             std::thread::Builder::new()
                 .name(format!("dxfs-queue-{qid}"))
-                .spawn(move || serve_queue(dev, server, qid as u16, cfg, conn, tx))?,
+                .spawn(move || serve_queue(dev, server, qid as u16, cfg, conn, tx, keepers))?,
         );
     }
     drop(tx);
@@ -317,6 +335,7 @@ fn serve_queue(
     cfg: QueueConfig,
     conn: Option<Conn>,
     registered: mpsc::Sender<io::Result<()>>,
+    keepers: Option<Arc<Keepers>>,
 ) {
     let setup = || -> io::Result<Queue> {
         let mut set = nix::sched::CpuSet::new();
@@ -337,7 +356,12 @@ fn serve_queue(
     };
     let _ = registered.send(Ok(()));
     drop(registered);
-    if let Err(e) = transport::serve_queue(&mut q, &*server) {
+    let arrived = || {
+        if let Some(k) = &keepers {
+            k.arrived();
+        }
+    };
+    if let Err(e) = transport::serve_queue(&mut q, &*server, &arrived) {
         // Once the ring is in use, this CPU's requests would hang: end the connection.
         tracing::error!("queue {qid}: {e}; aborting the FUSE connection");
         abort_connection(conn);

@@ -393,7 +393,8 @@ struct Deferred {
 /// back by the kernel: `Ok`). Requests the handler says may block are answered by the
 /// queue's blockers (kept threads); their replies come back through a channel and an eventfd the
 /// ring polls, and this thread commits them (only it may submit to the ring).
-pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
+/// `arrived` is called as each request arrives (the session's keepers watch it).
+pub fn serve_queue(q: &mut Queue, handler: &dyn Handler, arrived: &dyn Fn()) -> io::Result<()> {
     use nix::sys::eventfd::{EfdFlags, EventFd};
     use std::os::fd::{AsFd, AsRawFd};
     use std::sync::mpsc;
@@ -403,7 +404,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
     let (done_tx, done_rx) = mpsc::channel::<(usize, u64, Reply)>();
     let blockers = Blockers::<Deferred>::default();
     std::thread::scope(|scope| {
-        let served = serve_ring(q, handler, &wake, &done_rx, &blockers, || {
+        let served = serve_ring(q, handler, arrived, &wake, &done_rx, &blockers, || {
             // A blocker answers until the queue ends (the request that started it is queued).
             let (tx, wake, blockers) = (done_tx.clone(), &wake, &blockers);
             scope.spawn(move || {
@@ -423,6 +424,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler) -> io::Result<()> {
 fn serve_ring(
     q: &mut Queue,
     handler: &dyn Handler,
+    arrived: &dyn Fn(),
     wake: &nix::sys::eventfd::EventFd,
     done_rx: &std::sync::mpsc::Receiver<(usize, u64, Reply)>,
     blockers: &Blockers<Deferred>,
@@ -448,6 +450,7 @@ fn serve_ring(
             }
             continue;
         }
+        arrived();
         // A READ goes straight into the entry's payload buffer when the handler can.
         let read = match q.request(c.ent) {
             Ok(inc) if inc.header.opcode == wire::opcode::READ => {

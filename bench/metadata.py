@@ -5,8 +5,8 @@
                               [--dxfs-bin target/release/dxfs]
 
 A target `T-nowb` is transport T with the writeback cache off (`-o no_writeback_cache`),
-`T-plain` a plain fuse mount rather than fuseblk (`-o noblkdev`), `T-nokeep` without
-keepers (`-o keep_awake_us=0`: idle CPUs may halt between requests).
+`T-plain` a plain fuse mount rather than fuseblk (`-o noblkdev`), `T-keep` with keepers
+(`-o keep_awake_us=1000`: idle CPUs kept from halting between requests).
 Each target gets a fresh volume on a loop device over a sparse file in /dev/shm (the
 same kind of device for all); the operations of bench/metaops.py run N times each, in
 one directory, from this process. Prints µs per operation (median over the runs), the
@@ -49,7 +49,7 @@ def one_run(kind, dxfs, n, size_gib):
     transport, _, variant = kind.partition("-")
     fs, transport = ("ext4", None) if kind == "ext4" else ("dxfs", transport)
     options = {"nowb": ["-o", "no_writeback_cache"], "plain": ["-o", "noblkdev"],
-               "nokeep": ["-o", "keep_awake_us=0"]}.get(variant, [])
+               "keep": ["-o", "keep_awake_us=1000"]}.get(variant, [])
     with LoopVolume(fs, size_gib, dxfs, transport, options) as t:
         d = os.path.join(t.mnt, "d")
         os.mkdir(d)

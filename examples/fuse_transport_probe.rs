@@ -370,7 +370,7 @@ fn serve_queue(dev: Arc<File>, fs: Arc<Fs>, qid: u16, cfg: QueueConfig, register
     }
     let _ = registered.send(Ok(()));
     drop(registered);
-    if let Err(e) = transport::serve_queue(&mut q, &*fs, &|| {}) {
+    if let Err(e) = transport::serve_queue(&mut q, &*fs, &|_| {}) {
         eprintln!("queue {qid}: {e}");
     }
 }

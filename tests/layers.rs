@@ -113,8 +113,8 @@ const LAYERS: &[Layer] = &[
         name: "fuse",
         height: 6,
         levels: &[
-            &["wire", "mountinfo", "devfd", "fusermount", "lookups", "control", "blockers", "keep_awake"],
-            &["stats", "dirty_bound", "uring"],
+            &["wire", "mountinfo", "devfd", "fusermount", "lookups", "control", "blockers"],
+            &["stats", "dirty_bound", "uring", "keep_awake"],
             &["transport"],
             &["FuseOptions", "MountFlags", "ReaddirPlus"],
             &["server"],

@@ -84,8 +84,9 @@ pub struct FuseOptions {
     pub spin: Duration,
     /// io_uring transport: how long after the last request a thread per CPU at nice 19
     /// keeps idle CPUs from halting, so that callers do not hop to a halted CPU and wait
-    /// for it to wake (`-o keep_awake_us=N`; zero: never). `None`: the mount decides by
-    /// measuring how fast this host wakes an idle CPU (docs/DESIGN.md, "Keepers").
+    /// for it to wake (`-o keep_awake_us=N`; zero, the default: never). `None`
+    /// (`keep_awake_us=auto`): the mount decides by measuring how fast this host wakes an
+    /// idle CPU (docs/DESIGN.md, "Keepers").
     pub keep_awake: Option<Duration>,
     /// The kernel's readahead for files of this mount, in KiB (`-o readahead_kb=N`; 0
     /// leaves the kernel's default of 128). Set through the mount's bdi in sysfs, which
@@ -194,7 +195,9 @@ impl Default for FuseOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             transport: TransportChoice::Auto,
             spin: Duration::ZERO,
-            keep_awake: None,
+            // Off: keepers hide idle CPUs from the scheduler for every task, which costs
+            // mixed loads more than round trips gain (docs/BENCHMARKS.md, "Keepers").
+            keep_awake: Some(Duration::ZERO),
             // One 1 MiB READ (the largest request, 256 pages) instead of eight 128 KiB
             // ones: a cold sequential read went from 0.34 to 1.3 GB/s on this host.
             readahead_kb: 1024,

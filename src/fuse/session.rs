@@ -356,9 +356,9 @@ fn serve_queue(
     };
     let _ = registered.send(Ok(()));
     drop(registered);
-    let arrived = || {
+    let arrived = |opcode: u32| {
         if let Some(k) = &keepers {
-            k.arrived();
+            k.arrived(opcode);
         }
     };
     if let Err(e) = transport::serve_queue(&mut q, &*server, &arrived) {

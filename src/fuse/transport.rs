@@ -393,8 +393,9 @@ struct Deferred {
 /// back by the kernel: `Ok`). Requests the handler says may block are answered by the
 /// queue's blockers (kept threads); their replies come back through a channel and an eventfd the
 /// ring polls, and this thread commits them (only it may submit to the ring).
-/// `arrived` is called as each request arrives (the session's keepers watch it).
-pub fn serve_queue(q: &mut Queue, handler: &dyn Handler, arrived: &dyn Fn()) -> io::Result<()> {
+/// `arrived` is called with each request's opcode as it arrives (the session's keepers
+/// watch it).
+pub fn serve_queue(q: &mut Queue, handler: &dyn Handler, arrived: &dyn Fn(u32)) -> io::Result<()> {
     use nix::sys::eventfd::{EfdFlags, EventFd};
     use std::os::fd::{AsFd, AsRawFd};
     use std::sync::mpsc;
@@ -424,7 +425,7 @@ pub fn serve_queue(q: &mut Queue, handler: &dyn Handler, arrived: &dyn Fn()) -> 
 fn serve_ring(
     q: &mut Queue,
     handler: &dyn Handler,
-    arrived: &dyn Fn(),
+    arrived: &dyn Fn(u32),
     wake: &nix::sys::eventfd::EventFd,
     done_rx: &std::sync::mpsc::Receiver<(usize, u64, Reply)>,
     blockers: &Blockers<Deferred>,
@@ -450,7 +451,9 @@ fn serve_ring(
             }
             continue;
         }
-        arrived();
+        if let Ok(inc) = q.request(c.ent) {
+            arrived(inc.header.opcode);
+        }
         // A READ goes straight into the entry's payload buffer when the handler can.
         let read = match q.request(c.ent) {
             Ok(inc) if inc.header.opcode == wire::opcode::READ => {

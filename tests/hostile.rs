@@ -880,6 +880,71 @@ fn a_partial_write_never_merges_metadata_from_the_device() {
     repair_holds(dev);
 }
 
+/// Found by the image fuzzer (seeds 2952795210, 2952812209 and 2 more, with an orphan
+/// below): an extent over a metadata block that memory does not hold, overwritten by a
+/// whole page. No read came first, so the page went in place over the leaf. An overwrite
+/// in place now reads its block once; metadata sealed there sends the page to a fresh
+/// block, and the leaf is never freed either.
+#[test]
+fn a_whole_page_overwrite_never_lands_on_metadata_from_the_device() {
+    let (img, f, d, leaf) = file_over_dir_leaf();
+    let k = leaf as usize * BLOCK_SIZE;
+    let before = img[k..k + BLOCK_SIZE].to_vec();
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    vol.write(f, 0, &[5u8; 4096]).unwrap();
+    vol.sync().unwrap();
+    assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was written over");
+    assert_eq!(vol.read(f, 0, 4096).unwrap(), vec![5u8; 4096], "the page went elsewhere");
+    // Fill the volume's free space: the leaf must not have been freed for reuse.
+    let root = vol.root();
+    for i in 0..64 {
+        let a = vol.create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        vol.write(a.ino, 0, &[i as u8; 16 * 4096]).unwrap();
+    }
+    vol.sync().unwrap();
+    assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4, "the leaf is intact");
+    let _ = vol.close();
+    assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was reused");
+    repair_holds(dev);
+}
+
+/// Found by the image fuzzer (seeds 2952795210, 1610642386 and more): an orphan (a file
+/// unlinked while open) whose extent was bent onto a metadata block memory does not hold.
+/// The first read-write open freed the orphan's blocks, that metadata block among them,
+/// and the next file took it. Frees of the orphans' data at open now read the blocks
+/// first and keep those that hold metadata.
+#[test]
+fn an_orphans_extent_over_metadata_frees_no_metadata() {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    vol.create(d, b"one", 0o644, 0, 0).unwrap();
+    vol.create(d, b"two", 0o644, 0, 0).unwrap();
+    let held = vol.create(root, b"held", 0o644, 0, 0).unwrap().ino;
+    vol.write(held, 0, &[9u8; 4096]).unwrap();
+    vol.open_file(held).unwrap();
+    vol.unlink(root, b"held").unwrap();
+    vol.sync().unwrap();
+    let _ = vol.close();
+    let mut img = settled(&dev);
+    let leaf = dir_leaf(&img, d);
+    patch_inode(&mut img, held, |s| put_u64(s, EXT0_PHYS, leaf));
+    let k = leaf as usize * BLOCK_SIZE;
+    let before = img[k..k + BLOCK_SIZE].to_vec();
+    let (dev, vol) = open(img, false);
+    let vol = vol.expect("the orphan's bad extent does not stop the open");
+    for i in 0..64 {
+        let a = vol.create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        vol.write(a.ino, 0, &[i as u8; 16 * 4096]).unwrap();
+    }
+    vol.sync().unwrap();
+    assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4, "the leaf is intact");
+    let _ = vol.close();
+    assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was freed and reused");
+    repair_holds(dev);
+}
+
 /// The root's inode region field (slot byte 128 + 16) of a volume whose root region has
 /// a full first inode block and, in its second, one unlinked file still open at the
 /// close (the orphan list); returns the image, the root and that second block.

@@ -514,24 +514,30 @@ impl Volume {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).
             let mut guard = 0u64;
-            loop {
-                let g = vol.charged(&[], |_| Ok(Cost::new(0, 0, true)))?;
-                let ino = g.life.lock().state.orphan_head;
-                if ino == 0 {
-                    break;
+            vol.lock().st.set_verify_frees(true);
+            let freed = (|| -> Result<()> {
+                loop {
+                    let g = vol.charged(&[], |_| Ok(Cost::new(0, 0, true)))?;
+                    let ino = g.life.lock().state.orphan_head;
+                    if ino == 0 {
+                        break;
+                    }
+                    // The list is read from disk: it frees only what is truly unlinked.
+                    // Anything else stops the freeing, and the list is left for fsck.
+                    if let Err(why) = g.orphan_ok(ino) {
+                        tracing::error!("orphan list: {why}; left as it is (run dxfs fsck)");
+                        break;
+                    }
+                    g.remove_orphan(ino)?;
+                    guard += 1;
+                    if guard > 100_000_000 {
+                        return Err(Error::corrupt("orphan list loops"));
+                    }
                 }
-                // The list is read from disk: it frees only what is truly unlinked.
-                // Anything else stops the freeing, and the list is left for fsck.
-                if let Err(why) = g.orphan_ok(ino) {
-                    tracing::error!("orphan list: {why}; left as it is (run dxfs fsck)");
-                    break;
-                }
-                g.remove_orphan(ino)?;
-                guard += 1;
-                if guard > 100_000_000 {
-                    return Err(Error::corrupt("orphan list loops"));
-                }
-            }
+                Ok(())
+            })();
+            vol.lock().st.set_verify_frees(false);
+            freed?;
             vol.commit()?;
         }
         Ok(vol)

@@ -20,6 +20,7 @@ use crate::engine::log::{BlockImages, Journal, Replay};
 use crate::engine::space::{Bitmap, Claim, Promises, Space};
 use crate::error::{Error, Result};
 
+mod data_ranges;
 mod hints;
 mod inodes;
 mod rstats;
@@ -99,6 +100,17 @@ pub struct Store {
     /// map is locked only to refill a lease, or, when the volume runs short, to take every
     /// lease back, so nothing stays stranded in another slot and ENOSPC stays exact.
     leases: Box<[Padded<Lease>]>,
+    /// Blocks a written file extent maps that were found on the device holding metadata
+    /// sealed at their own address (wild extents onto blocks memory did not hold): never
+    /// overwritten or freed as file data ([`Store::holds_metadata`] names them too).
+    wild_targets: parking_lot::Mutex<rustc_hash::FxHashSet<u64>>,
+    /// Blocks known to hold file data: written by this mount, or read and found to be
+    /// data, so that an overwrite in place reads its block at most once (freed blocks
+    /// leave it).
+    checked_data: parking_lot::Mutex<data_ranges::DataRanges>,
+    /// Frees of file data read their blocks first ([`Store::find_wild`]): set while an
+    /// open frees the orphan list's files, whose extents came from disk unchecked.
+    verify_frees: std::sync::atomic::AtomicBool,
 }
 
 /// One slot's lease (see `Store::leases`).
@@ -414,6 +426,9 @@ impl Store {
             serial,
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
             leases: (0..SLOTS).map(|_| Padded::default()).collect(),
+            wild_targets: Default::default(),
+            checked_data: Default::default(),
+            verify_frees: Default::default(),
         }
     }
 
@@ -428,7 +443,82 @@ impl Store {
     /// Takes the shards' locks: the caller holds no cache block (`MetaRead::let_go`).
     pub fn holds_metadata(&self, start: u64, len: u64) -> Option<u64> {
         debug_assert_eq!(crate::engine::leaf::guards_held(), 0, "a shard lock taken while a cache block is held");
-        self.cache.first_held(start, len)
+        let held = self.cache.first_held(start, len);
+        let wild = self.wild_targets.lock();
+        if wild.is_empty() {
+            return held;
+        }
+        let end = start.saturating_add(len).min(held.unwrap_or(u64::MAX));
+        wild.iter().copied().filter(|&b| b >= start && b < end).min().or(held)
+    }
+
+    /// Whether block `b`, which a written file extent maps, may be overwritten in place:
+    /// memory does not hold it as metadata, and the device does not hold metadata sealed
+    /// at `b` there (read once per block; a wild extent onto metadata memory did not
+    /// hold would otherwise have file data written over it). Takes the shards' locks, as
+    /// [`Store::holds_metadata`].
+    pub fn overwritable_data(&self, b: u64) -> Result<bool> {
+        if self.holds_metadata(b, 1).is_some() {
+            return Ok(false);
+        }
+        if self.checked_data.lock().contains(b) {
+            return Ok(true);
+        }
+        let mut buf = [0u8; BLOCK_SIZE];
+        self.dev.read(b, &mut buf)?;
+        if sealed_metadata(&buf, b) {
+            tracing::error!("block {b}, mapped as file data, holds a metadata block (a wild extent): written elsewhere, never freed (run dxfs fsck)");
+            self.wild_targets.lock().insert(b);
+            return Ok(false);
+        }
+        self.checked_data.lock().insert(b, b + 1);
+        Ok(true)
+    }
+
+    /// Blocks `[start, start + len)` were allocated for file data, which is about to be
+    /// written there.
+    pub fn note_data(&self, start: u64, len: u64) {
+        self.checked_data.lock().insert(start, start.saturating_add(len));
+    }
+
+    /// Whether frees of file data read their blocks first (see the field).
+    pub fn verifies_frees(&self) -> bool {
+        self.verify_frees.load(Ordering::Relaxed)
+    }
+
+    /// Make frees of file data read their blocks first, or stop.
+    pub fn set_verify_frees(&self, on: bool) {
+        self.verify_frees.store(on, Ordering::Relaxed);
+    }
+
+    /// Read blocks `[start, start + len)`, mapped as file data, and remember each that
+    /// holds metadata sealed at its own address as a wild extent's target, so that
+    /// [`Store::holds_metadata`] names it and nothing frees it.
+    pub fn find_wild(&self, start: u64, len: u64) -> Result<()> {
+        const CHUNK: u64 = 64;
+        let mut buf = vec![0u8; CHUNK as usize * BLOCK_SIZE];
+        let end = start.saturating_add(len);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(CHUNK);
+            let buf = &mut buf[..n as usize * BLOCK_SIZE];
+            self.dev.read(at, buf)?;
+            for (k, blk) in buf.chunks(BLOCK_SIZE).enumerate() {
+                let b = at + k as u64;
+                if sealed_metadata(blk, b) {
+                    tracing::error!("block {b}, mapped as file data, holds a metadata block (a wild extent): not freed (run dxfs fsck)");
+                    self.wild_targets.lock().insert(b);
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Blocks `[start, start + len)` are no longer file data: an overwrite in place of
+    /// them (through a map damaged since) must read them again.
+    pub fn forget_checked_data(&self, start: u64, len: u64) {
+        self.checked_data.lock().remove(start, start.saturating_add(len));
     }
 
     /// The free-space map and the budget, locked (a leaf lock: take nothing while

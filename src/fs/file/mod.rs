@@ -295,14 +295,20 @@ pub(crate) fn is_mapped(st: &mut Tx, inode: &Inode, p: u64) -> Result<bool> {
 }
 
 /// The block holding logical block `p`, when a written extent maps it (an overwrite of
-/// it may go in place: `writeback::InPlace`). Never a block memory holds as metadata
-/// (`Store::holds_metadata`): the extent is wild, and the page goes to a fresh block
-/// instead ([`free_data`] leaves the metadata alone).
+/// it may go in place: `writeback::InPlace`). Never a block that holds metadata, in
+/// memory or on the device (`Store::overwritable_data`): the extent is wild, and the page
+/// goes to a fresh block instead ([`free_data`] leaves the metadata alone).
 pub(crate) fn written_block(st: &mut Tx, inode: &Inode, p: u64) -> Result<Option<u64>> {
     let b = extent_before(st, inode, p + 1)?.filter(|e| e.end() > p && !e.unwritten).map(|e| e.phys + (p - e.logical));
     st.let_go();
-    Ok(b.filter(|&b| st.store().holds_metadata(b, 1).is_none()))
+    match b {
+        Some(b) if st.store().overwritable_data(b)? => Ok(Some(b)),
+        _ => Ok(None),
+    }
 }
+
+/// Longest run of an orphan's file data [`free_data`] reads before freeing (16 MiB).
+const VERIFY_FREE_MAX: u64 = 4096;
 
 /// Free file data blocks `[phys, phys + len)` with the delta, but none that memory holds
 /// as metadata: the allocator never gave such a block to a file, so a wild extent
@@ -311,6 +317,18 @@ pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64) {
     let end = phys + len;
     let mut at = phys;
     st.let_go();
+    st.store().forget_checked_data(phys, len);
+    // An orphan freed at open: its extents came from disk unchecked, and metadata memory
+    // does not hold yet is found only by reading (small runs only: a huge orphan's
+    // blocks are trusted, as every other deletion's are).
+    if st.store().verifies_frees() && len <= VERIFY_FREE_MAX {
+        if let Err(e) = st.store().find_wild(phys, len) {
+            tracing::error!(
+                "inode {ino}: cannot read blocks {phys}..{end} to check them ({e}): not freed (run dxfs fsck)"
+            );
+            return;
+        }
+    }
     while at < end {
         let Some(b) = st.store().holds_metadata(at, end - at) else {
             st.free_deferred(at, end - at);

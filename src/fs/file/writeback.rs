@@ -200,6 +200,7 @@ pub(crate) fn writeback(
             let rest = pages.split_off(&(p0 + len));
             std::mem::replace(pages, rest).into_values().collect()
         };
+        st.store().note_data(phys, len);
         out.push(DataWrite { phys, pages: run });
         let mut remap = || {
             if len == 1 && remap_one(st, inode, p0, phys)? {

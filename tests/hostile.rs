@@ -252,6 +252,38 @@ fn a_key_near_the_top_cannot_loop_a_listing() {
     repair_holds(dev);
 }
 
+/// Found by the image fuzzer (seed 3221249486): a directory whose quota it already
+/// passes (a damaged quota of 1 byte) and a damaged key in its index. The repair, which
+/// moves the entry where its key belongs, failed with EDQUOT: repairs are never
+/// charged to a quota, and the quota survives them.
+#[test]
+fn a_repair_is_never_refused_by_a_quota() {
+    let (img, _, d) = small();
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    let root = vol.root();
+    vol.set_quota(root, Some(4096)).unwrap();
+    close_and_check(dev.clone(), vol);
+    // Directory `d`'s own entry in the root's leaf gets a body too long to be valid: the
+    // directory and its files are found only by the walk, and go to lost+found.
+    let mut img = settled(&dev);
+    let leaf = dir_leaf(&img, root);
+    let blk = block_of(&mut img, leaf);
+    let n = u16::from_le_bytes([blk[26], blk[27]]) as usize;
+    for i in 0..n {
+        let off = u16::from_le_bytes([blk[32 + 2 * i], blk[33 + 2 * i]]) as usize;
+        if get_u64(&blk[off + 10..], 0) == d {
+            blk[off + 8..off + 10].copy_from_slice(&0x7c75u16.to_le_bytes());
+        }
+    }
+    seal(blk, leaf);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.quota(root).unwrap().map(|q| q.limit), Some(4096), "the quota survives the repair");
+    close_and_check(dev, vol);
+}
+
 /// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
 #[test]
 fn an_orphan_list_naming_the_root_frees_nothing() {

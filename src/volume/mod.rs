@@ -470,7 +470,7 @@ impl Volume {
             mark,
             holder: None,
             commit_stamps: Mutex::new(None),
-            quotas: Default::default(),
+            quotas: if repair { quota::Quotas::off() } else { quota::Quotas::default() },
         };
         // The root must be a directory.
         let root = inner.st.sb.root_ino;

@@ -55,6 +55,16 @@ pub(super) struct Quotas {
     generation: AtomicU64,
     /// Whether a quota root was ever met (what a caller checks before asking more).
     pub(super) met: Arc<AtomicBool>,
+    /// Quotas are not enforced (an open for fsck's repairs, which must never fail for a
+    /// limit: a damaged quota may be 1 byte).
+    off: bool,
+}
+
+impl Quotas {
+    /// The quotas of an open for fsck's repairs: none enforced.
+    pub(super) fn off() -> Quotas {
+        Quotas { off: true, ..Quotas::default() }
+    }
 }
 
 impl Default for Quotas {
@@ -66,6 +76,7 @@ impl Default for Quotas {
             nearest: Sharded::new(6),
             generation: AtomicU64::new(0),
             met: Arc::new(AtomicBool::new(false)),
+            off: false,
         }
     }
 }
@@ -100,7 +111,7 @@ impl Quotas {
 
 impl Inner {
     fn quotas_on(&self) -> bool {
-        self.st.sb.dir_quota()
+        self.st.sb.dir_quota() && !self.quotas.off
     }
 
     /// The nearest quota root at or above directory `dir` (found by walking up once, then

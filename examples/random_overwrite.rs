@@ -1,7 +1,7 @@
 //! What a commit costs after random 4 KiB overwrites (issue 15), in process.
 //!
 //! cargo run --release --example random_overwrite -- [MiB] [--writes N] [--sync-every K] [--file IMAGE]
-//!     [--flush-from PAGES] [--reopen]
+//!     [--flush-from PAGES] [--reopen] [--read-first]
 //!
 //! Writes a MiB-mebibyte file sequentially and commits, then overwrites N random 4 KiB
 //! pages of it, committing every K writes (fio's `--fsync=K`). Prints the time per write
@@ -10,7 +10,8 @@
 //! extent-map updates of write-back. `--flush-from 0` turns write-back ahead of the
 //! commit off, so the commits do all of it. `--reopen` closes and opens the volume again
 //! before the overwrites (a new mount knows none of the file's blocks as data: the first
-//! overwrite in place of each reads it once). fsck runs at the end.
+//! overwrite in place of each reads it once); `--read-first` reads each page before
+//! overwriting it, as a database does (the read proves it file data). fsck runs at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +47,7 @@ fn main() {
         vol = Volume::open(dev.clone(), opts).expect("open again");
     }
     let pages = mib * 256;
+    let read_first = args.iter().any(|a| a == "--read-first");
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let page = [0x22u8; 4096];
     let (mut in_writes, mut in_syncs, mut worst) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
@@ -55,6 +57,9 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
+        if read_first {
+            vol.read(f, (x % pages) * 4096, 4096).unwrap();
+        }
         let t = Instant::now();
         vol.write(f, (x % pages) * 4096, &page).unwrap();
         let d = t.elapsed();

@@ -377,15 +377,24 @@ impl Volume {
             let planned_at = contention::current_stamp();
             let piece = self.s.ahead.take(ino, offset, plan.len(), epoch);
             let ahead = &self.s.ahead;
-            plan.execute_with(&*self.s.dev, sink.buf(plan.len()), &mut |block, dst| {
+            let out = sink.buf(plan.len());
+            plan.execute_with(&*self.s.dev, out, &mut |block, dst| {
                 let hit = piece.as_ref().is_some_and(|p| p.fill(block, dst));
                 if hit {
                     ahead.hit();
                 }
                 hit
             })?;
+            let seen = plan.data_seen(out);
             // Whether a write-back or commit ran meanwhile.
-            if self.s.inner.read_inner().delta.epoch() == epoch {
+            let inner = self.s.inner.read_inner();
+            if inner.delta.epoch() == epoch {
+                // The blocks read were the file's all along: file data, which an overwrite
+                // in place need not read again.
+                for (b, n) in seen {
+                    inner.st.note_data(b, n);
+                }
+                drop(inner);
                 // What was read is the state the plan saw.
                 contention::set_stamp(planned_at);
                 self.touch_atime(ino, touch);

@@ -67,6 +67,32 @@ pub(crate) fn plan_read(
 }
 
 impl ReadPlan {
+    /// Runs of device blocks (first, count) whose whole contents `out` (what
+    /// [`ReadPlan::execute_with`] filled) holds as read from the device and that are not
+    /// metadata sealed at their address: file data, which an overwrite in place need not
+    /// read again (`Store::note_data`).
+    pub(crate) fn data_seen(&self, out: &[u8]) -> Vec<(u64, u64)> {
+        let bs = BLOCK_SIZE as u64;
+        let (start, end) = (self.offset, self.offset + self.len as u64);
+        let mut seen: Vec<(u64, u64)> = Vec::new();
+        for &(first, phys, n) in &self.runs {
+            for p in first..first + n {
+                let b = phys + (p - first);
+                let whole = p * bs >= start && (p + 1) * bs <= end;
+                let ok = whole && !self.dirty.iter().any(|(d, _)| *d == p) && {
+                    let at = (p * bs - start) as usize;
+                    !sealed_metadata(&out[at..at + BLOCK_SIZE], b)
+                };
+                match seen.last_mut() {
+                    Some((s, c)) if ok && *s + *c == b => *c += 1,
+                    _ if ok => seen.push((b, 1)),
+                    _ => {}
+                }
+            }
+        }
+        seen
+    }
+
     /// The bytes the plan reads.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -514,6 +514,7 @@ impl Volume {
             // Unlinked files that were open at the crash: free them, one delta each if
             // need be (deletions never run out of space).
             let mut guard = 0u64;
+            // Their extents come from disk unchecked: their frees read the blocks first.
             vol.lock().st.set_verify_frees(true);
             let freed = (|| -> Result<()> {
                 loop {

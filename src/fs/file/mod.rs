@@ -224,7 +224,7 @@ fn unmap(st: &mut Tx, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
     for e in &old {
         let cut_s = e.logical.max(start);
         let cut_e = e.end().min(end);
-        free_data(st, inode.ino, e.phys + (cut_s - e.logical), cut_e - cut_s);
+        free_data(st, inode.ino, e.phys + (cut_s - e.logical), cut_e - cut_s, !e.unwritten);
         if e.logical < start {
             new.push(Extent { len: start - e.logical, ..*e });
         }
@@ -313,15 +313,16 @@ const VERIFY_FREE_MAX: u64 = 4096;
 /// Free file data blocks `[phys, phys + len)` with the delta, but none that memory holds
 /// as metadata: the allocator never gave such a block to a file, so a wild extent
 /// mapped it, and freeing it would hand live metadata out again. fsck finds the rest.
-pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64) {
+pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64, written: bool) {
     let end = phys + len;
     let mut at = phys;
     st.let_go();
     st.store().forget_checked_data(phys, len);
     // An orphan freed at open: its extents came from disk unchecked, and metadata memory
     // does not hold yet is found only by reading (small runs only: a huge orphan's
-    // blocks are trusted, as every other deletion's are).
-    if st.store().verifies_frees() && len <= VERIFY_FREE_MAX {
+    // blocks are trusted, as every other deletion's are). Written extents only: an
+    // unwritten one's blocks keep whatever they held before, stale metadata included.
+    if written && st.store().verifies_frees() && len <= VERIFY_FREE_MAX {
         if let Err(e) = st.store().find_wild(phys, len) {
             tracing::error!(
                 "inode {ino}: cannot read blocks {phys}..{end} to check them ({e}): not freed (run dxfs fsck)"

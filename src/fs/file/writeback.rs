@@ -255,7 +255,7 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
         Ok(Some(Extent { phys, ..e }.encode_value()))
     })?;
     if let (true, Some(old)) = (changed, old) {
-        free_data(st, ino, old, 1);
+        free_data(st, ino, old, 1, true);
         return Ok(true);
     }
     // Otherwise: the extent holding p and the one before it, in one descent.
@@ -293,7 +293,7 @@ fn remap_one(st: &mut Tx, inode: &mut Inode, p: u64, phys: u64) -> Result<bool> 
         put(st, tree, Extent { logical: p + 1, len: e.len - rest, phys: e.phys + rest, unwritten: false }, false)?;
         *count += 1;
     }
-    free_data(st, ino, e.phys + (p - e.logical), 1);
+    free_data(st, ino, e.phys + (p - e.logical), 1, !e.unwritten);
     Ok(true)
 }
 

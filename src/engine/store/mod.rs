@@ -108,9 +108,10 @@ pub struct Store {
     /// data, so that an overwrite in place reads its block at most once (freed blocks
     /// leave it).
     checked_data: parking_lot::Mutex<data_ranges::DataRanges>,
-    /// Frees of file data read their blocks first ([`Store::find_wild`]): set while an
-    /// open frees the orphan list's files, whose extents came from disk unchecked.
-    verify_frees: std::sync::atomic::AtomicBool,
+    /// Blocks frees of file data may still read first ([`Store::find_wild`]): set while an
+    /// open frees the orphan list's files, whose extents came from disk unchecked; 0
+    /// otherwise.
+    verify_budget: AtomicU64,
 }
 
 /// One slot's lease (see `Store::leases`).
@@ -134,6 +135,9 @@ fn lease_size(available: u64) -> u64 {
 
 /// Stripes of the region locks.
 const REGION_STRIPES: usize = 64;
+
+/// Most blocks an open reads to check the orphans' data before freeing it (256 MiB).
+const VERIFY_BUDGET: u64 = 65_536;
 
 /// How dense in live inodes the inode windows read lately were.
 struct Density {
@@ -428,7 +432,7 @@ impl Store {
             leases: (0..SLOTS).map(|_| Padded::default()).collect(),
             wild_targets: Default::default(),
             checked_data: Default::default(),
-            verify_frees: Default::default(),
+            verify_budget: AtomicU64::new(0),
         }
     }
 
@@ -481,14 +485,16 @@ impl Store {
         self.checked_data.lock().insert(start, start.saturating_add(len));
     }
 
-    /// Whether frees of file data read their blocks first (see the field).
-    pub fn verifies_frees(&self) -> bool {
-        self.verify_frees.load(Ordering::Relaxed)
+    /// Whether a free of `len` blocks of file data reads them first: while the budget
+    /// lasts (see the field), which it then spends.
+    pub fn take_verify_budget(&self, len: u64) -> bool {
+        self.verify_budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(len)).is_ok()
     }
 
-    /// Make frees of file data read their blocks first, or stop.
+    /// Make frees of file data read their blocks first, up to `VERIFY_BUDGET` blocks in
+    /// all (a huge orphan list must not read for minutes at an open), or stop.
     pub fn set_verify_frees(&self, on: bool) {
-        self.verify_frees.store(on, Ordering::Relaxed);
+        self.verify_budget.store(if on { VERIFY_BUDGET } else { 0 }, Ordering::Relaxed);
     }
 
     /// Read blocks `[start, start + len)`, mapped as file data, and remember each that

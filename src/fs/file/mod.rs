@@ -319,10 +319,10 @@ pub(super) fn free_data(st: &mut Tx, ino: u64, phys: u64, len: u64, written: boo
     st.let_go();
     st.store().forget_checked_data(phys, len);
     // An orphan freed at open: its extents came from disk unchecked, and metadata memory
-    // does not hold yet is found only by reading (small runs only: a huge orphan's
-    // blocks are trusted, as every other deletion's are). Written extents only: an
+    // does not hold yet is found only by reading (runs ≤ 16 MiB, ≤ 256 MiB an open: past
+    // that blocks are trusted, as every other deletion's are). Written extents only: an
     // unwritten one's blocks keep whatever they held before, stale metadata included.
-    if written && st.store().verifies_frees() && len <= VERIFY_FREE_MAX {
+    if written && len <= VERIFY_FREE_MAX && st.store().take_verify_budget(len) {
         if let Err(e) = st.store().find_wild(phys, len) {
             tracing::error!(
                 "inode {ino}: cannot read blocks {phys}..{end} to check them ({e}): not freed (run dxfs fsck)"

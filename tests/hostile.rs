@@ -912,6 +912,16 @@ fn a_partial_write_never_merges_metadata_from_the_device() {
     repair_holds(dev);
 }
 
+/// Write 64 files of 64 KiB and commit: allocations that take any block wrongly freed.
+fn fill_free_space(vol: &Volume) {
+    let root = vol.root();
+    for i in 0..64 {
+        let a = vol.create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        vol.write(a.ino, 0, &[i as u8; 16 * 4096]).unwrap();
+    }
+    vol.sync().unwrap();
+}
+
 /// Found by the image fuzzer (seeds 2952795210, 2952812209 and 2 more, with an orphan
 /// below): an extent over a metadata block that memory does not hold, overwritten by a
 /// whole page. No read came first, so the page went in place over the leaf. An overwrite
@@ -930,13 +940,8 @@ fn a_whole_page_overwrite_never_lands_on_metadata_from_the_device() {
     vol.sync().unwrap();
     assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was written over");
     assert_eq!(vol.read(f, 0, 4096).unwrap(), vec![5u8; 4096], "the page went elsewhere");
-    // Fill the volume's free space: the leaf must not have been freed for reuse.
-    let root = vol.root();
-    for i in 0..64 {
-        let a = vol.create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0).unwrap();
-        vol.write(a.ino, 0, &[i as u8; 16 * 4096]).unwrap();
-    }
-    vol.sync().unwrap();
+    // The leaf must not have been freed for reuse.
+    fill_free_space(&vol);
     assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4, "the leaf is intact");
     let _ = vol.close();
     assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was reused");
@@ -968,11 +973,7 @@ fn an_orphans_extent_over_metadata_frees_no_metadata() {
     let before = img[k..k + BLOCK_SIZE].to_vec();
     let (dev, vol) = open(img, false);
     let vol = vol.expect("the orphan's bad extent does not stop the open");
-    for i in 0..64 {
-        let a = vol.create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0).unwrap();
-        vol.write(a.ino, 0, &[i as u8; 16 * 4096]).unwrap();
-    }
-    vol.sync().unwrap();
+    fill_free_space(&vol);
     assert_eq!(vol.readdir(d, 0, 100).unwrap().len(), 4, "the leaf is intact");
     let _ = vol.close();
     assert!(dev.to_bytes()[k..k + BLOCK_SIZE] == before[..], "the leaf was freed and reused");

@@ -104,6 +104,8 @@ pub struct Store {
     /// sealed at their own address (wild extents onto blocks memory did not hold): never
     /// overwritten or freed as file data ([`Store::holds_metadata`] names them too).
     wild_targets: parking_lot::Mutex<rustc_hash::FxHashSet<u64>>,
+    /// `wild_targets` is not empty.
+    any_wild: std::sync::atomic::AtomicBool,
     /// Blocks known to hold file data: written by this mount, or read and found to be
     /// data, so that an overwrite in place reads its block at most once (freed blocks
     /// leave it).
@@ -431,6 +433,7 @@ impl Store {
             regions: (0..REGION_STRIPES).map(|_| parking_lot::Mutex::new(())).collect(),
             leases: (0..SLOTS).map(|_| Padded::default()).collect(),
             wild_targets: Default::default(),
+            any_wild: Default::default(),
             checked_data: Default::default(),
             verify_budget: AtomicU64::new(0),
         }
@@ -441,17 +444,19 @@ impl Store {
         Tx::new(self)
     }
 
-    /// The first of blocks `[start, start + len)` that memory holds as live metadata. The
-    /// allocator never hands such a block out, so a file extent over one is a wild
-    /// pointer (a read refuses it rather than return metadata as file data).
+    /// The first of blocks `[start, start + len)` that memory holds as live metadata, or
+    /// that was found holding metadata under a file extent (`note_wild`). The allocator
+    /// never hands such a block out, so a file extent over one is a wild pointer (a read
+    /// refuses it rather than return metadata as file data).
     /// Takes the shards' locks: the caller holds no cache block (`MetaRead::let_go`).
     pub fn holds_metadata(&self, start: u64, len: u64) -> Option<u64> {
         debug_assert_eq!(crate::engine::leaf::guards_held(), 0, "a shard lock taken while a cache block is held");
         let held = self.cache.first_held(start, len);
-        let wild = self.wild_targets.lock();
-        if wild.is_empty() {
+        // Nearly always none: no lock taken then (reads ask this too).
+        if !self.any_wild.load(Ordering::Acquire) {
             return held;
         }
+        let wild = self.wild_targets.lock();
         let end = start.saturating_add(len).min(held.unwrap_or(u64::MAX));
         wild.iter().copied().filter(|&b| b >= start && b < end).min().or(held)
     }
@@ -472,11 +477,17 @@ impl Store {
         self.dev.read(b, &mut buf)?;
         if sealed_metadata(&buf, b) {
             tracing::error!("block {b}, mapped as file data, holds a metadata block (a wild extent): written elsewhere, never freed (run dxfs fsck)");
-            self.wild_targets.lock().insert(b);
+            self.note_wild(b);
             return Ok(false);
         }
         self.checked_data.lock().insert(b, b + 1);
         Ok(true)
+    }
+
+    /// Block `b`, mapped as file data, holds metadata: never written or freed as data.
+    fn note_wild(&self, b: u64) {
+        self.wild_targets.lock().insert(b);
+        self.any_wild.store(true, Ordering::Release);
     }
 
     /// Blocks `[start, start + len)` were allocated for file data, which is about to be
@@ -513,7 +524,7 @@ impl Store {
                 let b = at + k as u64;
                 if sealed_metadata(blk, b) {
                     tracing::error!("block {b}, mapped as file data, holds a metadata block (a wild extent): not freed (run dxfs fsck)");
-                    self.wild_targets.lock().insert(b);
+                    self.note_wild(b);
                 }
             }
             at += n;

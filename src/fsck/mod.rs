@@ -267,6 +267,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         journal.commit(&*dev, &[], &[])?;
     }
     let over_meta = w.data_over_metadata();
+    let cloned = w.shared_data();
     let layout = w.st.sb.layout;
     let Usage { mut leaked, marked_free } = w.space_map(bitmap_damage.is_some());
     // Live inodes that no directory names (their entry went with a directory leaf, or was
@@ -476,6 +477,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         // that were not plainly its own (a damaged chain may name another's block) to be
         // found leaked: check again, so that one fsck leaves the volume clean.
         let again = over_meta > 0
+            || cloned > 0
             || inode_fixes.iter().any(|(_, f, _)| matches!(f, InodeFix::Xattrs(_)))
             // (Lost inodes are put back below, and that checks again too.)
             || (rstats_later && lost.is_empty());

@@ -435,6 +435,7 @@ pub(super) fn repair_volume(dev: Arc<dyn BlockDevice>, f: &Fixes) -> Result<()> 
                 // Counts from the walk's (applied above): only tree nodes the removals
                 // free change it.
                 InodeFix::DropExtents(bad) => file::drop_extent_records(st, &mut i, bad)?,
+                InodeFix::CloneShared { extent, shared } => file::clone_shared(st, &mut i, *extent, shared)?,
             }
             st.put_inode(&i)?;
         }

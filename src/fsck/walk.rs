@@ -34,6 +34,11 @@ pub(super) struct Walk<'a> {
     /// extent over metadata is dropped (`data_over_metadata`).
     pub(super) meta: HashSet<u64>,
     data_runs: Vec<(u64, Extent)>,
+    /// File data blocks another extent claimed first, as data: (inode, its extent, block,
+    /// the first owner). A repair gives the later extent its own copies (`shared_data`).
+    shared: Vec<(u64, Extent, u64, u64)>,
+    /// Extents `data_over_metadata` dropped, by (inode, logical block).
+    dropped_runs: HashSet<(u64, u64)>,
     pub(super) links: HashMap<u64, u32>,
     /// The directories naming each non-directory, once per name (its rstat counting
     /// directory must be one of them).
@@ -72,6 +77,11 @@ pub(super) enum InodeFix {
     NoXattrBlock,
     /// Extent records that break the rules: removed, their range a hole.
     DropExtents(Vec<Extent>),
+    /// An extent whose blocks `shared` another file's data (or another extent of the
+    /// same file) claimed first: those blocks are copied to new ones for this extent, so
+    /// that a write to one file never changes the other (e2fsck's cloning of duplicate
+    /// blocks). Without room for a copy, the block becomes a hole.
+    CloneShared { extent: Extent, shared: Vec<u64> },
     /// An xattr list with entries that break the rules: stored again with only the rest.
     Xattrs(Vec<xattr::Xattr>),
     /// A directory's entry count.
@@ -121,6 +131,8 @@ impl<'a> Walk<'a> {
             owner: HashMap::new(),
             meta: HashSet::new(),
             data_runs: Vec::new(),
+            shared: Vec::new(),
+            dropped_runs: HashSet::new(),
             links: HashMap::new(),
             names_of: HashMap::new(),
             seen: HashSet::new(),
@@ -272,6 +284,12 @@ impl Walk<'_> {
     }
 
     pub(super) fn own(&mut self, b: u64, ino: u64, what: &str) {
+        self.claim(b, ino, what);
+    }
+
+    /// [`Walk::own`], returning the first owner when both claims are file data: the
+    /// caller records that for a copy (`shared_data`) instead of an error.
+    fn claim(&mut self, b: u64, ino: u64, what: &str) -> Option<u64> {
         // Inodes own only data-area blocks; the fixed structures there (ino 0) are the
         // blocks the data area leaves out.
         let layout = self.st.sb.layout;
@@ -279,16 +297,19 @@ impl Walk<'_> {
             if ino == 0 { b >= layout.first_free() && b < layout.block_count } else { layout.meta_block_ok(b) };
         if !placed {
             self.err(format!("inode {ino}: {what} block {b} outside the data area"));
-            return;
+            return None;
         }
         // A region is a range an inode names, not a block read and verified: its inode
         // blocks count as metadata where the slot check reads them.
         if what != "data" && what != "reserved region" {
             self.meta.insert(b);
         }
-        if let Some(o) = self.owner.insert(b, ino) {
-            self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
+        let o = self.owner.insert(b, ino)?;
+        if what == "data" && !self.meta.contains(&b) {
+            return Some(o);
         }
+        self.err(format!("block {b} owned twice: by inode {o} and by inode {ino} ({what})"));
+        None
     }
 
     /// Whether block `b` is file data of a usable inode the walk reached, and not
@@ -314,8 +335,41 @@ impl Walk<'_> {
                     e.len, e.logical, e.phys
                 );
                 self.fix(ino, InodeFix::DropExtents(vec![e]), m);
+                self.dropped_runs.insert((ino, e.logical));
                 n += 1;
             }
+        }
+        n
+    }
+
+    /// File data blocks two extents claim (a bent extent over another file's data): the
+    /// later extent gets its own copies, unless it or the inode goes anyway. After
+    /// `data_over_metadata`. Returns how many extents.
+    pub(super) fn shared_data(&mut self) -> usize {
+        let mut by_extent: Vec<(u64, Extent, Vec<u64>, u64)> = Vec::new();
+        for (ino, e, b, first) in std::mem::take(&mut self.shared) {
+            if self.bad.contains(&ino) || self.dropped_runs.contains(&(ino, e.logical)) {
+                continue;
+            }
+            match by_extent.last_mut() {
+                Some((i, x, blocks, _)) if *i == ino && *x == e => blocks.push(b),
+                _ => by_extent.push((ino, e, vec![b], first)),
+            }
+        }
+        let n = by_extent.len();
+        for (ino, extent, shared, first) in by_extent {
+            let m = format!(
+                "inode {ino}: extent of {} blocks at logical {} -> block {} shares {} with the data of inode \
+                 {first} (a repair gives it its own copies)",
+                extent.len,
+                extent.logical,
+                extent.phys,
+                match shared.len() {
+                    1 => format!("block {}", shared[0]),
+                    n => format!("{n} blocks from block {}", shared[0]),
+                }
+            );
+            self.fix(ino, InodeFix::CloneShared { extent, shared }, m);
         }
         n
     }
@@ -422,7 +476,9 @@ impl Walk<'_> {
                             last_end = e.end();
                             mapped_end = e.end();
                             for b in e.phys..e.phys + e.len {
-                                self.own(b, ino, "data");
+                                if let Some(first) = self.claim(b, ino, "data") {
+                                    self.shared.push((ino, e, b, first));
+                                }
                             }
                             self.data_runs.push((ino, e));
                             owned += e.len;

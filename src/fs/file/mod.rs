@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use crate::disk::codec::*;
 use crate::disk::format::*;
+use crate::disk::valid::guard_data_write;
 use crate::engine::btree;
 use crate::engine::store::{MetaRead, Tx};
 use crate::error::{Error, Result};
@@ -142,6 +143,57 @@ pub(crate) fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]
         _ => return Err(Error::Invalid("not a file".into())),
     }
     st.account(&mut inode.blocks, mark);
+    Ok(())
+}
+
+/// Give extent `e` (as `raw_extents` gave it) its own copies of the blocks `shared`,
+/// which another extent claims too (fsck's repair of a block owned twice as data). The
+/// other blocks stay mapped where they are; a shared block the volume has no room to copy
+/// becomes a hole. The file's block count does not change: it maps as many blocks.
+pub(crate) fn clone_shared(st: &mut Tx, inode: &mut Inode, e: Extent, shared: &[u64]) -> Result<()> {
+    let is_shared = |b: u64| shared.contains(&b);
+    drop_extent_records(st, inode, &[e])?;
+    let mark = st.usage_mark();
+    let layout = st.store().sb.layout;
+    let dev = st.store().dev().clone();
+    let (mut copied, mut holed) = (0u64, 0u64);
+    let mut at = 0u64;
+    while at < e.len {
+        let run_shared = is_shared(e.phys + at);
+        let len = (at..e.len).take_while(|&k| is_shared(e.phys + k) == run_shared).count() as u64;
+        if !run_shared {
+            map(st, inode, Extent { logical: e.logical + at, len, phys: e.phys + at, ..e })?;
+            at += len;
+            continue;
+        }
+        let mut done = 0;
+        while done < len {
+            let goal = goal_for(st, inode, e.logical + at + done)?;
+            let Some((phys, n)) = st.alloc(goal, len - done, 1) else {
+                tracing::warn!(
+                    ino = inode.ino,
+                    logical = e.logical + at + done,
+                    "no room to copy shared blocks: a hole"
+                );
+                holed += len - done;
+                break;
+            };
+            if !e.unwritten {
+                guard_data_write(&layout, phys, n)?;
+                let mut buf = vec![0u8; BLOCK_SIZE];
+                for k in 0..n {
+                    dev.read(e.phys + at + done + k, &mut buf)?;
+                    dev.write_data(phys + k, &buf)?;
+                }
+            }
+            map(st, inode, Extent { logical: e.logical + at + done, len: n, phys, ..e })?;
+            copied += n;
+            done += n;
+        }
+        at += len;
+    }
+    st.account(&mut inode.blocks, mark);
+    inode.blocks = inode.blocks.saturating_sub(copied + holed);
     Ok(())
 }
 

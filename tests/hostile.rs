@@ -684,6 +684,81 @@ fn a_superblock_naming_the_wrong_root_gives_way_to_its_backup() {
     }
 }
 
+/// A volume whose blocks in use reach past the least a volume may have (195 blocks with
+/// the default log): file `big` of 300 blocks, then directory `d` of two entries, whose
+/// index leaf lies past `big`. Returns the image, `big`, its first block and `d`.
+fn spread() -> (Vec<u8>, u64, u64, u64) {
+    let (dev, vol) = mem_volume(BLOCKS);
+    let root = vol.root();
+    let big = vol.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    vol.write(big, 0, &[7u8; 300 * 4096]).unwrap();
+    vol.sync().unwrap();
+    let d = vol.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    vol.create(d, b"one", 0o644, 0, 0).unwrap();
+    close_and_check(dev.clone(), vol);
+    let img = settled(&dev);
+    let (b, s) = ino_loc(big);
+    let phys = get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], EXT0_PHYS);
+    (img, big, phys, d)
+}
+
+/// Found by the image fuzzer (seeds 3489675194, 3489682698): a block count cut in block
+/// 0, or in both copies, to less than the volume uses. fsck took it: it dropped every
+/// extent past the cut, and wrote a backup superblock where the cut count puts it, over
+/// whatever lived there. The device's last block holds a copy of this volume, and copies
+/// are only written in a volume's last block: the count is the one that place gives.
+#[test]
+fn a_block_count_cut_in_both_copies_is_taken_from_the_backups_place() {
+    let (img, big, phys, _) = spread();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    let cut = phys + 150; // half of big lies past it
+    for copies in [&[0][..], &[0, last][..]] {
+        let mut img = img.clone();
+        for &at in copies {
+            let blk = block_of(&mut img, at);
+            put_u64(blk, 88, cut);
+            seal(blk, at);
+        }
+        let slot = block_of(&mut img, cut - 1).to_vec();
+        let dev = Arc::new(MemDevice::from_bytes(img));
+        repair_holds(dev.clone());
+        let now = dev.to_bytes();
+        assert_eq!(get_u64(&now, 88), last + 1, "block 0's count was not written again");
+        let at = (cut - 1) as usize * BLOCK_SIZE;
+        assert!(now[at..at + BLOCK_SIZE] == slot[..], "block {} was written", cut - 1);
+        let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+        assert!(vol.read(big, 0, 300 * 4096).unwrap() == vec![7u8; 300 * 4096], "big lost its data");
+        close_and_check(dev, vol);
+    }
+}
+
+/// The same cut with no copy in the device's last block either: the count cannot be
+/// told, and the place the cut count gives the backup holds a directory's index leaf.
+/// fsck names it and never writes a superblock over it.
+#[test]
+fn a_backup_superblock_is_never_written_over_another_structure() {
+    let (mut img, _, _, d) = spread();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    let leaf = dir_leaf(&img, d);
+    block_of(&mut img, last).fill(0);
+    let blk = block_of(&mut img, 0);
+    put_u64(blk, 88, leaf + 1);
+    seal(blk, 0);
+    let before = block_of(&mut img, leaf).to_vec();
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let found = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).unwrap();
+    let named = format!("superblock copy in block {leaf} is missing: the block holds another structure");
+    assert!(found.errors.iter().any(|e| e.contains(&named)), "{:#?}", found.errors);
+    // The cut volume is full: the repair, which must link an inode into lost+found, says so.
+    match dxfs::fsck::check(dev.clone(), true, &mut |_| {}) {
+        Ok(r) => assert!(r.errors.iter().any(|e| e.contains(&named)), "not left named: {:#?}", r.errors),
+        Err(e) => assert!(e.to_string().contains("the volume has none left"), "{e}"),
+    }
+    let now = dev.to_bytes();
+    let at = leaf as usize * BLOCK_SIZE;
+    assert!(now[at..at + BLOCK_SIZE] == before[..], "block {leaf} was written");
+}
+
 /// Found by the image fuzzer (seeds 1895830155, 1895832321): both superblock copies
 /// naming another inode as the root (a file, a directory that is not its own parent).
 /// No copy helps; repair finds the one directory that is its own parent and writes it

@@ -355,8 +355,9 @@ fn an_unreadable_root_inode_is_recreated_with_its_entries() {
 
 /// The root's inode block relabelled, checksum valid, as another structure (issue 39's
 /// fuzzer): where that structure cannot be live there (an xattr continuation its owner
-/// does not name, a state block away from block 1), fsck recreates the root with its
-/// entries; an xattr head, which any inode may share, is left alone and reported.
+/// does not name, a state block away from block 1, an xattr head no readable inode
+/// names: fuzzer seeds 3489661648, 3758146569), fsck recreates the root with its
+/// entries; one that may be live is left alone and reported.
 #[test]
 fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_live() {
     let relabel = |dev: &MemDevice, magic: &[u8; 4]| {
@@ -367,7 +368,7 @@ fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_li
         dxfs::internals::seal(&mut blk, rb);
         dev.write(rb, &blk).unwrap();
     };
-    for magic in [b"DXXC", b"DXST", b"DXTN"] {
+    for magic in [b"DXXC", b"DXST", b"DXTN", b"DXXA"] {
         let (dev, kept) = volume();
         relabel(&dev, magic);
         let r = check(&dev, true);
@@ -383,10 +384,14 @@ fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_li
         vol.close().unwrap();
         common::assert_clean(dev);
     }
+    // An xattr head an inode names may be live: `keep`'s list pointed at the root's block.
     let (dev, _) = volume();
+    let keep = ino_of(&dev, &["keep"]);
     relabel(&dev, b"DXXA");
+    let rb = ino_loc(ino_of_mem(&dev)).0;
+    poke(&dev, keep, 112, &rb.to_le_bytes());
     let e = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).map(|r| r.errors).unwrap_err();
-    assert!(e.to_string().contains("cannot be recreated there"), "{e}");
+    assert!(e.to_string().contains("cannot be recreated there"), "a named head: {e}");
     // A B+tree node its owner's tree reaches may be live: directory `keep`'s leaf, moved
     // to the root's block (the seed 1610625145 relabelled block has owner 0, reached by
     // no tree, and is recreated above).

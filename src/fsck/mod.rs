@@ -15,7 +15,7 @@ use crate::engine::btree;
 use crate::engine::cache::MetaCache;
 use crate::engine::space::Space;
 use crate::engine::store::Tx;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fs::dir;
 use crate::fs::file;
 use crate::volume::{mark, read_usable_superblock, Volume};
@@ -89,7 +89,13 @@ pub struct CheckOptions {
 pub fn check_with(dev: Arc<dyn BlockDevice>, opts: &CheckOptions, progress: &mut dyn FnMut(u64)) -> Result<Report> {
     let repair = opts.repair;
     let rolled = if opts.rollback && repair { roll_back(&dev)? } else { None };
-    let mut r = check_marked(dev, repair, progress)?;
+    let mut r = check_marked(dev, repair, progress).map_err(|e| match e {
+        // A repair's delta (a rebuilt index, lost+found) found no free block.
+        Error::NoSpace if repair => Error::Invalid(
+            "a repair needs free blocks and the volume has none left: free or add space, then run fsck again".into(),
+        ),
+        e => e,
+    })?;
     r.fixed.splice(0..0, rolled);
     Ok(r)
 }
@@ -193,7 +199,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         }
     }
     let mut r = Report { blocks_total: sb.layout.block_count, ..Default::default() };
-    let sb_fixes = superblock_copies(&*dev, &sb)?;
+    let (sb_fixes, sb_held) = superblock_copies(&*dev, &sb)?;
     // A damaged free-space map or state block does not stop the check: both follow from
     // the tree, and are rebuilt from what the walk finds.
     let (st, state, bitmap_damage, state_damage, mut journal, miscounted, held) =
@@ -384,6 +390,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     } else {
         r.errors.extend(sb_fixes.into_iter().map(|(_, m)| m));
     }
+    r.errors.extend(sb_held);
     if !r.rebuilt.is_empty() {
         // Written in place, outside any delta: a crash half way leaves them damaged again,
         // and the next fsck rebuilds them again. The free-space map needs the whole walk
@@ -421,27 +428,25 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     if repair && root_lost && pass < MAX_DROP_PASSES {
         // Nothing else can be checked without the root: recreate it first.
         drop(w.st);
-        let told = recreate_root(dev.clone())?;
+        // What this pass already wrote (the superblock copies, a rebuilt map) is told too.
+        let mut told = std::mem::take(&mut r.fixed);
+        told.push(recreate_root(dev.clone())?);
         let mut next = check_pass(dev, repair, progress, pass + 1)?;
-        next.fixed.insert(0, told);
+        next.fixed.splice(0..0, told);
         return Ok(next);
     }
     if repair && !r.errors.is_empty() && (!drops.is_empty() || !salvage.is_empty()) && pass < MAX_DROP_PASSES {
         drop(w.st);
-        let mut told: Vec<String> = drops
-            .iter()
-            .map(|(d, _, name, c)| {
-                let invalid = crate::fs::dir::check_name(name).is_err();
-                let name = String::from_utf8_lossy(name);
-                if invalid {
-                    format!("directory {d}: dropped entry {name:?}, which is not a valid name (inode {c} is kept)")
-                } else {
-                    format!(
-                        "directory {d}: dropped entry {name:?}, which names unusable inode {c} (its contents are lost)"
-                    )
-                }
-            })
-            .collect();
+        let mut told = std::mem::take(&mut r.fixed);
+        told.extend(drops.iter().map(|(d, _, name, c)| {
+            let invalid = crate::fs::dir::check_name(name).is_err();
+            let name = String::from_utf8_lossy(name);
+            if invalid {
+                format!("directory {d}: dropped entry {name:?}, which is not a valid name (inode {c} is kept)")
+            } else {
+                format!("directory {d}: dropped entry {name:?}, which names unusable inode {c} (its contents are lost)")
+            }
+        }));
         told.extend(drop_entries(dev.clone(), &drops, &salvage, &marked_free)?);
         let mut next = check_pass(dev, repair, progress, pass + 1)?;
         next.fixed.splice(0..0, told);
@@ -478,6 +483,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         // found leaked: check again, so that one fsck leaves the volume clean.
         let again = over_meta > 0
             || cloned > 0
+            // A moved entry was also an error, which held back the global repairs.
+            || !rekey.is_empty()
             || inode_fixes.iter().any(|(_, f, _)| matches!(f, InodeFix::Xattrs(_)))
             // (Lost inodes are put back below, and that checks again too.)
             || (rstats_later && lost.is_empty());
@@ -513,10 +520,14 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     Ok(r)
 }
 
+/// A superblock copy a repair writes again: its block, and what is wrong with it.
+type SuperblockFix = (u64, String);
+
 /// Both superblock copies must be intact and agree with `sb`, the one in use: the copies
-/// that do not, each with what is wrong.
-fn superblock_copies(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<(u64, String)>> {
-    let mut fixes = Vec::new();
+/// a repair rewrites, each with what is wrong, and what it must leave (a backup's place
+/// holding another structure).
+fn superblock_copies(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(Vec<SuperblockFix>, Vec<String>)> {
+    let (mut fixes, mut held) = (Vec::new(), Vec::new());
     for at in [SUPERBLOCK, sb.layout.backup_superblock()] {
         let mut b = [0u8; BLOCK_SIZE];
         dev.read(at, &mut b)?;
@@ -534,8 +545,16 @@ fn superblock_copies(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<(u64,
                             ..sb.clone()
                         } => {}
             Ok(_) => fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
+            // Sealed for its place as another kind of block: maybe live (the count that
+            // puts the backup there may be the damage), so never written over.
+            Err(_) if at != SUPERBLOCK && verify(&b, at, None).is_ok() => held.push(format!(
+                "superblock copy in block {at} is missing: the block holds another structure (magic {:#010x}), \
+                 which a repair does not write over (is the volume's block count, {}, right?)",
+                get_u32(&b, 0),
+                sb.layout.block_count
+            )),
             Err(e) => fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
         }
     }
-    Ok(fixes)
+    Ok((fixes, held))
 }

@@ -106,6 +106,9 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     dev.read(rb, &mut raw)?;
     let node_reached = get_u32(&raw, 0) == crate::engine::btree::BTREE_MAGIC
         && node_is_reached(&mut st, &state, sb.layout, get_u64(&raw, 16), rb);
+    // An xattr head there is live only if a readable inode names it (heads name no owner).
+    let head_named =
+        get_u32(&raw, 0) == XATTR_MAGIC && xattr_head_is_named(&*dev, &sb, &|b| b != rb && store.is_used(b), rb)?;
     let mut recs = std::collections::BTreeMap::new();
     let mut nodes = Vec::new();
     for b in sb.layout.first_free()..sb.layout.backup_superblock() {
@@ -129,7 +132,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     // inodes, and an unreadable one (the damaged root block) is written anew.
     let readable = verify(&raw, rb, None).is_ok();
     let magic = get_u32(&raw, 0);
-    if readable && magic != INODE_MAGIC && foreign_may_be_live(&*dev, &sb, &raw, rb, node_reached)? {
+    if readable && magic != INODE_MAGIC && foreign_may_be_live(&*dev, &sb, &raw, rb, node_reached || head_named)? {
         return Err(crate::error::Error::corrupt(format!(
             "the root inode {root} is unreadable and its block {rb} holds another structure (magic {magic:#010x}): \
              the root cannot be recreated there"
@@ -202,15 +205,9 @@ pub(super) fn find_root(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
 /// copies must name this root (else the root's place itself is in doubt). Structures with
 /// fixed places elsewhere (superblock, state, log, bitmap; the mount mark is never the
 /// root's block, FORMAT §3) cannot be live here. An xattr continuation is live only if
-/// its owner's list names it, a B+tree node only if its owner's tree reaches it
-/// (`node_reached`). An xattr head may be: kept.
-fn foreign_may_be_live(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    raw: &Block,
-    rb: u64,
-    node_reached: bool,
-) -> Result<bool> {
+/// its owner's list names it; a B+tree node only if its owner's tree reaches it, and an
+/// xattr head only if a readable inode names it (`live`, which the caller found).
+fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: u64, live: bool) -> Result<bool> {
     let mut b = [0u8; BLOCK_SIZE];
     let last = sb.layout.backup_superblock();
     dev.read(last, &mut b)?;
@@ -220,9 +217,39 @@ fn foreign_may_be_live(
     Ok(match get_u32(raw, 0) {
         SB_MAGIC | STATE_MAGIC | COMMIT_MAGIC | BITMAP_MAGIC | MARK_MAGIC => false,
         XATTR_CONT_MAGIC => continuation_is_named(dev, sb, get_u64(raw, 16), rb)?,
-        crate::engine::btree::BTREE_MAGIC => node_reached,
+        crate::engine::btree::BTREE_MAGIC | XATTR_MAGIC => live,
         _ => true,
     })
+}
+
+/// Whether a readable inode in a block in use names xattr head `head` as its list. An
+/// unreadable inode's xattrs are lost with it, so its block names nothing.
+fn xattr_head_is_named(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    in_use: &dyn Fn(u64) -> bool,
+    head: u64,
+) -> Result<bool> {
+    let mut b = [0u8; BLOCK_SIZE];
+    for blk in sb.layout.first_free()..sb.layout.backup_superblock() {
+        if !in_use(blk) {
+            continue;
+        }
+        dev.read(blk, &mut b)?;
+        if verify(&b, blk, Some(INODE_MAGIC)).is_err() {
+            continue;
+        }
+        let used = get_u16(&b, IB_USED);
+        for slot in (0..16).filter(|s| used & 1 << s != 0) {
+            let ino = blk * 16 + slot as u64;
+            if let Ok(Some(i)) = Inode::decode(ino, &b[slot * INODE_SIZE..(slot + 1) * INODE_SIZE]) {
+                if i.xattr_block == head {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Whether the tree of B+tree node `b`'s owner (an inode, or the lazy-free or rstat

@@ -187,6 +187,15 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
                     }
                 }
             }
+            if let Some(counted) = count_from_last_copy(dev, &sb)? {
+                tracing::warn!(
+                    "block 0 says the volume has {} blocks, but no copy lies in its last block and the device's \
+                     last block holds one of this volume: using {} blocks, the count that copy's place gives",
+                    sb.layout.block_count,
+                    counted.layout.block_count
+                );
+                return Ok(counted);
+            }
             Ok(sb)
         }
         Err(e) => {
@@ -203,6 +212,36 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
             })
         }
     }
+}
+
+/// A superblock whose block count is smaller than the device's, with no superblock in the
+/// volume's last block (where its backup belongs), while the device's last block holds a
+/// copy of this volume (same uuid): backups are only written in a volume's last block, so
+/// when that copy was written the volume had the device's count. Returns that copy with
+/// the count its place gives (the count field of both copies may be the damage), if that
+/// superblock is valid. `None` in every other case, a smaller volume on a larger device
+/// among them.
+fn count_from_last_copy(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Superblock>> {
+    let (n, d) = (sb.layout.block_count, dev.block_count());
+    if n >= d || n == 0 {
+        return Ok(None);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(n - 1, &mut b)?;
+    if get_u32(&b, 0) == SB_MAGIC && Superblock::decode(&b, n - 1).is_ok_and(|c| c.uuid == sb.uuid) {
+        return Ok(None);
+    }
+    dev.read(d - 1, &mut b)?;
+    let Ok(last) = Superblock::decode(&b, d - 1) else { return Ok(None) };
+    if last.uuid != sb.uuid {
+        return Ok(None);
+    }
+    let counted = Superblock { layout: Layout { block_count: d, ..last.layout }, ..last };
+    // The rules a decoded superblock keeps (the layout fits the new count), and a root.
+    let valid = Superblock::decode(&counted.encode(SUPERBLOCK), SUPERBLOCK).is_ok_and(|c| c == counted)
+        && usable(dev, &counted).is_ok()
+        && root_is_wrong(dev, &counted)? != Some(true);
+    Ok(valid.then_some(counted))
 }
 
 /// Whether the root inode `sb` names is plainly not a root: its block is sealed for its

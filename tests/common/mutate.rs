@@ -1095,7 +1095,8 @@ pub fn mutate(img: &mut [u8], idx: &Index, ch: &mut dyn Choices, opts: &Options)
 
 fn ctx_for<'a>(idx: &'a Index, home: u64, kind: Kind, blk: &[u8], field: &Field) -> Ctx<'a> {
     let (ino, owner) = match kind {
-        Kind::Inode if field.off >= 256 => (Some(home * 16 + (field.off / 256) as u64), None),
+        // (A damaged log body may name any home block: no inode number past u64.)
+        Kind::Inode if field.off >= 256 => (home.checked_mul(16).map(|i| i + (field.off / 256) as u64), None),
         Kind::Inode => (None, Some(get(blk, 16, 8)).filter(|&o| o != 0)),
         Kind::Btree | Kind::XattrCont => (None, Some(get(blk, 16, 8))),
         _ => (None, None),

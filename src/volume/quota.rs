@@ -384,6 +384,7 @@ impl Inner {
 
     /// The bytes the subtree of every quota root above inode `ino` may still allocate
     /// (the least of them; `None`: no quota above it).
+    #[cfg(feature = "fuse")]
     pub(super) fn quota_room(&self, ino: u64) -> Result<Option<u64>> {
         Ok(self.tightest_quota(ino)?.map(|(limit, used)| limit.saturating_sub(used) * BLOCK_SIZE as u64))
     }
@@ -474,6 +475,7 @@ impl Volume {
     /// The bytes every quota above inode `ino` still allows (the least; `None`: no quota
     /// above it). What the FUSE server uses to send writers past the page cache near a
     /// limit.
+    #[cfg(feature = "fuse")]
     pub(crate) fn quota_room(&self, ino: u64) -> Result<Option<u64>> {
         let g = self.op(&[(ino, Mode::Read)]);
         g.quota_room(ino)

@@ -356,7 +356,7 @@ fn an_unreadable_root_inode_is_recreated_with_its_entries() {
 /// The root's inode block relabelled, checksum valid, as another structure (issue 39's
 /// fuzzer): where that structure cannot be live there (an xattr continuation its owner
 /// does not name, a state block away from block 1, an xattr head no readable inode
-/// names: fuzzer seeds 3489661648, 3758146569), fsck recreates the root with its
+/// names: fuzzer seeds 3489661648, 3758146569; a magic no structure has), fsck recreates the root with its
 /// entries; one that may be live is left alone and reported.
 #[test]
 fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_live() {
@@ -368,7 +368,7 @@ fn a_root_block_relabelled_as_another_structure_is_recreated_unless_it_may_be_li
         dxfs::internals::seal(&mut blk, rb);
         dev.write(rb, &blk).unwrap();
     };
-    for magic in [b"DXXC", b"DXST", b"DXTN", b"DXXA"] {
+    for magic in [b"DXXC", b"DXST", b"DXTN", b"DXXA", b"EXIN"] {
         let (dev, kept) = volume();
         relabel(&dev, magic);
         let r = check(&dev, true);

@@ -206,7 +206,8 @@ pub(super) fn find_root(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
 /// fixed places elsewhere (superblock, state, log, bitmap; the mount mark is never the
 /// root's block, FORMAT §3) cannot be live here. An xattr continuation is live only if
 /// its owner's list names it; a B+tree node only if its owner's tree reaches it, and an
-/// xattr head only if a readable inode names it (`live`, which the caller found).
+/// xattr head only if a readable inode names it (`live`, which the caller found); a
+/// block whose magic no structure has, never.
 fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: u64, live: bool) -> Result<bool> {
     let mut b = [0u8; BLOCK_SIZE];
     let last = sb.layout.backup_superblock();
@@ -218,7 +219,10 @@ fn foreign_may_be_live(dev: &dyn BlockDevice, sb: &Superblock, raw: &Block, rb: 
         SB_MAGIC | STATE_MAGIC | COMMIT_MAGIC | BITMAP_MAGIC | MARK_MAGIC => false,
         XATTR_CONT_MAGIC => continuation_is_named(dev, sb, get_u64(raw, 16), rb)?,
         crate::engine::btree::BTREE_MAGIC | XATTR_MAGIC => live,
-        _ => true,
+        INODE_MAGIC => true,
+        // No structure of this format has that magic (fuzzer seeds 3758169844,
+        // 4026632305: the inode magic plus one): nothing live is there.
+        _ => false,
     })
 }
 

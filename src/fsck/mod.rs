@@ -67,7 +67,7 @@ impl Report {
 /// inodes checked so far.
 ///
 /// A volume with a mount mark (ro_compat MOUNT_MARK): a repair takes the mark for its
-/// whole length, so it is refused ([`Error::Busy`](crate::Error::Busy)) while another host
+/// whole length, so it is refused ([`Error::Busy`]) while another host
 /// or process holds the volume; a check without repair says in `warnings` that the volume
 /// is in use (what it reads may lag behind the holder's memory).
 pub fn check(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(u64)) -> Result<Report> {

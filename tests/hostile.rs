@@ -732,6 +732,20 @@ fn a_block_count_cut_in_both_copies_is_taken_from_the_backups_place() {
     }
 }
 
+/// A backup copy sealed for its place but with a field no superblock may have is still a
+/// superblock copy: a repair writes it again (it is not "another structure" kept).
+#[test]
+fn a_damaged_backup_superblock_is_written_again() {
+    let (mut img, ..) = small();
+    let last = (img.len() / BLOCK_SIZE - 1) as u64;
+    let blk = block_of(&mut img, last);
+    put_u64(blk, 88, u64::MAX / 8); // block count
+    seal(blk, last);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    assert_eq!(get_u64(&dev.to_bytes()[last as usize * BLOCK_SIZE..], 88), last + 1, "the backup was not written");
+}
+
 /// The same cut with no copy in the device's last block either: the count cannot be
 /// told, and the place the cut count gives the backup holds a directory's index leaf.
 /// fsck names it and never writes a superblock over it.

@@ -547,12 +547,14 @@ fn superblock_copies(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(Vec<Supe
             Ok(_) => fixes.push((at, format!("superblock copy in block {at} differs from the one in use"))),
             // Sealed for its place as another kind of block: maybe live (the count that
             // puts the backup there may be the damage), so never written over.
-            Err(_) if at != SUPERBLOCK && verify(&b, at, None).is_ok() => held.push(format!(
-                "superblock copy in block {at} is missing: the block holds another structure (magic {:#010x}), \
+            Err(_) if at != SUPERBLOCK && get_u32(&b, 0) != SB_MAGIC && verify(&b, at, None).is_ok() => {
+                held.push(format!(
+                    "superblock copy in block {at} is missing: the block holds another structure (magic {:#010x}), \
                  which a repair does not write over (is the volume's block count, {}, right?)",
-                get_u32(&b, 0),
-                sb.layout.block_count
-            )),
+                    get_u32(&b, 0),
+                    sb.layout.block_count
+                ))
+            }
             Err(e) => fixes.push((at, format!("superblock copy in block {at} is damaged: {e}"))),
         }
     }

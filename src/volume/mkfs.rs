@@ -228,7 +228,7 @@ fn count_from_last_copy(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
     }
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(n - 1, &mut b)?;
-    if get_u32(&b, 0) == SB_MAGIC && Superblock::decode(&b, n - 1).is_ok_and(|c| c.uuid == sb.uuid) {
+    if Superblock::decode(&b, n - 1).is_ok_and(|c| c.uuid == sb.uuid) {
         return Ok(None);
     }
     dev.read(d - 1, &mut b)?;

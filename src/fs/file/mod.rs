@@ -151,6 +151,7 @@ pub(crate) fn drop_extent_records(st: &mut Tx, inode: &mut Inode, bad: &[Extent]
 /// other blocks stay mapped where they are; a shared block the volume has no room to copy
 /// becomes a hole. The file's block count does not change: it maps as many blocks.
 pub(crate) fn clone_shared(st: &mut Tx, inode: &mut Inode, e: Extent, shared: &[u64]) -> Result<()> {
+    let shared: std::collections::HashSet<u64> = shared.iter().copied().collect();
     let is_shared = |b: u64| shared.contains(&b);
     drop_extent_records(st, inode, &[e])?;
     let mark = st.usage_mark();

@@ -773,15 +773,21 @@ fn a_backup_superblock_is_never_written_over_another_structure() {
     assert!(now[at..at + BLOCK_SIZE] == before[..], "block {leaf} was written");
 }
 
-/// Found by the image fuzzer (seeds 1895830155, 1895832321): both superblock copies
-/// naming another inode as the root (a file, a directory that is not its own parent).
-/// No copy helps; repair finds the one directory that is its own parent and writes it
-/// into both.
+/// Found by the image fuzzer (seeds 1895830155, 1895832321, 4026532023): both superblock
+/// copies naming another inode as the root (a file, a directory that is not its own
+/// parent, a slot in a free block that holds nothing sealed). No copy helps; repair finds
+/// the one directory that is its own parent and writes it into both.
 #[test]
 fn both_superblocks_naming_the_wrong_root_are_repaired_from_the_inodes() {
     let (img, f, d) = small();
     let last = (img.len() / BLOCK_SIZE - 1) as u64;
-    for wrong in [f, d] {
+    // A free block: zero, and its bit clear in the one bitmap block (FORMAT §2).
+    let free = last - 8;
+    let bitmap = get_u64(&img, 104);
+    let bits = &img[bitmap as usize * BLOCK_SIZE + 32..];
+    assert_eq!(bits[free as usize / 8] & 1 << (free % 8), 0, "block {free} is in use");
+    assert!(img[free as usize * BLOCK_SIZE..][..BLOCK_SIZE].iter().all(|&x| x == 0));
+    for wrong in [f, d, free * 16 + 1] {
         let mut img = img.clone();
         for at in [0, last] {
             let blk = block_of(&mut img, at);

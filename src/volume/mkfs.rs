@@ -246,8 +246,9 @@ fn count_from_last_copy(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option
 
 /// Whether the root inode `sb` names is plainly not a root: its block is sealed for its
 /// place but of another kind, or, in an intact inode block, a free slot or an inode that
-/// is not a directory that is its own parent. `None` when its block does not verify
-/// (nothing can be told).
+/// is not a directory that is its own parent, or its block does not verify and an intact
+/// bitmap marks it free. `None` when its block does not verify otherwise (nothing can be
+/// told).
 pub(crate) fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<bool>> {
     let (rb, slot) = ino_loc(sb.root_ino);
     if rb >= dev.block_count() {
@@ -256,7 +257,10 @@ pub(crate) fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Op
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(rb, &mut b)?;
     if verify(&b, rb, None).is_err() {
-        return Ok(None);
+        // An unreadable block proves nothing, unless an intact bitmap marks it free: the
+        // root's block is marked used from mkfs on and never freed (fuzzer seed
+        // 4026532023: both copies name a slot in a free block).
+        return Ok(marked_free(dev, &sb.layout, rb)?.then_some(true));
     }
     // Sealed for its place, but another kind of block: no inode lives there.
     if get_u32(&b, 0) != INODE_MAGIC {
@@ -268,6 +272,23 @@ pub(crate) fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Op
         Ok(None) => true,
         Err(_) => false,
     }))
+}
+
+/// Whether the bitmap block covering `b` is intact (sealed for its place) and marks `b`
+/// free. A bitmap block that does not verify marks nothing.
+fn marked_free(dev: &dyn BlockDevice, layout: &Layout, b: u64) -> Result<bool> {
+    let i = b / BITS_PER_BITMAP_BLOCK;
+    let at = layout.bitmap_block(i);
+    if i >= layout.bitmap_count() || at >= dev.block_count() {
+        return Ok(false);
+    }
+    let mut m = [0u8; BLOCK_SIZE];
+    dev.read(at, &mut m)?;
+    if verify(&m, at, Some(BITMAP_MAGIC)).is_err() {
+        return Ok(false);
+    }
+    let j = b % BITS_PER_BITMAP_BLOCK;
+    Ok(m[BITMAP_HEADER + (j / 8) as usize] & (1 << (j % 8)) == 0)
 }
 
 /// An error's message without the "corrupt volume: " its display adds.

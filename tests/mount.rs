@@ -1615,7 +1615,8 @@ fn concurrent_random_file_ops_match_their_models() {
 fn checksum_failure_is_euclean() {
     require_fuse!();
     let s = Scratch::new(32);
-    let m = s.mount(&[]);
+    // A clean volume passes `-o check` (fsck -n's walk first).
+    let m = s.mount(&["-o", "check"]);
     fs::create_dir(s.path("d")).unwrap();
     fs::write(s.path("d/victim"), b"v").unwrap();
     let ino = fs::metadata(s.path("d/victim")).unwrap().ino();
@@ -1630,6 +1631,15 @@ fn checksum_failure_is_euclean() {
     let img = OpenOptions::new().write(true).open(&s.image).unwrap();
     img.write_all_at(&[0x5a; 64], block * 4096 + 2048).unwrap();
     drop(img);
+
+    // `-o check` refuses to mount it read-write, naming what the walk found.
+    let out = dxfs().arg("mount").arg(s.source()).arg(&s.mnt).args(["-o", "check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !is_mounted(&s.mnt), "a damaged volume was mounted with -o check: {said}");
+    assert!(said.contains("-o check: fsck -n found") && said.contains(&format!("block {block}")), "{said}");
+    let m = s.mount(&["-o", "check,ro"]);
+    assert_eq!(errno(fs::metadata(s.path("d/victim"))), libc::EUCLEAN);
+    m.unmount();
 
     let m = s.mount(&[]);
     // "Structure needs cleaning", as ext4 and XFS say of a corrupt record.

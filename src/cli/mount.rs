@@ -99,6 +99,28 @@ pub fn mount_helper_args(args: &[OsString]) -> Option<Vec<OsString>> {
     Some(out)
 }
 
+/// `-o check`: walk the volume as `fsck -n` does, and refuse a read-write mount if the
+/// walk finds anything. The mount trusts the free-space map, which only the walk can
+/// check against the tree: a map that agrees with itself may still call live metadata
+/// free, and writes would then land on it (an image one did not make).
+fn check_first(image: &Path, nbd: bool) -> Result<(), String> {
+    let dev = if nbd {
+        dxfs::block::open_device(&image.to_string_lossy(), true)
+    } else {
+        FileDevice::open(image, true).map(|d| Arc::new(d) as Arc<dyn dxfs::block::BlockDevice>)
+    }
+    .map_err(|e| e.to_string())?;
+    let report = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("-o check: {e}"))?;
+    match report.errors.first() {
+        None => Ok(()),
+        Some(first) => Err(format!(
+            "-o check: fsck -n found {} problem(s), the first: {first}; not mounted. \
+             Repair with `dxfs fsck`, or mount read-only (-o ro)",
+            report.errors.len()
+        )),
+    }
+}
+
 fn seconds(s: f64) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(s).map_err(|_| format!("bad timeout {s}"))
 }
@@ -197,7 +219,13 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     // wherever the host allows it (as root, an image or a block device), else a plain
     // mount, said once in the log.
     let mut blkdev: Option<bool> = None;
+    // `check`: fsck -n's walk before a read-write mount, which it refuses on any error.
+    let mut check = false;
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        if opt == "check" {
+            check = true;
+            continue;
+        }
         if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, &mut blkdev, opt) {
             return fail(e, 8);
         }
@@ -290,6 +318,11 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     // every access would then fail.
     if !dir.is_dir() {
         return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
+    }
+    if check && !o.read_only {
+        if let Err(e) = check_first(&image, nbd) {
+            return fail(format!("{}: {e}", image.display()), 8);
+        }
     }
     let opened = open_waiting(lock_wait, || {
         let dev = if nbd {

@@ -76,6 +76,9 @@ pub enum Prop {
     /// that agrees (or without checked counts): only fsck's walk of the tree can see
     /// it is live.
     DataOverUnmarkedMetadata,
+    /// [`Prop::DataOverUnmarkedMetadata`] on an image where fsck -n found nothing: a
+    /// mount that checks first (`dxfs mount -o check`) would not have refused it.
+    UnseenDataOverMetadata,
     /// A file read returned a metadata block.
     MetadataRead,
     /// readdir went back to an earlier position or never ended.
@@ -109,7 +112,7 @@ impl Prop {
         )
     }
 
-    pub const ALL: [Prop; 19] = [
+    pub const ALL: [Prop; 20] = [
         Prop::Panic,
         Prop::Crash,
         Prop::Hang,
@@ -123,6 +126,7 @@ impl Prop {
         Prop::MisplacedWrite,
         Prop::DataOverMetadata,
         Prop::DataOverUnmarkedMetadata,
+        Prop::UnseenDataOverMetadata,
         Prop::MetadataRead,
         Prop::Runaway,
         Prop::CleanButUnreadable,
@@ -145,6 +149,7 @@ impl Prop {
             Prop::MisplacedWrite => "misplaced-write",
             Prop::DataOverMetadata => "data-over-metadata",
             Prop::DataOverUnmarkedMetadata => "data-over-unmarked-metadata",
+            Prop::UnseenDataOverMetadata => "unseen-data-over-metadata",
             Prop::MetadataRead => "metadata-read",
             Prop::Runaway => "runaway",
             Prop::CleanButUnreadable => "clean-but-unreadable",
@@ -840,11 +845,20 @@ fn damaged_writes(run: &mut Run, img: &[u8], ctx: &Context, walked: Option<&Walk
     let as_dyn = |d: &Arc<Recorder>| -> Arc<dyn BlockDevice> { d.clone() };
     let hostile = device(img, ctx);
     let files = walked.map(|w| w.files.clone()).unwrap_or_default();
+    let before = run.found.len();
     let wrote = run.phase("writes on the damaged volume", &hostile, Mode::User { trust_bitmap: false }, || {
         user_writes(as_dyn(&hostile), &files)
     });
     if !undetected {
         return;
+    }
+    let over: Vec<String> = run.found[before..]
+        .iter()
+        .filter(|f| f.prop == Prop::DataOverUnmarkedMetadata)
+        .map(|f| f.message.clone())
+        .collect();
+    for m in over {
+        run.add(Prop::UnseenDataOverMetadata, "writes on the damaged volume", format!("fsck -n found nothing: {m}"));
     }
     let check = run.phase("fsck -n after the writes on the damaged volume", &hostile, Mode::ReadOnly, || {
         dxfs::fsck::check(as_dyn(&hostile), false, &mut |_| {})

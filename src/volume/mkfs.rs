@@ -187,6 +187,14 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
                     }
                 }
             }
+            if let Some(backup) = backup_with_the_right_hash(dev, &sb)? {
+                tracing::warn!(
+                    "block 0's directory hash differs from the backup superblock's, which is the one that \
+                     places the root directory's entries at their keys: using the backup in block {}",
+                    sb.layout.backup_superblock()
+                );
+                return Ok(backup);
+            }
             if let Some(counted) = count_from_last_copy(dev, &sb)? {
                 tracing::warn!(
                     "block 0 says the volume has {} blocks, but no copy lies in its last block and the device's \
@@ -272,6 +280,77 @@ pub(crate) fn root_is_wrong(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Op
         Ok(None) => true,
         Err(_) => false,
     }))
+}
+
+/// The backup superblock, when it differs from block 0 in the directory hash (version or
+/// seed: no rule checks them alone) and its hash places more of the root directory's
+/// first entries at their keys (FORMAT §11) than block 0's does. Such a block 0 would
+/// fail every lookup; fsck then writes the backup over it. `None` otherwise.
+fn backup_with_the_right_hash(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Superblock>> {
+    let at = sb.layout.backup_superblock();
+    if at >= dev.block_count() {
+        return Ok(None);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(at, &mut b)?;
+    let Ok(backup) = Superblock::decode(&b, at) else { return Ok(None) };
+    if backup.uuid != sb.uuid
+        || backup.root_ino != sb.root_ino
+        || (backup.hash, backup.hash_seed) == (sb.hash, sb.hash_seed)
+    {
+        return Ok(None);
+    }
+    let ours = placed_entries(dev, sb, sb.hash, sb.hash_seed)?;
+    let theirs = placed_entries(dev, sb, backup.hash, backup.hash_seed)?;
+    Ok((theirs > ours).then_some(backup))
+}
+
+/// Of the root directory's first entries (up to 16), how many lie in their name's probe
+/// range `[h, h + max_disp]` under `hash` and `seed`; 0 when the root cannot be read.
+fn placed_entries(dev: &dyn BlockDevice, sb: &Superblock, hash: HashVersion, seed: [u32; 4]) -> Result<usize> {
+    let (rb, slot) = ino_loc(sb.root_ino);
+    if rb >= dev.block_count() {
+        return Ok(0);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(rb, &mut b)?;
+    if verify(&b, rb, Some(INODE_MAGIC)).is_err() {
+        return Ok(0);
+    }
+    let at = slot * INODE_SIZE;
+    let Ok(Some(Inode { data: InodeData::Dir(d), .. })) = Inode::decode(sb.root_ino, &b[at..at + INODE_SIZE]) else {
+        return Ok(0);
+    };
+    let mut nodes = RawNodes { dev, layout: sb.layout, block: Box::new([0u8; BLOCK_SIZE]) };
+    let (mut seen, mut placed) = (0, 0);
+    let _ = crate::engine::btree::scan(&mut nodes, &d.tree, sb.root_ino, 0, |key, v| {
+        if let Some(name) = v.get(9..) {
+            let (major, minor) = crate::disk::hash::ext4_hash(hash, seed, name);
+            let h = ((major as u64 >> 1) << 32) | minor as u64;
+            placed += usize::from(key.checked_sub(h).is_some_and(|disp| disp <= u64::from(d.max_disp)));
+        }
+        seen += 1;
+        seen < 16
+    });
+    Ok(placed)
+}
+
+/// B+tree nodes read straight from the device, each checked against its seal.
+struct RawNodes<'a> {
+    dev: &'a dyn BlockDevice,
+    layout: Layout,
+    block: Box<Block>,
+}
+
+impl crate::engine::btree::NodeRead for RawNodes<'_> {
+    fn node(&mut self, block: u64) -> Result<&Block> {
+        if !self.layout.meta_block_ok(block) || block >= self.dev.block_count() {
+            return Err(Error::corrupt(format!("tree node {block} out of range")));
+        }
+        self.dev.read(block, &mut self.block[..])?;
+        verify(&self.block, block, Some(crate::engine::btree::BTREE_MAGIC))?;
+        Ok(&self.block)
+    }
 }
 
 /// Whether the bitmap block covering `b` is intact (sealed for its place) and marks `b`

@@ -2035,6 +2035,15 @@ fn privileges_dropped_by_the_daemon() {
     fs::set_permissions(&suid, fs::Permissions::from_mode(0o4755)).unwrap();
     std::os::unix::fs::chown(&suid, Some(0), None).unwrap();
     assert_eq!(mode(&suid), 0o755, "chown drops setuid");
+    // So does a chown to the owner and group it has (the kernel's chown_common; xfstests
+    // generic/193), setgid only with group execute.
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o6755)).unwrap();
+    let md = fs::metadata(&suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(md.uid()), Some(md.gid())).unwrap();
+    assert_eq!(mode(&suid), 0o755, "a chown to the same owner drops setuid and setgid");
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o6745)).unwrap();
+    std::os::unix::fs::chown(&suid, Some(md.uid()), None).unwrap();
+    assert_eq!(mode(&suid), 0o2745, "setgid without group execute stays");
     m.unmount();
     s.fsck();
 }

@@ -189,7 +189,9 @@ impl Volume {
             i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
             g.chmod_acl(&mut i)?;
         }
-        let chown = s.uid.is_some_and(|u| u != i.uid) || s.gid.is_some_and(|gid| gid != i.gid);
+        // Any owner or group given, the present one too: the kernel's chown_common kills
+        // the bits whatever the new owner is (xfstests generic/193).
+        let chown = s.uid.is_some() || s.gid.is_some();
         if let Some(u) = s.uid {
             i.uid = u;
         }

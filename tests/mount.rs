@@ -2044,6 +2044,16 @@ fn privileges_dropped_by_the_daemon() {
     fs::set_permissions(&suid, fs::Permissions::from_mode(0o6745)).unwrap();
     std::os::unix::fs::chown(&suid, Some(md.uid()), None).unwrap();
     assert_eq!(mode(&suid), 0o2745, "setgid without group execute stays");
+    // A fallocate by nobody drops setuid, and setgid too when nobody is not in the file's
+    // group (xfstests generic/683–685); the kernel's cached mode goes with them.
+    for (group, want) in [(65534, 0o2666), (0, 0o666)] {
+        std::os::unix::fs::chown(&suid, None, Some(group)).unwrap();
+        fs::set_permissions(&suid, fs::Permissions::from_mode(0o6666)).unwrap();
+        assert_eq!(mode(&suid), 0o6666);
+        let out = as_nobody(&format!("fallocate -o 0 -l 8192 '{}'", suid.display()));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(mode(&suid), want, "a fallocate by nobody, the file's group {group}");
+    }
     m.unmount();
     s.fsck();
 }

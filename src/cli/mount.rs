@@ -405,7 +405,7 @@ fn block_source(image: &Path) -> Result<(PathBuf, Option<PathBuf>), String> {
     if meta.file_type().is_block_device() {
         return Ok((image.to_path_buf(), None));
     }
-    let out = std::process::Command::new("losetup")
+    let out = std::process::Command::new(system_program("losetup"))
         .args(["--find", "--show", "--"])
         .arg(image)
         .output()
@@ -417,9 +417,24 @@ fn block_source(image: &Path) -> Result<(PathBuf, Option<PathBuf>), String> {
     Ok((dev.clone(), Some(dev)))
 }
 
+/// Where to run system program `name` from: as PATH finds it, else from the system's
+/// sbin and bin directories. mount(8) runs its helper with no PATH, or one without
+/// them, and `losetup` is in sbin: a root mount through it was silently no fuseblk.
+fn system_program(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| d.join(name).is_file()) {
+        return PathBuf::from(name);
+    }
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// Detach loop device `dev` (`losetup -d`).
 fn detach_loop(dev: &Path) {
-    match std::process::Command::new("losetup").arg("-d").arg(dev).status() {
+    match std::process::Command::new(system_program("losetup")).arg("-d").arg(dev).status() {
         Ok(st) if st.success() => {}
         Ok(st) => tracing::warn!("losetup -d {}: {st}", dev.display()),
         Err(e) => tracing::warn!("losetup -d {}: {e}", dev.display()),

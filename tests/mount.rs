@@ -2017,6 +2017,13 @@ fn privileges_dropped_by_the_daemon() {
     assert_eq!(mode(&suid), 0o777, "a write by nobody drops setuid");
     assert_eq!(mode(&sgid_x), 0o777, "and setgid of a group-executable file");
     assert_eq!(mode(&sgid_nox), 0o2767, "but not setgid without group execute");
+    // Unless the writer is not in the file's group (the kernel's setattr_should_drop_sgid).
+    let outside = make("sgid-outside", 0o2767);
+    std::os::unix::fs::chown(&outside, None, Some(0)).unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o2767)).unwrap();
+    let out = as_nobody(&format!("printf abc >> '{}'", outside.display()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(mode(&outside), 0o767, "setgid of a file whose group the writer is not in");
     // A plain file written by root in ten separate opens: no GETXATTR but the stats
     // read's own. (Measured: the kernel still asks before each write by a user without
     // CAP_FSETID, and before each write to a file that keeps a setgid bit.)

@@ -108,6 +108,9 @@ impl Server {
         Some(match r {
             Ok(None) => return None,
             Ok(Some(n)) => {
+                if how.unprivileged {
+                    self.drop_privileges_after(h, ino, false);
+                }
                 self.near_full_check();
                 self.quota_near_check(ino);
                 // The kernel's asynchronous direct-I/O path (AIO with O_DIRECT) does not
@@ -241,17 +244,20 @@ impl Server {
             _ => Err(libc::EOPNOTSUPP),
         };
         if r.is_ok() && h.uid != 0 {
-            self.drop_privileges_after_fallocate(h, ino);
+            self.drop_privileges_after(h, ino, true);
         }
         done(r)
     }
 
-    /// The kernel's `file_modified()` leaves it to a HANDLE_KILLPRIV_V2 server to drop
-    /// the privileges of a file changed by fallocate, and says nothing of the caller: one
-    /// other than root (taken as lacking CAP_FSETID) drops setuid, setgid when the group
-    /// may execute or the caller is not in the file's group, and a file capability, as a
-    /// local file system does (xfstests generic/683–685). Best effort, after the change.
-    fn drop_privileges_after_fallocate(&self, h: &InHeader, ino: u64) {
+    /// Drop what file `ino` grants after a change by a caller without CAP_FSETID, as a
+    /// local file system does: setuid; setgid when the group may execute or the caller
+    /// is not in the file's group (the volume knows no caller's groups, so the second
+    /// rule is applied here); with `capability`, a file capability. After a FALLOCATE the
+    /// kernel's `file_modified()` leaves all of it to a HANDLE_KILLPRIV_V2 server and says
+    /// nothing of the caller (one other than root is taken as lacking CAP_FSETID; xfstests
+    /// generic/683–685); after a WRITE it marks such a caller, and the volume has dropped
+    /// all but a setgid without group execute. Best effort, after the change.
+    fn drop_privileges_after(&self, h: &InHeader, ino: u64, capability: bool) {
         let Ok(a) = self.call(h.opcode, |v| v.getattr(ino)) else { return };
         let old = a.mode & 0o7777;
         let mut m = old & !libc::S_ISUID;
@@ -266,7 +272,9 @@ impl Server {
                 self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
             }
         }
-        let _ = self.call(h.opcode, |v| v.removexattr(ino, b"security.capability"));
+        if capability {
+            let _ = self.call(h.opcode, |v| v.removexattr(ino, b"security.capability"));
+        }
     }
 
     pub(super) fn serve(&self, h: &InHeader, req: &Request<'_>) -> Reply {

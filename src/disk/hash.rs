@@ -95,6 +95,13 @@ const DEFAULT_SEED: [u32; 4] = [0x6745_2301, 0xefcd_ab89, 0x98ba_dcfe, 0x1032_54
 /// end-of-directory position for 32-bit `telldir` cookies, so a real name never gets it.
 const EOF_MAJOR: u32 = 0x7fff_ffff << 1;
 
+/// The base key of a directory entry's name (FORMAT §11): `((major >> 1) << 32) | minor`,
+/// before displacement.
+pub(crate) fn name_base_key(version: HashVersion, seed: [u32; 4], name: &[u8]) -> u64 {
+    let (major, minor) = ext4_hash(version, seed, name);
+    (u64::from(major >> 1) << 32) | u64::from(minor)
+}
+
 /// ext4 directory hash of `name` under `seed` (4 x u32). Returns `(major, minor)` as the
 /// kernel uses them: the major with its low bit cleared (that bit flags hash collisions
 /// in index entries), and `0xFFFFFFFE`, the EOF marker, moved to `0xFFFFFFFC`. Legacy:

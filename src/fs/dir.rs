@@ -12,7 +12,7 @@
 //! entry with that key.
 
 use crate::disk::format::*;
-use crate::disk::hash::ext4_hash;
+use crate::disk::hash::name_base_key;
 use crate::disk::valid::check_dir_key;
 use crate::engine::btree;
 use crate::engine::store::{MetaRead, Store, Tx};
@@ -20,8 +20,7 @@ use crate::error::{Error, Result};
 
 /// The hash key of a name before displacement.
 pub fn name_key(st: &Store, name: &[u8]) -> u64 {
-    let (major, minor) = ext4_hash(st.sb.hash, st.sb.hash_seed, name);
-    ((major as u64 >> 1) << 32) | minor as u64
+    name_base_key(st.sb.hash, st.sb.hash_seed, name)
 }
 
 /// Reject names that cannot be directory entries.

@@ -325,8 +325,7 @@ fn placed_entries(dev: &dyn BlockDevice, sb: &Superblock, hash: HashVersion, see
     let (mut seen, mut placed) = (0, 0);
     let _ = crate::engine::btree::scan(&mut nodes, &d.tree, sb.root_ino, 0, |key, v| {
         if let Some(name) = v.get(9..) {
-            let (major, minor) = crate::disk::hash::ext4_hash(hash, seed, name);
-            let h = ((major as u64 >> 1) << 32) | minor as u64;
+            let h = crate::disk::hash::name_base_key(hash, seed, name);
             placed += usize::from(key.checked_sub(h).is_some_and(|disp| disp <= u64::from(d.max_disp)));
         }
         seen += 1;

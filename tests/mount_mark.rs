@@ -334,6 +334,38 @@ fn a_volume_left_clean_frees_its_mark_until_it_changes_again() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
 
+/// `Volume::unmount` (a fuseblk DESTROY) leaves the volume committed, clean and free while
+/// the process still holds it: another open of the image succeeds at once, later changes
+/// are refused, and nothing is written after, the drop included.
+#[test]
+fn an_unmounted_volume_is_free_for_the_next_open_and_writes_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::create(&img, 4096 * BLOCK_SIZE as u64).unwrap());
+    mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    drop(dev);
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).unwrap());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let f = vol.create(vol.root(), b"f", 0o644, 0, 0).unwrap().ino;
+    vol.write(f, 0, b"before the unmount").unwrap();
+    assert!(matches!(FileDevice::open(&img, false), Err(Error::Busy(_))));
+    vol.unmount().unwrap();
+    assert!(!read_mark(&*dev).in_use, "the mark is clean");
+    let next: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&img, false).expect("free after unmount"));
+    let image = std::fs::read(&img).unwrap();
+    assert!(matches!(vol.write(f, 0, b"after"), Err(Error::ReadOnly)));
+    assert!(matches!(vol.create(vol.root(), b"g", 0o644, 0, 0), Err(Error::ReadOnly)));
+    vol.sync().unwrap();
+    drop(vol);
+    assert!(std::fs::read(&img).unwrap() == image, "written after the unmount");
+    let r = dxfs::fsck::check(next.clone(), true, &mut |_| {}).unwrap();
+    assert!(r.errors.is_empty() && r.fixed.is_empty(), "{:?} {:?}", r.errors, r.fixed);
+    let vol = Volume::open(next, OpenOptions::default()).unwrap();
+    let f = vol.lookup(vol.root(), b"f").unwrap().ino;
+    assert_eq!(vol.read(f, 0, 100).unwrap(), b"before the unmount");
+    vol.close().unwrap();
+}
+
 /// A flush ahead of the commit takes the mark back as a commit does: once another host
 /// has taken a volume left clean here, the flusher writes nothing and the volume fails.
 #[test]

@@ -504,6 +504,32 @@ impl Volume {
         Ok(())
     }
 
+    /// Close the volume where it stands, for an unmount that waits for the answer (a
+    /// fuseblk mount's DESTROY): commit, leave it clean, write the mount mark clean and
+    /// let go of the device's lock, so that whoever opens the volume the moment `umount`
+    /// returns (fsck, the next mount) finds it free and whole. Nothing changes it
+    /// afterwards: later changes get [`Error::ReadOnly`], and the drop writes nothing.
+    pub fn unmount(&self) -> Result<()> {
+        // A change that slipped in between the commit and the fence (a FORGET served
+        // beside the DESTROY) is committed by the next round.
+        for _ in 0..3 {
+            self.shutdown()?;
+            if self.s.stalled.lock().is_some() {
+                return Err(Error::NoSpace);
+            }
+            let mut g = self.lock();
+            if g.delta.is_empty(&g.st) {
+                g.opts.read_only = true;
+                drop(g);
+                self.s.wait_flusher();
+                self.s.wait_background();
+                self.s.dev.release();
+                return Ok(());
+            }
+        }
+        Err(Error::Busy("the volume kept changing while it was being closed".into()))
+    }
+
     /// After the last commit: make its home writes durable and commit an empty delta, so
     /// the next open has nothing to replay (a clean unmount; replaying would read and
     /// rewrite the whole last delta).

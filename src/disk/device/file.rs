@@ -7,7 +7,10 @@ use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use nix::fcntl::{Flock, FlockArg};
+use parking_lot::Mutex;
 
 use super::aligned::is_aligned;
 use super::{check_request, check_trim, AlignedBuf, BlockDevice, Counters, IoStats, BS, DIRECT_WRITE_MIN};
@@ -36,8 +39,11 @@ pub struct FileDevice {
     read_only: bool,
     counters: Counters,
     /// A read-write device holds an exclusive lock on the image or device (on a second
-    /// descriptor of the same open file) for as long as it is open: one writer per volume.
-    _lock: Option<Flock<File>>,
+    /// descriptor of the same open file) until it is dropped or released: one writer per
+    /// volume.
+    lock: Mutex<Option<Flock<File>>>,
+    /// Released (`BlockDevice::release`): the lock is gone, so writes are refused.
+    released: AtomicBool,
 }
 
 impl FileDevice {
@@ -126,7 +132,8 @@ impl FileDevice {
             blocks,
             read_only,
             counters: Counters::default(),
-            _lock: lock,
+            lock: Mutex::new(lock),
+            released: AtomicBool::new(false),
         })
     }
 
@@ -179,6 +186,15 @@ impl FileDevice {
         path_error(&self.path, e)
     }
 
+    /// Writes are refused on a read-only open, and once released: another process may
+    /// hold the lock by then.
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only || self.released.load(Ordering::Acquire) {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
     /// The path the device was opened with.
     pub fn path(&self) -> &Path {
         &self.path
@@ -213,9 +229,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn write(&self, block: u64, buf: &[u8]) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.check_writable()?;
         let n = check_request("write", block, buf.len(), self.blocks)?;
         self.file.write_all_at(buf, block * BS).map_err(|e| self.write_error(e))?;
         self.counters.write(n);
@@ -224,7 +238,7 @@ impl BlockDevice for FileDevice {
 
     fn flush(&self) -> Result<()> {
         // A read-only descriptor has no writes of ours to make durable.
-        if !self.read_only {
+        if self.check_writable().is_ok() {
             self.file.sync_data()?;
         }
         self.counters.flush();
@@ -262,9 +276,7 @@ impl BlockDevice for FileDevice {
         let Some(direct) = self.direct.as_ref().filter(|_| buf.len() >= DIRECT_WRITE_MIN) else {
             return self.write(block, buf);
         };
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.check_writable()?;
         let n = check_request("write", block, buf.len(), self.blocks)?;
         let r = if is_aligned(buf) {
             direct.write_all_at(buf, block * BS)
@@ -300,9 +312,7 @@ impl BlockDevice for FileDevice {
     /// unmap (a discard on devices that guarantee zeros after one, e.g. loop and thin
     /// devices). A file system or device that cannot punch makes this a no-op.
     fn trim(&self, block: u64, count: u64) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
+        self.check_writable()?;
         check_trim(block, count, self.blocks)?;
         if count == 0 {
             return Ok(());
@@ -313,6 +323,19 @@ impl BlockDevice for FileDevice {
             Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::ENOTTY | nix::errno::Errno::ENODEV) => Ok(()),
             Err(e) => Err(path_error(&self.path, io::Error::from(e))),
         }
+    }
+
+    /// Writes what this open wrote durable, then drops the lock: the next opener reads
+    /// all of it.
+    fn release(&self) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        if let Err(e) = self.file.sync_data() {
+            tracing::warn!("{}: flush before release: {e}", self.path.display());
+        }
+        self.released.store(true, Ordering::Release);
+        drop(self.lock.lock().take());
     }
 }
 
@@ -394,6 +417,32 @@ mod tests {
         dev.flush().unwrap();
         assert_eq!(dev.stats(), IoStats { reads: 1, writes: 0, flushes: 1, blocks_read: 4, blocks_written: 0 });
         assert_eq!(std::fs::read(&path).unwrap(), pattern(4, 50));
+    }
+
+    /// A released device lets the next writer in while it is still open, and writes
+    /// nothing more itself.
+    #[test]
+    fn a_released_device_is_free_for_the_next_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img");
+        let dev = FileDevice::create(&path, 4 * BS).unwrap();
+        dev.write(1, &pattern(1, 7)).unwrap();
+        assert!(matches!(FileDevice::open(&path, false), Err(Error::Busy(_))));
+        dev.release();
+        let next = FileDevice::open(&path, false).unwrap();
+        assert!(matches!(dev.write(2, &[1u8; BLOCK_SIZE]), Err(Error::ReadOnly)));
+        assert!(matches!(dev.write_data(2, &[1u8; 64 * 1024][..BLOCK_SIZE]), Err(Error::ReadOnly)));
+        assert!(matches!(dev.trim(2, 1), Err(Error::ReadOnly)));
+        dev.flush().unwrap();
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        next.read(1, &mut buf).unwrap();
+        assert_eq!(buf, pattern(1, 7));
+        drop(dev);
+        next.write(3, &pattern(1, 8)).unwrap();
+        assert!(
+            matches!(FileDevice::open(&path, false), Err(Error::Busy(_))),
+            "dropping the released open unlocked the next"
+        );
     }
 
     #[test]

@@ -199,6 +199,10 @@ impl<D: BlockDevice> BlockDevice for HeldWrites<D> {
             }
         })
     }
+    /// Held writes stay held: a volume is released only once a flush has drained them.
+    fn release(&self) {
+        self.inner.release()
+    }
     /// The held writes first: the flush makes them durable too, or fails.
     fn flush(&self) -> Result<()> {
         self.drain()?;

@@ -131,6 +131,10 @@ pub trait BlockDevice: Send + Sync {
     fn read_fresh(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         self.read(block, buf)
     }
+    /// This open is done writing (its volume is closed and clean): let the next opener
+    /// have the device now, not when the process lets go of it. Later writes are refused
+    /// with [`Error::ReadOnly`] where the device can tell. The default does nothing.
+    fn release(&self) {}
 }
 
 /// Lets `Arc<dyn BlockDevice>` (or `Arc<FileDevice>`, ...) go wherever a device is expected.
@@ -170,6 +174,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
     }
     fn write_data(&self, block: u64, buf: &[u8]) -> Result<()> {
         (**self).write_data(block, buf)
+    }
+    fn release(&self) {
+        (**self).release()
     }
 }
 

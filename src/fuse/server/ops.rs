@@ -484,10 +484,10 @@ impl Server {
                     Err(e) => Reply::Error(e),
                 }
             }
-            // fuseblk and virtiofs only; nothing to do (the session commits at its end).
-            // A fuseblk mount's `umount` waits for this answer: the volume is committed
-            // first, so what was written before `umount` is on the device when it returns.
-            Request::Destroy => match self.call(op, |v| v.sync()) {
+            // fuseblk and virtiofs only. A fuseblk mount's `umount` waits for this answer:
+            // the volume is committed and let go of first, so when `umount` returns what
+            // was written is on the device and the volume is free for fsck or a mount.
+            Request::Destroy => match self.call(op, |v| v.unmount()) {
                 Ok(()) => Reply::Data(Vec::new()),
                 Err(e) => Reply::Error(e),
             },

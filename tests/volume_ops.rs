@@ -1311,3 +1311,44 @@ fn short_overwrites_go_in_place_and_keep_the_extents() {
     assert_eq!(vol.read(f, 0, model.len()).unwrap(), model);
     close_and_check(dev, vol);
 }
+
+/// `drop_privileges_of`, the rule a server applies after a change by a caller without
+/// CAP_FSETID: setuid always; setgid with group execute, or when the caller is not in the
+/// file's group; a file capability when asked to look. ctime moves only when something
+/// was dropped.
+#[test]
+fn privileges_dropped_for_a_caller_without_cap_fsetid() {
+    let (dev, vol) = mem_volume(4096);
+    let root = vol.root();
+    let mode = |ino: u64| vol.getattr(ino).unwrap().mode & 0o7777;
+    let set = |ino: u64, m: u32| {
+        vol.setattr(ino, &SetAttr { mode: Some(m), gid: Some(50), ..SetAttr::default() }).unwrap();
+        vol.setattr(ino, &SetAttr { mode: Some(m), ..SetAttr::default() }).unwrap();
+    };
+    let f = vol.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    let member = |g: u32| g == 50;
+    let outsider = |_: u32| false;
+    for (m, in_group, want) in [
+        (0o6760, &member as &dyn Fn(u32) -> bool, 0o2760),
+        (0o6760, &outsider, 0o760),
+        (0o2770, &member, 0o770),
+        (0o2760, &member, 0o2760),
+        (0o0755, &outsider, 0o755),
+    ] {
+        set(f, m);
+        let before = vol.getattr(f).unwrap().ctime;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let dropped = vol.drop_privileges_of(f, in_group, false).unwrap();
+        assert_eq!(mode(f), want, "mode {m:o}");
+        assert_eq!(dropped, want != m, "mode {m:o}");
+        assert_eq!(vol.getattr(f).unwrap().ctime != before, dropped, "ctime moves only with a drop");
+    }
+    // A file capability goes when asked to look for one.
+    vol.setxattr(f, b"security.capability", b"\x01\x00\x00\x02", XattrMode::Any).unwrap();
+    assert!(!vol.drop_privileges_of(f, &member, false).unwrap(), "not asked to look");
+    assert!(vol.getxattr(f, b"security.capability").is_ok());
+    assert!(vol.drop_privileges_of(f, &member, true).unwrap());
+    assert!(matches!(vol.getxattr(f, b"security.capability"), Err(Error::NoData)));
+    assert!(!vol.drop_privileges_of(f, &member, true).unwrap(), "nothing left to drop");
+    close_and_check(dev, vol);
+}

@@ -62,6 +62,15 @@ pub(super) fn sticky_allows(d: &Inode, i: &Inode, caller: &Caller) -> bool {
     d.mode & libc::S_ISVTX == 0 || caller.uid == 0 || caller.uid == i.uid || caller.uid == d.uid
 }
 
+/// Whether a change by a caller without CAP_FSETID drops the setgid bit of a file of
+/// `mode` and group `gid` (the kernel's `setattr_should_drop_sgid`): when the group may
+/// execute, or when the caller is not in the file's group. Without group execute the bit
+/// marks mandatory locking and stays for the group's members. `in_group`: the caller's
+/// groups, where known (the FUSE layer knows them; the volume's own paths do not).
+fn drops_setgid(mode: u32, gid: u32, in_group: Option<&dyn Fn(u32) -> bool>) -> bool {
+    mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || in_group.is_some_and(|f| !f(gid)))
+}
+
 impl Inner {
     pub(super) fn attr(&self, i: &Inode) -> Result<Attr> {
         attr_of(&self.delta, i)
@@ -69,15 +78,12 @@ impl Inner {
 
     /// Drop the privileges a file grants, as the kernel does when a caller without
     /// CAP_FSETID writes or truncates it, and on any chown of a non-directory: the setuid
-    /// bit, the setgid bit if the group may execute (without group execute the bit marks
-    /// mandatory locking and stays), and a file capability. Removing an xattr needs no
-    /// new block, like `removexattr`. Returns whether anything was dropped.
-    pub(super) fn drop_privileges(&self, i: &mut Inode) -> Result<bool> {
+    /// bit, a file capability, and the setgid bit where `drops_setgid` says. Removing an
+    /// xattr needs no new block, like `removexattr`. Returns whether anything was dropped.
+    pub(super) fn drop_privileges(&self, i: &mut Inode, in_group: Option<&dyn Fn(u32) -> bool>) -> Result<bool> {
         let mode = i.mode;
-        if i.mode & libc::S_ISUID != 0 {
-            i.mode &= !libc::S_ISUID;
-        }
-        if i.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        i.mode &= !libc::S_ISUID;
+        if drops_setgid(i.mode, i.gid, in_group) {
             i.mode &= !libc::S_ISGID;
         }
         let bits = i.mode != mode;
@@ -164,6 +170,30 @@ impl Volume {
         self.reading(&[(ino, Mode::Read)], |r, seen| attr_of(seen.delta, &read_inode(r, ino)?))
     }
 
+    /// Drop what file `ino` grants after a change by `caller`, who lacks CAP_FSETID: the
+    /// setuid bit, a file capability, and the setgid bit when the group may execute or
+    /// the caller is not in the file's group (`in_group`: the caller's groups). For a server that learns of such a change
+    /// only after it (the kernel leaves all of it to a FUSE server after a FALLOCATE, and
+    /// the setgid rule after a WRITE, as the volume knows no caller's groups). ctime moves
+    /// when anything is dropped. `capability`: look for a file capability too (a mode
+    /// with nothing to drop then costs no delta). Returns whether anything was dropped.
+    pub fn drop_privileges_of(&self, ino: u64, in_group: &dyn Fn(u32) -> bool, capability: bool) -> Result<bool> {
+        if !capability {
+            let a = self.getattr(ino)?;
+            if a.mode & libc::S_ISUID == 0 && !drops_setgid(a.mode, a.gid, Some(in_group)) {
+                return Ok(false);
+            }
+        }
+        let cost = |g: &Inner| Ok((Cost::new(0, 0, true), g.st.inode(ino)?));
+        let (g, mut i) = self.charged_with(&[(ino, Mode::Write)], cost)?;
+        let dropped = g.drop_privileges(&mut i, Some(in_group))?;
+        if dropped {
+            i.ctime = now();
+            g.st.put_inode(&i)?;
+        }
+        Ok(dropped)
+    }
+
     /// Change attributes (chmod, chown, truncate, utimens).
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
         let cost = |g: &Inner| {
@@ -203,7 +233,7 @@ impl Volume {
         // given in the same call is applied as given.
         let truncating = s.size.is_some_and(|n| n != i.size);
         if s.mode.is_none() && ((chown && !i.is_dir()) || (truncating && s.drop_privileges)) {
-            g.drop_privileges(&mut i)?;
+            g.drop_privileges(&mut i, None)?;
         }
         if let Some(size) = s.size {
             if size != i.size {

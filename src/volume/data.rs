@@ -113,7 +113,7 @@ impl Inner {
             };
             self.delta.add_page(&self.st, i, p, page);
         }
-        let dropped = how.unprivileged && self.drop_privileges(i)?;
+        let dropped = how.unprivileged && self.drop_privileges(i, None)?;
         i.size = i.size.max(end);
         let t = now();
         if !how.keep_times {

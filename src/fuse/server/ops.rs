@@ -249,31 +249,19 @@ impl Server {
         done(r)
     }
 
-    /// Drop what file `ino` grants after a change by a caller without CAP_FSETID, as a
-    /// local file system does: setuid; setgid when the group may execute or the caller
-    /// is not in the file's group (the volume knows no caller's groups, so the second
-    /// rule is applied here); with `capability`, a file capability. After a FALLOCATE the
+    /// Drop what file `ino` grants after a change by a caller without CAP_FSETID
+    /// (`Volume::drop_privileges_of`, which states the rule). After a FALLOCATE the
     /// kernel's `file_modified()` leaves all of it to a HANDLE_KILLPRIV_V2 server and says
     /// nothing of the caller (one other than root is taken as lacking CAP_FSETID; xfstests
     /// generic/683–685); after a WRITE it marks such a caller, and the volume has dropped
-    /// all but a setgid without group execute. Best effort, after the change.
+    /// all but a setgid the caller's groups decide. The caller's groups are read from /proc
+    /// only when a setgid bit asks. Best effort, after the change.
     fn drop_privileges_after(&self, h: &InHeader, ino: u64, capability: bool) {
-        let Ok(a) = self.call(h.opcode, |v| v.getattr(ino)) else { return };
-        let old = a.mode & 0o7777;
-        let mut m = old & !libc::S_ISUID;
-        if m & libc::S_ISGID != 0 && (m & libc::S_IXGRP != 0 || !super::caller_of(h).in_group(a.gid)) {
-            m &= !libc::S_ISGID;
-        }
-        if m != old {
-            let set = SetAttr { mode: Some(m), ..SetAttr::default() };
-            if self.call(h.opcode, |v| v.setattr(ino, &set)).is_ok() {
-                // Changed behind the kernel's back: its cached mode must go (attributes
-                // only, no pages, so nothing here waits for a page lock).
-                self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
-            }
-        }
-        if capability {
-            let _ = self.call(h.opcode, |v| v.removexattr(ino, b"security.capability"));
+        let in_group = |gid: u32| gid == h.gid || super::caller_of(h).in_group(gid);
+        if let Ok(true) = self.call(h.opcode, |v| v.drop_privileges_of(ino, &in_group, capability)) {
+            // Changed behind the kernel's back: its cached mode must go (attributes
+            // only, no pages, so nothing here waits for a page lock).
+            self.send_notification(&wire::notify_inval_inode(h.nodeid, -1, 0));
         }
     }
 

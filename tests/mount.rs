@@ -1830,6 +1830,39 @@ fn sync_and_umount_reach_a_fuseblk_mount() {
     assert!(no_loop_device_of(&s.image), "a loop device was left behind");
 }
 
+/// After `umount` of a plain mount (no DESTROY: the kernel waits for nothing) the daemon
+/// may still hold the image for a moment: a repairing `dxfs fsck` right after waits for it
+/// to let go instead of refusing (it did every time). A live mount is refused at once.
+#[test]
+fn fsck_right_after_umount_of_a_plain_mount() {
+    require_fuse!();
+    not_over_nbd!("checks the image file");
+    let s = Scratch::new(32);
+    let mut first = Some(s.mount(&["-o", "noblkdev"]));
+    assert_eq!(mount_type(&s.mnt), "fuse.dxfs");
+    fs::write(s.path("f"), b"x").unwrap();
+    let t = Instant::now();
+    let out = dxfs().arg("fsck").arg(&s.image).output().unwrap();
+    assert_eq!(out.status.code(), Some(8), "fsck of a live mount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
+    assert!(t.elapsed() < Duration::from_secs(5), "refused after {:?}", t.elapsed());
+    for i in 0..3 {
+        let m = first.take().unwrap_or_else(|| s.mount(&["-o", "noblkdev"]));
+        fs::write(s.path(&format!("then-{i}")), b"x").unwrap();
+        let st = unmount_by("umount", &s.mnt);
+        assert!(st.success(), "umount: {st}");
+        let out = dxfs().arg("fsck").arg(&s.image).output().unwrap();
+        assert!(
+            out.status.success(),
+            "fsck right after umount: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        drop(m);
+    }
+    s.fsck();
+}
+
 /// The transport is the one asked for: `-o transport=classic` never uses the ring;
 /// `-o transport=uring` uses it when the kernel offers it (module parameter
 /// `enable_uring` Y, which a mount as root turns on) and otherwise serves through

@@ -29,6 +29,9 @@ pub fn run(a: FsckArgs) -> i32 {
     // A repairing fsck opens read-write, which a mounted volume's lock refuses; a
     // read-only check runs, but what it reads may be behind the mount's memory.
     let spec = a.image.to_string_lossy();
+    if !is_nbd_uri(&spec) {
+        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+    }
     let locked = a.no_change && !is_nbd_uri(&spec) && FileDevice::in_use(&a.image);
     let dev = match open_device(&spec, a.no_change) {
         Ok(d) => d,

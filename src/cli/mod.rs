@@ -152,6 +152,28 @@ pub(crate) fn spinner() -> indicatif::ProgressBar {
 
 /// `--image`: open the unmounted volume `image` (image file, device or nbd:// URI)
 /// through the library; a failure is printed and gives exit status 8.
+/// Wait up to `limit` while another process holds `image` for writing and no mount of it
+/// is live: a plain FUSE mount's daemon goes on committing and releasing the volume for a
+/// moment after `umount` returns (the kernel waits for no answer from it; a fuseblk
+/// mount's DESTROY makes `umount` wait). A live mount keeps the image held: no wait then.
+pub(crate) fn wait_for_a_closing_holder(image: &Path, limit: std::time::Duration) {
+    let start = std::time::Instant::now();
+    let mut told = false;
+    while dxfs::block::FileDevice::in_use(image) && !dxfs::fuse::image_is_mounted(image) && start.elapsed() < limit {
+        // Said only when it takes a while: the usual wait is milliseconds.
+        if !told && start.elapsed() > std::time::Duration::from_millis(500) {
+            eprintln!(
+                "dxfs: {} is held by a process with no mount of it (a daemon ending after umount?): \
+                 waiting up to {}s for it to let go",
+                image.display(),
+                limit.as_secs()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {
     let dev = dxfs::block::open_device(image, read_only).map_err(|e| fail(format!("{image}: {e}"), 8))?;
     let opts = dxfs::OpenOptions { read_only, ..Default::default() };

@@ -19,7 +19,11 @@ pub struct ResizeArgs {
 
 pub fn run(a: ResizeArgs) -> i32 {
     let spec = a.image.to_string_lossy().into_owned();
-    // A read-write open fails at once if the volume is mounted or otherwise in use.
+    // A read-write open fails if the volume is mounted or otherwise in use (after a
+    // daemon ending its session has let go).
+    if !dxfs::block::is_nbd_uri(&spec) {
+        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+    }
     let dev = match open_device(&spec, false) {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),

@@ -14,6 +14,9 @@ pub struct TrimArgs {
 
 pub fn run(a: TrimArgs) -> i32 {
     let spec = a.image.to_string_lossy();
+    if !dxfs::block::is_nbd_uri(&spec) {
+        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+    }
     let dev = match open_device(&spec, false) {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),

@@ -42,7 +42,7 @@ pub mod uring;
 #[doc(hidden)]
 pub mod wire;
 
-pub use mountinfo::dxfs_mounts;
+pub use mountinfo::{dxfs_mounts, image_is_mounted};
 pub use server::STATS_XATTR;
 pub use session::{mount, Mounted, Stopper};
 pub use transport::TransportChoice;

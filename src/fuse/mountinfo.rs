@@ -62,6 +62,31 @@ pub fn dxfs_mounts() -> Vec<PathBuf> {
     entries().into_iter().filter(|(_, _, t)| t == "fuse.dxfs" || t == "fuseblk.dxfs").map(|(_, p, _)| p).collect()
 }
 
+/// Whether a dxfs mount of `image` is live: a `fuse.dxfs` mount whose source is the
+/// image, or a `fuseblk.dxfs` one over a loop device backed by it. Another process
+/// holding such an image for writing is its daemon, still serving; one holding it with no
+/// mount left is a daemon finishing after `umount` (or a tool).
+pub fn image_is_mounted(image: &Path) -> bool {
+    let Ok(want) = image.canonicalize() else { return false };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines().filter_map(|l| l.split_once(" - ")).any(|(_, right)| {
+        let mut f = right.split(' ');
+        let (Some(kind), Some(source)) = (f.next(), f.next()) else { return false };
+        if kind != "fuse.dxfs" && kind != "fuseblk.dxfs" {
+            return false;
+        }
+        let source = unescape(source);
+        if source.canonicalize().is_ok_and(|p| p == want) {
+            return true;
+        }
+        // A loop device: its backing file, as the kernel names it.
+        let name = source.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        name.starts_with("loop")
+            && std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+                .is_ok_and(|b| Path::new(b.trim_end()).canonicalize().is_ok_and(|p| p == want))
+    })
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape(s: &str) -> PathBuf {
     let b = s.as_bytes();

@@ -111,6 +111,7 @@ pub fn run(a: MkfsArgs) -> i32 {
             Err(e) => return fail(e, 8),
         }
     } else if exists {
+        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
         let d = match FileDevice::open(&a.image, false) {
             Ok(d) => d,
             Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),

@@ -830,6 +830,33 @@ fn a_hash_seed_changed_in_block_0_gives_way_to_the_backups() {
     assert!(again.errors.is_empty() && again.fixed.is_empty(), "left after repair: {again:#?}");
 }
 
+/// Found by the image fuzzer (seed 1074391133, beside other damage): block 0's MOUNT_MARK
+/// bit cleared and resealed, the backup intact. Trusting block 0, fsck took the mark
+/// block for a leaked one, freed it, and its repair wrote over the mark. The backup,
+/// whose mark block holds a sealed mark, is used instead, and fsck writes it over block 0.
+#[test]
+fn a_mount_mark_bit_lost_in_block_0_gives_way_to_the_backup() {
+    let (mut img, ..) = small();
+    let ro_compat = get_u32(&img, 28);
+    assert_ne!(ro_compat & dxfs::internals::RO_COMPAT_MOUNT_MARK, 0, "mkfs sets MOUNT_MARK");
+    let mark = get_u64(&img, 168);
+    let blk = block_of(&mut img, 0);
+    blk[28..32].copy_from_slice(&(ro_compat & !dxfs::internals::RO_COMPAT_MOUNT_MARK).to_le_bytes());
+    seal(blk, 0);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let first = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("fsck -n ran");
+    assert!(first.errors.iter().any(|e| e.contains("block 0 differs")), "{:#?}", first.errors);
+    assert!(!first.errors.iter().any(|e| e.contains(&format!("block {mark} "))), "{:#?}", first.errors);
+    dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
+    let after = dev.to_bytes();
+    assert_eq!(get_u32(&after, 28), ro_compat, "block 0 has the bit again");
+    // fsck's own open rewrites the mark; nothing else may.
+    let blk: &[u8; BLOCK_SIZE] = after[mark as usize * BLOCK_SIZE..][..BLOCK_SIZE].try_into().unwrap();
+    assert!(dxfs::internals::MountMark::decode(blk, mark).is_ok(), "the mark was written over");
+    let again = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("second fsck -n ran");
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "left after repair: {again:#?}");
+}
+
 /// Item 12: with both superblock copies damaged, fsck fails (exit 8) saying what is
 /// wrong with each copy and that none can be used.
 #[test]

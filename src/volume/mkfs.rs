@@ -195,6 +195,15 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
                 );
                 return Ok(backup);
             }
+            if let Some(backup) = backup_with_its_mount_mark(dev, &sb)? {
+                tracing::warn!(
+                    "block 0 lacks the MOUNT_MARK feature, which the backup superblock has, and the mark is in \
+                     block {}: using the backup in block {}",
+                    backup.layout.mark_block,
+                    sb.layout.backup_superblock()
+                );
+                return Ok(backup);
+            }
             if let Some(counted) = count_from_last_copy(dev, &sb)? {
                 tracing::warn!(
                     "block 0 says the volume has {} blocks, but no copy lies in its last block and the device's \
@@ -303,6 +312,31 @@ fn backup_with_the_right_hash(dev: &dyn BlockDevice, sb: &Superblock) -> Result<
     let ours = placed_entries(dev, sb, sb.hash, sb.hash_seed)?;
     let theirs = placed_entries(dev, sb, backup.hash, backup.hash_seed)?;
     Ok((theirs > ours).then_some(backup))
+}
+
+/// The backup superblock, when it differs from block 0 only in having MOUNT_MARK (and so
+/// a mark block), and that block holds a mount mark sealed for its place: block 0 lost
+/// the bit, and a volume trusting it would take the mark for a free block (fsck would
+/// free it, and the next allocation write over it). `None` otherwise.
+fn backup_with_its_mount_mark(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Option<Superblock>> {
+    let at = sb.layout.backup_superblock();
+    if sb.mount_mark() || at >= dev.block_count() {
+        return Ok(None);
+    }
+    let mut b = [0u8; BLOCK_SIZE];
+    dev.read(at, &mut b)?;
+    let Ok(backup) = Superblock::decode(&b, at) else { return Ok(None) };
+    let m = backup.layout.mark_block;
+    let same_but_the_mark = Superblock {
+        ro_compat: sb.ro_compat | RO_COMPAT_MOUNT_MARK,
+        layout: Layout { mark_block: m, ..sb.layout },
+        ..sb.clone()
+    };
+    if !backup.mount_mark() || backup != same_but_the_mark || m >= dev.block_count() {
+        return Ok(None);
+    }
+    dev.read(m, &mut b)?;
+    Ok(MountMark::decode(&b, m).is_ok().then_some(backup))
 }
 
 /// Of the root directory's first entries (up to 16), how many lie in their name's probe

@@ -857,6 +857,32 @@ fn a_mount_mark_bit_lost_in_block_0_gives_way_to_the_backup() {
     assert!(again.errors.is_empty() && again.fixed.is_empty(), "left after repair: {again:#?}");
 }
 
+/// Found by the image fuzzer (seed 1074380644): a directory leaf whose damage left one
+/// name twice, the second outside its probe range. The repair moved the second to its
+/// name's key and failed there ("file exists"). The second entry is dropped (its inode
+/// goes to /lost+found), and a second fsck -n is clean.
+#[test]
+fn a_name_twice_in_a_directory_is_repaired() {
+    let (mut img, _, d) = small();
+    let leaf = dir_leaf(&img, d);
+    let blk = block_of(&mut img, leaf);
+    let at = blk.windows(3).position(|w| w == b"two").expect("the name is in the leaf");
+    blk[at..at + 3].copy_from_slice(b"one");
+    seal(blk, leaf);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let first = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("fsck -n ran");
+    assert!(first.errors.iter().any(|e| e.contains("\"one\" appears twice")), "{:#?}", first.errors);
+    let fixed = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("the repair runs to the end");
+    assert!(fixed.fixed.iter().any(|m| m.contains("dropped a second entry \"one\"")), "{:#?}", fixed.fixed);
+    let again = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).expect("second fsck -n ran");
+    assert!(again.errors.is_empty() && again.fixed.is_empty(), "left after repair: {again:#?}");
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert!(vol.lookup(d, b"one").is_ok());
+    let lf = vol.lookup(vol.root(), b"lost+found").expect("the dropped entry's inode is kept");
+    assert_eq!(vol.readdir(lf.ino, 0, 100).unwrap().iter().filter(|e| e.name != b"." && e.name != b"..").count(), 1);
+    vol.close().unwrap();
+}
+
 /// Item 12: with both superblock copies damaged, fsck fails (exit 8) saying what is
 /// wrong with each copy and that none can be used.
 #[test]

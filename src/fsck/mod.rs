@@ -443,6 +443,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             let name = String::from_utf8_lossy(name);
             if invalid {
                 format!("directory {d}: dropped entry {name:?}, which is not a valid name (inode {c} is kept)")
+            } else if !w.bad.contains(c) {
+                format!("directory {d}: dropped a second entry {name:?} (inode {c} is kept)")
             } else {
                 format!("directory {d}: dropped entry {name:?}, which names unusable inode {c} (its contents are lost)")
             }

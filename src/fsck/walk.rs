@@ -633,6 +633,17 @@ impl Walk<'_> {
                         drops.push((ino, k, name, c));
                         continue;
                     }
+                    if names.contains(&name) {
+                        // A second entry of a name (a damaged leaf): a repair drops it, as
+                        // an invalid name, and the first is moved to its key if need be;
+                        // its inode, if named by nothing else, goes to /lost+found.
+                        self.err(format!(
+                            "directory {ino}: name {:?} appears twice (a repair drops the second entry)",
+                            String::from_utf8_lossy(&name)
+                        ));
+                        drops.push((ino, k, name, c));
+                        continue;
+                    }
                     let h = dir::name_key(&self.st, &name);
                     if k < h || k > h + d.max_disp as u64 {
                         self.err(format!(
@@ -641,9 +652,7 @@ impl Walk<'_> {
                         ));
                         self.rekey.push((ino, k, name.clone(), c, ft));
                     }
-                    if !names.insert(name.clone()) {
-                        self.err(format!("directory {ino}: name {:?} appears twice", String::from_utf8_lossy(&name)));
-                    }
+                    names.insert(name.clone());
                     *self.links.entry(c).or_insert(0) += 1;
                     if ft != FileType::Directory {
                         self.names_of.entry(c).or_default().push(ino);

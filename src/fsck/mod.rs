@@ -438,12 +438,12 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     if repair && !r.errors.is_empty() && (!drops.is_empty() || !salvage.is_empty()) && pass < MAX_DROP_PASSES {
         drop(w.st);
         let mut told = std::mem::take(&mut r.fixed);
-        told.extend(drops.iter().map(|(d, _, name, c)| {
+        told.extend(drops.iter().map(|(d, key, name, c)| {
             let invalid = crate::fs::dir::check_name(name).is_err();
             let name = String::from_utf8_lossy(name);
             if invalid {
                 format!("directory {d}: dropped entry {name:?}, which is not a valid name (inode {c} is kept)")
-            } else if !w.bad.contains(c) {
+            } else if w.second_names.contains(&(*d, *key)) {
                 format!("directory {d}: dropped a second entry {name:?} (inode {c} is kept)")
             } else {
                 format!("directory {d}: dropped entry {name:?}, which names unusable inode {c} (its contents are lost)")

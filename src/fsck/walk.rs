@@ -49,6 +49,8 @@ pub(super) struct Walk<'a> {
     /// Inodes that cannot be used: unreadable, or with a broken index, extent map or
     /// xattr list. A repair drops the entries that name them (`Drop`).
     pub(super) bad: HashSet<u64>,
+    /// Entries (directory, key) dropped as a name's second entry.
+    pub(super) second_names: HashSet<(u64, u64)>,
     /// Inode fields that disagree with what the walk found, and the fix for each.
     pub(super) inode_fixes: Vec<(u64, InodeFix, String)>,
     /// Directories whose index is damaged: a repair rebuilds it from its readable leaves.
@@ -138,6 +140,7 @@ impl<'a> Walk<'a> {
             seen: HashSet::new(),
             xattr_refs: HashMap::new(),
             bad: HashSet::new(),
+            second_names: HashSet::new(),
             inode_fixes: Vec::new(),
             salvage: HashSet::new(),
             complete: true,
@@ -641,6 +644,7 @@ impl Walk<'_> {
                             "directory {ino}: name {:?} appears twice (a repair drops the second entry)",
                             String::from_utf8_lossy(&name)
                         ));
+                        self.second_names.insert((ino, k));
                         drops.push((ino, k, name, c));
                         continue;
                     }

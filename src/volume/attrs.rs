@@ -170,12 +170,12 @@ impl Volume {
         self.reading(&[(ino, Mode::Read)], |r, seen| attr_of(seen.delta, &read_inode(r, ino)?))
     }
 
-    /// Drop what file `ino` grants after a change by `caller`, who lacks CAP_FSETID: the
+    /// Drop what file `ino` grants after a change by a caller without CAP_FSETID: the
     /// setuid bit, a file capability, and the setgid bit when the group may execute or
-    /// the caller is not in the file's group (`in_group`: the caller's groups). For a server that learns of such a change
-    /// only after it (the kernel leaves all of it to a FUSE server after a FALLOCATE, and
-    /// the setgid rule after a WRITE, as the volume knows no caller's groups). ctime moves
-    /// when anything is dropped. `capability`: look for a file capability too (a mode
+    /// the caller is not in the file's group (`in_group`: the caller's groups). For a
+    /// server that learns of such a change only after it (the kernel leaves all of it to
+    /// a FUSE server after a FALLOCATE, and the setgid rule after a WRITE, as the volume
+    /// knows no caller's groups). ctime moves when anything is dropped. `capability`: look for a file capability too (a mode
     /// with nothing to drop then costs no delta). Returns whether anything was dropped.
     pub fn drop_privileges_of(&self, ino: u64, in_group: &dyn Fn(u32) -> bool, capability: bool) -> Result<bool> {
         if !capability {

@@ -322,6 +322,30 @@ fn a_repair_is_never_refused_by_a_quota() {
     close_and_check(dev, vol);
 }
 
+/// A logged image of the root's own leaf sent to the root's inode block (fuzzer seed
+/// 1074577788): the root is unreadable and its block holds a node of its own tree, which
+/// cannot be live there. The repair recreates the root in that block with the entries the
+/// node holds; here the leaf's home copy is gone, so they are found nowhere else.
+#[test]
+fn a_root_leaf_over_the_root_inode_is_read_before_the_root_is_recreated() {
+    let (mut img, f, d) = small();
+    let root = get_u64(&img, 120);
+    let (rb, _) = ino_loc(root);
+    let leaf = dir_leaf(&img, root);
+    let node = *block_of(&mut img, leaf);
+    let at = block_of(&mut img, rb);
+    *at = node;
+    seal(at, rb);
+    block_of(&mut img, leaf).fill(0);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    assert_eq!(vol.lookup(vol.root(), b"f").map(|a| a.ino).ok(), Some(f), "the root's entry f is lost");
+    assert_eq!(vol.lookup(vol.root(), b"d").map(|a| a.ino).ok(), Some(d), "the root's entry d is lost");
+    assert!(vol.read(f, 0, 3 * 4096).is_ok());
+    close_and_check(dev, vol);
+}
+
 /// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
 #[test]
 fn an_orphan_list_naming_the_root_frees_nothing() {

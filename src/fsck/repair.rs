@@ -111,11 +111,19 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
         get_u32(&raw, 0) == XATTR_MAGIC && xattr_head_is_named(&*dev, &sb, &|b| b != rb && store.is_used(b), rb)?;
     let mut recs = std::collections::BTreeMap::new();
     let mut nodes = Vec::new();
-    for b in sb.layout.first_free()..sb.layout.backup_superblock() {
-        if b == rb || !store.is_used(b) || !btree::owned_node(&mut st, b, root) {
+    let mut read = 0;
+    // A root's leaf written over its own inode block (a log delta sent to the wrong block,
+    // fuzzer seed 1074577788) is read first: it may be the newest copy of its entries.
+    let blocks =
+        std::iter::once(rb).chain((sb.layout.first_free()..sb.layout.backup_superblock()).filter(|&b| b != rb));
+    for b in blocks {
+        if !store.is_used(b) || !btree::owned_node(&mut st, b, root) {
             continue;
         }
-        nodes.push(b);
+        if b != rb {
+            nodes.push(b);
+        }
+        read += 1;
         if let Ok(list) = btree::leaf_records(&mut st, b, root) {
             for (k, v) in list {
                 if decode_dirent(&v).is_ok() {
@@ -167,7 +175,7 @@ pub(super) fn recreate_root(dev: Arc<dyn BlockDevice>) -> Result<String> {
     vol.close()?;
     Ok(format!(
         "root directory {root} was unreadable: recreated (mode 0755, owner root, no xattrs) with the {found} entries of {} readable index blocks",
-        nodes.len()
+        read
     ))
 }
 
@@ -260,6 +268,10 @@ fn xattr_head_is_named(
 /// tree, FORMAT §6.1–6.2) reaches it. An owner that is no inode, or an inode with no
 /// tree, cannot; one that cannot be read, or a tree that cannot be walked, may.
 fn node_is_reached(st: &mut Tx, state: &State, layout: Layout, owner: u64, b: u64) -> bool {
+    // An owner's inode and a node of its tree never share a block.
+    if owner > 2 && ino_loc(owner).0 == b {
+        return false;
+    }
     let tree = match owner {
         1 => state.lazy_frees,
         2 => state.rstats,

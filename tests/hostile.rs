@@ -346,6 +346,54 @@ fn a_root_leaf_over_the_root_inode_is_read_before_the_root_is_recreated() {
     close_and_check(dev, vol);
 }
 
+/// A file extent turned onto an inode block that a lazy-free record names, whose live
+/// inodes no directory reaches (their directory's leaf is gone) (fuzzer seed 1074495009):
+/// the record and the block's seal say inode block, the extent says data. The runtime
+/// reads such a block as metadata, so fsck must too: the extent is dropped and the lost
+/// inodes come back, and the repaired file reads.
+#[test]
+fn a_wild_extent_over_an_inode_block_a_lazy_free_record_names_is_dropped() {
+    let (img, f, d) = small();
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    let mut files = Vec::new();
+    for i in 0..40 {
+        files.push(vol.create(d, format!("n{i}").as_bytes(), 0o644, 0, 0).unwrap().ino);
+    }
+    vol.sync().unwrap();
+    // An inode block of `d`'s files outside its region's first block, with one slot freed
+    // lazily (its block is not rewritten in that delta).
+    let (region, _) = ino_loc(d + 1);
+    let victim = *files.iter().rev().find(|&&i| ino_loc(i).0 != region && ino_loc(i).0 != ino_loc(d).0).unwrap();
+    let (target, _) = ino_loc(victim);
+    let name = format!("n{}", files.iter().position(|&i| i == victim).unwrap());
+    vol.unlink(d, name.as_bytes()).unwrap();
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    // Precondition: the freed slot is still marked used in its block (FORMAT §6, `used`
+    // at byte 24), so the lazy-free tree names the block (else this tests nothing new).
+    let used = u16::from_le_bytes(block_of(&mut img, target)[24..26].try_into().unwrap());
+    assert!(used & 1 << ino_loc(victim).1 != 0, "the inode was freed eagerly");
+    let leaf = dir_leaf(&img, d);
+    block_of(&mut img, leaf).fill(0);
+    patch_inode(&mut img, f, |s| put_u64(s, EXT0_PHYS, target));
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let before = dev.to_bytes()[target as usize * BLOCK_SIZE..(target as usize + 1) * BLOCK_SIZE].to_vec();
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let a = vol.lookup(vol.root(), b"f").expect("the file survives its bad extent");
+    assert!(vol.read(a.ino, 0, 3 * 4096).is_ok(), "the repaired file reads");
+    let lf = vol.lookup(vol.root(), b"lost+found").expect("the lost inodes come back").ino;
+    let back = files.iter().filter(|&&i| i != victim && ino_loc(i).0 == target).count();
+    let found =
+        files.iter().filter(|&&i| ino_loc(i).0 == target && vol.lookup(lf, format!("#{i}").as_bytes()).is_ok()).count();
+    assert!(back > 0 && found == back, "{found} of the {back} live inodes of block {target} came back");
+    assert!(vol.lookup(lf, format!("#{victim}").as_bytes()).is_err(), "a freed inode came back");
+    close_and_check(dev.clone(), vol);
+    let after = &dev.to_bytes()[target as usize * BLOCK_SIZE..(target as usize + 1) * BLOCK_SIZE];
+    assert_eq!(get_u32(after, 0), get_u32(&before, 0), "the inode block was written over");
+}
+
 /// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
 #[test]
 fn an_orphan_list_naming_the_root_frees_nothing() {

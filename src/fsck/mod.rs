@@ -282,6 +282,8 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     // (A known inode block holding such an inode is one whose slot mask is off.)
     let mismatched: Vec<u64> = slot_fixes.iter().map(|f| f.0).collect();
     let (lost, claimed, lost_all, lost_heads) = w.find_lost(&mismatched, &lazy_all, &leaked);
+    // A lazy-free record of a block lost inodes live in stays: it frees other slots.
+    lazy_drops.retain(|b| !claimed.contains(b));
     let xattr_fixes: Vec<(u64, u32, u32)> = xattr_counts
         .iter()
         .map(|&(b, c, n)| (b, c, n + lost_heads.get(&b).copied().unwrap_or(0)))
@@ -458,8 +460,6 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
     let do_local = repair && !local.is_empty();
     if do_global || do_local {
         drop(w.st);
-        // A lazy-free record of a block lost inodes live in stays: it frees other slots.
-        lazy_drops.retain(|b| !claimed.contains(b));
         let none: &[u64] = &[];
         let fixes = Fixes {
             leaked: if do_global { &leaked } else { none },

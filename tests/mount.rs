@@ -101,11 +101,19 @@ struct NbdServer {
 
 impl NbdServer {
     fn start(image: &Path, sock: PathBuf) -> NbdServer {
+        NbdServer::start_with(image, sock, &[])
+    }
+
+    /// With nbdkit's filter arguments `filters` (e.g. `--filter=delay`, `wdelay=20ms`).
+    fn start_with(image: &Path, sock: PathBuf, filters: &[&str]) -> NbdServer {
+        let (flags, params): (Vec<&str>, Vec<&str>) = filters.iter().partition(|a| a.starts_with("--"));
         let child = Command::new("nbdkit")
             .args(["-f", "-U"])
             .arg(&sock)
+            .args(flags)
             .arg("file")
             .arg(image)
+            .args(params)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1829,7 +1837,7 @@ fn umount_then_repair(s: &Scratch, between: impl FnOnce()) {
     let st = unmount_by("umount", &s.mnt);
     assert!(st.success(), "umount: {st}");
     between();
-    let out = dxfs().arg("fsck").arg(&s.image).output().unwrap();
+    let out = dxfs().arg("fsck").arg(s.source()).output().unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     assert!(out.status.success(), "fsck right after umount: {}{}", text(&out.stdout), text(&out.stderr));
 }
@@ -1837,16 +1845,16 @@ fn umount_then_repair(s: &Scratch, between: impl FnOnce()) {
 /// After `umount` of a plain mount (no DESTROY: the kernel waits for nothing) the daemon
 /// may still hold the image for a moment: a repairing `dxfs fsck` right after waits for it
 /// to let go instead of refusing (it did every time). A live mount is refused at once.
+/// Over NBD no lock tells: the wait watches the mount mark.
 #[test]
 fn fsck_right_after_umount_of_a_plain_mount() {
     require_fuse!();
-    not_over_nbd!("checks the image file");
     let s = Scratch::new(32);
     let mut first = Some(s.mount(&["-o", "noblkdev"]));
     assert_eq!(mount_type(&s.mnt), "fuse.dxfs");
     fs::write(s.path("f"), b"x").unwrap();
     let t = Instant::now();
-    let out = dxfs().arg("fsck").arg(&s.image).output().unwrap();
+    let out = dxfs().arg("fsck").arg(s.source()).output().unwrap();
     assert_eq!(out.status.code(), Some(8), "fsck of a live mount: {}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
     assert!(t.elapsed() < Duration::from_secs(5), "refused after {:?}", t.elapsed());
@@ -1856,6 +1864,33 @@ fn fsck_right_after_umount_of_a_plain_mount() {
         umount_then_repair(&s, || {});
         drop(m);
     }
+    s.fsck();
+}
+
+/// Over NBD no image lock tells that a daemon is still releasing the volume after
+/// `umount`: `dxfs fsck` watches the mount mark instead. Each write to this export waits
+/// 20 ms (nbdkit's delay filter), so the release after `umount` (a commit, the mark
+/// written clean) takes a while: a repairing fsck right after was refused.
+#[test]
+fn fsck_right_after_umount_of_a_slow_nbd_export() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let srv = NbdServer::start_with(&s.image, s.tmp.path().join("slow.sock"), &["--filter=delay", "wdelay=20ms"]);
+    let source = format!("nbd+unix:///?socket={}", srv.sock.display());
+    for i in 0..3 {
+        let log = s.tmp.path().join("slow.log");
+        let child = dxfs().arg("mount").arg(&source).arg(&s.mnt).stderr(File::create(&log).unwrap()).spawn().unwrap();
+        let mut m = Mounted { child: Some(child), mnt: s.mnt.clone(), image: s.image.clone(), log: Some(log) };
+        m.wait_mounted();
+        fs::write(s.path(&format!("f{i}")), b"x").unwrap();
+        let st = unmount_by("umount", &s.mnt);
+        assert!(st.success(), "umount: {st}");
+        let out = dxfs().arg("fsck").arg(&source).output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(out.status.success(), "fsck right after umount: {}{}", text(&out.stdout), text(&out.stderr));
+        drop(m);
+    }
+    drop(srv);
     s.fsck();
 }
 

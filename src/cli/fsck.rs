@@ -40,6 +40,9 @@ pub fn run(a: FsckArgs) -> i32 {
         }
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
+    if is_nbd_uri(&spec) && !a.no_change {
+        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+    }
     let bar = super::spinner();
     let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));
     let opts = dxfs::fsck::CheckOptions { repair: !a.no_change, rollback: a.rollback };

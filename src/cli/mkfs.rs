@@ -107,7 +107,10 @@ pub fn run(a: MkfsArgs) -> i32 {
             return fail("--size cannot resize an NBD export: its size is the server's", 8);
         }
         match open_device(&a.image.to_string_lossy(), false) {
-            Ok(d) => d,
+            Ok(d) => {
+                super::wait_for_a_closing_mark(&a.image.to_string_lossy(), &*d, std::time::Duration::from_secs(10));
+                d
+            }
             Err(e) => return fail(e, 8),
         }
     } else if exists {

@@ -174,6 +174,29 @@ pub(crate) fn wait_for_a_closing_holder(image: &Path, limit: std::time::Duration
     }
 }
 
+/// [`wait_for_a_closing_holder`] for an NBD export, which has no lock to watch: wait up
+/// to `limit` while a process of this host holds the volume's mount mark and no dxfs
+/// mount of `spec` is live (a daemon committing and releasing after `umount`).
+pub(crate) fn wait_for_a_closing_mark(spec: &str, dev: &dyn dxfs::block::BlockDevice, limit: std::time::Duration) {
+    let start = std::time::Instant::now();
+    let mut told = false;
+    while start.elapsed() < limit {
+        let Ok(Some(pid)) = dxfs::mount_mark_holder_on_this_host(dev) else { return };
+        if dxfs::fuse::image_is_mounted(Path::new(spec)) {
+            return;
+        }
+        if !told && start.elapsed() > std::time::Duration::from_millis(500) {
+            eprintln!(
+                "dxfs: {spec} is held by process {pid} with no mount of it (a daemon ending after umount?): \
+                 waiting up to {}s for it to let go",
+                limit.as_secs()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {
     let dev = dxfs::block::open_device(image, read_only).map_err(|e| fail(format!("{image}: {e}"), 8))?;
     let opts = dxfs::OpenOptions { read_only, ..Default::default() };

@@ -28,6 +28,9 @@ pub fn run(a: ResizeArgs) -> i32 {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
     };
+    if dxfs::block::is_nbd_uri(&spec) {
+        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+    }
     let sb = match dxfs::read_superblock(&*dev) {
         Ok(sb) => sb,
         Err(e) => return fail(format!("{spec}: {e}"), 8),

@@ -21,6 +21,9 @@ pub fn run(a: TrimArgs) -> i32 {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
     };
+    if dxfs::block::is_nbd_uri(&spec) {
+        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+    }
     let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions::default()) {
         Ok(v) => v,
         Err(e) => return fail(format!("{spec}: {e}"), 8),

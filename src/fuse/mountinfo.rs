@@ -63,11 +63,12 @@ pub fn dxfs_mounts() -> Vec<PathBuf> {
 }
 
 /// Whether a dxfs mount of `image` is live: a `fuse.dxfs` mount whose source is the
-/// image, or a `fuseblk.dxfs` one over a loop device backed by it. Another process
-/// holding such an image for writing is its daemon, still serving; one holding it with no
-/// mount left is a daemon finishing after `umount` (or a tool).
+/// image (an NBD address: spelled the same), or a `fuseblk.dxfs` one over a loop device
+/// backed by it. Another process holding such an image for writing is its daemon, still
+/// serving; one holding it with no mount left is a daemon finishing after `umount` (or a
+/// tool).
 pub fn image_is_mounted(image: &Path) -> bool {
-    let Ok(want) = image.canonicalize() else { return false };
+    let want = image.canonicalize().ok();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     info.lines().filter_map(|l| l.split_once(" - ")).any(|(_, right)| {
         let mut f = right.split(' ');
@@ -76,14 +77,18 @@ pub fn image_is_mounted(image: &Path) -> bool {
             return false;
         }
         let source = unescape(source);
-        if source.canonicalize().is_ok_and(|p| p == want) {
+        if source == image {
+            return true;
+        }
+        let Some(want) = &want else { return false };
+        if source.canonicalize().is_ok_and(|p| p == *want) {
             return true;
         }
         // A loop device: its backing file, as the kernel names it.
         let name = source.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         name.starts_with("loop")
             && std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
-                .is_ok_and(|b| Path::new(b.trim_end()).canonicalize().is_ok_and(|p| p == want))
+                .is_ok_and(|b| Path::new(b.trim_end()).canonicalize().is_ok_and(|p| p == *want))
     })
 }
 

@@ -158,6 +158,17 @@ pub fn status(dev: &dyn BlockDevice) -> Result<Option<String>> {
     }))
 }
 
+/// The process of this host that holds the volume on `dev` by its mount mark, if one
+/// does (another process, still running): a daemon still serving, or one finishing after
+/// `umount`, which tools wait for (`dxfs fsck` over NBD, where no image lock tells).
+pub fn holder_on_this_host(dev: &dyn BlockDevice) -> Result<Option<u32>> {
+    let sb = crate::volume::read_superblock(dev)?;
+    Ok(match inspect(dev, &sb)? {
+        Some(Ok(m)) if m.in_use && same_host(&m) && m.pid != std::process::id() && pid_alive(m.pid) => Some(m.pid),
+        _ => None,
+    })
+}
+
 /// Whether a mark read now has a live holder as far as one read can tell: in use, and
 /// either of a live process of this host or rewritten within `FRESH_INTERVALS` intervals.
 pub(crate) fn looks_held(m: &MountMark) -> bool {

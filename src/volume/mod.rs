@@ -51,6 +51,7 @@ use contention::LockCounters;
 pub use contention::{LockStats, ReadStats, LEAF_LOCK_NAMES};
 use delta::{Cost, Delta, Flight};
 use locks::{InodeLocks, Mode};
+pub use mark::holder_on_this_host as mount_mark_holder_on_this_host;
 pub use mark::status as mount_mark_status;
 pub use mkfs::{mkfs, read_superblock, MkfsOptions};
 pub(crate) use mkfs::{read_usable_superblock, root_is_wrong};

@@ -177,7 +177,7 @@ impl Walk<'_> {
                     for (b, v) in recs {
                         let mask = if v.len() == 2 { u16::from_le_bytes([v[0], v[1]]) } else { 0 };
                         lazy_all.insert(b, mask);
-                        self.lazy_block_under_data(b);
+                        self.lazy_block_under_data(b, inodes);
                         if mask & !1 == 0 || mask & 1 != 0 || !ib.contains_key(&b) {
                             // Malformed, or for a block with no live inode (which should
                             // have been freed with its record): the record goes.
@@ -228,9 +228,11 @@ impl Walk<'_> {
     /// is the wild one (fuzzer seed 1074495009). The block becomes metadata no walk reached:
     /// `data_over_metadata` drops the extent, and the block is leaked unless lost inodes
     /// live in it (`find_lost`, with the record's slots taken away).
-    fn lazy_block_under_data(&mut self, b: u64) {
+    /// (A directory owns no data: a block it owns outside `meta` is its reserved region's.)
+    fn lazy_block_under_data(&mut self, b: u64, inodes: &HashMap<u64, Inode>) {
         let Some(&o) = self.owner.get(&b) else { return };
-        if o == 0 || o == u64::MAX || self.meta.contains(&b) || self.st.tx().block(b, Some(INODE_MAGIC)).is_err() {
+        let data = inodes.get(&o).is_some_and(|i| !i.is_dir()) && !self.meta.contains(&b);
+        if !data || self.st.tx().block(b, Some(INODE_MAGIC)).is_err() {
             return;
         }
         self.meta.insert(b);

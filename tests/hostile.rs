@@ -394,6 +394,41 @@ fn a_wild_extent_over_an_inode_block_a_lazy_free_record_names_is_dropped() {
     assert_eq!(get_u32(after, 0), get_u32(&before, 0), "the inode block was written over");
 }
 
+/// An xattr entry whose name grew by one byte (out of its value, so the list still
+/// adds up) to a full name of 256 bytes, longer than any getxattr may ask for (fuzzer
+/// seed 2684391123): fsck took it for sound, and listxattr named what getxattr refused
+/// with ERANGE. It breaks the entry rule now, and the repair drops it.
+#[test]
+fn an_xattr_name_longer_than_xattr_name_max_is_dropped() {
+    let (img, f, _) = small();
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    let name = [b"user.".as_slice(), &[b'a'; 250]].concat();
+    vol.setxattr(f, &name, &[b'v'; 10], dxfs::XattrMode::Any).unwrap();
+    vol.setxattr(f, b"user.keep", b"kept", dxfs::XattrMode::Any).unwrap();
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    // The list's head block (the inode's xattr_block, slot byte 112), its first entry
+    // at byte 32: index, name_len, value_len (u32), name.
+    let (ib, slot) = ino_loc(f);
+    let head = get_u64(&img[ib as usize * BLOCK_SIZE + slot * 256..], 112);
+    assert_eq!(block_of(&mut img, head)[33], 250, "the long name comes first");
+    let blk = block_of(&mut img, head);
+    assert_eq!(get_u32(&blk[..], 34), 10);
+    blk[33] = 251;
+    blk[34..38].copy_from_slice(&9u32.to_le_bytes());
+    seal(blk, head);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    repair_holds(dev.clone());
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let names = vol.listxattr(f).unwrap();
+    assert!(!names.is_empty());
+    for n in &names {
+        assert!(vol.getxattr(f, n).is_ok(), "listed but unreadable: {} bytes", n.len());
+    }
+    close_and_check(dev, vol);
+}
+
 /// Item 4: an orphan list that names a linked inode (here the root) frees nothing.
 #[test]
 fn an_orphan_list_naming_the_root_frees_nothing() {

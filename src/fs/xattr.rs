@@ -50,9 +50,12 @@ const PREFIXES: &[(u8, &[u8])] = &[
     (7, b"system."),
 ];
 
+/// The longest full name (prefix and suffix), as Linux's XATTR_NAME_MAX.
+const NAME_MAX: usize = 255;
+
 /// Split a full name into namespace index and suffix.
 pub fn split_name(name: &[u8]) -> Result<(u8, &[u8])> {
-    if name.len() > 255 {
+    if name.len() > NAME_MAX {
         return Err(Error::Range);
     }
     // listxattr returns NUL-separated names: a NUL inside one would break the list.
@@ -155,14 +158,18 @@ fn decode_lenient(ino: u64, mut b: &[u8]) -> (Vec<Xattr>, Option<Error>) {
 }
 
 /// The validity rule of an entry: a known namespace, an empty name for the two ACLs and
-/// a non-empty one otherwise, and no NUL in it (listxattr separates names with NULs).
+/// a non-empty one otherwise, no NUL in it (listxattr separates names with NULs), and a
+/// full name of at most [`NAME_MAX`] bytes (a longer one cannot be asked for: fuzzer
+/// seed 2684391123).
 fn entry_ok(x: &Xattr) -> bool {
     name_ok(x.idx, &x.name)
 }
 
 fn name_ok(idx: u8, name: &[u8]) -> bool {
     let acl = idx == 2 || idx == 3;
-    PREFIXES.iter().any(|(i, _)| *i == idx) && acl == name.is_empty() && !name.contains(&0)
+    PREFIXES.iter().any(|(i, p)| *i == idx && p.len() + name.len() <= NAME_MAX)
+        && acl == name.is_empty()
+        && !name.contains(&0)
 }
 
 /// One entry's bytes, as a list holds them.

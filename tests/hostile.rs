@@ -454,6 +454,46 @@ fn an_orphan_list_naming_the_root_frees_nothing() {
     assert_eq!(get_u64(st, 16), 0);
 }
 
+/// An orphan list naming a file a directory names, on a volume whose walk cannot be
+/// completed (the lazy-free tree's root points at file data) (fuzzer seed 2684506863):
+/// the repair made only local fixes and left the list, and the next read-write open freed
+/// the named file. Cutting the list is local now: it frees nothing.
+#[test]
+fn an_orphan_list_naming_a_named_file_is_cut_on_an_incomplete_walk() {
+    let (img, f, d) = small();
+    let (dev, vol) = open(img, false);
+    let vol = vol.unwrap();
+    for i in 0..40 {
+        vol.create(d, format!("n{i}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    vol.sync().unwrap();
+    vol.unlink(d, b"n39").unwrap(); // a lazy-free record: the tree has a root
+    close_and_check(dev.clone(), vol);
+    let mut img = settled(&dev);
+    let st = block_of(&mut img, STATE_BLOCK);
+    assert_ne!(get_u64(st, 48), 0, "no lazy-free tree");
+    put_u64(st, 16, f); // orphan_head
+    let data = {
+        let (b, s) = ino_loc(f);
+        get_u64(&img[b as usize * BLOCK_SIZE + s * 256..], EXT0_PHYS)
+    };
+    let st = block_of(&mut img, STATE_BLOCK);
+    put_u64(st, 48, data); // lazy_root: file data, not a node
+    seal(st, STATE_BLOCK);
+    patch_inode(&mut img, f, |s| s[12..16].copy_from_slice(&0u32.to_le_bytes())); // nlink 0
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = dxfs::fsck::check(dev.clone(), true, &mut |_| {}).expect("fsck ran");
+    assert!(r.fixed.iter().any(|m| m.contains("orphan list")), "the list was left: {:#?}", r.fixed);
+    let vol = Volume::open(dev.clone(), OpenOptions::default()).unwrap();
+    let a = vol.lookup(vol.root(), b"f").expect("the named file is still there");
+    assert_eq!(vol.read(a.ino, 0, 3 * 4096).unwrap(), vec![7u8; 3 * 4096], "the named file was freed");
+    vol.close().unwrap();
+    // What is left (the broken lazy-free tree) is reported, and the list no more.
+    let left = dxfs::fsck::check(dev, false, &mut |_| {}).expect("fsck -n ran");
+    eprintln!("left: {:#?}", left.errors);
+    assert!(left.errors.iter().all(|e| !e.contains("orphan list")), "{:#?}", left.errors);
+}
+
 /// Item 5: block counts and sizes beyond what a volume can hold are errors for that
 /// inode, never wrapped numbers; a repair clamps them.
 #[test]

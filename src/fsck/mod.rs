@@ -332,10 +332,6 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
                 .map(|b| format!("lazy-free record of block {b} is malformed or for a block with no live inode")),
         )
         .chain(inode_count_fix.map(|(have, want)| format!("state block counts {have} inodes, found {want}")))
-        .chain(w.orphan_cut.map(|after| match after {
-            None => "orphan list emptied".to_string(),
-            Some(i) => format!("orphan list ended after inode {i}"),
-        }))
         .chain(xattr_fixes.iter().map(|(b, c, n)| format!("xattr block {b}: reference count {c}, used by {n} inodes")))
         .chain(
             reinit.iter().map(|(b, _)| format!("inode block {b} is unreadable and holds no live inode: written empty")),
@@ -365,6 +361,13 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
         .chain(inode_fixes.iter().map(|(_, _, m)| m.clone()))
         .chain(rekey.iter().map(|(d, k, name, ..)| {
             format!("directory {d}: entry {:?} moved from key {k:#x} to its name's", String::from_utf8_lossy(name))
+        }))
+        // Local: the list is cut at an inode seen to be named, linked or unreadable, and
+        // cutting it early frees nothing; an incomplete walk must not leave it for the
+        // next read-write open to free a named inode (fuzzer seed 2684506863).
+        .chain(w.orphan_cut.map(|after| match after {
+            None => "orphan list emptied".to_string(),
+            Some(i) => format!("orphan list ended after inode {i}"),
         }))
         .collect();
     // The counters follow from everything else: with other findings they are checked
@@ -473,7 +476,7 @@ fn check_pass(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMut(
             inode_fixes: &inode_fixes,
             inode_count: inode_count_fix.filter(|_| do_global).map(|f| f.1),
             rekey: &rekey,
-            orphan_cut: w.orphan_cut.filter(|_| do_global),
+            orphan_cut: w.orphan_cut,
             rstats: rstats.as_ref().filter(|_| do_global && rstat_fix),
             drop_rstats: rstats.as_ref().is_some_and(|c| c.unowned),
         };

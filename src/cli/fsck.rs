@@ -30,7 +30,7 @@ pub fn run(a: FsckArgs) -> i32 {
     // read-only check runs, but what it reads may be behind the mount's memory.
     let spec = a.image.to_string_lossy();
     if !is_nbd_uri(&spec) {
-        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_holder(&a.image);
     }
     let locked = a.no_change && !is_nbd_uri(&spec) && FileDevice::in_use(&a.image);
     let dev = match open_device(&spec, a.no_change) {
@@ -41,7 +41,7 @@ pub fn run(a: FsckArgs) -> i32 {
         Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),
     };
     if is_nbd_uri(&spec) && !a.no_change {
-        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_mark(&spec, &*dev);
     }
     let bar = super::spinner();
     let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));

@@ -108,13 +108,13 @@ pub fn run(a: MkfsArgs) -> i32 {
         }
         match open_device(&a.image.to_string_lossy(), false) {
             Ok(d) => {
-                super::wait_for_a_closing_mark(&a.image.to_string_lossy(), &*d, std::time::Duration::from_secs(10));
+                super::wait_for_a_closing_mark(&a.image.to_string_lossy(), &*d);
                 d
             }
             Err(e) => return fail(e, 8),
         }
     } else if exists {
-        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_holder(&a.image);
         let d = match FileDevice::open(&a.image, false) {
             Ok(d) => d,
             Err(e) => return fail(format!("{}: {e}", a.image.display()), 8),

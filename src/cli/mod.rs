@@ -152,21 +152,24 @@ pub(crate) fn spinner() -> indicatif::ProgressBar {
 
 /// `--image`: open the unmounted volume `image` (image file, device or nbd:// URI)
 /// through the library; a failure is printed and gives exit status 8.
-/// Wait up to `limit` while another process holds `image` for writing and no mount of it
-/// is live: a plain FUSE mount's daemon goes on committing and releasing the volume for a
-/// moment after `umount` returns (the kernel waits for no answer from it; a fuseblk
-/// mount's DESTROY makes `umount` wait). A live mount keeps the image held: no wait then.
-pub(crate) fn wait_for_a_closing_holder(image: &Path, limit: std::time::Duration) {
+/// How long a tool waits for a daemon still letting go of a volume after `umount`.
+const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wait up to [`CLOSING_WAIT`] while `holder` names who still holds `what` with no mount
+/// of it live: a plain FUSE mount's daemon goes on committing and releasing the volume
+/// for a moment after `umount` returns (the kernel waits for no answer from it; a
+/// fuseblk mount's DESTROY makes `umount` wait). A live mount keeps it held: no wait then.
+fn wait_while_held(what: &str, holder: impl Fn() -> Option<String>) {
     let start = std::time::Instant::now();
     let mut told = false;
-    while dxfs::block::FileDevice::in_use(image) && !dxfs::fuse::image_is_mounted(image) && start.elapsed() < limit {
+    while start.elapsed() < CLOSING_WAIT {
+        let Some(who) = holder() else { return };
         // Said only when it takes a while: the usual wait is milliseconds.
         if !told && start.elapsed() > std::time::Duration::from_millis(500) {
             eprintln!(
-                "dxfs: {} is held by a process with no mount of it (a daemon ending after umount?): \
+                "dxfs: {what} is held by {who} with no mount of it (a daemon ending after umount?): \
                  waiting up to {}s for it to let go",
-                image.display(),
-                limit.as_secs()
+                CLOSING_WAIT.as_secs()
             );
             told = true;
         }
@@ -174,27 +177,19 @@ pub(crate) fn wait_for_a_closing_holder(image: &Path, limit: std::time::Duration
     }
 }
 
-/// [`wait_for_a_closing_holder`] for an NBD export, which has no lock to watch: wait up
-/// to `limit` while a process of this host holds the volume's mount mark and no dxfs
-/// mount of `spec` is live (a daemon committing and releasing after `umount`).
-pub(crate) fn wait_for_a_closing_mark(spec: &str, dev: &dyn dxfs::block::BlockDevice, limit: std::time::Duration) {
-    let start = std::time::Instant::now();
-    let mut told = false;
-    while start.elapsed() < limit {
-        let Ok(Some(pid)) = dxfs::mount_mark_holder_on_this_host(dev) else { return };
-        if dxfs::fuse::image_is_mounted(Path::new(spec)) {
-            return;
-        }
-        if !told && start.elapsed() > std::time::Duration::from_millis(500) {
-            eprintln!(
-                "dxfs: {spec} is held by process {pid} with no mount of it (a daemon ending after umount?): \
-                 waiting up to {}s for it to let go",
-                limit.as_secs()
-            );
-            told = true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+/// [`wait_while_held`] for an image file or block device: its write lock tells.
+pub(crate) fn wait_for_a_closing_holder(image: &Path) {
+    let held = || dxfs::block::FileDevice::in_use(image) && !dxfs::fuse::image_is_mounted(image);
+    wait_while_held(&image.display().to_string(), || held().then(|| "a process".to_string()));
+}
+
+/// [`wait_while_held`] for an NBD export, which has no lock to watch: the mount mark
+/// tells, while a process of this host holds it.
+pub(crate) fn wait_for_a_closing_mark(spec: &str, dev: &dyn dxfs::block::BlockDevice) {
+    wait_while_held(spec, || match dxfs::mount_mark_holder_on_this_host(dev) {
+        Ok(Some(pid)) if !dxfs::fuse::image_is_mounted(Path::new(spec)) => Some(format!("process {pid}")),
+        _ => None,
+    });
 }
 
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {

@@ -22,14 +22,14 @@ pub fn run(a: ResizeArgs) -> i32 {
     // A read-write open fails if the volume is mounted or otherwise in use (after a
     // daemon ending its session has let go).
     if !dxfs::block::is_nbd_uri(&spec) {
-        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_holder(&a.image);
     }
     let dev = match open_device(&spec, false) {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
     };
     if dxfs::block::is_nbd_uri(&spec) {
-        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_mark(&spec, &*dev);
     }
     let sb = match dxfs::read_superblock(&*dev) {
         Ok(sb) => sb,

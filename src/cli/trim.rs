@@ -15,14 +15,14 @@ pub struct TrimArgs {
 pub fn run(a: TrimArgs) -> i32 {
     let spec = a.image.to_string_lossy();
     if !dxfs::block::is_nbd_uri(&spec) {
-        super::wait_for_a_closing_holder(&a.image, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_holder(&a.image);
     }
     let dev = match open_device(&spec, false) {
         Ok(d) => d,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
     };
     if dxfs::block::is_nbd_uri(&spec) {
-        super::wait_for_a_closing_mark(&spec, &*dev, std::time::Duration::from_secs(10));
+        super::wait_for_a_closing_mark(&spec, &*dev);
     }
     let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions::default()) {
         Ok(v) => v,

@@ -74,9 +74,9 @@ pub use fs::acl;
 pub use fs::dir::DirEntry;
 pub use volume::{
     grow, mkfs, mount_mark_holder_on_this_host, mount_mark_status, read_superblock, AtimePolicy, Attr, Caller,
-    EmptyStep, Grown, LockStats, MkfsOptions, NewEntry, NewNode, OpenOptions, Quota, ReadStats, RenameFlags, SetAttr,
-    SetTime, StatFs, SumStep, Time, TreeRemoval, Volume, WriteAs, XattrMode, LEAF_LOCK_NAMES, QUOTA_USED_XATTR,
-    QUOTA_XATTR, RSTAT_XATTRS, RSTAT_XATTR_PREFIX,
+    EmptyStep, Grown, KnownEntry, KnownVolumes, LockStats, MkfsOptions, NewEntry, NewNode, OpenOptions, Quota,
+    ReadStats, RenameFlags, SetAttr, SetTime, Standing, StatFs, SumStep, Time, TreeRemoval, Volume, WriteAs, XattrMode,
+    LEAF_LOCK_NAMES, QUOTA_USED_XATTR, QUOTA_XATTR, RSTAT_XATTRS, RSTAT_XATTR_PREFIX,
 };
 
 /// Internals that the project's own tests, benchmarks and tools reach into (on-disk

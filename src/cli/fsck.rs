@@ -46,7 +46,7 @@ pub fn run(a: FsckArgs) -> i32 {
     let bar = super::spinner();
     let mut progress = |n: u64| bar.set_message(format!("checked {n} inodes"));
     let opts = dxfs::fsck::CheckOptions { repair: !a.no_change, rollback: a.rollback };
-    let r = dxfs::fsck::check_with(dev, &opts, &mut progress);
+    let r = dxfs::fsck::check_with(dev.clone(), &opts, &mut progress);
     bar.finish_and_clear();
     let r = match r {
         Ok(r) => r,
@@ -71,6 +71,10 @@ pub fn run(a: FsckArgs) -> i32 {
     }
     for e in &r.errors {
         println!("error: {e}");
+    }
+    if r.exit_code() <= 1 && !locked {
+        // Checked whole: the next read-write open need not walk it again.
+        super::known::record_checked(&spec, &*dev);
     }
     let state = match r.exit_code() {
         0 => "clean",

@@ -192,10 +192,14 @@ pub fn run(a: MkfsArgs) -> i32 {
                 format_seed(sb.hash_seed),
                 uuid::Uuid::from_bytes(sb.uuid)
             );
-            match &a.root_dir {
-                Some(d) => super::export::populate(dev, d),
+            let code = match &a.root_dir {
+                Some(d) => super::export::populate(dev.clone(), d),
                 None => 0,
+            };
+            if code == 0 {
+                super::known::record_checked(&a.image.to_string_lossy(), &*dev);
             }
+            code
         }
         Err(e) => fail(format!("mkfs failed: {e}"), 8),
     }

@@ -44,6 +44,7 @@ mod fsck;
 mod import;
 mod info;
 mod inspect;
+mod known;
 mod mkfs;
 mod mount;
 mod quota;
@@ -192,9 +193,15 @@ pub(crate) fn wait_for_a_closing_mark(spec: &str, dev: &dyn dxfs::block::BlockDe
     });
 }
 
+/// Open an unmounted volume for a tool; for writing, after the walk that a volume not as
+/// this host left it gets first (`known::check_before_writing`).
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {
+    let mut opts = dxfs::OpenOptions { read_only, ..Default::default() };
+    if !read_only {
+        known::check_before_writing(image, known::Check::UnlessKnown).map_err(|e| fail(format!("{image}: {e}"), 8))?;
+        opts.known = known::entry(image);
+    }
     let dev = dxfs::block::open_device(image, read_only).map_err(|e| fail(format!("{image}: {e}"), 8))?;
-    let opts = dxfs::OpenOptions { read_only, ..Default::default() };
     dxfs::Volume::open(dev, opts).map_err(|e| fail(format!("{image}: {e}"), 8))
 }
 

@@ -1,5 +1,6 @@
 //! `dxfs mount`: serve a volume through FUSE; also the `mount -t fuse.dxfs` helper.
 
+use super::known::Check;
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -97,28 +98,6 @@ pub fn mount_helper_args(args: &[OsString]) -> Option<Vec<OsString>> {
     }
     out.extend_from_slice(&args[1..]);
     Some(out)
-}
-
-/// `-o check`: walk the volume as `fsck -n` does, and refuse a read-write mount if the
-/// walk finds anything. The mount trusts the free-space map, which only the walk can
-/// check against the tree: a map that agrees with itself may still call live metadata
-/// free, and writes would then land on it (an image one did not make).
-fn check_first(image: &Path, nbd: bool) -> Result<(), String> {
-    let dev = if nbd {
-        dxfs::block::open_device(&image.to_string_lossy(), true)
-    } else {
-        FileDevice::open(image, true).map(|d| Arc::new(d) as Arc<dyn dxfs::block::BlockDevice>)
-    }
-    .map_err(|e| e.to_string())?;
-    let report = dxfs::fsck::check(dev, false, &mut |_| {}).map_err(|e| format!("-o check: {e}"))?;
-    match report.errors.first() {
-        None => Ok(()),
-        Some(first) => Err(format!(
-            "-o check: fsck -n found {} problem(s), the first: {first}; not mounted. \
-             Repair with `dxfs fsck`, or mount read-only (-o ro)",
-            report.errors.len()
-        )),
-    }
 }
 
 fn seconds(s: f64) -> Result<std::time::Duration, String> {
@@ -219,11 +198,12 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     // wherever the host allows it (as root, an image or a block device), else a plain
     // mount, said once in the log.
     let mut blkdev: Option<bool> = None;
-    // `check`: fsck -n's walk before a read-write mount, which it refuses on any error.
-    let mut check = false;
+    // fsck -n's walk before a read-write mount, which it refuses on any error: unless
+    // the volume is as this host left it, always (`check`), or never (`nocheck`).
+    let mut check = Check::UnlessKnown;
     for opt in a.options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
-        if opt == "check" {
-            check = true;
+        if opt == "check" || opt == "nocheck" {
+            check = if opt == "check" { Check::Always } else { Check::Never };
             continue;
         }
         if let Err(e) = mount_option(&mut o, &mut vol_opts, &mut lock_wait, &mut blkdev, opt) {
@@ -307,10 +287,13 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         }
         if !image.exists() {
             let Some(bytes) = parse_size(size) else { return fail(format!("bad size {size:?}"), 8) };
-            let made = FileDevice::create(&image, bytes / 4096 * 4096)
-                .and_then(|d| mkfs(Arc::new(d), &MkfsOptions::default()));
-            if let Err(e) = made {
-                return fail(format!("{}: mkfs failed: {e}", image.display()), 8);
+            let made = FileDevice::create(&image, bytes / 4096 * 4096).and_then(|d| {
+                let d: Arc<dyn dxfs::block::BlockDevice> = Arc::new(d);
+                mkfs(d.clone(), &MkfsOptions::default()).map(|_| d)
+            });
+            match made {
+                Ok(d) => super::known::record_checked(&image.to_string_lossy(), &*d),
+                Err(e) => return fail(format!("{}: mkfs failed: {e}", image.display()), 8),
             }
         }
     }
@@ -319,10 +302,12 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     if !dir.is_dir() {
         return fail(format!("{}: not a directory (a mount point must be one)", dir.display()), 8);
     }
-    if check && !o.read_only {
-        if let Err(e) = check_first(&image, nbd) {
-            return fail(format!("{}: {e}", image.display()), 8);
+    let spec = image.to_string_lossy().into_owned();
+    if !o.read_only {
+        if let Err(e) = super::known::check_before_writing(&spec, check) {
+            return fail(format!("{spec}: {e}"), 8);
         }
+        vol_opts.known = super::known::entry(&spec);
     }
     let opened = open_waiting(lock_wait, || {
         let dev = if nbd {

@@ -24,7 +24,13 @@ pub fn run(a: TrimArgs) -> i32 {
     if dxfs::block::is_nbd_uri(&spec) {
         super::wait_for_a_closing_mark(&spec, &*dev);
     }
-    let vol = match dxfs::Volume::open(dev, dxfs::OpenOptions::default()) {
+    // A trim hands back what the map calls free: on a map that calls live metadata free,
+    // that metadata (a sparse image reads zeros there after).
+    if let Err(e) = super::known::check_before_writing(&spec, super::known::Check::UnlessKnown) {
+        return fail(format!("{spec}: {e}"), 8);
+    }
+    let opts = dxfs::OpenOptions { known: super::known::entry(&spec), ..Default::default() };
+    let vol = match dxfs::Volume::open(dev, opts) {
         Ok(v) => v,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
     };

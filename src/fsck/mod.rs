@@ -160,7 +160,7 @@ fn check_marked(dev: Arc<dyn BlockDevice>, repair: bool, progress: &mut dyn FnMu
         Some(Err(e)) => errors.push(format!("mount mark unreadable ({e}); a repair writes it again")),
         _ => {}
     }
-    let _held = if repair_ok { mark::acquire(&dev, &sb, mark::DEFAULT_INTERVAL_MS)? } else { None };
+    let _held = if repair_ok { mark::acquire(&dev, &sb, mark::DEFAULT_INTERVAL_MS, None)? } else { None };
     let mut r = check_pass(dev.clone(), repair, progress, 0)?;
     // The recursive counters follow every other repair, and the passes may have run out
     // before they were rebuilt: one more check, which rebuilds them silently (pass > 0).

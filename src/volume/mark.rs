@@ -32,6 +32,8 @@ use crate::disk::device::BlockDevice;
 use crate::disk::format::{MountMark, Superblock, MARK_HOST_MAX};
 use crate::error::{Error, Result};
 
+use super::known::KnownEntry;
+
 /// How often a holder rewrites its mark, unless the open says otherwise (ext4's default
 /// MMP interval).
 pub(crate) const DEFAULT_INTERVAL_MS: u32 = 5000;
@@ -189,6 +191,8 @@ pub(crate) struct Holder {
     dev: Arc<dyn BlockDevice>,
     block: u64,
     shared: Arc<Shared>,
+    /// Where this host's record of the volume goes (`known.rs`), if the open said.
+    known: Option<KnownEntry>,
     /// The refresh thread; `None` while parked.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -243,7 +247,11 @@ impl Holder {
                 m.seq = m.seq.wrapping_add(1).max(1);
                 m.time_ms = now_ms();
                 match write_mark(&*self.dev, self.block, &m) {
-                    Ok(()) => self.shared.seq.store(m.seq, Ordering::Release),
+                    Ok(()) => {
+                        self.shared.seq.store(m.seq, Ordering::Release);
+                        drop(m);
+                        self.record(false);
+                    }
                     Err(e) => tracing::warn!("marking the volume closed failed: {e}"),
                 }
             }
@@ -292,7 +300,22 @@ impl Holder {
         self.shared.seq.store(m.seq, Ordering::Release);
         drop(m);
         self.shared.parked.store(false, Ordering::Release);
+        self.record(true);
         self.start(&mut t)
+    }
+
+    /// Write this host's record of the volume: open (the mark just taken) or closed (just
+    /// written clean). A record that cannot be written costs the next open a walk only.
+    fn record(&self, open: bool) {
+        let Some(k) = &self.known else { return };
+        let r = if open {
+            k.volumes.record_open(&k.source, &*self.dev)
+        } else {
+            k.volumes.record_closed(&k.source, &*self.dev).map(|_| ())
+        };
+        if let Err(e) = r {
+            tracing::warn!("cannot record the volume as this host leaves it ({e}): its next mount checks it first");
+        }
     }
 }
 
@@ -316,7 +339,12 @@ fn key_of(dev: &Arc<dyn BlockDevice>) -> usize {
 
 /// Take the volume's mount mark for a read-write open, or say who holds it. `None` for a
 /// volume without one. `interval_ms` is how often the holder rewrites it.
-pub(crate) fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: u32) -> Result<Option<Arc<Holder>>> {
+pub(crate) fn acquire(
+    dev: &Arc<dyn BlockDevice>,
+    sb: &Superblock,
+    interval_ms: u32,
+    known: Option<&KnownEntry>,
+) -> Result<Option<Arc<Holder>>> {
     if !sb.mount_mark() {
         return Ok(None);
     }
@@ -417,7 +445,8 @@ pub(crate) fn acquire(dev: &Arc<dyn BlockDevice>, sb: &Superblock, interval_ms: 
         mark: Mutex::new(mark),
         parked: AtomicBool::new(false),
     });
-    let holder = Arc::new(Holder { dev: dev.clone(), block, shared, thread: Mutex::new(None) });
+    let holder = Arc::new(Holder { dev: dev.clone(), block, shared, thread: Mutex::new(None), known: known.cloned() });
+    holder.record(true);
     {
         let mut t = holder.thread.lock();
         holder.start(&mut t)?;

@@ -32,6 +32,7 @@ mod commit;
 mod contention;
 mod data;
 mod delta;
+mod known;
 mod locks;
 pub(crate) mod mark;
 mod mkfs;
@@ -50,6 +51,7 @@ mod types;
 use contention::LockCounters;
 pub use contention::{LockStats, ReadStats, LEAF_LOCK_NAMES};
 use delta::{Cost, Delta, Flight};
+pub use known::{KnownEntry, KnownVolumes, Standing};
 use locks::{InodeLocks, Mode};
 pub use mark::holder_on_this_host as mount_mark_holder_on_this_host;
 pub use mark::status as mount_mark_status;
@@ -394,7 +396,8 @@ impl Volume {
         }
         // A read-write open takes the mount mark before it writes anything (the log
         // replay): another host's fresh mark refuses it.
-        let mark = if opts.read_only { None } else { mark::acquire(&dev, &sb, opts.mark_interval_ms)? };
+        let mark =
+            if opts.read_only { None } else { mark::acquire(&dev, &sb, opts.mark_interval_ms, opts.known.as_ref())? };
         // A write the storage refuses for want of room is held until it has room again,
         // so a full host file system stalls a commit instead of failing the volume. (The
         // mark goes by the caller's device: opens of one handle share one holder.)

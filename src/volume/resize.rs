@@ -75,7 +75,7 @@ pub fn grow(dev: Arc<dyn BlockDevice>, blocks: u64) -> Result<Grown> {
     }
     let unchanged = Grown { old_blocks: n0, new_blocks: n0, new_bitmap_blocks: 0, finished_earlier };
     // The mount mark is held for the whole grow, the opens below share it.
-    let _mark = super::mark::acquire(&dev, &sb, super::mark::DEFAULT_INTERVAL_MS)?;
+    let _mark = super::mark::acquire(&dev, &sb, super::mark::DEFAULT_INTERVAL_MS, None)?;
     // 1. A clean start (and the end of any grow cut short).
     Volume::open(dev.clone(), OpenOptions::default())?.close()?;
     if blocks == n0 {

@@ -183,6 +183,9 @@ pub struct OpenOptions {
     /// MOUNT_MARK), in milliseconds; 5000 by default. Another host's open waits about
     /// twice this long before it takes over a mark that stopped changing.
     pub mark_interval_ms: u32,
+    /// Keep this host's record of the volume (`KnownVolumes`): open while the mount mark
+    /// is held, closed with a fingerprint once it is written clean. `None` by default.
+    pub known: Option<KnownEntry>,
     /// Test hook: take a linearization stamp in every operation ([`Volume::last_stamp`](
     /// crate::Volume::last_stamp)). Off by default: the stamps come from one counter all
     /// threads write, whose cache line then moves between CPUs at every operation.
@@ -231,6 +234,7 @@ impl Default for OpenOptions {
             discard: false,
             atime: AtimePolicy::Relative,
             mark_interval_ms: 5000,
+            known: None,
             linearization_stamps: false,
         }
     }

@@ -652,6 +652,7 @@ const FOUND: &[(u64, &str)] = &[
     (2415936894, "block 147 (inode block) slot 14 nlink: 0x1 -> 0xffffffff (near 2^32); resealed + block 154 (btree node) heap_start: 0x135 -> 0x20 (32 (the slot array)); resealed + block 130 (bitmap) bit of block 131: 0x1 -> 0x0 (cleared under an inode block); resealed"),
     (2684391123, "block 216 (xattr head) xattr[0].name_len: 0x3 -> 0xff (255); resealed + block 216 (xattr head) xattr[0].value_len: 0x5dc -> 0x0 (2^44, cut to 4 bytes); resealed"),
     (2684506863, "block 172 (btree node) slot[1]: 0xfe8 -> 0xff6 (4086 (a header at the very end)); resealed + block 134 (inode block) slot 4 blocks: 0x3 -> 0x145 (one more than the live inodes); resealed + block 143 (btree node) rec[6].dirent.ino: 0xa04 -> 0x871 (another inode); resealed"),
+    (2684791178, "block 2047 (superblock) incompat: 0x2 -> 0x80000002 (an unknown high bit); resealed + block 0 (superblock) hash_seed[0]: 0x3e5a1c6b -> 0xffffffff (max, cut to 4 bytes); resealed"),
     (2952795210, "block 135 (inode block) slot 2 extent[0].phys: 0x1fb -> 0xf0 (a xattr continuation block); resealed"),
     (2952812209, "block 135 (inode block) slot 1 extent[0].phys: 0x1f8 -> 0x9a (a btree node block); resealed"),
     (3221242730, "block 135 (inode block) slot 1 extent[0].phys: 0x1f8 -> 0x1f7 (-1); resealed"),

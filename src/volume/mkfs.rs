@@ -177,7 +177,10 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
                 let last = dev.block_count() - 1;
                 dev.read(last, &mut b)?;
                 if let Ok(backup) = Superblock::decode(&b, last) {
-                    if backup.root_ino != sb.root_ino && root_is_wrong(dev, &backup)? == Some(false) {
+                    if backup.root_ino != sb.root_ino
+                        && usable(dev, &backup).is_ok()
+                        && root_is_wrong(dev, &backup)? == Some(false)
+                    {
                         tracing::warn!(
                             "block 0 names inode {} as the root, which is not the root directory: \
                              using the backup superblock in block {last}",
@@ -303,7 +306,10 @@ fn backup_with_the_right_hash(dev: &dyn BlockDevice, sb: &Superblock) -> Result<
     let mut b = [0u8; BLOCK_SIZE];
     dev.read(at, &mut b)?;
     let Ok(backup) = Superblock::decode(&b, at) else { return Ok(None) };
-    if backup.uuid != sb.uuid
+    // A copy this code cannot open is no way out (fuzzer seed 2684791178: its unknown
+    // incompat bit made the hash's fallback refuse a volume block 0 opens).
+    if usable(dev, &backup).is_err()
+        || backup.uuid != sb.uuid
         || backup.root_ino != sb.root_ino
         || (backup.hash, backup.hash_seed) == (sb.hash, sb.hash_seed)
     {
@@ -332,7 +338,7 @@ fn backup_with_its_mount_mark(dev: &dyn BlockDevice, sb: &Superblock) -> Result<
         layout: Layout { mark_block: m, ..sb.layout },
         ..sb.clone()
     };
-    if !backup.mount_mark() || backup != same_but_the_mark || m >= dev.block_count() {
+    if !backup.mount_mark() || backup != same_but_the_mark || m >= dev.block_count() || usable(dev, &backup).is_err() {
         return Ok(None);
     }
     dev.read(m, &mut b)?;

@@ -1,6 +1,5 @@
 //! `dxfs mount`: serve a volume through FUSE; also the `mount -t fuse.dxfs` helper.
 
-use super::known::Check;
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -12,6 +11,7 @@ use dxfs::block::FileDevice;
 use dxfs::fuse::{FuseOptions, ReaddirPlus};
 use dxfs::{mkfs, MkfsOptions};
 
+use super::known::Check;
 use super::Cli;
 use super::{fail, parse_size};
 

@@ -340,11 +340,8 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
         _ => {}
     }
     let mut mounted = dxfs::fuse::mount(vol.clone(), &dir, &o);
-    if let Some(l) = &attached {
-        // While the mount holds it, detaching only marks it to go when the mount does
-        // (autoclear), so a killed daemon leaves no loop device behind.
-        detach_loop(l);
-    }
+    // The mount holds the loop device now (or failed): it goes when the mount does.
+    drop(attached);
     if let (None, Some(_), Err(e)) = (blkdev, &o.block_device, &mounted) {
         tracing::info!("cannot mount as fuseblk ({e}): a plain mount, which `sync` will not reach; `dxfs sync` will");
         o.block_device = None;
@@ -383,8 +380,11 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
 }
 
 /// The block device a fuseblk mount of `image` names: the image itself when it is one,
-/// else a loop device attached over it (returned again, to be detached once mounted).
-fn block_source(image: &Path) -> Result<(PathBuf, Option<PathBuf>), String> {
+/// else a loop device attached over it, with an open handle on it to keep until the
+/// mount holds it. The device is detached at once while that handle holds it, which
+/// only marks it to go with its last user (autoclear): a daemon killed before its
+/// mount, or a mount that fails, leaves no loop device behind.
+fn block_source(image: &Path) -> Result<(PathBuf, Option<std::fs::File>), String> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?;
     if meta.file_type().is_block_device() {
@@ -399,7 +399,10 @@ fn block_source(image: &Path) -> Result<(PathBuf, Option<PathBuf>), String> {
         return Err(format!("losetup {}: {}", image.display(), String::from_utf8_lossy(&out.stderr).trim()));
     }
     let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    Ok((dev.clone(), Some(dev)))
+    let held = std::fs::File::open(&dev);
+    detach_loop(&dev);
+    let held = held.map_err(|e| format!("{}: {e}", dev.display()))?;
+    Ok((dev, Some(held)))
 }
 
 /// Where to run system program `name` from: as PATH finds it, else from the system's

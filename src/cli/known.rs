@@ -2,6 +2,9 @@
 //! a read-write open gives a volume this host did not leave as it is (`-o check`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use dxfs::block::BlockDevice;
 
 use dxfs::{KnownEntry, KnownVolumes, Standing};
 
@@ -54,13 +57,24 @@ pub(crate) fn record_checked(source: &str, dev: &dyn dxfs::block::BlockDevice) {
 /// walk found. The volume trusts its free-space map once open, and only the walk can
 /// check that map against the tree (data would be written over live metadata that a
 /// self-consistent map calls free).
-pub(crate) fn check_before_writing(source: &str, check: Check) -> Result<(), String> {
+///
+/// `dev` is the device the tool has open already, if it has (an NBD server may serve one
+/// connection only); else the walk opens one of its own, read-only.
+pub(crate) fn check_before_writing(
+    source: &str,
+    check: Check,
+    dev: Option<&Arc<dyn BlockDevice>>,
+) -> Result<(), String> {
+    let dev = match dev {
+        Some(d) => d.clone(),
+        None if check == Check::Never => return Ok(()),
+        None => dxfs::block::open_device(source, true).map_err(|e| e.to_string())?,
+    };
     let why = match check {
         Check::Never => return Ok(()),
         Check::Always => "-o check".to_string(),
         Check::UnlessKnown => {
             let not = |why: String| format!("not as this host left it: {why}");
-            let dev = dxfs::block::open_device(source, true).map_err(|e| e.to_string())?;
             match volumes().map(|k| k.standing(source, &*dev)) {
                 Some(Ok(Standing::AsLeft)) => return Ok(()),
                 Some(Ok(Standing::Unknown(why))) => not(why),
@@ -70,7 +84,6 @@ pub(crate) fn check_before_writing(source: &str, check: Check) -> Result<(), Str
         }
     };
     tracing::info!("{source}: checking it first, as fsck -n does ({why})");
-    let dev = dxfs::block::open_device(source, true).map_err(|e| e.to_string())?;
     let report = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("checking it first: {e}"))?;
     match report.errors.first() {
         None => {

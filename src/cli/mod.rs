@@ -198,7 +198,8 @@ pub(crate) fn wait_for_a_closing_mark(spec: &str, dev: &dyn dxfs::block::BlockDe
 pub(crate) fn open_image(image: &str, read_only: bool) -> Result<dxfs::Volume, i32> {
     let mut opts = dxfs::OpenOptions { read_only, ..Default::default() };
     if !read_only {
-        known::check_before_writing(image, known::Check::UnlessKnown).map_err(|e| fail(format!("{image}: {e}"), 8))?;
+        known::check_before_writing(image, known::Check::UnlessKnown, None)
+            .map_err(|e| fail(format!("{image}: {e}"), 8))?;
         opts.known = known::entry(image);
     }
     let dev = dxfs::block::open_device(image, read_only).map_err(|e| fail(format!("{image}: {e}"), 8))?;

@@ -304,7 +304,7 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     }
     let spec = image.to_string_lossy().into_owned();
     if !o.read_only {
-        if let Err(e) = super::known::check_before_writing(&spec, check) {
+        if let Err(e) = super::known::check_before_writing(&spec, check, None) {
             return fail(format!("{spec}: {e}"), 8);
         }
         vol_opts.known = super::known::entry(&spec);

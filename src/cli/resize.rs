@@ -31,6 +31,10 @@ pub fn run(a: ResizeArgs) -> i32 {
     if dxfs::block::is_nbd_uri(&spec) {
         super::wait_for_a_closing_mark(&spec, &*dev);
     }
+    // Grown from a map that calls live metadata free, the volume would write over it.
+    if let Err(e) = super::known::check_before_writing(&spec, super::known::Check::UnlessKnown, Some(&dev)) {
+        return fail(format!("{spec}: {e}"), 8);
+    }
     let sb = match dxfs::read_superblock(&*dev) {
         Ok(sb) => sb,
         Err(e) => return fail(format!("{spec}: {e}"), 8),
@@ -82,6 +86,10 @@ pub fn run(a: ResizeArgs) -> i32 {
         if dxfs::read_superblock(&*dev).is_ok_and(|sb| sb.layout.block_count * 4096 <= len) {
             let _ = std::fs::OpenOptions::new().write(true).open(&a.image).and_then(|f| f.set_len(len));
         }
+    }
+    if r.is_ok() {
+        // Checked (or as this host left it) before, and grown by this host since.
+        super::known::record_checked(&spec, &*dev);
     }
     match r {
         Ok(g) if g.new_blocks == g.old_blocks => {

@@ -26,7 +26,7 @@ pub fn run(a: TrimArgs) -> i32 {
     }
     // A trim hands back what the map calls free: on a map that calls live metadata free,
     // that metadata (a sparse image reads zeros there after).
-    if let Err(e) = super::known::check_before_writing(&spec, super::known::Check::UnlessKnown) {
+    if let Err(e) = super::known::check_before_writing(&spec, super::known::Check::UnlessKnown, Some(&dev)) {
         return fail(format!("{spec}: {e}"), 8);
     }
     let opts = dxfs::OpenOptions { known: super::known::entry(&spec), ..Default::default() };

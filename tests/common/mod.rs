@@ -4,6 +4,7 @@
 pub mod model;
 pub mod mutate;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use dxfs::block::{BlockDevice, MemDevice};
@@ -155,7 +156,12 @@ pub fn recover(img: Vec<u8>) -> Result<Dump, String> {
 
 /// Run the `dxfs` command; returns its exit code, stdout and stderr.
 pub fn dxfs(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dxfs")).args(args).output().expect("run dxfs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dxfs"))
+        .args(args)
+        // This host's records of the volumes it left: the test's, not /var/lib/dxfs.
+        .env("DXFS_STATE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("dxfs-state"))
+        .output()
+        .expect("run dxfs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

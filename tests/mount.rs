@@ -1990,6 +1990,46 @@ fn fsck_right_after_umount_of_a_slow_nbd_export() {
     s.fsck();
 }
 
+/// A mount right after `umount` of a slow export, whose daemon is still committing and
+/// holds the mount mark: the new mount waits for it to let go, then finds the volume as
+/// that daemon left it, with no walk (a walk of a volume still changing could refuse
+/// it for what it saw mid-commit).
+#[test]
+fn mount_right_after_umount_of_a_slow_nbd_export_waits_and_does_not_walk() {
+    require_fuse!();
+    let s = Scratch::new(32);
+    let srv = NbdServer::start_with(&s.image, s.tmp.path().join("slow.sock"), &["--filter=delay", "wdelay=20ms"]);
+    let source = format!("nbd+unix:///?socket={}", srv.sock.display());
+    let mut daemons = Vec::new();
+    for i in 0..4 {
+        let log = s.tmp.path().join(format!("slow{i}.log"));
+        let child = dxfs()
+            .env("RUST_LOG", "dxfs=info")
+            .arg("mount")
+            .arg(&source)
+            .arg(&s.mnt)
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut m = Mounted { child: Some(child), mnt: s.mnt.clone(), image: s.image.clone(), log: Some(log) };
+        m.wait_mounted();
+        // The first mount of a volume the library made walks it; none after.
+        assert_eq!(walked_first(&m), i == 0, "mount {i}: {}", fs::read_to_string(m.log.as_ref().unwrap()).unwrap());
+        for j in 0..20 {
+            fs::write(s.path(&format!("f{i}-{j}")), b"x").unwrap();
+        }
+        let st = unmount_by("umount", &s.mnt);
+        assert!(st.success(), "umount: {st}");
+        // Not waited for: the next mount starts while this daemon may still commit.
+        daemons.push(m.detach_child());
+    }
+    for mut d in daemons {
+        assert_eq!(wait_timeout(&mut d, Duration::from_secs(20)).code(), Some(0), "a daemon's exit status");
+    }
+    drop(srv);
+    s.fsck();
+}
+
 /// The transport is the one asked for: `-o transport=classic` never uses the ring;
 /// `-o transport=uring` uses it when the kernel offers it (module parameter
 /// `enable_uring` Y, which a mount as root turns on) and otherwise serves through

@@ -64,37 +64,67 @@ pub(crate) fn check_before_writing(
     source: &str,
     check: Check,
     dev: Option<&Arc<dyn BlockDevice>>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let dev = match dev {
         Some(d) => d.clone(),
         None if check == Check::Never => return Ok(()),
-        None => dxfs::block::open_device(source, true).map_err(|e| e.to_string())?,
+        None => dxfs::block::open_device(source, true).map_err(|e| Refusal::Failed(e.to_string()))?,
     };
+    let standing = match volumes() {
+        Some(k) => Some(k.standing(source, &*dev)),
+        // No records: a holder of this host still tells.
+        None => match dxfs::mount_mark_holder_on_this_host(&*dev) {
+            Ok(Some(pid)) => Some(Ok(Standing::InUse(format!("process {pid} of this host")))),
+            _ => None,
+        },
+    };
+    if let Some(Ok(Standing::InUse(who))) = &standing {
+        return Err(Refusal::InUse(format!("the volume is in use by {who} (dxfs mount mark)")));
+    }
     let why = match check {
         Check::Never => return Ok(()),
         Check::Always => "-o check".to_string(),
         Check::UnlessKnown => {
             let not = |why: String| format!("not as this host left it: {why}");
-            match volumes().map(|k| k.standing(source, &*dev)) {
+            match standing {
                 Some(Ok(Standing::AsLeft)) => return Ok(()),
-                Some(Ok(Standing::Unknown(why))) => not(why),
+                Some(Ok(Standing::Unknown(why) | Standing::InUse(why))) => not(why),
                 Some(Err(e)) => not(e.to_string()),
                 None => not("this host keeps no records (no state directory)".to_string()),
             }
         }
     };
     tracing::info!("{source}: checking it first, as fsck -n does ({why})");
-    let report = dxfs::fsck::check(dev.clone(), false, &mut |_| {}).map_err(|e| format!("checking it first: {e}"))?;
+    let report = dxfs::fsck::check(dev.clone(), false, &mut |_| {})
+        .map_err(|e| Refusal::Failed(format!("checking it first: {e}")))?;
     match report.errors.first() {
         None => {
             record_checked(source, &*dev);
             Ok(())
         }
-        Some(first) => Err(format!(
+        Some(first) => Err(Refusal::Failed(format!(
             "{why}: fsck -n found {} problem(s), the first: {first}; \
              not opened for writing. Repair it with `dxfs fsck`, or mount it read-only (-o ro), or \
              trust it as it is (-o nocheck)",
             report.errors.len()
-        )),
+        ))),
+    }
+}
+
+/// Why a read-write open may not go ahead.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Someone holds the volume: an open now would be refused too (a daemon ending after
+    /// `umount` lets go soon; `dxfs mount` waits for it).
+    InUse(String),
+    /// The walk found problems, or could not run.
+    Failed(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::InUse(m) | Refusal::Failed(m) => f.write_str(m),
+        }
     }
 }

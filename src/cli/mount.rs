@@ -11,7 +11,7 @@ use dxfs::block::FileDevice;
 use dxfs::fuse::{FuseOptions, ReaddirPlus};
 use dxfs::{mkfs, MkfsOptions};
 
-use super::known::Check;
+use super::known::{Check, Refusal};
 use super::Cli;
 use super::{fail, parse_size};
 
@@ -304,19 +304,32 @@ pub fn run(a: MountArgs, raw: &[OsString]) -> i32 {
     }
     let spec = image.to_string_lossy().into_owned();
     if !o.read_only {
-        if let Err(e) = super::known::check_before_writing(&spec, check, None) {
-            return fail(format!("{spec}: {e}"), 8);
-        }
         vol_opts.known = super::known::entry(&spec);
     }
+    // The walk a read-write open may need runs once the device is ours to open (an old
+    // daemon still committing after `umount` has let go), through the same handle.
+    let (mut walked, mut refused) = (o.read_only, None);
     let opened = open_waiting(lock_wait, || {
         let dev = if nbd {
             dxfs::block::open_device(&image.to_string_lossy(), o.read_only)?
         } else {
             Arc::new(FileDevice::open(&image, o.read_only)?) as Arc<dyn dxfs::block::BlockDevice>
         };
+        if !walked {
+            match super::known::check_before_writing(&spec, check, Some(&dev)) {
+                Ok(()) => walked = true,
+                Err(Refusal::InUse(m)) => return Err(dxfs::Error::Busy(m)),
+                Err(Refusal::Failed(m)) => {
+                    refused = Some(m);
+                    return Err(dxfs::Error::Failed);
+                }
+            }
+        }
         dxfs::Volume::open(dev, dxfs::OpenOptions { read_only: o.read_only, ..vol_opts.clone() })
     });
+    if let Some(m) = refused {
+        return fail(format!("{spec}: {m}"), 8);
+    }
     let vol = match opened {
         Ok(v) => Arc::new(v),
         Err(e) => return fail(format!("{}: {e}", image.display()), 8),

@@ -58,6 +58,10 @@ pub enum Standing {
     AsLeft,
     /// Not known to be: why.
     Unknown(String),
+    /// Held read-write now, as far as one read of its mount mark can tell (a live process
+    /// of this host, or a mark rewritten lately): by whom. Nothing can be told until the
+    /// holder lets go, and a walk now would read a volume that is changing.
+    InUse(String),
 }
 
 /// What a record says.
@@ -170,6 +174,12 @@ impl KnownVolumes {
             Ok(sb) => sb,
             Err(e) => return Ok(Standing::Unknown(format!("its superblock: {e}"))),
         };
+        let mark = mark::inspect(dev, &sb)?;
+        if let Some(Ok(m)) = &mark {
+            if mark::looks_held(m) {
+                return Ok(Standing::InUse(mark::describe(m)));
+            }
+        }
         let text = match std::fs::read_to_string(self.path(source, &sb)) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -187,14 +197,11 @@ impl KnownVolumes {
                     Standing::AsLeft
                 }
             }
-            Some(Record::Open { pid, pid_ns, boot_id }) => match mark::inspect(dev, &sb)? {
-                Some(Ok(m)) if m.in_use && m.pid == pid && m.pid_ns == pid_ns && m.boot_id == boot_id => {
-                    if mark::looks_held(&m) {
-                        Standing::Unknown("it is in use".into())
-                    } else {
-                        Standing::AsLeft
-                    }
-                }
+            // Left in use by a holder that is gone (a crash), or written clean by it a
+            // moment ago, its closed record not yet written: the mark names it either way,
+            // and any other dxfs writer since would have put its own name there.
+            Some(Record::Open { pid, pid_ns, boot_id }) => match mark {
+                Some(Ok(m)) if m.pid == pid && m.pid_ns == pid_ns && m.boot_id == boot_id => Standing::AsLeft,
                 _ => Standing::Unknown("it was changed since a mount of this host left it open".into()),
             },
             None => Standing::Unknown("its record is unreadable".into()),

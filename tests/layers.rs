@@ -73,6 +73,7 @@ const LAYERS: &[Layer] = &[
             "data",
             "delta",
             "locks",
+            "known",
             "mark",
             "mkfs",
             "namespace",

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dxfs::block::BlockDevice;
-
 use dxfs::{KnownEntry, KnownVolumes, Standing};
 
 /// Whether a read-write open walks the volume first.
@@ -42,9 +41,9 @@ pub(crate) fn entry(source: &str) -> Option<KnownEntry> {
 }
 
 /// Record `source` as this host leaves it, after a tool that checked or made it whole
-/// (`fsck` finding it clean, `mkfs`). Best effort: a record not written costs the next
+/// (`fsck` finding it clean or repaired, `mkfs`, `resize`). Best effort: a record not written costs the next
 /// read-write open a walk.
-pub(crate) fn record_checked(source: &str, dev: &dyn dxfs::block::BlockDevice) {
+pub(crate) fn record_checked(source: &str, dev: &dyn BlockDevice) {
     if let Some(k) = volumes() {
         if let Err(e) = k.record_closed(source, dev) {
             tracing::info!("cannot record {source} as checked: {e}");

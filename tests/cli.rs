@@ -66,25 +66,11 @@ fn fsck_exit_codes_follow_e2fsck() {
 /// once `dxfs fsck` has repaired it, the trim runs.
 #[test]
 fn trim_walks_an_image_written_since_this_host_left_it() {
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v.img");
     let img_s = img.to_str().unwrap();
     assert_eq!(dxfs(&["mkfs", img_s, "--size", "16M"]).0, 0);
-    let sb = dxfs::read_superblock(&dxfs::block::FileDevice::open(&img, true).unwrap()).unwrap();
-    let at = sb.layout.bitmap_start * 4096;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).unwrap();
-    let mut block = vec![0u8; 4096];
-    f.read_exact_at(&mut block, at).unwrap();
-    let root_block = dxfs::internals::ino_loc(sb.root_ino).0;
-    let (byte, bit) = (32 + (root_block / 8) as usize, root_block % 8);
-    assert!(block[byte] & (1 << bit) != 0, "the root's inode block is not marked used");
-    block[byte] &= !(1 << bit);
-    let used = u32::from_le_bytes(block[16..20].try_into().unwrap());
-    block[16..20].copy_from_slice(&(used - 1).to_le_bytes());
-    common::mutate::reseal(&mut block, sb.layout.bitmap_start);
-    f.write_all_at(&block, at).unwrap();
-    drop(f);
+    common::mutate::free_the_roots_inode_block(&img);
     let before = std::fs::read(&img).unwrap();
     let (code, out, err) = dxfs(&["trim", img_s]);
     assert_eq!(code, 8, "{out}{err}");

@@ -1733,18 +1733,7 @@ fn a_volume_this_host_did_not_leave_is_walked_before_a_read_write_mount() {
     // A volume from elsewhere whose map calls the root's inode block free, its count
     // moved with the bit and resealed: the map agrees with itself, and only the walk sees
     // the block is live (a mount without it would write data over the root).
-    let img = OpenOptions::new().read(true).write(true).open(&s.image).unwrap();
-    let mut block = vec![0u8; 4096];
-    img.read_exact_at(&mut block, bitmap).unwrap();
-    let root_block = dxfs::internals::ino_loc(sb.root_ino).0;
-    let (byte, bit) = (32 + (root_block / 8) as usize, root_block % 8);
-    assert!(block[byte] & (1 << bit) != 0, "the root's inode block is not marked used");
-    block[byte] &= !(1 << bit);
-    let used = u32::from_le_bytes(block[16..20].try_into().unwrap());
-    block[16..20].copy_from_slice(&(used - 1).to_le_bytes());
-    common::mutate::reseal(&mut block, sb.layout.bitmap_start);
-    img.write_all_at(&block, bitmap).unwrap();
-    drop(img);
+    common::mutate::free_the_roots_inode_block(&s.image);
     let out = dxfs().arg("mount").arg(s.source()).arg(&s.mnt).output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && !is_mounted(&s.mnt), "a map calling live metadata free was mounted: {said}");

@@ -324,6 +324,27 @@ pub fn bitmap_used(img: &[u8], g: &Geometry, b: u64) -> bool {
     block(img, g.bitmap_start + i)[32 + (j / 8) as usize] & (1 << (j % 8)) != 0
 }
 
+/// Mark the root's inode block free in the image file at `path`, with its bitmap block's
+/// `used` count moved with the bit, and reseal: a map that agrees with itself and calls
+/// live metadata free, which only fsck's walk can see.
+pub fn free_the_roots_inode_block(path: &std::path::Path) {
+    use std::os::unix::fs::FileExt;
+    let sb = dxfs::read_superblock(&dxfs::block::FileDevice::open(path, true).expect("open")).expect("superblock");
+    let root_block = dxfs::internals::ino_loc(sb.root_ino).0;
+    assert!(root_block < BITS_PER_BITMAP, "the root's inode block is past the first bitmap block");
+    let at = sb.layout.bitmap_start * BS as u64;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open");
+    let mut blk = vec![0u8; BS];
+    f.read_exact_at(&mut blk, at).expect("read the bitmap");
+    let (byte, bit) = (32 + (root_block / 8) as usize, root_block % 8);
+    assert!(blk[byte] & (1 << bit) != 0, "the root's inode block is not marked used");
+    blk[byte] &= !(1 << bit);
+    let used = get(&blk, BITMAP_USED, 4);
+    put(&mut blk, BITMAP_USED, 4, used - 1);
+    reseal(&mut blk, sb.layout.bitmap_start);
+    f.write_all_at(&blk, at).expect("write the bitmap");
+}
+
 /// Whether the map of `img` may be trusted to say block `b` is free: no superblock copy
 /// asks for checked counts (ro_compat BITMAP_COUNTS), or the `used` count of the bitmap
 /// block covering `b` agrees with its bits. A volume then has no way short of fsck's

@@ -70,15 +70,12 @@ impl Rstat {
 
     /// What inode `i` adds to the directory it is counted in: itself, and below it.
     pub(crate) fn of(i: &Inode, below: Option<&Rstat>) -> Rstat {
-        let dir = i.is_dir();
-        let mut r = Rstat {
-            files: u64::from(!dir),
-            dirs: u64::from(dir),
-            bytes: i.size,
-            blocks: i.blocks,
-            hardlinks: 0,
-            rctime: i.ctime,
-        };
+        Rstat::of_parts(i.is_dir(), i.size, i.blocks, i.ctime, below)
+    }
+
+    /// The same, from the fields it reads: whether a directory, size, blocks, ctime.
+    pub(crate) fn of_parts(dir: bool, bytes: u64, blocks: u64, rctime: (i64, u32), below: Option<&Rstat>) -> Rstat {
+        let mut r = Rstat { files: u64::from(!dir), dirs: u64::from(dir), bytes, blocks, hardlinks: 0, rctime };
         if let Some(b) = below {
             r.add(b);
         }

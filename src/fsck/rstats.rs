@@ -9,7 +9,7 @@ use crate::disk::format::*;
 use crate::disk::rstat::{LinkDirs, Rstat, LINKS_KEY};
 use crate::engine::btree;
 
-use super::walk::Walk;
+use super::walk::{Reached, Walk};
 
 /// What the check found wrong, and the tree and counting directories a repair writes.
 #[derive(Default)]
@@ -71,7 +71,7 @@ impl Walk<'_> {
     /// that does) and compare them with the tree's `found` records.
     pub(super) fn check_rstats(
         &self,
-        inodes: &HashMap<u64, Inode>,
+        inodes: &HashMap<u64, Reached>,
         found: &HashMap<u64, Vec<u8>>,
         broken: Option<String>,
         unowned: bool,
@@ -91,17 +91,21 @@ impl Walk<'_> {
             let counted_in = if i.is_dir() {
                 i.parent
             } else {
-                let Some(dirs) = self.names_of.get(&ino) else { continue };
+                let dirs = self.names_of(ino);
+                let names = dirs.clone().count();
+                if names == 0 {
+                    continue;
+                }
                 let mut l = LinkDirs::default();
-                for &d in dirs {
+                for d in dirs.clone() {
                     l.add(d);
                 }
                 let p = if l.holds(i.parent) { i.parent } else { l.first().unwrap_or(i.parent) };
                 if p != i.parent {
                     c.parents.push((ino, p));
                 }
-                if dirs.len() >= 2 {
-                    for &d in dirs {
+                if names >= 2 {
+                    for d in dirs {
                         *hard.entry(d).or_insert(0) += 1;
                     }
                     links.push((ino, l));
@@ -130,7 +134,7 @@ impl Walk<'_> {
             };
             for &k in children.get(&d).into_iter().flatten() {
                 if let Some(i) = inodes.get(&k) {
-                    r.add(&Rstat::of(i, sums.get(&k)));
+                    r.add(&Rstat::of_parts(i.is_dir(), i.size, i.blocks, i.ctime, sums.get(&k)));
                 }
             }
             sums.insert(d, r);

@@ -9,7 +9,7 @@ use crate::disk::format::*;
 use crate::engine::btree;
 use crate::fs::xattr;
 
-use super::walk::{InodeFix, Walk};
+use super::walk::{InodeFix, Reached, Walk};
 
 /// Inode slots against the live inodes: per inode block, the slots the lazy-free tree
 /// frees (`lazy`; `lazy_all` also for blocks no reached inode lives in), lazy-free records
@@ -52,7 +52,7 @@ impl Walk<'_> {
     /// Link counts against the entries found: (inode, count, should be).
     pub(super) fn nlink_fixes(
         &self,
-        inodes: &HashMap<u64, Inode>,
+        inodes: &HashMap<u64, Reached>,
         orphans: &HashSet<u64>,
         subdirs: &HashMap<u64, u32>,
     ) -> Vec<(u64, u32, u32)> {
@@ -81,7 +81,7 @@ impl Walk<'_> {
     /// children stay where they are). The rest are claimed: the initialised blocks as
     /// inode blocks, the blank ones as their directory's. Lowest directory first, so two
     /// overlapping regions give the same finding whatever the walk's order.
-    pub(super) fn regions(&mut self, inodes: &HashMap<u64, Inode>) {
+    pub(super) fn regions(&mut self, inodes: &HashMap<u64, Reached>) {
         let live: HashSet<u64> = inodes.keys().map(|&i| ino_loc(i).0).collect();
         let mut regions = std::mem::take(&mut self.regions);
         regions.sort_unstable_by_key(|&(ino, _)| ino);
@@ -137,7 +137,7 @@ impl Walk<'_> {
     }
 
     /// Inode blocks and the lazy-free tree against the live inodes (see [`Slots`]).
-    pub(super) fn inode_slots(&mut self, inodes: &HashMap<u64, Inode>) -> Slots {
+    pub(super) fn inode_slots(&mut self, inodes: &HashMap<u64, Reached>) -> Slots {
         // Inode blocks: used slots must be exactly the live inodes.
         let mut ib: HashMap<u64, u16> = HashMap::new();
         for ino in inodes.keys() {
@@ -229,7 +229,7 @@ impl Walk<'_> {
     /// `data_over_metadata` drops the extent, and the block is leaked unless lost inodes
     /// live in it (`find_lost`, with the record's slots taken away).
     /// (A directory owns no data: a block it owns outside `meta` is its reserved region's.)
-    fn lazy_block_under_data(&mut self, b: u64, inodes: &HashMap<u64, Inode>) {
+    fn lazy_block_under_data(&mut self, b: u64, inodes: &HashMap<u64, Reached>) {
         let Some(&o) = self.owner.get(&b) else { return };
         let data = inodes.get(&o).is_some_and(|i| !i.is_dir()) && !self.meta.contains(&b);
         if !data || self.st.tx().block(b, Some(INODE_MAGIC)).is_err() {
